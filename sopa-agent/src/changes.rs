@@ -1,0 +1,174 @@
+//! The journal of what a running agent changed on its host, persisted after every change so
+//! that a clean exit, a failed start and the next start after a crash can all undo it exactly.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use crate::{
+    error::{Error, Result},
+    netlink::{Netlink, Route},
+    sysctl,
+};
+
+/// One change to the host, with what is needed to undo it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Change {
+    /// Maps pinned under `dir` (undo: unpin them).
+    Pins {
+        dir: PathBuf,
+    },
+    Sysctl {
+        key: String,
+        old: String,
+        new: String,
+    },
+    GsoMaxSegs {
+        ifname: String,
+        index: u32,
+        old: u32,
+        new: u32,
+    },
+    RouteAdded {
+        route: Route,
+    },
+    RouteReplaced {
+        old: Route,
+        new: Route,
+    },
+}
+
+/// What a running agent records about itself.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Record {
+    pub node: String,
+    pub pid: u32,
+    pub iface: String,
+    pub ifindex: u32,
+    pub paths_file: Option<PathBuf>,
+    pub granularity: String,
+    pub xdp_mode: String,
+    pub started_unix: u64,
+    pub changes: Vec<Change>,
+}
+
+impl Record {
+    /// Whether the process that wrote this record is still running.
+    pub fn is_live(&self) -> bool {
+        fs::read(format!("/proc/{}/cmdline", self.pid))
+            .map(|cmdline| String::from_utf8_lossy(&cmdline).contains("sopa-agent"))
+            .unwrap_or(false)
+    }
+}
+
+pub struct Journal {
+    path: PathBuf,
+    pub record: Record,
+}
+
+pub const JOURNAL_FILE: &str = "state.json";
+
+impl Journal {
+    pub fn path_in(dir: &Path) -> PathBuf {
+        dir.join(JOURNAL_FILE)
+    }
+
+    /// Reads the record a previous or running agent left in `dir`, if any.
+    pub fn read(dir: &Path) -> Result<Option<Record>> {
+        let path = Self::path_in(dir);
+        match fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|err| {
+                Error::Config(format!(
+                    "{} is not an agent record ({err}); remove it if no agent runs",
+                    path.display()
+                ))
+            }),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(err) => Err(Error::io(format!("reading {}", path.display()), err)),
+        }
+    }
+
+    /// Starts a journal in `dir` (created if missing).
+    pub fn create(dir: &Path, record: Record) -> Result<Self> {
+        fs::create_dir_all(dir)
+            .map_err(|err| Error::io(format!("creating {}", dir.display()), err))?;
+        let journal = Self {
+            path: Self::path_in(dir),
+            record,
+        };
+        journal.persist()?;
+        Ok(journal)
+    }
+
+    /// Resumes the journal of a run that did not exit cleanly, to undo it.
+    pub fn resume(dir: &Path, record: Record) -> Self {
+        Self {
+            path: Self::path_in(dir),
+            record,
+        }
+    }
+
+    fn persist(&self) -> Result<()> {
+        let tmp = self.path.with_extension("json.tmp");
+        let bytes = serde_json::to_vec_pretty(&self.record).expect("record serializes");
+        fs::write(&tmp, bytes)
+            .and_then(|()| fs::rename(&tmp, &self.path))
+            .map_err(|err| Error::io(format!("writing {}", self.path.display()), err))
+    }
+
+    /// Records a change that has just been made.
+    pub fn push(&mut self, change: Change) -> Result<()> {
+        self.record.changes.push(change);
+        self.persist()
+    }
+
+    /// Undoes every change, newest first, and removes the journal. Failures are logged and
+    /// returned; undo goes on with the rest.
+    pub async fn undo(mut self, netlink: &Netlink) -> Vec<Error> {
+        let mut errors = Vec::new();
+        while let Some(change) = self.record.changes.pop() {
+            if let Err(err) = undo_one(&change, netlink).await {
+                warn!(?change, %err, "could not undo a change");
+                errors.push(err);
+            } else {
+                info!(?change, "restored");
+            }
+            if let Err(err) = self.persist() {
+                errors.push(err);
+            }
+        }
+        if let Err(err) = fs::remove_file(&self.path)
+            && err.kind() != std::io::ErrorKind::NotFound
+        {
+            errors.push(Error::io(format!("removing {}", self.path.display()), err));
+        }
+        errors
+    }
+}
+
+async fn undo_one(change: &Change, netlink: &Netlink) -> Result<()> {
+    match change {
+        Change::Pins { dir } => match fs::remove_dir_all(dir) {
+            Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
+                Err(Error::io(format!("unpinning {}", dir.display()), err))
+            }
+            _ => Ok(()),
+        },
+        Change::Sysctl { key, old, .. } => sysctl::write(key, old),
+        Change::GsoMaxSegs {
+            ifname, index, old, ..
+        } => match netlink.link(ifname).await {
+            Ok(link) if link.index == *index => netlink.set_gso_max_segs(*index, *old).await,
+            // The interface is gone or is another one now: nothing of ours to restore.
+            Ok(_) | Err(Error::UnknownInterface(_)) => Ok(()),
+            Err(err) => Err(err),
+        },
+        Change::RouteAdded { route } => netlink.delete_route(route).await,
+        Change::RouteReplaced { old, .. } => netlink.add_route(old, true).await,
+    }
+}

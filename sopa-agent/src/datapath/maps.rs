@@ -1,0 +1,169 @@
+//! Typed access to the datapath's maps, from the loaded object or from its pins.
+
+use std::path::Path;
+
+use aya::{
+    Ebpf,
+    maps::{Array, LpmTrie, Map, MapData, MapError, PerCpuArray, lpm_trie::Key},
+};
+use sopa_common::maps::{
+    CONFIG_MAP, Config, HOP_STATS_MAP, MAX_PATHS, PATHS_MAP, PathSet, STAMP_STATS_MAP,
+    STRIP_STATS_MAP, stamp_reason, strip_reason,
+};
+
+use crate::{
+    error::{Error, Result},
+    path_table::{Hops, PathTable, Prefix},
+};
+
+pub struct MapSet {
+    config: Array<MapData, Config>,
+    paths: LpmTrie<MapData, [u8; 4], PathSet>,
+    stamp_stats: PerCpuArray<MapData, u64>,
+    hop_stats: PerCpuArray<MapData, u64>,
+    strip_stats: PerCpuArray<MapData, u64>,
+}
+
+fn map_err(name: &'static str) -> impl Fn(MapError) -> Error {
+    Error::map(name)
+}
+
+/// Counters of one program, summed over CPUs, in index order.
+pub type Counters = Vec<u64>;
+
+impl MapSet {
+    pub fn from_ebpf(ebpf: &mut Ebpf) -> Result<Self> {
+        let mut take = |name: &'static str| {
+            ebpf.take_map(name).ok_or_else(|| {
+                Error::map(name)(MapError::InvalidName {
+                    name: name.to_owned(),
+                })
+            })
+        };
+        Self::from_maps(
+            take(CONFIG_MAP)?,
+            take(PATHS_MAP)?,
+            take(STAMP_STATS_MAP)?,
+            take(HOP_STATS_MAP)?,
+            take(STRIP_STATS_MAP)?,
+        )
+    }
+
+    /// Opens the maps a running agent pinned in `dir`.
+    pub fn from_pins(dir: &Path) -> Result<Self> {
+        let open = |name: &'static str| {
+            MapData::from_pin(dir.join(name))
+                .and_then(Map::from_map_data)
+                .map_err(map_err(name))
+        };
+        Self::from_maps(
+            open(CONFIG_MAP)?,
+            open(PATHS_MAP)?,
+            open(STAMP_STATS_MAP)?,
+            open(HOP_STATS_MAP)?,
+            open(STRIP_STATS_MAP)?,
+        )
+    }
+
+    fn from_maps(config: Map, paths: Map, stamp: Map, hops: Map, strip: Map) -> Result<Self> {
+        Ok(Self {
+            config: config.try_into().map_err(map_err(CONFIG_MAP))?,
+            paths: paths.try_into().map_err(map_err(PATHS_MAP))?,
+            stamp_stats: stamp.try_into().map_err(map_err(STAMP_STATS_MAP))?,
+            hop_stats: hops.try_into().map_err(map_err(HOP_STATS_MAP))?,
+            strip_stats: strip.try_into().map_err(map_err(STRIP_STATS_MAP))?,
+        })
+    }
+
+    pub fn config(&self) -> Result<Config> {
+        self.config.get(&0, 0).map_err(map_err(CONFIG_MAP))
+    }
+
+    pub fn set_config(&mut self, config: Config) -> Result<()> {
+        self.config.set(0, config, 0).map_err(map_err(CONFIG_MAP))
+    }
+
+    /// Replaces the path table make-before-break: every new or changed prefix is written in one
+    /// element update (which the kernel swaps atomically), then the prefixes no longer present
+    /// are removed. A packet sees the old or the new path set of its prefix, never a mix.
+    pub fn apply_paths(&mut self, table: &PathTable) -> Result<()> {
+        for (prefix, hops) in &table.destinations {
+            let mut set = PathSet::EMPTY;
+            set.count = hops.len().min(MAX_PATHS) as u32;
+            for (slot, h) in set.hops.iter_mut().zip(hops) {
+                *slot = [h.hop0, h.hop1];
+            }
+            self.paths
+                .insert(&key(prefix), set, 0)
+                .map_err(map_err(PATHS_MAP))?;
+        }
+        let stale: Vec<Key<[u8; 4]>> = self
+            .paths
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| !table.destinations.contains_key(&prefix_of(k)))
+            .collect();
+        for k in stale {
+            match self.paths.remove(&k) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(source) => return Err(Error::map(PATHS_MAP)(source)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The path table as the datapath holds it.
+    pub fn paths(&self) -> Result<PathTable> {
+        let mut table = PathTable::default();
+        for entry in self.paths.iter() {
+            let (k, set) = entry.map_err(map_err(PATHS_MAP))?;
+            let hops = set.hops[..(set.count as usize).min(MAX_PATHS)]
+                .iter()
+                .map(|[hop0, hop1]| Hops {
+                    hop0: *hop0,
+                    hop1: *hop1,
+                })
+                .collect();
+            table.destinations.insert(prefix_of(&k), hops);
+        }
+        Ok(table)
+    }
+
+    pub fn stamp_counters(&self) -> Result<Counters> {
+        sum_all(&self.stamp_stats, stamp_reason::COUNT, STAMP_STATS_MAP)
+    }
+
+    pub fn strip_counters(&self) -> Result<Counters> {
+        sum_all(&self.strip_stats, strip_reason::COUNT, STRIP_STATS_MAP)
+    }
+
+    /// Segments sent per hop value: `[..256]` for hop0, `[256..]` for hop1.
+    pub fn hop_counters(&self) -> Result<Counters> {
+        sum_all(
+            &self.hop_stats,
+            sopa_common::maps::HOP_STATS_LEN,
+            HOP_STATS_MAP,
+        )
+    }
+}
+
+fn sum_all(map: &PerCpuArray<MapData, u64>, len: u32, name: &'static str) -> Result<Counters> {
+    (0..len)
+        .map(|i| {
+            map.get(&i, 0)
+                .map(|values| values.iter().sum())
+                .map_err(map_err(name))
+        })
+        .collect()
+}
+
+fn key(prefix: &Prefix) -> Key<[u8; 4]> {
+    Key::new(u32::from(prefix.len), prefix.addr.octets())
+}
+
+fn prefix_of(key: &Key<[u8; 4]>) -> Prefix {
+    Prefix {
+        addr: key.data().into(),
+        len: key.prefix_len() as u8,
+    }
+}

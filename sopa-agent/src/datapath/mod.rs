@@ -1,0 +1,197 @@
+//! The embedded eBPF object: loading it with pinned maps, attaching its programs, and detaching
+//! exactly what was attached.
+
+pub mod maps;
+
+use std::path::{Path, PathBuf};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    programs::{
+        SchedClassifier, TcAttachType, Xdp, XdpMode, tc::SchedClassifierLinkId, xdp::XdpLinkId,
+    },
+};
+use tracing::warn;
+
+pub use self::maps::MapSet;
+use crate::error::{Error, Result};
+
+/// The eBPF object built by aya-build from `sopa-ebpf`.
+pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sopa"));
+
+pub const STAMP_PROGRAM: &str = "tc_stamp";
+pub const STRIP_PROGRAM: &str = "xdp_strip";
+
+/// `BPF_FS_MAGIC` from linux/magic.h.
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// Fails unless bpffs is mounted at /sys/fs/bpf.
+pub fn check_bpffs() -> Result<()> {
+    let path = c"/sys/fs/bpf";
+    // SAFETY: statfs on a NUL-terminated path into a zeroed struct.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    let ok = unsafe { libc::statfs(path.as_ptr(), &mut st) } == 0;
+    if ok && st.f_type as i64 == BPF_FS_MAGIC {
+        Ok(())
+    } else {
+        Err(Error::NoBpffs)
+    }
+}
+
+/// The loaded programs and their maps, pinned under one folder.
+pub struct Datapath {
+    ebpf: Ebpf,
+    pin_dir: PathBuf,
+    stamp_link: Option<SchedClassifierLinkId>,
+    strip_link: Option<XdpLinkId>,
+}
+
+impl Datapath {
+    /// Loads the object, creating (or reusing, when their layout-versioned names match) the maps
+    /// pinned in `pin_dir`, and loads both programs into the kernel without attaching them.
+    pub fn load(pin_dir: &Path) -> Result<Self> {
+        check_bpffs()?;
+        std::fs::create_dir_all(pin_dir)
+            .map_err(|err| Error::io(format!("creating {}", pin_dir.display()), err))?;
+        let mut ebpf = EbpfLoader::new()
+            .default_map_pin_directory(pin_dir)
+            .load(OBJECT)
+            .map_err(|err| match &err {
+                aya::EbpfError::MapError(aya::maps::MapError::CreateError { io_error, .. })
+                    if io_error.kind() == std::io::ErrorKind::PermissionDenied =>
+                {
+                    Error::Privileges(format!("creating eBPF maps: {io_error}"))
+                }
+                _ => Error::Ebpf(Box::new(err)),
+            })?;
+        for name in [STAMP_PROGRAM, STRIP_PROGRAM] {
+            let program = ebpf
+                .program_mut(name)
+                .expect("the object defines both programs");
+            let result = match name {
+                STAMP_PROGRAM => <&mut SchedClassifier>::try_from(program).and_then(|p| p.load()),
+                _ => <&mut Xdp>::try_from(program).and_then(|p| p.load()),
+            };
+            result.map_err(Error::program(name))?;
+        }
+        Ok(Self {
+            ebpf,
+            pin_dir: pin_dir.to_owned(),
+            stamp_link: None,
+            strip_link: None,
+        })
+    }
+
+    pub fn pin_dir(&self) -> &Path {
+        &self.pin_dir
+    }
+
+    /// Forwards the programs' aya-log lines to tracing.
+    pub fn start_logger(&mut self) {
+        match aya_log::EbpfLogger::init(&mut self.ebpf) {
+            Ok(logger) => {
+                // The logger reads the ring buffer from a tokio task.
+                tokio::spawn(async move {
+                    // SAFETY: the logger owns its ring buffer fd for as long as the AsyncFd
+                    // holds the logger.
+                    let mut logger = match unsafe {
+                        tokio::io::unix::AsyncFd::register_with_interest(
+                            logger,
+                            tokio::io::Interest::READABLE,
+                        )
+                    } {
+                        Ok(logger) => logger,
+                        Err(err) => {
+                            warn!(%err, "eBPF log forwarding unavailable");
+                            return;
+                        }
+                    };
+                    loop {
+                        let mut guard = match logger.readable_mut().await {
+                            Ok(guard) => guard,
+                            Err(_) => return,
+                        };
+                        guard.get_inner_mut().flush();
+                        guard.clear_ready();
+                    }
+                });
+            }
+            Err(err) => warn!(%err, "eBPF log forwarding unavailable"),
+        }
+    }
+
+    /// The maps, taken out of the object (the programs keep using them).
+    pub fn take_maps(&mut self) -> Result<MapSet> {
+        MapSet::from_ebpf(&mut self.ebpf)
+    }
+
+    /// Attaches `tc_stamp` to the egress of `iface` (TCX on Linux 6.6+, clsact before).
+    pub fn attach_stamp(&mut self, iface: &str) -> Result<()> {
+        let name = STAMP_PROGRAM;
+        let program: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(name)
+            .expect("the object defines tc_stamp")
+            .try_into()
+            .map_err(Error::program(name))?;
+        let id = program
+            .attach(iface, TcAttachType::Egress)
+            .map_err(Error::program(name))?;
+        self.stamp_link = Some(id);
+        Ok(())
+    }
+
+    /// Attaches `xdp_strip` to `iface` in `mode`.
+    pub fn attach_strip(&mut self, iface: &str, mode: XdpMode) -> Result<()> {
+        let name = STRIP_PROGRAM;
+        let program: &mut Xdp = self
+            .ebpf
+            .program_mut(name)
+            .expect("the object defines xdp_strip")
+            .try_into()
+            .map_err(Error::program(name))?;
+        let id = program.attach(iface, mode).map_err(Error::program(name))?;
+        self.strip_link = Some(id);
+        Ok(())
+    }
+
+    /// Detaches what this datapath attached, and only that.
+    pub fn detach(&mut self) -> Vec<Error> {
+        let mut errors = Vec::new();
+        if let Some(id) = self.strip_link.take() {
+            let name = STRIP_PROGRAM;
+            let program: Result<&mut Xdp, _> =
+                self.ebpf.program_mut(name).expect("defined").try_into();
+            if let Err(source) = program.and_then(|p| p.detach(id)) {
+                errors.push(Error::program(name)(source));
+            }
+        }
+        if let Some(id) = self.stamp_link.take() {
+            let name = STAMP_PROGRAM;
+            let program: Result<&mut SchedClassifier, _> =
+                self.ebpf.program_mut(name).expect("defined").try_into();
+            if let Err(source) = program.and_then(|p| p.detach(id)) {
+                errors.push(Error::program(name)(source));
+            }
+        }
+        errors
+    }
+
+    /// The stamp program, for BPF_PROG_TEST_RUN.
+    pub fn stamp_program(&mut self) -> &mut SchedClassifier {
+        self.ebpf
+            .program_mut(STAMP_PROGRAM)
+            .expect("defined")
+            .try_into()
+            .expect("tc_stamp is a classifier")
+    }
+
+    /// The strip program, for BPF_PROG_TEST_RUN.
+    pub fn strip_program(&mut self) -> &mut Xdp {
+        self.ebpf
+            .program_mut(STRIP_PROGRAM)
+            .expect("defined")
+            .try_into()
+            .expect("xdp_strip is an XDP program")
+    }
+}

@@ -1,0 +1,334 @@
+//! The host role: stamp on egress, strip on ingress, and the host settings they need
+//! (tcp_reordering, fabric route MTUs, GSO granularity), all undone on exit.
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+};
+
+use aya::programs::XdpMode;
+use sopa_common::maps::Config;
+use tracing::{info, warn};
+
+use crate::{
+    BPFFS_ROOT, RUN_ROOT,
+    changes::{Change, Journal, Record},
+    datapath::{Datapath, MapSet},
+    error::{Error, Result},
+    metrics,
+    netlink::{self, Netlink},
+    path_table::PathTable,
+    status::mode_name,
+    sysctl,
+};
+
+/// The unit of spraying.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Granularity {
+    /// One path per packet: sets the interface's `gso_max_segs` to 1.
+    Packet,
+    /// One path per GSO burst (up to 64 KB): leaves GSO as it is.
+    Burst,
+}
+
+/// How `xdp_strip` attaches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum XdpAttach {
+    /// Generic on veth (native XDP there disables the peer's TSO), native elsewhere.
+    Auto,
+    Generic,
+    Native,
+}
+
+/// Bytes the option adds to every stamped packet.
+const OPTION_BYTES: u32 = sopa_common::wire::OPTION_LEN as u32;
+
+#[derive(Clone, Debug)]
+pub struct HostOptions {
+    pub node: String,
+    pub iface: String,
+    pub paths: PathTable,
+    pub paths_file: Option<PathBuf>,
+    pub mode: u32,
+    pub granularity: Granularity,
+    pub xdp: XdpAttach,
+    pub tcp_reordering: u32,
+    pub metrics_addr: Option<SocketAddr>,
+    pub hash_seed: u32,
+}
+
+pub fn pin_dir(node: &str) -> PathBuf {
+    Path::new(BPFFS_ROOT).join(node)
+}
+
+pub fn run_dir(node: &str) -> PathBuf {
+    Path::new(RUN_ROOT).join(node)
+}
+
+/// Checks a node name: it names folders, so only `[A-Za-z0-9._-]`, 1 to 64 characters.
+pub fn validate_node(node: &str) -> Result<()> {
+    let ok = !node.is_empty()
+        && node.len() <= 64
+        && node != "."
+        && node != ".."
+        && node
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Config(format!(
+            "node name {node:?} must be 1 to 64 characters of A-Z, a-z, 0-9, '.', '_' or '-'"
+        )))
+    }
+}
+
+/// Fails early, before anything is changed, when the process lacks the capabilities it needs.
+pub fn check_privileges() -> Result<()> {
+    const CAP_NET_ADMIN: u32 = 12;
+    const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_BPF: u32 = 39;
+    let status = std::fs::read_to_string("/proc/self/status")
+        .map_err(|err| Error::io("reading /proc/self/status", err))?;
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    let has = |cap: u32| eff & (1 << cap) != 0;
+    if has(CAP_NET_ADMIN) && (has(CAP_BPF) || has(CAP_SYS_ADMIN)) {
+        Ok(())
+    } else {
+        Err(Error::Privileges(
+            "missing privileges to load eBPF programs and change network settings".into(),
+        ))
+    }
+}
+
+/// A started host datapath. Dropping it without [`Host::stop`] leaves the journal for the next
+/// start to restore.
+pub struct Host {
+    datapath: Datapath,
+    maps: Arc<Mutex<MapSet>>,
+    journal: Option<Journal>,
+    netlink: Netlink,
+    metrics: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Host {
+    /// Validates, changes the host and attaches the programs. On any failure everything done
+    /// so far is undone before the error is returned.
+    pub async fn start(opts: &HostOptions) -> Result<Self> {
+        validate_node(&opts.node)?;
+        if opts.tcp_reordering == 0 || opts.tcp_reordering > 300 {
+            return Err(Error::Config(format!(
+                "--tcp-reordering {} must be from 1 to 300",
+                opts.tcp_reordering
+            )));
+        }
+        check_privileges()?;
+        crate::datapath::check_bpffs()?;
+        let netlink = Netlink::connect()?;
+        let link = netlink.link(&opts.iface).await?;
+        let run_dir = run_dir(&opts.node);
+        restore_leftovers(&opts.node, &run_dir, &netlink).await?;
+
+        let xdp_mode = match (opts.xdp, link.is_veth) {
+            (XdpAttach::Generic, _) | (XdpAttach::Auto, true) => XdpMode::Skb,
+            (XdpAttach::Native, _) | (XdpAttach::Auto, false) => XdpMode::Driver,
+        };
+        let record = Record {
+            node: opts.node.clone(),
+            pid: std::process::id(),
+            iface: opts.iface.clone(),
+            ifindex: link.index,
+            paths_file: opts.paths_file.clone(),
+            granularity: format!("{:?}", opts.granularity).to_lowercase(),
+            xdp_mode: if xdp_mode == XdpMode::Skb {
+                "generic"
+            } else {
+                "native"
+            }
+            .into(),
+            started_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            changes: Vec::new(),
+        };
+        let mut journal = Journal::create(&run_dir, record)?;
+        match Self::setup(opts, &link, xdp_mode, &netlink, &mut journal).await {
+            Ok((datapath, maps, metrics)) => {
+                info!(
+                    node = %opts.node,
+                    iface = %opts.iface,
+                    mode = mode_name(opts.mode),
+                    prefixes = opts.paths.len(),
+                    "host datapath attached"
+                );
+                Ok(Self {
+                    datapath,
+                    maps,
+                    journal: Some(journal),
+                    netlink,
+                    metrics,
+                })
+            }
+            Err(err) => {
+                for undo_err in journal.undo(&netlink).await {
+                    warn!(%undo_err, "while undoing a failed start");
+                }
+                Err(err)
+            }
+        }
+    }
+
+    async fn setup(
+        opts: &HostOptions,
+        link: &netlink::Link,
+        xdp_mode: XdpMode,
+        netlink: &Netlink,
+        journal: &mut Journal,
+    ) -> Result<(
+        Datapath,
+        Arc<Mutex<MapSet>>,
+        Option<tokio::task::JoinHandle<()>>,
+    )> {
+        let pins = pin_dir(&opts.node);
+        journal.push(Change::Pins { dir: pins.clone() })?;
+        let mut datapath = Datapath::load(&pins)?;
+        datapath.start_logger();
+        let mut maps = datapath.take_maps()?;
+        maps.set_config(Config {
+            mode: opts.mode,
+            hash_seed: opts.hash_seed,
+        })?;
+        maps.apply_paths(&opts.paths)?;
+
+        lower_route_mtus(opts, link, netlink, journal).await?;
+
+        let old = sysctl::read(sysctl::TCP_REORDERING)?;
+        let new = opts.tcp_reordering.to_string();
+        if old != new {
+            sysctl::write(sysctl::TCP_REORDERING, &new)?;
+            journal.push(Change::Sysctl {
+                key: sysctl::TCP_REORDERING.into(),
+                old,
+                new,
+            })?;
+        }
+
+        if opts.granularity == Granularity::Packet && link.gso_max_segs != 1 {
+            netlink.set_gso_max_segs(link.index, 1).await?;
+            journal.push(Change::GsoMaxSegs {
+                ifname: link.name.clone(),
+                index: link.index,
+                old: link.gso_max_segs,
+                new: 1,
+            })?;
+        }
+
+        let maps = Arc::new(Mutex::new(maps));
+        let metrics = match opts.metrics_addr {
+            Some(addr) => Some(metrics::serve(addr, metrics::registry(Arc::clone(&maps))).await?),
+            None => None,
+        };
+
+        // Programs last: by the time the first packet is stamped, the routes fit it.
+        datapath.attach_strip(&opts.iface, xdp_mode)?;
+        datapath.attach_stamp(&opts.iface)?;
+        Ok((datapath, maps, metrics))
+    }
+
+    pub fn maps(&self) -> Arc<Mutex<MapSet>> {
+        Arc::clone(&self.maps)
+    }
+
+    /// Detaches the programs and restores every host setting the agent changed.
+    pub async fn stop(mut self) -> Vec<Error> {
+        if let Some(metrics) = self.metrics.take() {
+            metrics.abort();
+        }
+        let mut errors = self.datapath.detach();
+        if let Some(journal) = self.journal.take() {
+            errors.extend(journal.undo(&self.netlink).await);
+        }
+        errors
+    }
+}
+
+/// Makes every fabric prefix's route carry `mtu lock <dev mtu - 4>`, so a full-size packet
+/// still fits once stamped (routers drop the 1504-byte packet otherwise: DF is set and the
+/// sender's cached PMTU ignores frag-needed).
+async fn lower_route_mtus(
+    opts: &HostOptions,
+    link: &netlink::Link,
+    netlink: &Netlink,
+    journal: &mut Journal,
+) -> Result<()> {
+    let routes = netlink.routes().await?;
+    let mtu = link.mtu.saturating_sub(OPTION_BYTES);
+    for prefix in opts.paths.destinations.keys() {
+        let Some(route) = netlink::covering_route(&routes, prefix) else {
+            return Err(Error::Config(format!(
+                "no route to fabric prefix {prefix} in the main table; add the route to the \
+                 fabric first (the agent lowers its MTU by {OPTION_BYTES})"
+            )));
+        };
+        if route.oif != Some(link.index) {
+            warn!(%prefix, "fabric prefix is not routed through {}; packets to it leave unstamped", opts.iface);
+            continue;
+        }
+        if route.multipath {
+            return Err(Error::Config(format!(
+                "the route to fabric prefix {prefix} ({}) is multipath; the host role needs one \
+                 next hop per prefix",
+                route.prefix
+            )));
+        }
+        if route.mtu_locked && route.mtu.is_some_and(|m| m <= mtu) {
+            continue;
+        }
+        let mut new = route.clone();
+        new.prefix = *prefix;
+        new.mtu = Some(mtu);
+        new.mtu_locked = true;
+        if route.prefix == *prefix {
+            netlink.add_route(&new, true).await?;
+            journal.push(Change::RouteReplaced {
+                old: route.clone(),
+                new,
+            })?;
+        } else {
+            // A more specific copy of the covering route, with the lowered MTU.
+            new.protocol = 4; // RTPROT_STATIC
+            netlink.add_route(&new, false).await?;
+            journal.push(Change::RouteAdded { route: new })?;
+        }
+    }
+    Ok(())
+}
+
+/// Refuses to start beside a live agent of the same node; restores what a crashed one left.
+async fn restore_leftovers(node: &str, run_dir: &Path, netlink: &Netlink) -> Result<()> {
+    let Some(record) = Journal::read(run_dir)? else {
+        return Ok(());
+    };
+    if record.pid != std::process::id() && record.is_live() {
+        return Err(Error::AlreadyRunning {
+            node: node.to_owned(),
+            pid: record.pid,
+        });
+    }
+    warn!(
+        pid = record.pid,
+        changes = record.changes.len(),
+        "the previous agent of this node did not exit cleanly; restoring what it changed"
+    );
+    let errors = Journal::resume(run_dir, record).undo(netlink).await;
+    match errors.into_iter().next() {
+        Some(err) => Err(err),
+        None => Ok(()),
+    }
+}

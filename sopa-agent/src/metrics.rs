@@ -1,0 +1,217 @@
+//! Prometheus metrics in text format, read from the datapath's counters at every scrape.
+
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+};
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric as _},
+    metrics::{counter::ConstCounter, gauge::ConstGauge},
+    registry::Registry,
+};
+use sopa_common::{
+    maps::{mode, stamp_reason, strip_reason},
+    wire::HOP_NONE,
+};
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    net::TcpListener,
+};
+use tracing::{debug, warn};
+
+use crate::{
+    datapath::MapSet,
+    error::{Error, Result},
+    status::mode_name,
+};
+
+#[derive(Debug)]
+struct DatapathCollector {
+    maps: Arc<Mutex<MapSet>>,
+}
+
+impl std::fmt::Debug for MapSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MapSet")
+    }
+}
+
+impl Collector for DatapathCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let maps = self.maps.lock().expect("maps lock");
+        let (Ok(stamp), Ok(strip), Ok(hops), Ok(config), Ok(paths)) = (
+            maps.stamp_counters(),
+            maps.strip_counters(),
+            maps.hop_counters(),
+            maps.config(),
+            maps.paths(),
+        ) else {
+            warn!("reading the datapath's maps for metrics failed");
+            return Ok(());
+        };
+        drop(maps);
+
+        let mut family = encoder.encode_descriptor(
+            "sopa_stamp_packets",
+            "Packets seen by tc_stamp, by verdict",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (i, name) in stamp_reason::NAMES.iter().enumerate() {
+            let labels = [("reason", *name)];
+            ConstCounter::new(stamp[i]).encode(family.encode_family(&labels)?)?;
+        }
+
+        let mut family = encoder.encode_descriptor(
+            "sopa_strip_packets",
+            "Packets seen by xdp_strip, by verdict",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (i, name) in strip_reason::NAMES
+            .iter()
+            .enumerate()
+            .take(strip_reason::TCP_DATA as usize)
+        {
+            let labels = [("reason", *name)];
+            ConstCounter::new(strip[i]).encode(family.encode_family(&labels)?)?;
+        }
+
+        let counter = ConstCounter::new(strip[strip_reason::TCP_DATA as usize]);
+        counter.encode(encoder.encode_descriptor(
+            "sopa_tcp_data_packets",
+            "TCP data packets received on the fabric interface",
+            None,
+            counter.metric_type(),
+        )?)?;
+        let counter = ConstCounter::new(strip[strip_reason::TCP_REORDERED as usize]);
+        counter.encode(encoder.encode_descriptor(
+            "sopa_tcp_reordered_packets",
+            "TCP data packets that arrived below the highest sequence seen in their flow",
+            None,
+            counter.metric_type(),
+        )?)?;
+
+        let mut family = encoder.encode_descriptor(
+            "sopa_hop_packets",
+            "Packets (GSO segments) stamped, by option byte and hop value",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (i, &n) in hops.iter().enumerate() {
+            if n == 0 {
+                continue;
+            }
+            let (byte, value) = if i < 256 {
+                ("hop0", i)
+            } else {
+                ("hop1", i - 256)
+            };
+            let value = if value == usize::from(HOP_NONE) {
+                "none".to_owned()
+            } else {
+                value.to_string()
+            };
+            let labels = [("byte", byte.to_owned()), ("value", value)];
+            ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
+        }
+
+        let gauge = ConstGauge::new(paths.len() as i64);
+        gauge.encode(encoder.encode_descriptor(
+            "sopa_path_table_prefixes",
+            "Destination prefixes in the datapath's path table",
+            None,
+            gauge.metric_type(),
+        )?)?;
+        let gauge =
+            ConstGauge::new(paths.destinations.values().map(Vec::len).sum::<usize>() as i64);
+        gauge.encode(encoder.encode_descriptor(
+            "sopa_path_table_paths",
+            "Candidate paths over all prefixes of the path table",
+            None,
+            gauge.metric_type(),
+        )?)?;
+
+        let mut family = encoder.encode_descriptor(
+            "sopa_mode",
+            "The datapath's path-selection mode (1 for the active one)",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for m in 0..mode::COUNT {
+            let labels = [("mode", mode_name(m))];
+            ConstGauge::new(i64::from(m == config.mode)).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// The registry with the datapath's collector.
+pub fn registry(maps: Arc<Mutex<MapSet>>) -> Registry {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(DatapathCollector { maps }));
+    registry
+}
+
+/// Renders the registry in the Prometheus text format.
+pub fn render(registry: &Registry) -> String {
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, registry).expect("writing to a String");
+    out
+}
+
+/// Binds `addr` (refusing anything but loopback) and serves `GET /metrics` on it.
+pub async fn serve(addr: SocketAddr, registry: Registry) -> Result<tokio::task::JoinHandle<()>> {
+    if !addr.ip().is_loopback() {
+        return Err(Error::Config(format!(
+            "--metrics-addr {addr} is not a loopback address; metrics are served on loopback only"
+        )));
+    }
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|err| Error::io(format!("binding the metrics address {addr}"), err))?;
+    let registry = Arc::new(registry);
+    Ok(tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, peer)) = listener.accept().await else {
+                continue;
+            };
+            let registry = Arc::clone(&registry);
+            tokio::spawn(async move {
+                let mut request = [0u8; 1024];
+                let n = match tokio::time::timeout(
+                    std::time::Duration::from_secs(5),
+                    stream.read(&mut request),
+                )
+                .await
+                {
+                    Ok(Ok(n)) => n,
+                    _ => return,
+                };
+                let line = String::from_utf8_lossy(&request[..n]);
+                let (status, body, kind) = if line.starts_with("GET /metrics ") {
+                    (
+                        "200 OK",
+                        render(&registry),
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )
+                } else {
+                    (
+                        "404 Not Found",
+                        "try GET /metrics\n".to_owned(),
+                        "text/plain",
+                    )
+                };
+                let response = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                if let Err(err) = stream.write_all(response.as_bytes()).await {
+                    debug!(%peer, %err, "metrics client went away");
+                }
+            });
+        }
+    }))
+}

@@ -1,0 +1,338 @@
+//! The static path table: destination prefix -> candidate paths, from a TOML file.
+//!
+//! ```toml
+//! version = 1
+//!
+//! [[destination]]
+//! prefix = "10.1.0.0/24"        # the hosts under one edge switch
+//! paths = [[0, 0], [0, 1], [1, 0], [1, 1]]   # (hop0, hop1) per path
+//!
+//! [[destination]]
+//! prefix = "10.0.1.0/24"
+//! paths = [[0], [1]]            # one decision: hop1 is "none" (0xFF on the wire)
+//! ```
+//!
+//! The controller replaces this file in production; it stays as the offline mode.
+
+use std::{collections::BTreeMap, fmt, net::Ipv4Addr, path::Path, str::FromStr};
+
+use serde::Deserialize;
+use sopa_common::{maps::MAX_PATHS, wire::HOP_NONE};
+
+use crate::error::{Error, Result};
+
+/// Highest hop value a path may name (0xFF means "no second decision").
+pub const MAX_HOP: u8 = HOP_NONE - 1;
+
+/// An IPv4 prefix with its host bits clear.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Prefix {
+    pub addr: Ipv4Addr,
+    pub len: u8,
+}
+
+impl Prefix {
+    pub fn contains(&self, other: &Prefix) -> bool {
+        other.len >= self.len && mask(other.addr, self.len) == self.addr
+    }
+}
+
+fn mask(addr: Ipv4Addr, len: u8) -> Ipv4Addr {
+    let bits = u32::from(addr);
+    let m = if len == 0 {
+        0
+    } else {
+        u32::MAX << (32 - u32::from(len))
+    };
+    Ipv4Addr::from(bits & m)
+}
+
+impl fmt::Display for Prefix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.len)
+    }
+}
+
+impl FromStr for Prefix {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (addr, len) = s
+            .split_once('/')
+            .ok_or_else(|| format!("prefix {s:?} has no length; write it as A.B.C.D/N"))?;
+        let addr: Ipv4Addr = addr
+            .parse()
+            .map_err(|_| format!("prefix {s:?}: {addr:?} is not an IPv4 address"))?;
+        let len: u8 =
+            len.parse().ok().filter(|len| *len <= 32).ok_or_else(|| {
+                format!("prefix {s:?}: length {len:?} is not a number from 0 to 32")
+            })?;
+        let network = mask(addr, len);
+        if network != addr {
+            return Err(format!(
+                "prefix {s:?} has host bits set; did you mean {network}/{len}?"
+            ));
+        }
+        Ok(Self { addr, len })
+    }
+}
+
+/// One path: the uplink index at each decision point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Hops {
+    pub hop0: u8,
+    /// [`HOP_NONE`] when the path has one decision.
+    pub hop1: u8,
+}
+
+impl fmt::Display for Hops {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.hop1 == HOP_NONE {
+            write!(f, "[{}]", self.hop0)
+        } else {
+            write!(f, "[{}, {}]", self.hop0, self.hop1)
+        }
+    }
+}
+
+/// The validated path table, ordered by prefix.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PathTable {
+    pub destinations: BTreeMap<Prefix, Vec<Hops>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileV1 {
+    version: Option<i64>,
+    #[serde(default)]
+    destination: Vec<DestinationV1>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DestinationV1 {
+    prefix: String,
+    paths: Vec<Vec<i64>>,
+}
+
+impl PathTable {
+    /// Reads and validates a path table file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|err| Error::PathTable {
+            path: path.to_owned(),
+            message: format!("cannot read it: {err}"),
+        })?;
+        Self::parse(&text).map_err(|message| Error::PathTable {
+            path: path.to_owned(),
+            message,
+        })
+    }
+
+    /// Parses and validates the text of a path table; the error names the bad input.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let file: FileV1 = toml::from_str(text).map_err(|err| err.to_string().trim().to_owned())?;
+        if let Some(version) = file.version
+            && version != 1
+        {
+            return Err(format!(
+                "version {version} is not supported; this agent reads version 1"
+            ));
+        }
+        let mut destinations = BTreeMap::new();
+        for (i, entry) in file.destination.iter().enumerate() {
+            let at = format!("destination {} ({:?})", i + 1, entry.prefix);
+            let prefix: Prefix = entry.prefix.parse().map_err(|err| format!("{at}: {err}"))?;
+            if entry.paths.is_empty() {
+                return Err(format!("{at}: lists no paths; give at least one"));
+            }
+            if entry.paths.len() > MAX_PATHS {
+                return Err(format!(
+                    "{at}: {} paths, more than the datapath's {MAX_PATHS}",
+                    entry.paths.len()
+                ));
+            }
+            let mut paths = Vec::with_capacity(entry.paths.len());
+            for (j, path) in entry.paths.iter().enumerate() {
+                let at = format!("{at}, path {}", j + 1);
+                let hop = |v: i64| {
+                    u8::try_from(v)
+                        .ok()
+                        .filter(|v| *v <= MAX_HOP)
+                        .ok_or_else(|| {
+                            format!("{at}: hop value {v} is out of range (0 to {MAX_HOP})")
+                        })
+                };
+                let hops = match path.as_slice() {
+                    [h0] => Hops {
+                        hop0: hop(*h0)?,
+                        hop1: HOP_NONE,
+                    },
+                    [h0, h1] => Hops {
+                        hop0: hop(*h0)?,
+                        hop1: hop(*h1)?,
+                    },
+                    other => {
+                        return Err(format!(
+                            "{at}: has {} hop values; a path is [hop0] or [hop0, hop1]",
+                            other.len()
+                        ));
+                    }
+                };
+                if paths.contains(&hops) {
+                    return Err(format!("{at}: {hops} is listed twice"));
+                }
+                paths.push(hops);
+            }
+            if destinations.insert(prefix, paths).is_some() {
+                return Err(format!("{at}: prefix {prefix} is listed twice"));
+            }
+        }
+        Ok(Self { destinations })
+    }
+
+    pub fn len(&self) -> usize {
+        self.destinations.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.destinations.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        PathTable::parse(text).expect_err("must be refused")
+    }
+
+    #[test]
+    fn parses_both_path_shapes() {
+        let table = PathTable::parse(
+            r#"
+            version = 1
+            [[destination]]
+            prefix = "10.1.0.0/24"
+            paths = [[0, 0], [0, 1], [1, 0], [1, 1]]
+            [[destination]]
+            prefix = "10.0.1.0/24"
+            paths = [[0], [1]]
+            "#,
+        )
+        .unwrap();
+        assert_eq!(table.len(), 2);
+        let p: Prefix = "10.0.1.0/24".parse().unwrap();
+        assert_eq!(
+            table.destinations[&p],
+            vec![
+                Hops {
+                    hop0: 0,
+                    hop1: HOP_NONE
+                },
+                Hops {
+                    hop0: 1,
+                    hop1: HOP_NONE
+                }
+            ]
+        );
+    }
+
+    #[test]
+    fn empty_table_is_valid() {
+        assert!(PathTable::parse("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn syntax_error_names_line() {
+        let e = err("[[destination]]\nprefix = \"10.1.0.0/24\npaths = []");
+        assert!(e.contains("line 2"), "{e}");
+    }
+
+    #[test]
+    fn unknown_field_is_named() {
+        let e = err("[[destination]]\nprefix = \"10.1.0.0/24\"\npath = [[0]]");
+        assert!(e.contains("path"), "{e}");
+    }
+
+    #[test]
+    fn bad_prefixes_are_named() {
+        for (prefix, needle) in [
+            ("10.1.0.0", "has no length"),
+            ("10.1.0/24", "is not an IPv4 address"),
+            ("10.1.0.0/33", "not a number from 0 to 32"),
+            ("10.1.0.7/24", "did you mean 10.1.0.0/24"),
+        ] {
+            let e = err(&format!(
+                "[[destination]]\nprefix = \"{prefix}\"\npaths = [[0]]"
+            ));
+            assert!(e.contains(needle), "{prefix}: {e}");
+            assert!(e.contains("destination 1"), "{e}");
+        }
+    }
+
+    #[test]
+    fn hop_out_of_range_is_named() {
+        for v in ["255", "256", "-1"] {
+            let e = err(&format!(
+                "[[destination]]\nprefix = \"10.1.0.0/24\"\npaths = [[0], [1, {v}]]"
+            ));
+            assert!(e.contains(&format!("hop value {v} is out of range")), "{e}");
+            assert!(e.contains("path 2"), "{e}");
+        }
+    }
+
+    #[test]
+    fn shape_and_duplicates_are_refused() {
+        let bad_shape = err("[[destination]]\nprefix = \"10.1.0.0/24\"\npaths = [[0, 1, 2]]");
+        assert!(bad_shape.contains("has 3 hop values"), "{bad_shape}");
+        let empty_path = err("[[destination]]\nprefix = \"10.1.0.0/24\"\npaths = [[]]");
+        assert!(empty_path.contains("has 0 hop values"), "{empty_path}");
+        let no_paths = err("[[destination]]\nprefix = \"10.1.0.0/24\"\npaths = []");
+        assert!(no_paths.contains("lists no paths"), "{no_paths}");
+        let dup_path = err("[[destination]]\nprefix = \"10.1.0.0/24\"\npaths = [[1], [1]]");
+        assert!(dup_path.contains("listed twice"), "{dup_path}");
+        let dup_prefix = err("[[destination]]\nprefix = \"10.1.0.0/24\"\npaths = [[1]]\n\
+             [[destination]]\nprefix = \"10.1.0.0/24\"\npaths = [[0]]");
+        assert!(
+            dup_prefix.contains("prefix 10.1.0.0/24 is listed twice"),
+            "{dup_prefix}"
+        );
+        let version = err("version = 2");
+        assert!(version.contains("version 2 is not supported"), "{version}");
+    }
+
+    #[test]
+    fn too_many_paths_is_refused() {
+        let paths: Vec<String> = (0..=MAX_PATHS)
+            .map(|i| format!("[{}, {}]", i / 200, i % 200))
+            .collect();
+        let e = err(&format!(
+            "[[destination]]\nprefix = \"10.1.0.0/24\"\npaths = [{}]",
+            paths.join(",")
+        ));
+        assert!(e.contains("more than the datapath's"), "{e}");
+    }
+
+    #[test]
+    fn load_names_the_file() {
+        let e = PathTable::load(Path::new("/nonexistent/sopa-paths.toml")).unwrap_err();
+        assert!(
+            e.to_string().contains("/nonexistent/sopa-paths.toml"),
+            "{e}"
+        );
+        assert_eq!(e.exit_code(), 64);
+    }
+
+    #[test]
+    fn prefix_containment() {
+        let p8: Prefix = "10.0.0.0/8".parse().unwrap();
+        let p24: Prefix = "10.1.2.0/24".parse().unwrap();
+        let other: Prefix = "11.1.2.0/24".parse().unwrap();
+        assert!(p8.contains(&p24));
+        assert!(!p24.contains(&p8));
+        assert!(!p8.contains(&other));
+        assert!("0.0.0.0/0".parse::<Prefix>().unwrap().contains(&other));
+    }
+}

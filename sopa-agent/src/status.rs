@@ -1,0 +1,217 @@
+//! `sopa-agent status`: what a running agent's datapath is doing, for people and as JSON.
+
+use std::{collections::BTreeMap, fmt::Write as _, path::Path};
+
+use serde::Serialize;
+use sopa_common::{
+    maps::{mode, stamp_reason, strip_reason},
+    wire::HOP_NONE,
+};
+
+use crate::{
+    changes::{Journal, Record},
+    datapath::MapSet,
+    error::{Error, Result},
+};
+
+pub fn mode_name(m: u32) -> &'static str {
+    match m {
+        mode::OFF => "off",
+        mode::SOPA => "sopa",
+        mode::RPS => "rps",
+        mode::ECMP => "ecmp",
+        _ => "unknown",
+    }
+}
+
+/// Parses a mode name as the CLI and config take it.
+pub fn parse_mode(name: &str) -> Result<u32> {
+    (0..mode::COUNT)
+        .find(|m| mode_name(*m) == name)
+        .ok_or_else(|| Error::Config(format!("mode {name:?} is not one of sopa, rps, ecmp, off")))
+}
+
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub node: String,
+    pub running: bool,
+    pub pid: u32,
+    pub iface: String,
+    pub ifindex: u32,
+    pub mode: String,
+    pub granularity: String,
+    pub xdp_mode: String,
+    pub paths_file: Option<String>,
+    pub uptime_s: u64,
+    pub prefixes: usize,
+    pub paths: usize,
+    /// prefix -> paths as "hop0,hop1" strings ("none" for 0xFF).
+    pub path_table: BTreeMap<String, Vec<String>>,
+    pub stamp: BTreeMap<String, u64>,
+    pub strip: BTreeMap<String, u64>,
+    pub hop0: BTreeMap<String, u64>,
+    pub hop1: BTreeMap<String, u64>,
+    pub reordered_fraction: f64,
+    pub changes: Vec<crate::changes::Change>,
+}
+
+fn hop_label(v: usize) -> String {
+    if v == usize::from(HOP_NONE) {
+        "none".into()
+    } else {
+        v.to_string()
+    }
+}
+
+/// Reads the status of the agent of `node`, whose state is under `run_dir` and pins under
+/// `pin_dir`.
+pub fn read(node: &str, run_dir: &Path, pin_dir: &Path) -> Result<Status> {
+    let record: Record = Journal::read(run_dir)?.ok_or_else(|| Error::NotRunning {
+        node: node.to_owned(),
+        dir: run_dir.to_owned(),
+    })?;
+    let maps = MapSet::from_pins(pin_dir)?;
+    let config = maps.config()?;
+    let table = maps.paths()?;
+    let stamp = maps.stamp_counters()?;
+    let strip = maps.strip_counters()?;
+    let hops = maps.hop_counters()?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let data = strip[strip_reason::TCP_DATA as usize];
+    let reordered = strip[strip_reason::TCP_REORDERED as usize];
+    Ok(Status {
+        node: record.node.clone(),
+        running: record.is_live(),
+        pid: record.pid,
+        iface: record.iface.clone(),
+        ifindex: record.ifindex,
+        mode: mode_name(config.mode).to_owned(),
+        granularity: record.granularity.clone(),
+        xdp_mode: record.xdp_mode.clone(),
+        paths_file: record.paths_file.as_ref().map(|p| p.display().to_string()),
+        uptime_s: now.saturating_sub(record.started_unix),
+        prefixes: table.len(),
+        paths: table.destinations.values().map(Vec::len).sum(),
+        path_table: table
+            .destinations
+            .iter()
+            .map(|(p, hops)| {
+                let hops = hops
+                    .iter()
+                    .map(|h| format!("{},{}", h.hop0, hop_label(usize::from(h.hop1))))
+                    .collect();
+                (p.to_string(), hops)
+            })
+            .collect(),
+        stamp: stamp_reason::NAMES
+            .iter()
+            .zip(&stamp)
+            .map(|(n, v)| ((*n).to_owned(), *v))
+            .collect(),
+        strip: strip_reason::NAMES
+            .iter()
+            .zip(&strip)
+            .map(|(n, v)| ((*n).to_owned(), *v))
+            .collect(),
+        hop0: (0..256)
+            .filter(|i| hops[*i] > 0)
+            .map(|i| (hop_label(i), hops[i]))
+            .collect(),
+        hop1: (0..256)
+            .filter(|i| hops[256 + *i] > 0)
+            .map(|i| (hop_label(i), hops[256 + i]))
+            .collect(),
+        reordered_fraction: if data == 0 {
+            0.0
+        } else {
+            reordered as f64 / data as f64
+        },
+        changes: record.changes,
+    })
+}
+
+fn nonzero(counters: &BTreeMap<String, u64>, order: &[&str]) -> String {
+    let parts: Vec<String> = order
+        .iter()
+        .filter_map(|name| {
+            counters
+                .get(*name)
+                .filter(|v| **v > 0)
+                .map(|v| format!("{name} {v}"))
+        })
+        .collect();
+    if parts.is_empty() {
+        "none".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+impl Status {
+    /// The report for people.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let state = if self.running {
+            "running"
+        } else {
+            "NOT RUNNING (stale state)"
+        };
+        let _ = writeln!(
+            s,
+            "node {}: {state}, pid {}, up {} s",
+            self.node, self.pid, self.uptime_s
+        );
+        let _ = writeln!(
+            s,
+            "interface {} (ifindex {}), mode {}, granularity {}, xdp {}",
+            self.iface, self.ifindex, self.mode, self.granularity, self.xdp_mode
+        );
+        let _ = writeln!(
+            s,
+            "path table: {} prefixes, {} paths{}",
+            self.prefixes,
+            self.paths,
+            self.paths_file
+                .as_ref()
+                .map(|f| format!(" (from {f})"))
+                .unwrap_or_default()
+        );
+        for (prefix, hops) in &self.path_table {
+            let _ = writeln!(s, "  {prefix:<18} {}", hops.join("  "));
+        }
+        let _ = writeln!(
+            s,
+            "tc_stamp:  {}",
+            nonzero(&self.stamp, &stamp_reason::NAMES)
+        );
+        let hops = |m: &BTreeMap<String, u64>| {
+            let mut v: Vec<(&String, &u64)> = m.iter().collect();
+            v.sort_by_key(|(k, _)| k.parse::<u32>().unwrap_or(u32::MAX));
+            v.iter()
+                .map(|(k, n)| format!("{k}={n}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let _ = writeln!(s, "  hop0:    {}", hops(&self.hop0));
+        let _ = writeln!(s, "  hop1:    {}", hops(&self.hop1));
+        let _ = writeln!(
+            s,
+            "xdp_strip: {}",
+            nonzero(
+                &self.strip,
+                &strip_reason::NAMES[..strip_reason::TCP_DATA as usize]
+            )
+        );
+        let _ = writeln!(
+            s,
+            "  reordered: {:.3}% of {} TCP data packets",
+            100.0 * self.reordered_fraction,
+            self.strip["tcp_data"]
+        );
+        let _ = writeln!(s, "host changes to restore on exit: {}", self.changes.len());
+        s
+    }
+}

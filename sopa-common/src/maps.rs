@@ -1,0 +1,186 @@
+//! Every map of the datapath: its name (layout-versioned: bump `_Vn` when a layout changes, so a
+//! pin of another layout is never reused), capacity, key and value. Keys and values are
+//! `#[repr(C)]`, fixed-width, padded explicitly and size-asserted.
+//!
+//! Map names stay within the kernel's 15 characters so the kernel object name and the pin agree.
+
+use core::mem::size_of;
+
+/// Path-selection mode, stored in [`Config::mode`].
+pub mod mode {
+    /// Stamp nothing: every packet passes untouched (kernel routing).
+    pub const OFF: u32 = 0;
+    /// Per-flow round-robin over the destination's paths (SOPA).
+    pub const SOPA: u32 = 1;
+    /// A random path per packet (RPS).
+    pub const RPS: u32 = 2;
+    /// A path by hash of the 5-tuple (ECMP at the host).
+    pub const ECMP: u32 = 3;
+    /// Number of modes; valid modes are below it.
+    pub const COUNT: u32 = 4;
+}
+
+/// Runtime configuration, a one-entry array. Userspace rewrites it to switch modes without
+/// reloading the programs.
+pub const CONFIG_MAP: &str = "SOPA_CFG_V1";
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    /// One of [`mode`].
+    pub mode: u32,
+    /// Seed of the 5-tuple hash used by `ecmp` mode and the stateless fallback.
+    pub hash_seed: u32,
+}
+const _: () = assert!(size_of::<Config>() == 8);
+
+/// Destination prefix -> candidate paths (LPM trie keyed by the IPv4 address, network order).
+pub const PATHS_MAP: &str = "SOPA_PATHS_V1";
+/// Destination prefixes (one per edge/access switch of a fabric).
+pub const PATHS_CAPACITY: u32 = 16_384;
+/// Paths per destination prefix: (k/2)^2 for a Fat-Tree of k = 64.
+pub const MAX_PATHS: usize = 1024;
+
+/// The candidate paths of one destination prefix, as (hop0, hop1) byte pairs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PathSet {
+    /// Number of valid entries in `hops`; 0 means every path has failed.
+    pub count: u32,
+    pub hops: [[u8; 2]; MAX_PATHS],
+}
+const _: () = assert!(size_of::<PathSet>() == 4 + 2 * MAX_PATHS);
+
+impl PathSet {
+    pub const EMPTY: Self = Self {
+        count: 0,
+        hops: [[0; 2]; MAX_PATHS],
+    };
+}
+
+/// Per-flow state of the sender (LRU hash keyed by [`FlowKey`]).
+pub const FLOWS_MAP: &str = "SOPA_FLOWS_V1";
+pub const FLOWS_CAPACITY: u32 = 65_536;
+
+/// A flow's 5-tuple, addresses and ports in network order as they appear in the packet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FlowKey {
+    pub saddr: u32,
+    pub daddr: u32,
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(size_of::<FlowKey>() == 16);
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowState {
+    /// Round-robin position: the next packet takes path `next % count`.
+    pub next: u32,
+    pub _pad: u32,
+    /// Packets (GSO segments) and bytes sent by the flow.
+    pub packets: u64,
+    pub bytes: u64,
+}
+const _: () = assert!(size_of::<FlowState>() == 24);
+
+/// Receiver-side reordering state per flow (LRU hash keyed by [`FlowKey`] of the arriving packet).
+pub const REORDER_MAP: &str = "SOPA_REORD_V1";
+pub const REORDER_CAPACITY: u32 = 65_536;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReorderState {
+    /// Highest TCP sequence number + payload length seen (host order).
+    pub highest_end: u32,
+    pub _pad: u32,
+    /// TCP data packets seen, and those that arrived below `highest_end`.
+    pub packets: u64,
+    pub reordered: u64,
+}
+const _: () = assert!(size_of::<ReorderState>() == 24);
+
+/// Why `tc_stamp` did what it did with a packet: index into [`STAMP_STATS_MAP`].
+pub mod stamp_reason {
+    pub const STAMPED: u32 = 0;
+    pub const NOT_IPV4: u32 = 1;
+    pub const TOO_SHORT: u32 = 2;
+    pub const BAD_HEADER: u32 = 3;
+    pub const HAS_OPTIONS: u32 = 4;
+    pub const FRAGMENT: u32 = 5;
+    pub const NOT_TCP_UDP: u32 = 6;
+    pub const NOT_FABRIC: u32 = 7;
+    pub const NO_PATH: u32 = 8;
+    pub const MODE_OFF: u32 = 9;
+    pub const FLOW_TABLE_FULL: u32 = 10;
+    pub const ADJUST_FAILED: u32 = 11;
+    pub const COUNT: u32 = 12;
+    /// Names in index order, for status and metrics.
+    pub const NAMES: [&str; COUNT as usize] = [
+        "stamped",
+        "not_ipv4",
+        "too_short",
+        "bad_header",
+        "has_options",
+        "fragment",
+        "not_tcp_udp",
+        "not_fabric",
+        "no_path",
+        "mode_off",
+        "flow_table_full",
+        "adjust_failed",
+    ];
+}
+
+/// Per-CPU packet counters of `tc_stamp`, indexed by [`stamp_reason`].
+pub const STAMP_STATS_MAP: &str = "SOPA_STAMP_V1";
+
+/// Per-CPU counters of the chosen hop values: index `hop0` for the first byte, `256 + hop1` for
+/// the second. Counted in segments, so a GSO super-packet counts as the packets it becomes.
+pub const HOP_STATS_MAP: &str = "SOPA_HOPS_V1";
+pub const HOP_STATS_LEN: u32 = 512;
+
+/// Why `xdp_strip` did what it did: index into [`STRIP_STATS_MAP`].
+pub mod strip_reason {
+    pub const STRIPPED: u32 = 0;
+    pub const NO_OPTION: u32 = 1;
+    pub const FOREIGN_OPTION: u32 = 2;
+    pub const BAD_LENGTH: u32 = 3;
+    pub const NOT_IPV4: u32 = 4;
+    pub const TOO_SHORT: u32 = 5;
+    pub const BAD_HEADER: u32 = 6;
+    pub const ADJUST_FAILED: u32 = 7;
+    /// Not verdicts: TCP data packets seen and those that arrived out of order.
+    pub const TCP_DATA: u32 = 8;
+    pub const TCP_REORDERED: u32 = 9;
+    pub const COUNT: u32 = 10;
+    pub const NAMES: [&str; COUNT as usize] = [
+        "stripped",
+        "no_option",
+        "foreign_option",
+        "bad_length",
+        "not_ipv4",
+        "too_short",
+        "bad_header",
+        "adjust_failed",
+        "tcp_data",
+        "tcp_reordered",
+    ];
+}
+
+/// Per-CPU packet counters of `xdp_strip`, indexed by [`strip_reason`].
+pub const STRIP_STATS_MAP: &str = "SOPA_STRIP_V1";
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: every type is repr(C), made only of integers, with explicit padding.
+    unsafe impl aya::Pod for Config {}
+    unsafe impl aya::Pod for PathSet {}
+    unsafe impl aya::Pod for FlowKey {}
+    unsafe impl aya::Pod for FlowState {}
+    unsafe impl aya::Pod for ReorderState {}
+}

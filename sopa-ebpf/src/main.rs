@@ -1,0 +1,74 @@
+//! SOPA's eBPF programs. This file holds only the maps and the entry points; each program's logic
+//! lives in its own module. Both programs fail open: whatever happens, the packet goes on
+//! (TC_ACT_OK / XDP_PASS), unchanged unless it was completely rewritten, and the reason is counted.
+#![no_std]
+#![no_main]
+
+mod packet;
+mod tc_stamp;
+mod xdp_strip;
+
+use aya_ebpf::{
+    bindings::{TC_ACT_OK, xdp_action::XDP_PASS},
+    macros::{classifier, map, xdp},
+    maps::{Array, LpmTrie, LruHashMap, PerCpuArray},
+    programs::{TcContext, XdpContext},
+};
+use sopa_common::maps::{
+    Config, FLOWS_CAPACITY, FlowKey, FlowState, HOP_STATS_LEN, PATHS_CAPACITY, PathSet,
+    REORDER_CAPACITY, ReorderState, stamp_reason, strip_reason,
+};
+
+// Names must equal the constants of `sopa_common::maps` (checked by the agent's loader tests).
+#[map(name = "SOPA_CFG_V1")]
+static CONFIG: Array<Config> = Array::pinned(1, 0);
+
+#[map(name = "SOPA_PATHS_V1")]
+static PATHS: LpmTrie<[u8; 4], PathSet> = LpmTrie::pinned(PATHS_CAPACITY, 0);
+
+#[map(name = "SOPA_FLOWS_V1")]
+static FLOWS: LruHashMap<FlowKey, FlowState> = LruHashMap::pinned(FLOWS_CAPACITY, 0);
+
+#[map(name = "SOPA_STAMP_V1")]
+static STAMP_STATS: PerCpuArray<u64> = PerCpuArray::pinned(stamp_reason::COUNT, 0);
+
+#[map(name = "SOPA_HOPS_V1")]
+static HOP_STATS: PerCpuArray<u64> = PerCpuArray::pinned(HOP_STATS_LEN, 0);
+
+#[map(name = "SOPA_STRIP_V1")]
+static STRIP_STATS: PerCpuArray<u64> = PerCpuArray::pinned(strip_reason::COUNT, 0);
+
+#[map(name = "SOPA_REORD_V1")]
+static REORDER: LruHashMap<FlowKey, ReorderState> = LruHashMap::pinned(REORDER_CAPACITY, 0);
+
+/// Host egress: stamp the source-route option on fabric-bound TCP/UDP packets.
+#[classifier]
+pub fn tc_stamp(ctx: TcContext) -> i32 {
+    let reason = match tc_stamp::try_stamp(&ctx) {
+        Ok(reason) | Err(reason) => reason,
+    };
+    packet::count(&STAMP_STATS, reason, 1);
+    // Fail open: a packet we could not stamp still leaves, carried by kernel routing.
+    TC_ACT_OK
+}
+
+/// Host ingress: remove our option before the stack sees the packet; measure reordering.
+#[xdp]
+pub fn xdp_strip(ctx: XdpContext) -> u32 {
+    let reason = match xdp_strip::try_strip(&ctx) {
+        Ok(reason) | Err(reason) => reason,
+    };
+    packet::count(&STRIP_STATS, reason, 1);
+    // Fail open: the receiving stack ignores an option it does not know.
+    XDP_PASS
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

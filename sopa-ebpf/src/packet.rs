@@ -1,0 +1,107 @@
+//! Bounds-checked packet access and the header fields both programs read.
+
+use core::mem::size_of;
+
+use aya_ebpf::maps::PerCpuArray;
+use sopa_common::maps::FlowKey;
+
+/// A pointer to a `T` at `offset` of the packet `[start, end)`, or `None` past the end.
+/// The one bounds check of the datapath: the verifier sees it right before every access.
+#[inline(always)]
+pub fn ptr_at<T>(start: usize, end: usize, offset: usize) -> Option<*mut T> {
+    if start + offset + size_of::<T>() > end {
+        return None;
+    }
+    Some((start + offset) as *mut T)
+}
+
+/// Adds `n` to counter `index` of a per-CPU array (no atomics needed: the slot is this CPU's).
+#[inline(always)]
+pub fn count(stats: &PerCpuArray<u64>, index: u32, n: u64) {
+    if let Some(slot) = stats.get_ptr_mut(index) {
+        // SAFETY: the pointer comes from a successful lookup of this CPU's slot.
+        unsafe { *slot += n };
+    }
+}
+
+/// The fields of an IPv4 base header that the programs use, read from raw bytes.
+pub struct Ipv4 {
+    pub version: u8,
+    pub ihl: u8,
+    pub tot_len: u16,
+    /// Flags and fragment offset, host order.
+    pub frag: u16,
+    pub proto: u8,
+    pub saddr: [u8; 4],
+    pub daddr: [u8; 4],
+}
+
+impl Ipv4 {
+    #[inline(always)]
+    pub fn parse(h: &[u8; 20]) -> Self {
+        Self {
+            version: h[0] >> 4,
+            ihl: h[0] & 0x0F,
+            tot_len: u16::from_be_bytes([h[2], h[3]]),
+            frag: u16::from_be_bytes([h[6], h[7]]),
+            proto: h[9],
+            saddr: [h[12], h[13], h[14], h[15]],
+            daddr: [h[16], h[17], h[18], h[19]],
+        }
+    }
+
+    /// More-fragments set or a non-zero offset.
+    #[inline(always)]
+    pub fn is_fragment(&self) -> bool {
+        self.frag & 0x3FFF != 0
+    }
+
+    #[inline(always)]
+    pub fn flow_key(&self, ports: &[u8; 4]) -> FlowKey {
+        FlowKey {
+            saddr: u32::from_ne_bytes(self.saddr),
+            daddr: u32::from_ne_bytes(self.daddr),
+            sport: u16::from_ne_bytes([ports[0], ports[1]]),
+            dport: u16::from_ne_bytes([ports[2], ports[3]]),
+            proto: self.proto,
+            _pad: [0; 3],
+        }
+    }
+}
+
+/// Writes the RFC 1071 checksum of the IPv4 header `h` (`N` bytes, a multiple of 2) into it.
+#[inline(always)]
+pub fn set_ipv4_checksum<const N: usize>(h: &mut [u8; N]) {
+    h[10] = 0;
+    h[11] = 0;
+    let mut sum: u32 = 0;
+    let mut i = 0;
+    while i < N {
+        sum += ((h[i] as u32) << 8) | h[i + 1] as u32;
+        i += 2;
+    }
+    sum = (sum & 0xFFFF) + (sum >> 16);
+    sum = (sum & 0xFFFF) + (sum >> 16);
+    let check = !(sum as u16);
+    h[10] = (check >> 8) as u8;
+    h[11] = check as u8;
+}
+
+/// murmur3's 32-bit finalizer: a cheap, well-mixed hash step.
+#[inline(always)]
+fn fmix32(mut h: u32) -> u32 {
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xc2b2_ae35);
+    h ^ (h >> 16)
+}
+
+/// A seeded hash of the 5-tuple: the same flow always gets the same value.
+#[inline(always)]
+pub fn flow_hash(key: &FlowKey, seed: u32) -> u32 {
+    let mut h = fmix32(seed ^ key.saddr);
+    h = fmix32(h ^ key.daddr);
+    h = fmix32(h ^ ((key.sport as u32) << 16 | key.dport as u32));
+    fmix32(h ^ key.proto as u32)
+}

@@ -1,0 +1,177 @@
+//! `xdp_strip`, XDP on the host's fabric interface: remove our source-route option before the
+//! stack (and GRO, which never merges packets carrying options) sees it, and measure reordering.
+//!
+//! Only our own option is removed: IHL 6 whose option is type 0x9E, length 4. A foreign option,
+//! or ours with a length that does not match, is left alone and counted.
+
+use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_xdp_adjust_head, programs::XdpContext};
+use sopa_common::{
+    maps::{ReorderState, strip_reason as reason},
+    wire::{
+        ETH_HLEN, ETH_P_IP, IPPROTO_TCP, IPV4_BASE_LEN, IPV4_STAMPED_LEN, OPTION_LEN,
+        OPTION_OFFSET, OPTION_TYPE,
+    },
+};
+
+use crate::{
+    REORDER, STRIP_STATS,
+    packet::{Ipv4, count, ptr_at, set_ipv4_checksum},
+};
+
+const STAMPED_FRAME_HEAD: usize = ETH_HLEN + IPV4_STAMPED_LEN;
+
+/// `Ok(STRIPPED | NO_OPTION)` or the reason the packet was left alone.
+#[inline(always)]
+pub fn try_strip(ctx: &XdpContext) -> Result<u32, u32> {
+    let ether_type: *const [u8; 2] =
+        ptr_at(ctx.data(), ctx.data_end(), 12).ok_or(reason::TOO_SHORT)?;
+    // SAFETY: bounds checked by ptr_at.
+    if u16::from_be_bytes(unsafe { *ether_type }) != ETH_P_IP {
+        return Err(reason::NOT_IPV4);
+    }
+    let header: *const [u8; IPV4_BASE_LEN] =
+        ptr_at(ctx.data(), ctx.data_end(), ETH_HLEN).ok_or(reason::TOO_SHORT)?;
+    let ip = Ipv4::parse(unsafe { &*header });
+    if ip.version != 4 || ip.ihl < 5 {
+        return Err(reason::BAD_HEADER);
+    }
+    if ip.ihl == 5 {
+        measure_reordering(ctx, &ip);
+        return Ok(reason::NO_OPTION);
+    }
+    let option: *const [u8; 2] =
+        ptr_at(ctx.data(), ctx.data_end(), OPTION_OFFSET).ok_or(reason::TOO_SHORT)?;
+    let [kind, len] = unsafe { *option };
+    if kind != OPTION_TYPE {
+        return Err(reason::FOREIGN_OPTION);
+    }
+    if len != OPTION_LEN || ip.ihl != 6 {
+        return Err(reason::BAD_LENGTH);
+    }
+
+    let head: *mut [u8; STAMPED_FRAME_HEAD] =
+        ptr_at(ctx.data(), ctx.data_end(), 0).ok_or(reason::TOO_SHORT)?;
+    // SAFETY: bounds checked by ptr_at.
+    let frame = unsafe { &mut *head };
+    // Rewrite the base header for its new length, then slide Ethernet + base header over the
+    // option and drop the 4 bytes now in front.
+    let tot_len = ip.tot_len.wrapping_sub(u16::from(OPTION_LEN)).to_be_bytes();
+    let mut base = [0u8; IPV4_BASE_LEN];
+    let mut i = 0;
+    while i < IPV4_BASE_LEN {
+        base[i] = frame[ETH_HLEN + i];
+        i += 1;
+    }
+    base[0] = 0x45;
+    base[2] = tot_len[0];
+    base[3] = tot_len[1];
+    set_ipv4_checksum(&mut base);
+    let shift = OPTION_LEN as usize;
+    let mut i = 0;
+    while i < IPV4_BASE_LEN {
+        frame[ETH_HLEN + shift + i] = base[i];
+        i += 1;
+    }
+    let mut i = ETH_HLEN;
+    while i > 0 {
+        i -= 1;
+        frame[shift + i] = frame[i];
+    }
+    // SAFETY: plain helper call on our context.
+    if unsafe { bpf_xdp_adjust_head(ctx.ctx, i32::from(OPTION_LEN)) } != 0 {
+        // The frame is already shifted; put the option back so the packet stays whole.
+        restore(ctx, &ip);
+        return Err(reason::ADJUST_FAILED);
+    }
+    let stripped = Ipv4 {
+        ihl: 5,
+        tot_len: ip.tot_len.wrapping_sub(u16::from(OPTION_LEN)),
+        ..ip
+    };
+    measure_reordering(ctx, &stripped);
+    Ok(reason::STRIPPED)
+}
+
+/// Undo the shift of a failed strip (the head could not move, so the bytes are all still there).
+#[inline(always)]
+fn restore(ctx: &XdpContext, ip: &Ipv4) {
+    let Some(head) = ptr_at::<[u8; STAMPED_FRAME_HEAD]>(ctx.data(), ctx.data_end(), 0) else {
+        return;
+    };
+    // SAFETY: bounds checked by ptr_at.
+    let frame = unsafe { &mut *head };
+    let shift = OPTION_LEN as usize;
+    let mut i = 0;
+    while i < ETH_HLEN {
+        frame[i] = frame[shift + i];
+        i += 1;
+    }
+    let mut h = [0u8; IPV4_STAMPED_LEN];
+    let mut i = 0;
+    while i < IPV4_BASE_LEN {
+        h[i] = frame[ETH_HLEN + shift + i];
+        i += 1;
+    }
+    let tot_len = ip.tot_len.to_be_bytes();
+    h[0] = 0x46;
+    h[2] = tot_len[0];
+    h[3] = tot_len[1];
+    h[20] = OPTION_TYPE;
+    h[21] = OPTION_LEN;
+    // The hop bytes were overwritten by the shift; they matter to nobody downstream.
+    h[22] = 0;
+    h[23] = 0;
+    set_ipv4_checksum(&mut h);
+    let mut i = 0;
+    while i < IPV4_STAMPED_LEN {
+        frame[ETH_HLEN + i] = h[i];
+        i += 1;
+    }
+}
+
+/// Counts a TCP data packet, and whether it arrived below the highest sequence seen in its flow.
+#[inline(always)]
+fn measure_reordering(ctx: &XdpContext, ip: &Ipv4) {
+    if ip.proto != IPPROTO_TCP || ip.is_fragment() || ip.ihl != 5 {
+        return;
+    }
+    let Some(tcp) = ptr_at::<[u8; 20]>(ctx.data(), ctx.data_end(), ETH_HLEN + IPV4_BASE_LEN) else {
+        return;
+    };
+    // SAFETY: bounds checked by ptr_at.
+    let tcp = unsafe { &*tcp };
+    let header_len = u16::from(tcp[12] >> 4) * 4;
+    let payload = ip
+        .tot_len
+        .saturating_sub(IPV4_BASE_LEN as u16)
+        .saturating_sub(header_len);
+    if payload == 0 {
+        return;
+    }
+    let seq = u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]);
+    let end = seq.wrapping_add(u32::from(payload));
+    let key = ip.flow_key(&[tcp[0], tcp[1], tcp[2], tcp[3]]);
+    count(&STRIP_STATS, reason::TCP_DATA, 1);
+    match REORDER.get_ptr_mut(&key) {
+        Some(state) => {
+            // SAFETY: a pointer from a successful map lookup.
+            let state = unsafe { &mut *state };
+            state.packets += 1;
+            if (seq.wrapping_sub(state.highest_end) as i32) < 0 {
+                state.reordered += 1;
+                count(&STRIP_STATS, reason::TCP_REORDERED, 1);
+            }
+            if (end.wrapping_sub(state.highest_end) as i32) > 0 {
+                state.highest_end = end;
+            }
+        }
+        None => {
+            let state = ReorderState {
+                highest_end: end,
+                packets: 1,
+                ..ReorderState::default()
+            };
+            let _ = REORDER.insert(&key, &state, u64::from(BPF_NOEXIST));
+        }
+    }
+}
