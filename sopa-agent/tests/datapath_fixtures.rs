@@ -49,9 +49,11 @@ impl Fixture {
 
     fn stamp(&mut self, packet: &[u8]) -> Vec<u8> {
         let mut out = vec![0u8; packet.len() + 64];
-        let mut opts = TestRunOptions::default();
-        opts.data_in = Some(packet);
-        opts.data_out = Some(&mut out);
+        let opts = TestRunOptions {
+            data_in: Some(packet),
+            data_out: Some(&mut out),
+            ..Default::default()
+        };
         let result = self
             .datapath
             .stamp_program()
@@ -67,9 +69,11 @@ impl Fixture {
 
     fn strip(&mut self, packet: &[u8]) -> Vec<u8> {
         let mut out = vec![0u8; packet.len() + 64];
-        let mut opts = TestRunOptions::default();
-        opts.data_in = Some(packet);
-        opts.data_out = Some(&mut out);
+        let opts = TestRunOptions {
+            data_in: Some(packet),
+            data_out: Some(&mut out),
+            ..Default::default()
+        };
         let result = self
             .datapath
             .strip_program()
@@ -299,9 +303,11 @@ fn stamp_fixture_table() {
     // build one (EINVAL) rather than run the program on it; the strip table covers such frames.
     for short in [truncated_ip, tcp(DST, 1, 1, b"")[..14].to_vec()] {
         let mut out = vec![0u8; 128];
-        let mut opts = TestRunOptions::default();
-        opts.data_in = Some(&short);
-        opts.data_out = Some(&mut out);
+        let opts = TestRunOptions {
+            data_in: Some(&short),
+            data_out: Some(&mut out),
+            ..Default::default()
+        };
         assert!(
             f.datapath.stamp_program().test_run(opts).is_err(),
             "the kernel refuses a truncated IPv4 skb"
