@@ -147,6 +147,10 @@ impl Journal {
         {
             errors.push(Error::io(format!("removing {}", self.path.display()), err));
         }
+        if let Some(dir) = self.path.parent() {
+            // Only succeeds when empty, which is what we want.
+            let _ = fs::remove_dir(dir);
+        }
         errors
     }
 }

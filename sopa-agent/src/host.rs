@@ -56,6 +56,8 @@ pub struct HostOptions {
     pub tcp_reordering: u32,
     pub metrics_addr: Option<SocketAddr>,
     pub hash_seed: u32,
+    /// Lower the fabric routes' MTU by the option's 4 bytes (`mtu lock`).
+    pub lower_route_mtu: bool,
 }
 
 pub fn pin_dir(node: &str) -> PathBuf {
@@ -82,6 +84,31 @@ pub fn validate_node(node: &str) -> Result<()> {
             "node name {node:?} must be 1 to 64 characters of A-Z, a-z, 0-9, '.', '_' or '-'"
         )))
     }
+}
+
+/// Moves the calling thread into the network namespace `netns` (a name under /run/netns, or a
+/// path to a namespace file).
+pub fn enter_netns(netns: &str) -> Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let path = if netns.contains('/') {
+        PathBuf::from(netns)
+    } else {
+        Path::new("/run/netns").join(netns)
+    };
+    let file = std::fs::File::open(&path).map_err(|err| {
+        Error::Config(format!(
+            "network namespace {netns:?} ({}): {err}; create it with `ip netns add {netns}`",
+            path.display()
+        ))
+    })?;
+    // SAFETY: setns on an open namespace file descriptor.
+    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(Error::io(
+            format!("entering network namespace {netns:?}"),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
 }
 
 /// Fails early, before anything is changed, when the process lacks the capabilities it needs.
@@ -206,7 +233,9 @@ impl Host {
         })?;
         maps.apply_paths(&opts.paths)?;
 
-        lower_route_mtus(opts, link, netlink, journal).await?;
+        if opts.lower_route_mtu {
+            lower_route_mtus(opts, link, netlink, journal).await?;
+        }
 
         let old = sysctl::read(sysctl::TCP_REORDERING)?;
         let new = opts.tcp_reordering.to_string();

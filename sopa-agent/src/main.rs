@@ -9,7 +9,7 @@ use sopa_agent::{
     path_table::PathTable,
     status,
 };
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
 
 /// SOPA host agent: spreads every TCP/UDP flow over all equal-cost fabric paths in strict
@@ -17,6 +17,10 @@ use tracing_subscriber::EnvFilter;
 #[derive(Parser)]
 #[command(version, about)]
 struct Cli {
+    /// Enter this network namespace (a name under /run/netns, or a path) first. Unlike
+    /// `ip netns exec`, this keeps the mount namespace, so the bpffs pins stay shared.
+    #[arg(long, global = true, env = "SOPA_NETNS")]
+    netns: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -83,6 +87,10 @@ struct RunArgs {
     /// Serve no metrics.
     #[arg(long, env = "SOPA_NO_METRICS")]
     no_metrics: bool,
+    /// Leave the fabric routes' MTU alone (for fabrics whose links carry MTU + 4 bytes).
+    /// Otherwise the agent lowers it by 4 with `mtu lock`, so full-size packets fit stamped.
+    #[arg(long, env = "SOPA_KEEP_ROUTE_MTU")]
+    keep_route_mtu: bool,
     /// Seed of the 5-tuple hash (ecmp mode and the stateless fallback).
     #[arg(long, env = "SOPA_HASH_SEED", default_value_t = 0x5eed)]
     hash_seed: u32,
@@ -100,11 +108,19 @@ const GRACE: Duration = Duration::from_secs(10);
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            EnvFilter::try_from_env("SOPA_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+            EnvFilter::try_from_env("SOPA_LOG")
+                .unwrap_or_else(|_| EnvFilter::new("info,netlink_packet_route=error")),
         )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // Before any thread exists: threads inherit the namespace of the one that spawns them.
+    if let Some(netns) = &cli.netns
+        && let Err(err) = host::enter_netns(netns)
+    {
+        eprintln!("sopa-agent: {err}");
+        return ExitCode::from(err.exit_code());
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -112,7 +128,6 @@ fn main() -> ExitCode {
     match runtime.block_on(dispatch(cli.command)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            error!("{err}");
             eprintln!("sopa-agent: {err}");
             ExitCode::from(err.exit_code())
         }
@@ -180,6 +195,7 @@ async fn run(args: RunArgs) -> Result<(), Error> {
         tcp_reordering: args.tcp_reordering,
         metrics_addr: (!args.no_metrics).then_some(args.metrics_addr),
         hash_seed: args.hash_seed,
+        lower_route_mtu: !args.keep_route_mtu,
     };
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|err| Error::io("installing the SIGTERM handler", err))?;

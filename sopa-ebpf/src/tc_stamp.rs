@@ -6,7 +6,7 @@
 //! burst; `gso_max_segs` 1 makes it the packet).
 
 use aya_ebpf::{
-    bindings::{BPF_NOEXIST, bpf_adj_room_mode::BPF_ADJ_ROOM_NET},
+    bindings::{BPF_F_ADJ_ROOM_FIXED_GSO, BPF_NOEXIST, bpf_adj_room_mode::BPF_ADJ_ROOM_NET},
     helpers::bpf_get_prandom_u32,
     maps::lpm_trie::Key,
     programs::TcContext,
@@ -103,7 +103,15 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
     let [hop0, hop1] = paths.hops[index];
     let segs = segments(ctx);
 
-    if let Err(err) = ctx.adjust_room(i32::from(OPTION_LEN), BPF_ADJ_ROOM_NET, 0) {
+    // FIXED_GSO keeps gso_size: otherwise the kernel shrinks it by 4 and a full segment no longer
+    // divides the payload, so every re-segmentation point emits an extra 4-byte segment per
+    // GSO packet (one per packet at gso_max_segs 1). The agent lowers the route MTU by 4 so that
+    // segments of the unchanged size still fit.
+    if let Err(err) = ctx.adjust_room(
+        i32::from(OPTION_LEN),
+        BPF_ADJ_ROOM_NET,
+        u64::from(BPF_F_ADJ_ROOM_FIXED_GSO),
+    ) {
         warn!(ctx, "tc_stamp: bpf_skb_adjust_room failed: {}", err);
         return Err(reason::ADJUST_FAILED);
     }

@@ -1,1 +1,39 @@
+//! SOPA's namespace testbed: network namespaces and veth links behind RAII guards, processes
+//! started inside them, TCP transfers with checksums, and packet captures. Used by the
+//! integration suites, `cargo xtask demo` and the benchmarks.
 
+pub mod agent;
+pub mod arb;
+pub mod bins;
+pub mod capture;
+pub mod netns;
+pub mod process;
+pub mod traffic;
+
+pub use netns::{NetNs, run_name};
+pub use process::Process;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("`{command}` failed: {stderr}")]
+    Command { command: String, stderr: String },
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl Error {
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,104 @@
+//! A `sopa-agent` running in a namespace, stopped on drop.
+
+use std::{
+    path::PathBuf,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use crate::{Error, NetNs, Process, Result, bins};
+
+pub struct Agent {
+    pub node: String,
+    pub process: Process,
+    dir: PathBuf,
+}
+
+impl Agent {
+    /// Starts `sopa-agent --netns NS run --node NODE --iface IFACE --paths <paths_toml> ARGS`
+    /// and waits until its status answers.
+    pub fn start(
+        ns: &NetNs,
+        node: &str,
+        iface: &str,
+        paths_toml: &str,
+        args: &[&str],
+    ) -> Result<Self> {
+        let dir = std::env::temp_dir().join(format!("sopa-testbed-{node}"));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+        let paths = dir.join("paths.toml");
+        std::fs::write(&paths, paths_toml).map_err(|e| Error::io("writing the path table", e))?;
+        let paths = paths.display().to_string();
+        let mut full = vec![
+            "--netns",
+            ns.name(),
+            "run",
+            "--node",
+            node,
+            "--iface",
+            iface,
+            "--paths",
+            &paths,
+        ];
+        full.extend_from_slice(args);
+        let process = Process::spawn(None, &bins::sopa_agent(), &full, &dir.join("agent.log"))?;
+        let mut agent = Self {
+            node: node.to_owned(),
+            process,
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = agent.process.try_wait() {
+                return Err(Error::Failed(format!(
+                    "sopa-agent for {node} exited ({status}) at start:\n{}",
+                    agent.process.log_text()
+                )));
+            }
+            if let Ok(status) = agent.status()
+                && status["running"] == serde_json::Value::Bool(true)
+                && status["pid"] == serde_json::json!(agent.process.pid())
+            {
+                return Ok(agent);
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Failed(format!(
+                    "sopa-agent for {node} did not come up:\n{}",
+                    agent.process.log_text()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `sopa-agent status --node NODE --json`, parsed.
+    pub fn status(&self) -> Result<serde_json::Value> {
+        let out = Command::new(bins::sopa_agent())
+            .args(["status", "--node", &self.node, "--json"])
+            .output()
+            .map_err(|e| Error::io("running sopa-agent status", e))?;
+        if !out.status.success() {
+            return Err(Error::Failed(
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            ));
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| Error::Failed(format!("status JSON: {e}")))
+    }
+
+    /// SIGTERM and wait: the agent detaches and restores. Returns its exit code.
+    pub fn stop(mut self) -> Option<i32> {
+        self.process.stop().and_then(|s| s.code())
+    }
+
+    pub fn log(&self) -> String {
+        self.process.log_text()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.process.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

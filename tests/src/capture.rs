@@ -1,0 +1,220 @@
+//! Packet capture on one interface of a namespace through an AF_PACKET socket: the frames the
+//! interface received, truncated to their headers.
+
+use std::{
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::JoinHandle,
+};
+
+use crate::{Error, NetNs, Result};
+
+/// Bytes kept of every frame: Ethernet, IPv4 with options, TCP with options.
+pub const SNAPLEN: u32 = 128;
+
+pub struct Capture {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Result<Result<Captured>>>>,
+}
+
+#[derive(Debug, Default)]
+pub struct Captured {
+    /// Received frames (not the interface's own transmissions), in arrival order.
+    pub frames: Vec<Vec<u8>>,
+    /// Frames the kernel dropped because the socket could not keep up.
+    pub dropped: u32,
+}
+
+impl Capture {
+    /// Starts capturing the frames `iface` in `ns` receives. Returns once the socket is bound.
+    pub fn start(ns: &NetNs, iface: &str) -> Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let iface = iface.to_owned();
+        let flag = Arc::clone(&stop);
+        let thread = ns.spawn(move || {
+            let socket = match open(&iface) {
+                Ok(s) => {
+                    let _ = ready_tx.send(Ok(()));
+                    s
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e.to_string()));
+                    return Err(e);
+                }
+            };
+            read_until(&socket, &flag)
+        });
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(Self {
+                stop,
+                thread: Some(thread),
+            }),
+            Ok(Err(e)) => Err(Error::Failed(format!("starting a capture: {e}"))),
+            Err(_) => Err(Error::Failed("the capture thread died".into())),
+        }
+    }
+
+    /// Stops the capture and returns what it saw.
+    pub fn finish(mut self) -> Result<Captured> {
+        self.stop.store(true, Ordering::Relaxed);
+        let thread = self.thread.take().expect("finished once");
+        thread
+            .join()
+            .map_err(|_| Error::Failed("the capture thread panicked".into()))??
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn last_err(what: &str) -> Error {
+    Error::io(what.to_owned(), std::io::Error::last_os_error())
+}
+
+fn open(iface: &str) -> Result<OwnedFd> {
+    let proto = (libc::ETH_P_ALL as u16).to_be();
+    // SAFETY: plain socket calls; the fd is owned right away.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_PACKET,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            i32::from(proto),
+        )
+    };
+    if fd < 0 {
+        return Err(last_err("socket(AF_PACKET)"));
+    }
+    let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+    let name = std::ffi::CString::new(iface).expect("no NUL in interface names");
+    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    if index == 0 {
+        return Err(last_err(&format!("interface {iface}")));
+    }
+    // A one-instruction classic BPF filter: accept, truncated to SNAPLEN.
+    let mut filter = [libc::sock_filter {
+        code: 0x06, // BPF_RET | BPF_K
+        jt: 0,
+        jf: 0,
+        k: SNAPLEN,
+    }];
+    let prog = libc::sock_fprog {
+        len: 1,
+        filter: filter.as_mut_ptr(),
+    };
+    let buf: i32 = 256 << 20;
+    let timeout = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 100_000,
+    };
+    let opts: [(i32, i32, *const libc::c_void, usize); 3] = [
+        (
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            (&raw const prog).cast(),
+            size_of::<libc::sock_fprog>(),
+        ),
+        (
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            (&raw const buf).cast(),
+            size_of::<i32>(),
+        ),
+        (
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&raw const timeout).cast(),
+            size_of::<libc::timeval>(),
+        ),
+    ];
+    for (level, name, value, len) in opts {
+        if unsafe { libc::setsockopt(socket.as_raw_fd(), level, name, value, len as u32) } != 0 {
+            return Err(last_err("setsockopt on the capture socket"));
+        }
+    }
+    let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    addr.sll_family = libc::AF_PACKET as u16;
+    addr.sll_protocol = proto;
+    addr.sll_ifindex = index as i32;
+    let rc = unsafe {
+        libc::bind(
+            socket.as_raw_fd(),
+            (&raw const addr).cast(),
+            size_of::<libc::sockaddr_ll>() as u32,
+        )
+    };
+    if rc != 0 {
+        return Err(last_err("bind(AF_PACKET)"));
+    }
+    Ok(socket)
+}
+
+fn read_until(socket: &OwnedFd, stop: &AtomicBool) -> Result<Captured> {
+    let mut captured = Captured::default();
+    let mut buf = vec![0u8; 65536];
+    let mut idle_after_stop = 0;
+    loop {
+        let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        let mut len = size_of::<libc::sockaddr_ll>() as u32;
+        // SAFETY: buffers we own, with their sizes.
+        let n = unsafe {
+            libc::recvfrom(
+                socket.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                0,
+                (&raw mut from).cast(),
+                &mut len,
+            )
+        };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            if matches!(
+                err.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) {
+                // Drain what is queued before honouring a stop.
+                if stop.load(Ordering::Relaxed) {
+                    idle_after_stop += 1;
+                    if idle_after_stop >= 2 {
+                        break;
+                    }
+                }
+                continue;
+            }
+            if err.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(Error::io("recvfrom on the capture socket", err));
+        }
+        if from.sll_pkttype != libc::PACKET_OUTGOING {
+            captured.frames.push(buf[..n as usize].to_vec());
+        }
+    }
+    let mut stats = libc::tpacket_stats {
+        tp_packets: 0,
+        tp_drops: 0,
+    };
+    let mut len = size_of::<libc::tpacket_stats>() as u32;
+    // SAFETY: PACKET_STATISTICS fills a tpacket_stats.
+    unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_PACKET,
+            libc::PACKET_STATISTICS,
+            (&raw mut stats).cast(),
+            &mut len,
+        )
+    };
+    captured.dropped = stats.tp_drops;
+    Ok(captured)
+}

@@ -1,0 +1,156 @@
+//! Network namespaces and veth pairs that remove themselves on drop.
+
+use std::{
+    os::fd::AsRawFd as _,
+    process::Command,
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use crate::{Error, Result};
+
+/// Every testbed object of this process carries a prefix `sopa-t<pid>-<n>`-like, unique per run
+/// and per call, so parallel tests never collide and leftovers are recognisable.
+pub fn run_name(tag: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "st{}{}{}",
+        std::process::id() % 100_000,
+        tag,
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Runs `ip` with `args`; the error names the command and what it printed.
+pub fn ip(args: &[&str]) -> Result<String> {
+    run("ip", args)
+}
+
+pub fn run(program: &str, args: &[&str]) -> Result<String> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|err| Error::io(format!("running {program}"), err))?;
+    if !out.status.success() {
+        return Err(Error::Command {
+            command: format!("{program} {}", args.join(" ")),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A network namespace, deleted (with every interface in it) on drop.
+#[derive(Debug)]
+pub struct NetNs {
+    name: String,
+}
+
+impl NetNs {
+    pub fn new(name: &str) -> Result<Self> {
+        ip(&["netns", "add", name])?;
+        let ns = Self {
+            name: name.to_owned(),
+        };
+        ns.ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `ip -n NAME args...`
+    pub fn ip(&self, args: &[&str]) -> Result<String> {
+        let mut full = vec!["-n", self.name.as_str()];
+        full.extend_from_slice(args);
+        ip(&full)
+    }
+
+    /// Sets a sysctl inside the namespace.
+    pub fn sysctl(&self, key: &str, value: &str) -> Result<()> {
+        self.run(|| {
+            let path = format!("/proc/sys/{}", key.replace('.', "/"));
+            std::fs::write(&path, value).map_err(|err| Error::io(format!("writing {path}"), err))
+        })?
+    }
+
+    pub fn read_sysctl(&self, key: &str) -> Result<String> {
+        self.run(|| {
+            let path = format!("/proc/sys/{}", key.replace('.', "/"));
+            std::fs::read_to_string(&path)
+                .map(|v| v.trim().to_owned())
+                .map_err(|err| Error::io(format!("reading {path}"), err))
+        })?
+    }
+
+    /// Runs `f` on a thread that has entered this namespace (only the network namespace: the
+    /// mount namespace, and so bpffs, stay shared).
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T> {
+        let path = format!("/run/netns/{}", self.name);
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    enter(&path)?;
+                    Ok(f())
+                })
+                .join()
+                .map_err(|_| Error::Failed(format!("a thread in netns {} panicked", self.name)))?
+        })
+    }
+
+    /// Like [`NetNs::run`], on a detached thread (for servers and captures).
+    pub fn spawn<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> std::thread::JoinHandle<Result<T>> {
+        let path = format!("/run/netns/{}", self.name);
+        std::thread::spawn(move || {
+            enter(&path)?;
+            Ok(f())
+        })
+    }
+}
+
+/// Moves the calling thread into the network namespace at `path`.
+pub fn enter(path: &str) -> Result<()> {
+    let file =
+        std::fs::File::open(path).map_err(|err| Error::io(format!("opening {path}"), err))?;
+    // SAFETY: setns on an open namespace fd; affects only the calling thread.
+    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(Error::io(
+            format!("entering {path}"),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        if let Err(err) = ip(&["netns", "del", &self.name]) {
+            eprintln!("testbed: could not delete netns {}: {err}", self.name);
+        }
+    }
+}
+
+/// Joins `a` (interface `a_if`) and `b` (interface `b_if`) with a veth pair, both ends up.
+/// The pair goes away with either namespace.
+pub fn veth(a: &NetNs, a_if: &str, b: &NetNs, b_if: &str) -> Result<()> {
+    ip(&[
+        "link",
+        "add",
+        a_if,
+        "netns",
+        a.name(),
+        "type",
+        "veth",
+        "peer",
+        "name",
+        b_if,
+        "netns",
+        b.name(),
+    ])?;
+    a.ip(&["link", "set", a_if, "up"])?;
+    b.ip(&["link", "set", b_if, "up"])?;
+    Ok(())
+}

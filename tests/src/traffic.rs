@@ -1,0 +1,199 @@
+//! TCP transfers between namespaces whose bytes are checked end to end with sha256.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
+    os::fd::AsRawFd as _,
+    time::{Duration, Instant},
+};
+
+use sha2::{Digest as _, Sha256};
+
+use crate::{Error, NetNs, Result};
+
+/// Socket settings of the sending side.
+#[derive(Clone, Debug)]
+pub struct SendOptions {
+    /// `TCP_CONGESTION`; cubic is the loss-based behaviour the SOPA paper argues about.
+    pub congestion: &'static str,
+    /// Force DF on every packet (`IP_PMTUDISC_DO`), as PMTU discovery would.
+    pub dont_fragment: bool,
+    /// Give up when no byte moves for this long.
+    pub stall_timeout: Duration,
+}
+
+impl Default for SendOptions {
+    fn default() -> Self {
+        Self {
+            congestion: "cubic",
+            dont_fragment: true,
+            stall_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Transfer {
+    pub bytes: u64,
+    pub seconds: f64,
+    pub sent_sha256: [u8; 32],
+    pub received_sha256: [u8; 32],
+}
+
+impl Transfer {
+    pub fn intact(&self) -> bool {
+        self.sent_sha256 == self.received_sha256
+    }
+
+    pub fn mbit_per_s(&self) -> f64 {
+        self.bytes as f64 * 8.0 / self.seconds / 1e6
+    }
+}
+
+fn setsockopt<T>(fd: i32, level: i32, name: i32, value: &T) -> std::io::Result<()> {
+    // SAFETY: a valid fd and a pointer to a live value of the given size.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (value as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Deterministic pseudo-random bytes (xorshift64), so payloads are not trivially compressible.
+fn fill(buf: &mut [u8], state: &mut u64) {
+    for chunk in buf.chunks_mut(8) {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
+    }
+}
+
+/// Sends `bytes` from `src` to a server in `dst` listening on `addr:port`, and returns what both
+/// ends hashed. The server replies with its hash after the sender's EOF, so a returned transfer
+/// has fully arrived.
+pub fn tcp_transfer(
+    src: &NetNs,
+    dst: &NetNs,
+    addr: Ipv4Addr,
+    port: u16,
+    bytes: u64,
+    opts: &SendOptions,
+) -> Result<Transfer> {
+    let listen = SocketAddr::from((addr, port));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let stall = opts.stall_timeout;
+    let server = dst.spawn(move || -> Result<[u8; 32]> {
+        let listener =
+            TcpListener::bind(listen).map_err(|e| Error::io(format!("binding {listen}"), e))?;
+        let _ = ready_tx.send(());
+        let (mut conn, _) = listener.accept().map_err(|e| Error::io("accepting", e))?;
+        conn.set_read_timeout(Some(stall))
+            .map_err(|e| Error::io("setting a timeout", e))?;
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; 256 * 1024];
+        loop {
+            let n = conn
+                .read(&mut buf)
+                .map_err(|e| Error::io("receiving (stalled?)", e))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+        }
+        let digest: [u8; 32] = hasher.finalize().into();
+        conn.write_all(&digest)
+            .map_err(|e| Error::io("replying", e))?;
+        Ok(digest)
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(5))
+        .map_err(|_| Error::Failed(format!("the server on {listen} did not start")))?;
+    let opts = opts.clone();
+    let sent = src.run(move || -> Result<([u8; 32], [u8; 32], f64)> {
+        let start = Instant::now();
+        let mut conn = TcpStream::connect_timeout(&listen, Duration::from_secs(5))
+            .map_err(|e| Error::io(format!("connecting to {listen}"), e))?;
+        let fd = conn.as_raw_fd();
+        let cc = opts.congestion.as_bytes();
+        // SAFETY: TCP_CONGESTION takes the name's bytes.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_CONGESTION,
+                cc.as_ptr().cast(),
+                cc.len() as u32,
+            )
+        };
+        if rc != 0 {
+            return Err(Error::io(
+                format!("TCP_CONGESTION {}", opts.congestion),
+                std::io::Error::last_os_error(),
+            ));
+        }
+        if opts.dont_fragment {
+            setsockopt(
+                fd,
+                libc::IPPROTO_IP,
+                libc::IP_MTU_DISCOVER,
+                &libc::IP_PMTUDISC_DO,
+            )
+            .map_err(|e| Error::io("IP_MTU_DISCOVER", e))?;
+        }
+        conn.set_write_timeout(Some(opts.stall_timeout))
+            .map_err(|e| Error::io("timeout", e))?;
+        conn.set_read_timeout(Some(opts.stall_timeout))
+            .map_err(|e| Error::io("timeout", e))?;
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ bytes;
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(buf.len() as u64) as usize;
+            fill(&mut buf[..n], &mut state);
+            hasher.update(&buf[..n]);
+            conn.write_all(&buf[..n]).map_err(|e| {
+                Error::io(
+                    format!("sending ({} of {bytes} bytes sent)", bytes - left),
+                    e,
+                )
+            })?;
+            left -= n as u64;
+        }
+        conn.shutdown(std::net::Shutdown::Write)
+            .map_err(|e| Error::io("shutdown", e))?;
+        let mut echoed = [0u8; 32];
+        conn.read_exact(&mut echoed)
+            .map_err(|e| Error::io("waiting for the receiver's hash (stalled?)", e))?;
+        Ok((
+            hasher.finalize().into(),
+            echoed,
+            start.elapsed().as_secs_f64(),
+        ))
+    })??;
+    let received = server
+        .join()
+        .map_err(|_| Error::Failed("the server thread panicked".into()))???;
+    let (sent_sha256, echoed, seconds) = sent;
+    if echoed != received {
+        return Err(Error::Failed(
+            "the receiver's reply does not match its own hash".into(),
+        ));
+    }
+    Ok(Transfer {
+        bytes,
+        seconds,
+        sent_sha256,
+        received_sha256: received,
+    })
+}
