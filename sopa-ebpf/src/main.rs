@@ -4,6 +4,7 @@
 #![no_std]
 #![no_main]
 
+mod baseline;
 mod packet;
 mod tc_stamp;
 mod xdp_strip;

@@ -86,6 +86,7 @@ impl Process {
 
     /// SIGTERM, then SIGKILL after 5 s; returns the exit status.
     pub fn stop(&mut self) -> Option<ExitStatus> {
+        self.child.as_ref()?;
         if let Some(status) = self.stop_with(libc::SIGTERM, Duration::from_secs(5)) {
             return Some(status);
         }

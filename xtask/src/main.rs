@@ -1,1 +1,67 @@
-fn main() {}
+//! `cargo xtask`: the project's own build, test, demo and benchmark commands.
+//!
+//! xtask depends on nothing that needs the eBPF toolchain, so `setup` can run on a fresh machine
+//! before the first eBPF build.
+
+mod bench;
+mod demo;
+mod setup;
+mod test;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "SOPA's build, test, demo and benchmark commands")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install what a fresh machine lacks (idempotent): rust-src for the nightly, bpf-linker,
+    /// Debian packages; mount bpffs.
+    Setup,
+    /// Build the agent (release) with its embedded eBPF object.
+    Build,
+    /// Run the whole test suite (unit, BPF_PROG_TEST_RUN fixtures, namespace suites). Needs root.
+    Test {
+        /// Extra arguments for `cargo test` (after `--`), e.g. a test name filter.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// The main job on an embedded default: namespaces, agents, traffic, a result table.
+    Demo(demo::DemoArgs),
+    /// Benchmarks measured side by side in one run, printed as tables of ratios.
+    Bench {
+        /// datapath
+        name: String,
+        /// Extra arguments for the benchmark.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Setup => setup::run(),
+        Command::Build => {
+            setup::run()?;
+            setup::cargo(&["build", "--release", "-p", "sopa-agent", "--bins"])
+        }
+        Command::Test { args } => {
+            setup::run()?;
+            test::run(&args)
+        }
+        Command::Demo(args) => {
+            setup::run()?;
+            demo::run(&args)
+        }
+        Command::Bench { name, args } => {
+            setup::run()?;
+            bench::run(&name, &args)
+        }
+    }
+}

@@ -1,0 +1,366 @@
+//! `cargo xtask bench datapath`: the cost of the datapath, measured side by side in one run.
+//!
+//! 1. ns per packet of `tc_stamp` and `xdp_strip` against programs that do nothing, through
+//!    BPF_PROG_TEST_RUN, runs interleaved so both see the same machine.
+//! 2. Single-stream TCP throughput A -> R -> B (iperf3, cubic) without agents and with agents
+//!    at both granularities, rounds interleaved; medians and ratios.
+
+use std::{process::Command, time::Duration};
+
+use aya::{
+    EbpfLoader,
+    programs::{SchedClassifier, TestRun as _, TestRunOptions, Xdp},
+};
+use sopa_agent::{
+    datapath::{self, Datapath},
+    path_table::PathTable,
+};
+use sopa_common::maps::{Config, mode};
+use sopa_testbed::{
+    Process,
+    agent::Agent,
+    arb::{A_PREFIX, Arb, B_PREFIX},
+};
+
+struct Args {
+    runs: u32,
+    iperf_seconds: u32,
+    rounds: u32,
+}
+
+fn parse_args() -> Args {
+    let mut args = Args {
+        runs: 1_000_000,
+        iperf_seconds: 5,
+        rounds: 3,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| -> u32 {
+            it.next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{name} takes a number"))
+        };
+        match a.as_str() {
+            "--runs" => args.runs = value("--runs"),
+            "--iperf-seconds" => args.iperf_seconds = value("--iperf-seconds"),
+            "--rounds" => args.rounds = value("--rounds"),
+            "--bench" => {}
+            other => {
+                panic!("unknown argument {other}; use --runs N, --iperf-seconds S, --rounds R")
+            }
+        }
+    }
+    args
+}
+
+fn frame(dst: [u8; 4], payload: usize) -> Vec<u8> {
+    let builder = etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+        .ipv4([10, 101, 1, 2], dst, 64)
+        .tcp(40000, 5201, 1, 65535)
+        .ack(1);
+    let mut out = Vec::new();
+    builder.write(&mut out, &vec![0x5a; payload]).unwrap();
+    out
+}
+
+/// Kernel-measured run time of one program on one input, summed over single runs.
+struct Meter {
+    name: &'static str,
+    total_ns: u128,
+    runs: u64,
+}
+
+fn main() {
+    let args = parse_args();
+    test_run_table(&args);
+    throughput_table(&args);
+}
+
+fn test_run_table(args: &Args) {
+    let pins = std::path::PathBuf::from(format!("/sys/fs/bpf/sopa-bench-{}", std::process::id()));
+    let mut dp = Datapath::load(&pins).expect("load the datapath");
+    let mut maps = dp.take_maps().unwrap();
+    maps.set_config(Config {
+        mode: mode::SOPA,
+        hash_seed: 1,
+    })
+    .unwrap();
+    let table = PathTable::parse(
+        "[[destination]]\nprefix = \"10.3.0.0/16\"\npaths = [[0, 0], [0, 1], [1, 0], [1, 1]]",
+    )
+    .unwrap();
+    maps.apply_paths(&table).unwrap();
+    let mut baseline = EbpfLoader::new()
+        .default_map_pin_directory(&pins)
+        .load(datapath::OBJECT)
+        .expect("load the baselines");
+    let tc_pass: &mut SchedClassifier =
+        baseline.program_mut("tc_pass").unwrap().try_into().unwrap();
+    tc_pass.load().unwrap();
+    let xdp_pass: &mut Xdp = baseline
+        .program_mut("xdp_pass")
+        .unwrap()
+        .try_into()
+        .unwrap();
+    xdp_pass.load().unwrap();
+
+    let fabric = frame([10, 3, 1, 2], 1448);
+    let outside = frame([192, 168, 9, 9], 1448);
+    let mut out = vec![0u8; 2048];
+    let run_once = |prog: &mut dyn FnMut(TestRunOptions) -> u128, input: &[u8], out: &mut [u8]| {
+        prog(TestRunOptions {
+            data_in: Some(input),
+            data_out: Some(out),
+            ..Default::default()
+        })
+    };
+    let stamped = {
+        let r = dp
+            .stamp_program()
+            .test_run(TestRunOptions {
+                data_in: Some(&fabric),
+                data_out: Some(&mut out),
+                ..Default::default()
+            })
+            .unwrap();
+        out[..r.data_size_out as usize].to_vec()
+    };
+    assert_eq!(
+        stamped.len(),
+        fabric.len() + 4,
+        "the benchmark packet is stamped"
+    );
+
+    let mut meters = [
+        Meter {
+            name: "tc: empty program (baseline)",
+            total_ns: 0,
+            runs: 0,
+        },
+        Meter {
+            name: "tc_stamp, fabric TCP (stamped)",
+            total_ns: 0,
+            runs: 0,
+        },
+        Meter {
+            name: "tc_stamp, other destination (passed)",
+            total_ns: 0,
+            runs: 0,
+        },
+        Meter {
+            name: "xdp: XDP_PASS (baseline)",
+            total_ns: 0,
+            runs: 0,
+        },
+        Meter {
+            name: "xdp_strip, stamped TCP (stripped)",
+            total_ns: 0,
+            runs: 0,
+        },
+        Meter {
+            name: "xdp_strip, plain TCP (measured)",
+            total_ns: 0,
+            runs: 0,
+        },
+    ];
+    let batch = 10_000u32.min(args.runs);
+    let batches = args.runs.div_ceil(batch);
+    eprintln!(
+        "test_run: {} runs of each of 6 programs, interleaved in batches of {batch}",
+        batches * batch
+    );
+    for _ in 0..batches {
+        for (i, meter) in meters.iter_mut().enumerate() {
+            for _ in 0..batch {
+                let mut f = |opts: TestRunOptions| -> u128 {
+                    let r = match i {
+                        0 => tc_pass_ref(&mut baseline).test_run(opts),
+                        1 | 2 => dp.stamp_program().test_run(opts),
+                        3 => xdp_pass_ref(&mut baseline).test_run(opts),
+                        _ => dp.strip_program().test_run(opts),
+                    }
+                    .expect("test_run");
+                    r.duration.as_nanos()
+                };
+                let input: &[u8] = match i {
+                    0 | 1 | 3 => &fabric,
+                    2 => &outside,
+                    4 => &stamped,
+                    _ => &fabric,
+                };
+                meter.total_ns += run_once(&mut f, input, &mut out);
+                meter.runs += 1;
+            }
+        }
+    }
+    let mean = |m: &Meter| m.total_ns as f64 / m.runs as f64;
+    println!();
+    println!("datapath cost per packet (BPF_PROG_TEST_RUN, kernel-timed, 1514-byte TCP frame)");
+    println!(
+        "{:<40} {:>10} {:>14} {:>8}",
+        "program", "ns/packet", "over baseline", "ratio"
+    );
+    for (i, m) in meters.iter().enumerate() {
+        let base = if i < 3 {
+            mean(&meters[0])
+        } else {
+            mean(&meters[3])
+        };
+        println!(
+            "{:<40} {:>10.1} {:>+14.1} {:>8.2}",
+            m.name,
+            mean(m),
+            mean(m) - base,
+            mean(m) / base
+        );
+    }
+    drop(baseline);
+    drop(dp);
+    let _ = std::fs::remove_dir_all(&pins);
+}
+
+fn tc_pass_ref(ebpf: &mut aya::Ebpf) -> &mut SchedClassifier {
+    ebpf.program_mut("tc_pass").unwrap().try_into().unwrap()
+}
+
+fn xdp_pass_ref(ebpf: &mut aya::Ebpf) -> &mut Xdp {
+    ebpf.program_mut("xdp_pass").unwrap().try_into().unwrap()
+}
+
+/// Runs one iperf3 client from A to B and returns the receiver's Gbit/s.
+fn iperf(arb: &Arb, seconds: u32) -> f64 {
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            arb.a.name(),
+            "iperf3",
+            "-c",
+            "10.101.2.2",
+            "-p",
+            "5299",
+            "-C",
+            "cubic",
+            "-J",
+        ])
+        .args(["-t", &seconds.to_string()])
+        .output()
+        .expect("run iperf3");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|err| {
+        panic!(
+            "iperf3 output is not JSON ({err}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    report["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("iperf3 failed: {}", report["error"]))
+        / 1e9
+}
+
+fn throughput_table(args: &Args) {
+    let arb = Arb::new("bench").expect("build A - R - B");
+    let log = std::env::temp_dir().join(format!("{}-iperf3.log", arb.b.name()));
+    let _server = Process::spawn(
+        Some(&arb.b),
+        std::path::Path::new("iperf3"),
+        &["-s", "-p", "5299"],
+        &log,
+    )
+    .expect("iperf3 server");
+    std::thread::sleep(Duration::from_millis(300));
+    // (name, agent granularity, gso_max_segs set by hand without agents). Per-packet spraying
+    // costs mostly segmentation, so it is compared with gso_max_segs 1 without agents too.
+    let configs: [(&str, Option<&str>, Option<&str>); 4] = [
+        ("no agent", None, None),
+        ("agents, granularity burst (GSO)", Some("burst"), None),
+        ("no agent, gso_max_segs 1", None, Some("1")),
+        ("agents, granularity packet", Some("packet"), None),
+    ];
+    let mut results: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    eprintln!(
+        "iperf3: {} rounds of {} configurations, {} s each",
+        args.rounds,
+        configs.len(),
+        args.iperf_seconds
+    );
+    for _ in 0..args.rounds {
+        for (i, (_, granularity, segs)) in configs.iter().enumerate() {
+            let set_segs = |v: &str| {
+                arb.a
+                    .ip(&["link", "set", &arb.a_if, "gso_max_segs", v])
+                    .unwrap();
+                arb.b
+                    .ip(&["link", "set", &arb.b_if, "gso_max_segs", v])
+                    .unwrap();
+            };
+            if let Some(v) = segs {
+                set_segs(v);
+            }
+            let agents = granularity.map(|g| {
+                let flags = ["--granularity", g, "--no-metrics"];
+                (
+                    Agent::start(
+                        &arb.a,
+                        arb.a.name(),
+                        &arb.a_if,
+                        &Arb::path_table(B_PREFIX, 4),
+                        &flags,
+                    )
+                    .unwrap(),
+                    Agent::start(
+                        &arb.b,
+                        arb.b.name(),
+                        &arb.b_if,
+                        &Arb::path_table(A_PREFIX, 4),
+                        &flags,
+                    )
+                    .unwrap(),
+                )
+            });
+            results[i].push(iperf(&arb, args.iperf_seconds));
+            if segs.is_some() {
+                set_segs("65535");
+            }
+            if let Some((a, b)) = agents {
+                let stamped = a.status().unwrap()["stamp"]["stamped"]
+                    .as_u64()
+                    .unwrap_or(0);
+                assert!(stamped > 0, "the agent stamped nothing");
+                a.stop();
+                b.stop();
+            }
+        }
+    }
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let base = median(&results[0]);
+    println!();
+    println!(
+        "single-stream TCP A -> R -> B (iperf3, cubic, {} s, median of {})",
+        args.iperf_seconds, args.rounds
+    );
+    let per_packet_base = median(&results[2]);
+    println!(
+        "{:<40} {:>10} {:>8} {:>8}   runs",
+        "configuration", "Gbit/s", "ratio", "vs segs=1"
+    );
+    for (i, ((name, _, _), runs)) in configs.iter().zip(&results).enumerate() {
+        let m = median(runs);
+        let vs = if i == 3 {
+            format!("{:.2}", m / per_packet_base)
+        } else {
+            "".into()
+        };
+        let runs: Vec<String> = runs.iter().map(|r| format!("{r:.2}")).collect();
+        println!(
+            "{name:<40} {m:>10.2} {:>8.2} {vs:>8}   {}",
+            m / base,
+            runs.join(" ")
+        );
+    }
+}

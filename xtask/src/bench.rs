@@ -1,0 +1,22 @@
+//! `cargo xtask bench NAME`: benchmarks that measure the product against its baseline side by
+//! side in one run and print the ratios.
+
+use anyhow::{Result, bail};
+
+use crate::setup::{self, cargo};
+
+pub fn run(name: &str, extra: &[String]) -> Result<()> {
+    match name {
+        "datapath" => {
+            if !setup::is_root() {
+                bail!(
+                    "the datapath benchmark loads eBPF programs and creates namespaces: run as root"
+                );
+            }
+            let mut args = vec!["bench", "-p", "sopa-agent", "--bench", "datapath", "--"];
+            args.extend(extra.iter().map(String::as_str));
+            cargo(&args)
+        }
+        other => bail!("unknown benchmark {other:?}; available: datapath"),
+    }
+}

@@ -1,0 +1,253 @@
+//! `cargo xtask setup`: installs, idempotently and saying what it does, everything the build and
+//! the tests need that a fresh machine lacks.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, Result, bail};
+
+/// Debian packages the tests and demos use, with a command that proves each is present.
+const PACKAGES: &[(&str, &str)] = &[
+    ("iproute2", "ip"),
+    ("iperf3", "iperf3"),
+    ("tcpdump", "tcpdump"),
+    ("ethtool", "ethtool"),
+    ("bpftool", "bpftool"),
+    ("iputils-ping", "ping"),
+    ("util-linux", "setpriv"),
+];
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_owned()
+}
+
+fn say(msg: &str) {
+    eprintln!("[setup] {msg}");
+}
+
+fn has_command(name: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {name}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+fn output(program: &str, args: &[&str]) -> Result<String> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .with_context(|| format!("running {program} {}", args.join(" ")))?;
+    if !out.status.success() {
+        bail!(
+            "`{program} {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+fn status(cmd: &mut Command) -> Result<()> {
+    let desc = format!("{cmd:?}");
+    let st = cmd.status().with_context(|| format!("running {desc}"))?;
+    if !st.success() {
+        bail!("{desc} failed ({st})");
+    }
+    Ok(())
+}
+
+/// Runs cargo with `args` in the workspace root.
+pub fn cargo(args: &[&str]) -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    status(Command::new(cargo).args(args).current_dir(workspace_root()))
+}
+
+pub fn run() -> Result<()> {
+    nightly_rust_src()?;
+    bpf_linker()?;
+    debian_packages()?;
+    bpffs()?;
+    Ok(())
+}
+
+fn nightly_sysroot() -> Result<PathBuf> {
+    let sysroot = output("rustc", &["+nightly", "--print", "sysroot"]).context(
+        "the nightly toolchain is missing: the eBPF programs build with it \
+         (install it with `rustup toolchain install nightly`)",
+    )?;
+    Ok(PathBuf::from(sysroot))
+}
+
+fn nightly_rust_src() -> Result<()> {
+    let sysroot = nightly_sysroot()?;
+    if sysroot
+        .join("lib/rustlib/src/rust/library/core/Cargo.toml")
+        .exists()
+    {
+        return Ok(());
+    }
+    say("installing rust-src for the nightly toolchain (build-std=core for the bpfel target)");
+    status(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+}
+
+/// The nightly's own libLLVM (bpf-linker must link the same LLVM the nightly emits).
+fn nightly_libllvm() -> Result<PathBuf> {
+    let lib = nightly_sysroot()?.join("lib");
+    let found = std::fs::read_dir(&lib)
+        .with_context(|| format!("listing {}", lib.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libLLVM.so."))
+        });
+    found.with_context(|| format!("no libLLVM.so.* in {}", lib.display()))
+}
+
+fn llvm_major(libllvm: &Path) -> Result<String> {
+    let name = libllvm
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    name.trim_start_matches("libLLVM.so.")
+        .split(['.', '-'])
+        .next()
+        .filter(|m| !m.is_empty())
+        .map(str::to_owned)
+        .with_context(|| format!("cannot read the LLVM version of {name}"))
+}
+
+/// Whether an installed bpf-linker runs and loads a libLLVM of the nightly's major version.
+fn bpf_linker_links_llvm(major: &str) -> bool {
+    let Ok(path) = output("sh", &["-c", "command -v bpf-linker"]) else {
+        return false;
+    };
+    if output(&path, &["--version"]).is_err() {
+        return false;
+    }
+    let Ok(libs) = output("ldd", &[&path]) else {
+        return false;
+    };
+    libs.lines()
+        .any(|l| l.contains(&format!("libLLVM.so.{major}")) && !l.contains("not found"))
+}
+
+fn bpf_linker() -> Result<()> {
+    let libllvm = nightly_libllvm()?;
+    let major = llvm_major(&libllvm)?;
+    if bpf_linker_links_llvm(&major) {
+        return Ok(());
+    }
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .context("neither CARGO_HOME nor HOME is set")?;
+    // A prefix that stays: bpf-linker loads this libLLVM at run time.
+    let prefix = cargo_home.join(format!("sopa-llvm-{major}"));
+    let lib = prefix.join("lib");
+    std::fs::create_dir_all(&lib).with_context(|| format!("creating {}", lib.display()))?;
+    for link in [
+        lib.join("libLLVM.so"),
+        lib.join(libllvm.file_name().expect("a file")),
+    ] {
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&libllvm, &link)
+            .with_context(|| format!("linking {}", link.display()))?;
+    }
+    say(&format!(
+        "installing bpf-linker against the nightly's LLVM {major} (about a minute on 2 cores)"
+    ));
+    status(
+        Command::new("cargo")
+            .args([
+                "install",
+                "bpf-linker",
+                "--no-default-features",
+                "--features",
+                &format!("llvm-{major}"),
+            ])
+            .env("LLVM_PREFIX", &prefix)
+            .env("LD_LIBRARY_PATH", &lib),
+    )
+    .context("installing bpf-linker")
+}
+
+fn debian_packages() -> Result<()> {
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .filter(|(_, cmd)| !has_command(cmd))
+        .map(|(pkg, _)| *pkg)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if !is_root() {
+        bail!(
+            "Debian packages missing: {}; install them as root: apt-get install -y {}",
+            missing.join(" "),
+            missing.join(" ")
+        );
+    }
+    say(&format!(
+        "installing Debian packages: {}",
+        missing.join(" ")
+    ));
+    status(Command::new("apt-get").args(["update", "-qq"]))?;
+    status(
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}
+
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|v| v.split_whitespace().nth(1).map(|e| e == "0"))
+        })
+        .unwrap_or(false)
+}
+
+fn bpffs() -> Result<()> {
+    let mounts =
+        std::fs::read_to_string("/proc/self/mounts").context("reading /proc/self/mounts")?;
+    if mounts
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some("/sys/fs/bpf") && l.contains(" bpf "))
+    {
+        return Ok(());
+    }
+    if !is_root() {
+        say(
+            "bpffs is not mounted at /sys/fs/bpf; the agent and the datapath tests need it (run as root)",
+        );
+        return Ok(());
+    }
+    say("mounting bpffs at /sys/fs/bpf");
+    status(Command::new("mount").args(["-t", "bpf", "bpf", "/sys/fs/bpf"]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_llvm_major_version() {
+        assert_eq!(
+            llvm_major(Path::new("/x/libLLVM.so.22.1-rust-1.97.0-nightly")).unwrap(),
+            "22"
+        );
+        assert_eq!(llvm_major(Path::new("/x/libLLVM.so.19")).unwrap(), "19");
+        assert!(llvm_major(Path::new("/x/libLLVM.so.")).is_err());
+    }
+}
