@@ -1,0 +1,32 @@
+//! The fabric model every part of SOPA shares: Fat-Tree (Al-Fares) and MODRIC topologies as
+//! graphs of nodes, ports and links with the papers' addressing; the candidate paths of a host
+//! (hop bytes and the exact links each crosses), recomputed incrementally under link and switch
+//! failures; the papers' structural properties computed on the graph; and MODRIC's cost model.
+
+pub mod cost;
+pub mod fat_tree;
+pub mod graph;
+pub mod modric;
+pub mod paths;
+pub mod prefix;
+pub mod properties;
+pub mod topology;
+
+pub use graph::{Graph, LinkId, NodeId, NodeKind, Speed};
+pub use paths::{Hops, PathTable};
+pub use prefix::Prefix;
+pub use topology::Topology;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Error {
+    #[error("invalid topology: {0}")]
+    Invalid(String),
+    #[error("unknown node {0:?}")]
+    UnknownNode(String),
+    #[error("no link between {0} and {1}")]
+    NoLink(String, String),
+    #[error("{0} is not a host")]
+    NotAHost(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
