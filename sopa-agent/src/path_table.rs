@@ -14,86 +14,16 @@
 //!
 //! The controller replaces this file in production; it stays as the offline mode.
 
-use std::{collections::BTreeMap, fmt, net::Ipv4Addr, path::Path, str::FromStr};
+use std::{collections::BTreeMap, path::Path};
 
 use serde::Deserialize;
 use sopa_common::{maps::MAX_PATHS, wire::HOP_NONE};
+pub use sopa_topology::{Hops, Prefix};
 
 use crate::error::{Error, Result};
 
 /// Highest hop value a path may name (0xFF means "no second decision").
 pub const MAX_HOP: u8 = HOP_NONE - 1;
-
-/// An IPv4 prefix with its host bits clear.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Prefix {
-    pub addr: Ipv4Addr,
-    pub len: u8,
-}
-
-impl Prefix {
-    pub fn contains(&self, other: &Prefix) -> bool {
-        other.len >= self.len && mask(other.addr, self.len) == self.addr
-    }
-}
-
-fn mask(addr: Ipv4Addr, len: u8) -> Ipv4Addr {
-    let bits = u32::from(addr);
-    let m = if len == 0 {
-        0
-    } else {
-        u32::MAX << (32 - u32::from(len))
-    };
-    Ipv4Addr::from(bits & m)
-}
-
-impl fmt::Display for Prefix {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.addr, self.len)
-    }
-}
-
-impl FromStr for Prefix {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        let (addr, len) = s
-            .split_once('/')
-            .ok_or_else(|| format!("prefix {s:?} has no length; write it as A.B.C.D/N"))?;
-        let addr: Ipv4Addr = addr
-            .parse()
-            .map_err(|_| format!("prefix {s:?}: {addr:?} is not an IPv4 address"))?;
-        let len: u8 =
-            len.parse().ok().filter(|len| *len <= 32).ok_or_else(|| {
-                format!("prefix {s:?}: length {len:?} is not a number from 0 to 32")
-            })?;
-        let network = mask(addr, len);
-        if network != addr {
-            return Err(format!(
-                "prefix {s:?} has host bits set; did you mean {network}/{len}?"
-            ));
-        }
-        Ok(Self { addr, len })
-    }
-}
-
-/// One path: the uplink index at each decision point.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Hops {
-    pub hop0: u8,
-    /// [`HOP_NONE`] when the path has one decision.
-    pub hop1: u8,
-}
-
-impl fmt::Display for Hops {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.hop1 == HOP_NONE {
-            write!(f, "[{}]", self.hop0)
-        } else {
-            write!(f, "[{}, {}]", self.hop0, self.hop1)
-        }
-    }
-}
 
 /// The validated path table, ordered by prefix.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

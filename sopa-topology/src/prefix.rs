@@ -9,7 +9,11 @@ pub struct Prefix {
 }
 
 pub fn mask(addr: Ipv4Addr, len: u8) -> Ipv4Addr {
-    let m = if len == 0 { 0 } else { u32::MAX << (32 - u32::from(len)) };
+    let m = if len == 0 {
+        0
+    } else {
+        u32::MAX << (32 - u32::from(len))
+    };
     Ipv4Addr::from(u32::from(addr) & m)
 }
 
@@ -47,11 +51,10 @@ impl FromStr for Prefix {
         let addr: Ipv4Addr = addr
             .parse()
             .map_err(|_| format!("prefix {s:?}: {addr:?} is not an IPv4 address"))?;
-        let len: u8 = len
-            .parse()
-            .ok()
-            .filter(|len| *len <= 32)
-            .ok_or_else(|| format!("prefix {s:?}: length {len:?} is not a number from 0 to 32"))?;
+        let len: u8 =
+            len.parse().ok().filter(|len| *len <= 32).ok_or_else(|| {
+                format!("prefix {s:?}: length {len:?} is not a number from 0 to 32")
+            })?;
         let network = mask(addr, len);
         if network != addr {
             return Err(format!(

@@ -17,6 +17,11 @@ pub fn run(name: &str, extra: &[String]) -> Result<()> {
             args.extend(extra.iter().map(String::as_str));
             cargo(&args)
         }
-        other => bail!("unknown benchmark {other:?}; available: datapath"),
+        "topology" => {
+            let mut args = vec!["bench", "-p", "sopa-topology", "--bench", "topology", "--"];
+            args.extend(extra.iter().map(String::as_str));
+            cargo(&args)
+        }
+        other => bail!("unknown benchmark {other:?}; available: datapath, topology"),
     }
 }

@@ -1,0 +1,127 @@
+//! `cargo xtask bench topology`: time and memory to build each fabric, to compute one host's
+//! full path table, and to apply one link failure incrementally (against a full recompute).
+
+use std::{
+    alloc::{GlobalAlloc, Layout, System},
+    sync::atomic::{AtomicUsize, Ordering},
+    time::Instant,
+};
+
+use sopa_topology::{
+    Topology,
+    modric::ModricParams,
+    paths::{Failures, PathTable},
+    topology::TopologySpec,
+};
+
+/// Counts live heap bytes and their peak.
+struct Counting;
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            let live = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
+            PEAK.fetch_max(live, Ordering::Relaxed);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(p, layout) };
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+fn mib(bytes: usize) -> f64 {
+    bytes as f64 / (1 << 20) as f64
+}
+
+/// Runs `f`, returning its result, milliseconds, and the bytes it left allocated.
+fn measure<T>(f: impl FnOnce() -> T) -> (T, f64, usize) {
+    let before = LIVE.load(Ordering::Relaxed);
+    let start = Instant::now();
+    let out = f();
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    (out, ms, LIVE.load(Ordering::Relaxed).saturating_sub(before))
+}
+
+fn main() {
+    let specs = [
+        TopologySpec::FatTree { k: 16 },
+        TopologySpec::FatTree { k: 32 },
+        TopologySpec::FatTree { k: 48 },
+        TopologySpec::FatTree { k: 64 },
+        TopologySpec::Modric(ModricParams::new(10, 10, 2, 18, 40)),
+        TopologySpec::Modric(ModricParams::new(25, 25, 6, 48, 40)),
+    ];
+    println!(
+        "{:<34} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>10} {:>10} {:>9} {:>8}",
+        "topology",
+        "hosts",
+        "build ms",
+        "graph MiB",
+        "paths",
+        "table ms",
+        "tbl MiB",
+        "index ms",
+        "update ms",
+        "full ms",
+        "speedup"
+    );
+    for spec in specs {
+        let (topo, build_ms, graph_bytes) = measure(|| Topology::build(&spec).expect("valid"));
+        let g = topo.graph();
+        let src = g.nodes_of(sopa_topology::NodeKind::Host).next().unwrap();
+        let none = Failures::none(g);
+        let (mut table, table_ms, table_bytes) =
+            measure(|| PathTable::compute(&topo, src, &none).unwrap());
+        let paths = table.path_count();
+        // A link on the source's paths: its rack switch's first uplink.
+        let tor = topo.rack_of(src).unwrap().tor;
+        let uplink = g
+            .ports(tor)
+            .iter()
+            .find(|(_, n)| g.node(*n).kind.is_switch())
+            .map(|(l, _)| *l)
+            .unwrap();
+        let mut failures = Failures::none(g);
+        // The first update builds the link -> paths index; later ones only use it.
+        let changed = failures.set_link(uplink, true);
+        let (_, index_ms, _) = measure(|| table.update(g, &failures, &changed));
+        let changed = failures.set_link(uplink, false);
+        table.update(g, &failures, &changed);
+        let changed = failures.set_link(uplink, true);
+        let (touched, update_ms, _) = measure(|| table.update(g, &failures, &changed));
+        let (fresh, full_ms, _) = measure(|| PathTable::compute(&topo, src, &failures).unwrap());
+        assert_eq!(
+            fresh.hops_by_prefix(),
+            table.hops_by_prefix(),
+            "incremental equals full"
+        );
+        assert!(!touched.is_empty());
+        println!(
+            "{:<34} {:>9} {:>9.1} {:>9.1} {:>10} {:>9.1} {:>9.1} {:>10.1} {:>10.3} {:>9.1} {:>7.0}x",
+            topo.name(),
+            topo.host_count(),
+            build_ms,
+            mib(graph_bytes),
+            paths,
+            table_ms,
+            mib(table_bytes),
+            index_ms,
+            update_ms,
+            full_ms,
+            full_ms / update_ms
+        );
+        drop((fresh, table, topo));
+    }
+    println!("peak heap {:.0} MiB", mib(PEAK.load(Ordering::Relaxed)));
+    println!(
+        "(table: one host's paths to every other rack; update: one uplink failure, re-evaluating only the paths through it)"
+    );
+}
