@@ -319,3 +319,23 @@ pub fn modric_fiber_length(m: &Modric, l: f64, w: f64, dl: f64, dw: f64) -> f64 
         })
         .sum()
 }
+
+/// Appendix A-C's cut of the whole grid between rows (`horizontal`: the first m/2 rows against
+/// the rest) or columns, without cutting any container: the S1 links it cuts.
+pub fn modric_grid_cut(m: &Modric, horizontal: bool) -> u64 {
+    let g = &m.graph;
+    let (rows, cols) = (m.p.m, m.p.n);
+    let first_half = |c: u32| {
+        if horizontal {
+            c / cols < rows / 2
+        } else {
+            c % cols < cols / 2
+        }
+    };
+    g.links
+        .iter()
+        .filter(|l| l.speed == Speed::S1)
+        .filter_map(|l| Some((m.container_of(l.a)?, m.container_of(l.b)?)))
+        .filter(|(a, b)| first_half(*a) != first_half(*b))
+        .count() as u64
+}

@@ -501,6 +501,17 @@ fn container_bisection_and_fiber() {
             "q={q} x={x}"
         );
     }
+    // Appendix A-C: with m and n even, the cut between halves of the rows cuts n.m^2 S1 links,
+    // between halves of the columns m.n^2 (one link per adjacent EPSC pair).
+    for (m, n) in [(2, 2), (2, 4), (4, 4), (4, 2)] {
+        let t = modric(m, n, 1, 2, 1);
+        let Topology::Modric(md) = &t else {
+            unreachable!()
+        };
+        assert_eq!(md.p.multiplicity(), 1);
+        assert_eq!(properties::modric_grid_cut(md, true), u64::from(n * m * m));
+        assert_eq!(properties::modric_grid_cut(md, false), u64::from(m * n * n));
+    }
     let p = Prices::default();
     for (m, n) in [(2, 3), (3, 3), (4, 2)] {
         let t = modric(m, n, 1, m + n - 2, 1);

@@ -333,6 +333,21 @@ fn describe(t: &Topology) -> Description {
                     "-",
                 ));
             }
+            let mult = u64::from(p.multiplicity());
+            if p.m % 2 == 0 && p.m > 1 {
+                rows.push(row(
+                    "network bisection, horizontal cut (S1 links)",
+                    properties::modric_grid_cut(m, true),
+                    format!("n.m^2 = {} (x {mult} parallel)", nn * mm * mm),
+                ));
+            }
+            if p.n % 2 == 0 && p.n > 1 {
+                rows.push(row(
+                    "network bisection, vertical cut (S1 links)",
+                    properties::modric_grid_cut(m, false),
+                    format!("m.n^2 = {} (x {mult} parallel)", mm * nn * nn),
+                ));
+            }
             let pr = &prices;
             rows.push(row(
                 "inter-container fiber (m)",

@@ -1,0 +1,195 @@
+//! `sopactl topo` as an operator runs it: output, JSON, and errors on bad input.
+
+use std::process::Command;
+
+fn sopactl(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_sopactl"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn describe_prints_graph_beside_paper() {
+    let (code, out, err) = sopactl(&["topo", "describe", "--fat-tree", "4"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("k^3/4 = 16"), "{out}");
+    let (code, out, _) = sopactl(&[
+        "topo", "describe", "--modric", "2", "2", "--q", "1", "--x", "2", "--y", "4", "--json",
+    ]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["counts"]["hosts"], 32);
+    let rows = v["rows"].as_array().unwrap();
+    let diameter = rows
+        .iter()
+        .find(|r| r["property"].as_str().unwrap().starts_with("diameter"))
+        .unwrap();
+    assert_eq!(diameter["graph"], "6");
+    assert_eq!(diameter["paper"], "9");
+}
+
+#[test]
+fn paths_lists_hops_nodes_and_failures() {
+    let (code, out, err) = sopactl(&[
+        "topo",
+        "paths",
+        "--fat-tree",
+        "4",
+        "--src",
+        "10.0.0.2",
+        "--dst",
+        "h4",
+        "--fail",
+        "e0:a0",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("4 candidate paths, 2 alive"), "{out}");
+    assert!(out.contains("DEAD (e0:a0)"), "{out}");
+    let (code, out, _) = sopactl(&[
+        "topo",
+        "paths",
+        "--fat-tree",
+        "4",
+        "--src",
+        "h0",
+        "--dst",
+        "h2",
+        "--json",
+    ]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 2, "same pod: k/2 paths");
+    let (code, out, _) = sopactl(&[
+        "topo",
+        "paths",
+        "--fat-tree",
+        "4",
+        "--src",
+        "h0",
+        "--dst",
+        "h1",
+    ]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("1 candidate paths"),
+        "same edge: one path: {out}"
+    );
+    let (code, out, _) = sopactl(&[
+        "topo",
+        "paths",
+        "--modric",
+        "2",
+        "2",
+        "--x",
+        "2",
+        "--y",
+        "2",
+        "--src",
+        "h.0.0.0.0",
+        "--dst",
+        "h.1.1.1.1",
+        "--fail-switch",
+        "eps.0.1.0.0",
+    ]);
+    assert_eq!(code, 0);
+    assert!(out.contains("8 candidate paths, 7 alive"), "{out}");
+}
+
+#[test]
+fn compare_reproduces_the_paper_tables() {
+    let (code, out, err) = sopactl(&["topo", "compare", "--paper-tables"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("Table III") && out.contains("Table V"));
+    assert!(out.contains("72000|72000"), "{out}");
+    assert!(
+        out.contains("the printed total 144.814 is not its switches + cables = 143.814"),
+        "{out}"
+    );
+}
+
+#[test]
+fn bad_input_names_what_is_wrong() {
+    for (args, needle) in [
+        (
+            vec!["topo", "describe", "--fat-tree", "5"],
+            "k must be even",
+        ),
+        (
+            vec!["topo", "describe", "--modric", "2", "2", "--x", "70"],
+            "AS bits",
+        ),
+        (
+            vec!["topo", "describe", "--modric", "2", "2", "--bits", "6,6,6"],
+            "four numbers",
+        ),
+        (
+            vec![
+                "topo",
+                "paths",
+                "--fat-tree",
+                "4",
+                "--src",
+                "h0",
+                "--dst",
+                "h99",
+            ],
+            "h99",
+        ),
+        (
+            vec![
+                "topo",
+                "paths",
+                "--fat-tree",
+                "4",
+                "--src",
+                "e0",
+                "--dst",
+                "h1",
+            ],
+            "not a host",
+        ),
+        (
+            vec![
+                "topo",
+                "paths",
+                "--fat-tree",
+                "4",
+                "--src",
+                "h0",
+                "--dst",
+                "h4",
+                "--fail",
+                "e0:c0",
+            ],
+            "no link between e0 and c0",
+        ),
+        (
+            vec![
+                "topo",
+                "paths",
+                "--fat-tree",
+                "4",
+                "--src",
+                "h0",
+                "--dst",
+                "h4",
+                "--fail",
+                "e0",
+            ],
+            "NODE:NODE",
+        ),
+    ] {
+        let (code, _, err) = sopactl(&args);
+        assert_eq!(code, 64, "{args:?}: {err}");
+        assert!(
+            err.contains(needle),
+            "{args:?}: expected {needle:?} in {err}"
+        );
+    }
+}
