@@ -1,0 +1,6 @@
+//! The SOPA controller: it owns the topology and its link and switch states, versions every
+//! change, and pushes snapshots and deltas to every agent over the channel.
+
+pub mod fabric;
+pub mod proto;
+pub mod view;

@@ -1,0 +1,220 @@
+//! An agent's view of the fabric, built from a snapshot and moved forward by deltas. Every
+//! message is checked completely before anything changes: a bad delta leaves the view as it was.
+
+use sopa_topology::{LinkId, Topology, paths::Failures, topology::TopologySpec};
+
+use crate::proto::{Delta, LinkRef, Snapshot, change};
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ViewError {
+    #[error("topology spec does not parse: {0}")]
+    BadSpec(String),
+    #[error("invalid topology: {0}")]
+    BadTopology(String),
+    #[error("delta of epoch {got} on a view of epoch {have}: resync")]
+    WrongEpoch { have: u64, got: u64 },
+    #[error("delta {version} builds on version {base}, but this view is at {have}: resync")]
+    Gap { have: u64, base: u64, version: u64 },
+    #[error("version {version} is not newer than the applied {have}")]
+    Stale { have: u64, version: u64 },
+    #[error("unknown link {0}:{1}")]
+    UnknownLink(String, String),
+    #[error("unknown switch {0:?}")]
+    UnknownSwitch(String),
+    #[error("a change without content")]
+    Empty,
+}
+
+impl ViewError {
+    /// Whether the agent should ask for a fresh snapshot rather than just reject the message.
+    pub fn needs_resync(&self) -> bool {
+        matches!(self, Self::WrongEpoch { .. } | Self::Gap { .. })
+    }
+}
+
+pub struct FabricView {
+    pub epoch: u64,
+    pub version: u64,
+    pub spec: TopologySpec,
+    pub topology: Topology,
+    pub failures: Failures,
+}
+
+/// A validated change: the links whose state to set, or the switch.
+enum Resolved {
+    Links(Vec<LinkId>, bool),
+    Switch(u32, bool),
+}
+
+impl FabricView {
+    pub fn from_snapshot(s: &Snapshot) -> Result<Self, ViewError> {
+        let spec: TopologySpec =
+            serde_json::from_str(&s.topology).map_err(|e| ViewError::BadSpec(e.to_string()))?;
+        let topology = Topology::build(&spec).map_err(|e| ViewError::BadTopology(e.to_string()))?;
+        let mut failures = Failures::none(topology.graph());
+        let mut resolved = Vec::new();
+        for l in &s.down_links {
+            resolved.push(resolve_link(&topology, l, true)?);
+        }
+        for n in &s.down_switches {
+            resolved.push(resolve_switch(&topology, n, true)?);
+        }
+        for r in &resolved {
+            apply(&topology, &mut failures, r);
+        }
+        Ok(Self {
+            epoch: s.epoch,
+            version: s.version,
+            spec,
+            topology,
+            failures,
+        })
+    }
+
+    /// Applies `d` on top of this view; returns the links whose usability may have changed.
+    pub fn apply_delta(&mut self, d: &Delta) -> Result<Vec<LinkId>, ViewError> {
+        if d.epoch != self.epoch {
+            return Err(ViewError::WrongEpoch {
+                have: self.epoch,
+                got: d.epoch,
+            });
+        }
+        if d.version <= self.version {
+            return Err(ViewError::Stale {
+                have: self.version,
+                version: d.version,
+            });
+        }
+        if d.base_version != self.version {
+            return Err(ViewError::Gap {
+                have: self.version,
+                base: d.base_version,
+                version: d.version,
+            });
+        }
+        let mut resolved = Vec::with_capacity(d.changes.len());
+        for c in &d.changes {
+            resolved.push(match &c.kind {
+                Some(change::Kind::Link(l)) => resolve_link(
+                    &self.topology,
+                    l.link.as_ref().ok_or(ViewError::Empty)?,
+                    l.down,
+                )?,
+                Some(change::Kind::Switch(s)) => resolve_switch(&self.topology, &s.name, s.down)?,
+                None => return Err(ViewError::Empty),
+            });
+        }
+        let mut changed = Vec::new();
+        for r in &resolved {
+            changed.extend(apply(&self.topology, &mut self.failures, r));
+        }
+        self.version = d.version;
+        Ok(changed)
+    }
+}
+
+fn resolve_link(t: &Topology, l: &LinkRef, down: bool) -> Result<Resolved, ViewError> {
+    let g = t.graph();
+    let unknown = || ViewError::UnknownLink(l.a.clone(), l.b.clone());
+    let a = g.find(&l.a).ok_or_else(unknown)?;
+    let b = g.find(&l.b).ok_or_else(unknown)?;
+    let links: Vec<LinkId> = g.links_between(a, b).collect();
+    if links.is_empty() {
+        return Err(unknown());
+    }
+    Ok(Resolved::Links(links, down))
+}
+
+fn resolve_switch(t: &Topology, name: &str, down: bool) -> Result<Resolved, ViewError> {
+    let g = t.graph();
+    let n = g.find(name).filter(|n| g.node(*n).kind.is_switch());
+    n.map(|n| Resolved::Switch(n, down))
+        .ok_or_else(|| ViewError::UnknownSwitch(name.to_owned()))
+}
+
+fn apply(t: &Topology, failures: &mut Failures, r: &Resolved) -> Vec<LinkId> {
+    match r {
+        Resolved::Links(links, down) => links
+            .iter()
+            .flat_map(|l| failures.set_link(*l, *down))
+            .collect(),
+        Resolved::Switch(n, down) => failures.set_node(t.graph(), *n, *down),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fabric::Fabric;
+
+    #[test]
+    fn snapshot_then_deltas_track_the_controller() {
+        let mut f = Fabric::new(TopologySpec::FatTree { k: 4 }, 3).unwrap();
+        f.set_link("e0", "a0", true).unwrap();
+        let mut view = FabricView::from_snapshot(&f.snapshot()).unwrap();
+        assert_eq!(view.version, 2);
+        let g = view.topology.graph();
+        let link = g
+            .links_between(g.find("e0").unwrap(), g.find("a0").unwrap())
+            .next()
+            .unwrap();
+        assert!(!view.failures.usable(g, link));
+        let d = f.set_link("e0", "a0", false).unwrap().unwrap();
+        let changed = view.apply_delta(&d).unwrap();
+        assert_eq!(changed, vec![link]);
+        assert!(view.failures.usable(view.topology.graph(), link));
+        let d = f.set_switch("a1", true).unwrap().unwrap();
+        assert_eq!(
+            view.apply_delta(&d).unwrap().len(),
+            4,
+            "a switch of a k=4 Fat-Tree has 4 ports"
+        );
+    }
+
+    #[test]
+    fn bad_deltas_change_nothing() {
+        let mut f = Fabric::new(TopologySpec::FatTree { k: 4 }, 3).unwrap();
+        let mut view = FabricView::from_snapshot(&f.snapshot()).unwrap();
+        let good = f.set_link("e0", "a0", true).unwrap().unwrap();
+        let mut unknown = good.clone();
+        if let Some(change::Kind::Link(l)) = &mut unknown.changes[0].kind {
+            l.link = Some(LinkRef {
+                a: "e0".into(),
+                b: "c0".into(),
+            });
+        }
+        // One good change and one unknown link: the whole delta is refused.
+        let mut mixed = good.clone();
+        mixed.changes.push(unknown.changes[0].clone());
+        assert_eq!(
+            view.apply_delta(&mixed),
+            Err(ViewError::UnknownLink("e0".into(), "c0".into()))
+        );
+        assert_eq!(view.version, 1);
+        assert!(view.failures.down_links().next().is_none());
+        let mut other_epoch = good.clone();
+        other_epoch.epoch = 4;
+        assert!(view.apply_delta(&other_epoch).unwrap_err().needs_resync());
+        let mut gap = good.clone();
+        gap.base_version = 5;
+        gap.version = 6;
+        assert!(view.apply_delta(&gap).unwrap_err().needs_resync());
+        view.apply_delta(&good).unwrap();
+        assert_eq!(
+            view.apply_delta(&good),
+            Err(ViewError::Stale {
+                have: 2,
+                version: 2
+            }),
+            "duplicate"
+        );
+        let bad_spec = Snapshot {
+            topology: "{\"kind\":\"torus\"}".into(),
+            ..f.snapshot()
+        };
+        assert!(matches!(
+            FabricView::from_snapshot(&bad_spec),
+            Err(ViewError::BadSpec(_))
+        ));
+    }
+}
