@@ -1,6 +1,8 @@
 //! The SOPA controller: it owns the topology and its link and switch states, versions every
 //! change, and pushes snapshots and deltas to every agent over the channel.
 
+pub mod client;
 pub mod fabric;
 pub mod proto;
+pub mod server;
 pub mod view;

@@ -1,0 +1,247 @@
+//! The agent side of the push channel: connect, say hello with the last applied version, apply
+//! what the controller sends through an [`Applier`], acknowledge or reject every version, keep
+//! heartbeats both ways, and reconnect with jittered exponential backoff (0.5 s to 30 s). While
+//! the controller is away nothing is undone: the agent keeps its last good state.
+
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{ClientTlsConfig, Endpoint};
+use tracing::{info, warn};
+
+use crate::proto::{
+    self, Ack, AgentMessage, Delta, Heartbeat, Hello, Nack, Role, Snapshot, agent_message,
+    controller_message,
+};
+
+/// What an agent does with the controller's messages.
+pub trait Applier: Send {
+    /// Applies a snapshot completely or not at all.
+    fn snapshot(&mut self, snapshot: &Snapshot) -> Result<(), String>;
+    /// Applies a delta completely or not at all; `Err((error, resync))`, where `resync` asks
+    /// for a fresh snapshot (a version gap or another epoch).
+    fn delta(&mut self, delta: &Delta) -> Result<(), (String, bool)>;
+    /// (epoch, version) last applied; (0, 0) for nothing.
+    fn position(&self) -> (u64, u64);
+    /// The channel came up or went down.
+    fn connected(&mut self, _up: bool) {}
+}
+
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    pub endpoint: String,
+    pub node: String,
+    pub role: Role,
+    pub tls: Option<ClientTlsConfig>,
+    pub heartbeat: Duration,
+    pub min_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl ClientConfig {
+    pub fn new(endpoint: impl Into<String>, node: impl Into<String>, role: Role) -> Self {
+        Self {
+            endpoint: endpoint.into(),
+            node: node.into(),
+            role,
+            tls: None,
+            heartbeat: Duration::from_secs(1),
+            min_backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A small xorshift for backoff jitter (no need for a cryptographic source here).
+struct Jitter(u64);
+
+impl Jitter {
+    fn new() -> Self {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1);
+        Self(t ^ u64::from(std::process::id()) << 32 | 1)
+    }
+
+    /// A factor in [0.5, 1.0).
+    fn factor(&mut self) -> f64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        0.5 + (self.0 % 1_000_000) as f64 / 2_000_000.0
+    }
+}
+
+/// The delay before reconnect attempt `attempt` (0-based): min(max, min * 2^attempt), jittered.
+pub fn backoff(cfg: &ClientConfig, attempt: u32, jitter: f64) -> Duration {
+    let base = cfg.min_backoff.as_secs_f64() * 2f64.powi(attempt.min(16) as i32);
+    Duration::from_secs_f64(base.min(cfg.max_backoff.as_secs_f64()) * jitter)
+}
+
+/// Why one session ended.
+#[derive(Debug)]
+enum End {
+    Shutdown,
+    Lost(String),
+}
+
+/// Runs the channel until `shutdown` turns true.
+pub async fn run(
+    cfg: ClientConfig,
+    applier: &mut dyn Applier,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut attempt = 0u32;
+    let mut jitter = Jitter::new();
+    loop {
+        let started = tokio::time::Instant::now();
+        match session(&cfg, applier, &mut shutdown).await {
+            End::Shutdown => return,
+            End::Lost(why) => {
+                applier.connected(false);
+                // A session that lived a while resets the backoff.
+                if started.elapsed() > cfg.max_backoff {
+                    attempt = 0;
+                }
+                let delay = backoff(&cfg, attempt, jitter.factor());
+                attempt = attempt.saturating_add(1);
+                warn!(reason = %why, retry_in_ms = delay.as_millis() as u64, "controller unreachable; keeping the last good state");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shutdown.changed() => return,
+                }
+            }
+        }
+        if *shutdown.borrow() {
+            return;
+        }
+    }
+}
+
+async fn session(
+    cfg: &ClientConfig,
+    applier: &mut dyn Applier,
+    shutdown: &mut watch::Receiver<bool>,
+) -> End {
+    let mut endpoint = match Endpoint::from_shared(cfg.endpoint.clone()) {
+        Ok(e) => e.connect_timeout(Duration::from_secs(5)),
+        Err(e) => return End::Lost(format!("bad controller address {}: {e}", cfg.endpoint)),
+    };
+    if let Some(tls) = &cfg.tls {
+        endpoint = match endpoint.tls_config(tls.clone()) {
+            Ok(e) => e,
+            Err(e) => return End::Lost(format!("TLS configuration: {e}")),
+        };
+    }
+    let channel = match endpoint.connect().await {
+        Ok(c) => c,
+        Err(e) => {
+            return End::Lost(format!(
+                "connecting to {}: {}",
+                cfg.endpoint,
+                source_chain(&e)
+            ));
+        }
+    };
+    let mut client = proto::channel::channel_client::ChannelClient::new(channel)
+        .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
+    let (tx, rx) = mpsc::channel::<AgentMessage>(64);
+    let (epoch, version) = applier.position();
+    let hello = AgentMessage {
+        kind: Some(agent_message::Kind::Hello(Hello {
+            node: cfg.node.clone(),
+            role: cfg.role as i32,
+            epoch,
+            version,
+            agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+        })),
+    };
+    let _ = tx.send(hello).await;
+    let mut inbound = match client.stream(ReceiverStream::new(rx)).await {
+        Ok(r) => r.into_inner(),
+        Err(status) => return End::Lost(format!("opening the stream: {}", status.message())),
+    };
+    applier.connected(true);
+    info!(endpoint = %cfg.endpoint, epoch, version, "connected to the controller");
+    let mut tick = tokio::time::interval(cfg.heartbeat);
+    let silence = cfg.heartbeat * 3;
+    let mut last_heard = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return End::Shutdown,
+            _ = tick.tick() => {
+                if last_heard.elapsed() > silence {
+                    return End::Lost(format!("no message for {} ms", silence.as_millis()));
+                }
+                let hb = AgentMessage { kind: Some(agent_message::Kind::Heartbeat(Heartbeat { unix_ms: 0 })) };
+                if tx.send(hb).await.is_err() {
+                    return End::Lost("stream closed".into());
+                }
+            }
+            msg = inbound.message() => {
+                let msg = match msg {
+                    Ok(Some(m)) => m,
+                    Ok(None) => return End::Lost("the controller closed the stream".into()),
+                    Err(status) => return End::Lost(format!("stream: {}", status.message())),
+                };
+                last_heard = tokio::time::Instant::now();
+                let reply = match msg.kind {
+                    Some(controller_message::Kind::Snapshot(s)) => Some(match applier.snapshot(&s) {
+                        Ok(()) => ack(s.epoch, s.version),
+                        Err(e) => nack(s.epoch, s.version, e),
+                    }),
+                    Some(controller_message::Kind::Delta(d)) => match applier.delta(&d) {
+                        Ok(()) => Some(ack(d.epoch, d.version)),
+                        Err((e, resync)) => {
+                            let _ = tx.send(nack(d.epoch, d.version, e.clone())).await;
+                            if resync {
+                                // Reconnecting says hello with our version: the controller
+                                // answers with what we lack, or a snapshot.
+                                return End::Lost(format!("resync: {e}"));
+                            }
+                            None
+                        }
+                    },
+                    Some(controller_message::Kind::Heartbeat(_)) | None => None,
+                };
+                if let Some(r) = reply
+                    && tx.send(r).await.is_err()
+                {
+                    return End::Lost("stream closed".into());
+                }
+            }
+        }
+    }
+}
+
+fn ack(epoch: u64, version: u64) -> AgentMessage {
+    AgentMessage {
+        kind: Some(agent_message::Kind::Ack(Ack { epoch, version })),
+    }
+}
+
+fn nack(epoch: u64, version: u64, error: String) -> AgentMessage {
+    AgentMessage {
+        kind: Some(agent_message::Kind::Nack(Nack {
+            epoch,
+            version,
+            error,
+        })),
+    }
+}
+
+/// An error with its causes, for messages that name the real reason (a TLS failure, a refused
+/// connection).
+pub fn source_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

@@ -1,0 +1,349 @@
+//! The controller's gRPC services: the push channel every agent holds open, and the operator
+//! API behind `sopactl`.
+
+use std::{
+    collections::BTreeMap,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::{Stream, wrappers::ReceiverStream};
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{info, warn};
+
+use crate::{
+    fabric::{Fabric, FabricError},
+    proto::{
+        self, AgentMessage, AgentStatus, ChangeReply, ControllerMessage, Delta, Heartbeat,
+        LinkChange, Role, StatusReply, StatusRequest, SwitchChange, agent_message,
+        controller_message,
+    },
+};
+
+/// How long an agent has to say hello after opening the stream.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Debug, Default)]
+pub struct AgentRecord {
+    pub role: i32,
+    pub connected: bool,
+    pub applied_version: u64,
+    pub last_ack: u64,
+    pub last_ack_at: Option<Instant>,
+    pub last_nack: u64,
+    pub last_error: String,
+    pub agent_version: String,
+    session: u64,
+}
+
+pub struct Controller {
+    fabric: Mutex<Fabric>,
+    updates: broadcast::Sender<Arc<Delta>>,
+    agents: Mutex<BTreeMap<String, AgentRecord>>,
+    sessions: std::sync::atomic::AtomicU64,
+    pub heartbeat: Duration,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn to_status(e: FabricError) -> Status {
+    match e {
+        FabricError::UnknownNode(_) | FabricError::NoLink(..) => Status::not_found(e.to_string()),
+        _ => Status::invalid_argument(e.to_string()),
+    }
+}
+
+impl Controller {
+    pub fn new(fabric: Fabric, heartbeat: Duration) -> Arc<Self> {
+        let (updates, _) = broadcast::channel(1024);
+        Arc::new(Self {
+            fabric: Mutex::new(fabric),
+            updates,
+            agents: Mutex::new(BTreeMap::new()),
+            sessions: std::sync::atomic::AtomicU64::new(1),
+            heartbeat,
+        })
+    }
+
+    /// Sets a link's state and pushes the change; the fabric lock orders it with every
+    /// subscription, so each agent gets every version after its snapshot exactly once.
+    pub fn set_link(&self, a: &str, b: &str, down: bool) -> Result<ChangeReply, FabricError> {
+        let mut f = self.fabric.lock().expect("fabric lock");
+        let delta = f.set_link(a, b, down)?;
+        Ok(self.publish(&f, delta))
+    }
+
+    pub fn set_switch(&self, name: &str, down: bool) -> Result<ChangeReply, FabricError> {
+        let mut f = self.fabric.lock().expect("fabric lock");
+        let delta = f.set_switch(name, down)?;
+        Ok(self.publish(&f, delta))
+    }
+
+    fn publish(&self, f: &Fabric, delta: Option<Delta>) -> ChangeReply {
+        let changed = delta.is_some();
+        if let Some(d) = delta {
+            info!(version = d.version, "fabric changed");
+            // No subscribers is fine: nobody to tell.
+            let _ = self.updates.send(Arc::new(d));
+        }
+        ChangeReply {
+            version: f.version(),
+            changed,
+        }
+    }
+
+    pub fn version(&self) -> u64 {
+        self.fabric.lock().expect("fabric lock").version()
+    }
+
+    pub fn agents(&self) -> BTreeMap<String, AgentRecord> {
+        self.agents.lock().expect("agents lock").clone()
+    }
+
+    pub fn status(&self) -> StatusReply {
+        let f = self.fabric.lock().expect("fabric lock");
+        let agents = self
+            .agents
+            .lock()
+            .expect("agents lock")
+            .iter()
+            .map(|(node, r)| AgentStatus {
+                node: node.clone(),
+                role: r.role,
+                connected: r.connected,
+                applied_version: r.applied_version,
+                last_ack: r.last_ack,
+                last_nack: r.last_nack,
+                last_error: r.last_error.clone(),
+                agent_version: r.agent_version.clone(),
+            })
+            .collect();
+        StatusReply {
+            epoch: f.epoch(),
+            version: f.version(),
+            topology: f.spec_json().to_owned(),
+            down_links: f.down_links(),
+            down_switches: f.down_switches(),
+            agents,
+        }
+    }
+
+    fn record(&self, node: &str, session: u64, f: impl FnOnce(&mut AgentRecord)) {
+        let mut agents = self.agents.lock().expect("agents lock");
+        if let Some(r) = agents.get_mut(node)
+            && r.session == session
+        {
+            f(r);
+        }
+    }
+
+    fn handle(&self, node: &str, role: i32, session: u64, msg: AgentMessage) {
+        match msg.kind {
+            Some(agent_message::Kind::Ack(a)) => self.record(node, session, |r| {
+                r.applied_version = a.version;
+                r.last_ack = a.version;
+                r.last_ack_at = Some(Instant::now());
+            }),
+            Some(agent_message::Kind::Nack(n)) => {
+                warn!(node, version = n.version, error = %n.error, "agent rejected a version");
+                self.record(node, session, |r| {
+                    r.last_nack = n.version;
+                    r.last_error = n.error.clone();
+                });
+            }
+            Some(agent_message::Kind::Report(rep)) if role == Role::Switch as i32 => {
+                if let Err(e) = self.set_link(&rep.a, &rep.b, rep.down) {
+                    warn!(node, error = %e, "a switch agent reported an unknown link");
+                }
+            }
+            Some(agent_message::Kind::Report(_)) => {
+                warn!(node, "link report from a non-switch agent ignored")
+            }
+            Some(agent_message::Kind::Hello(_)) => {
+                warn!(node, "a second hello on one stream ignored")
+            }
+            Some(agent_message::Kind::Heartbeat(_)) | None => {}
+        }
+    }
+}
+
+fn snapshot_msg(f: &Fabric) -> ControllerMessage {
+    ControllerMessage {
+        kind: Some(controller_message::Kind::Snapshot(f.snapshot())),
+    }
+}
+
+fn delta_msg(d: Delta) -> ControllerMessage {
+    ControllerMessage {
+        kind: Some(controller_message::Kind::Delta(d)),
+    }
+}
+
+/// The push channel service.
+pub struct ChannelService(pub Arc<Controller>);
+
+type Outbound = Pin<Box<dyn Stream<Item = Result<ControllerMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl proto::channel::channel_server::Channel for ChannelService {
+    type StreamStream = Outbound;
+
+    async fn stream(
+        &self,
+        request: Request<Streaming<AgentMessage>>,
+    ) -> Result<Response<Outbound>, Status> {
+        let mut inbound = request.into_inner();
+        let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.message())
+            .await
+            .map_err(|_| Status::deadline_exceeded("no hello within 10 s"))??
+            .ok_or_else(|| Status::invalid_argument("the stream ended before a hello"))?;
+        let Some(agent_message::Kind::Hello(hello)) = first.kind else {
+            return Err(Status::invalid_argument(
+                "the first message must be a hello",
+            ));
+        };
+        if hello.node.is_empty() || hello.node.len() > 128 {
+            return Err(Status::invalid_argument(
+                "hello: the node name must be 1 to 128 bytes",
+            ));
+        }
+        let controller = Arc::clone(&self.0);
+        let session = controller
+            .sessions
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (initial, mut updates, mut last_sent) = {
+            let f = controller.fabric.lock().expect("fabric lock");
+            let updates = controller.updates.subscribe();
+            let initial = match f.deltas_since(hello.epoch, hello.version) {
+                Some(deltas) => deltas.into_iter().map(delta_msg).collect(),
+                None => vec![snapshot_msg(&f)],
+            };
+            (initial, updates, f.version())
+        };
+        controller.agents.lock().expect("agents lock").insert(
+            hello.node.clone(),
+            AgentRecord {
+                role: hello.role,
+                connected: true,
+                applied_version: hello.version,
+                agent_version: hello.agent_version.clone(),
+                session,
+                ..AgentRecord::default()
+            },
+        );
+        info!(node = %hello.node, version = hello.version, snapshot = initial.len() == 1 && matches!(initial[0].kind, Some(controller_message::Kind::Snapshot(_))), "agent connected");
+        let (tx, rx) = mpsc::channel::<Result<ControllerMessage, Status>>(64);
+        let node = hello.node;
+        let role = hello.role;
+        tokio::spawn(async move {
+            let send = |m: ControllerMessage| tx.send(Ok(m));
+            for m in initial {
+                if send(m).await.is_err() {
+                    return;
+                }
+            }
+            let mut tick = tokio::time::interval(controller.heartbeat);
+            loop {
+                tokio::select! {
+                    update = updates.recv() => match update {
+                        Ok(d) if d.version > last_sent => {
+                            last_sent = d.version;
+                            if send(delta_msg((*d).clone())).await.is_err() { break; }
+                        }
+                        Ok(_) => {}
+                        Err(broadcast::error::RecvError::Lagged(_)) => {
+                            let snap = {
+                                let f = controller.fabric.lock().expect("fabric lock");
+                                last_sent = f.version();
+                                snapshot_msg(&f)
+                            };
+                            if send(snap).await.is_err() { break; }
+                        }
+                        Err(broadcast::error::RecvError::Closed) => break,
+                    },
+                    msg = inbound.message() => match msg {
+                        Ok(Some(m)) => controller.handle(&node, role, session, m),
+                        Ok(None) | Err(_) => break,
+                    },
+                    _ = tick.tick() => {
+                        let hb = ControllerMessage { kind: Some(controller_message::Kind::Heartbeat(Heartbeat { unix_ms: now_ms() })) };
+                        if send(hb).await.is_err() { break; }
+                    }
+                }
+            }
+            controller.record(&node, session, |r| r.connected = false);
+            info!(node = %node, "agent disconnected");
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// The operator API.
+pub struct ControlService(pub Arc<Controller>);
+
+#[tonic::async_trait]
+impl proto::control::control_server::Control for ControlService {
+    async fn set_link(
+        &self,
+        request: Request<LinkChange>,
+    ) -> Result<Response<ChangeReply>, Status> {
+        let change = request.into_inner();
+        let link = change
+            .link
+            .ok_or_else(|| Status::invalid_argument("no link given"))?;
+        self.0
+            .set_link(&link.a, &link.b, change.down)
+            .map(Response::new)
+            .map_err(to_status)
+    }
+
+    async fn set_switch(
+        &self,
+        request: Request<SwitchChange>,
+    ) -> Result<Response<ChangeReply>, Status> {
+        let change = request.into_inner();
+        self.0
+            .set_switch(&change.name, change.down)
+            .map(Response::new)
+            .map_err(to_status)
+    }
+
+    async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {
+        Ok(Response::new(self.0.status()))
+    }
+}
+
+/// Serves both services on `listener` until `shutdown` resolves. With `tls`, only clients
+/// whose certificate verifies against its client CA get through the handshake.
+pub async fn serve(
+    controller: Arc<Controller>,
+    listener: tokio::net::TcpListener,
+    tls: Option<tonic::transport::ServerTlsConfig>,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls)?;
+    }
+    let channel =
+        proto::channel::channel_server::ChannelServer::new(ChannelService(Arc::clone(&controller)))
+            .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
+    let control = proto::control::control_server::ControlServer::new(ControlService(controller))
+        .max_decoding_message_size(proto::MAX_MESSAGE_BYTES);
+    builder
+        .add_service(channel)
+        .add_service(control)
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            shutdown,
+        )
+        .await
+}

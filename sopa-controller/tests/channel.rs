@@ -1,0 +1,248 @@
+//! The push channel on loopback (no root): snapshot then deltas in order, NACK keeps the old
+//! state, a controller restart brings a fresh snapshot, a version gap resyncs.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use sopa_controller::{
+    client::{self, Applier, ClientConfig},
+    fabric::Fabric,
+    proto::{Delta, Role, Snapshot},
+    server::{self, Controller},
+    view::FabricView,
+};
+use sopa_topology::topology::TopologySpec;
+use tokio::sync::watch;
+
+/// What a test agent saw: ("snapshot" | "delta", epoch, version).
+type Log = Arc<Mutex<Vec<(&'static str, u64, u64)>>>;
+
+struct TestAgent {
+    view: Option<FabricView>,
+    log: Log,
+    /// Versions to refuse once (a failed apply), and to swallow without applying (a lost message).
+    refuse: Vec<u64>,
+    swallow: Vec<u64>,
+}
+
+impl Applier for TestAgent {
+    fn snapshot(&mut self, s: &Snapshot) -> Result<(), String> {
+        let view = FabricView::from_snapshot(s).map_err(|e| e.to_string())?;
+        self.log
+            .lock()
+            .unwrap()
+            .push(("snapshot", s.epoch, s.version));
+        self.view = Some(view);
+        Ok(())
+    }
+
+    fn delta(&mut self, d: &Delta) -> Result<(), (String, bool)> {
+        if let Some(i) = self.refuse.iter().position(|v| *v == d.version) {
+            self.refuse.remove(i);
+            return Err(("injected apply failure".into(), false));
+        }
+        if let Some(i) = self.swallow.iter().position(|v| *v == d.version) {
+            self.swallow.remove(i);
+            return Ok(());
+        }
+        let view = self
+            .view
+            .as_mut()
+            .ok_or(("no snapshot yet".to_owned(), true))?;
+        view.apply_delta(d)
+            .map_err(|e| (e.to_string(), e.needs_resync()))?;
+        self.log.lock().unwrap().push(("delta", d.epoch, d.version));
+        Ok(())
+    }
+
+    fn position(&self) -> (u64, u64) {
+        self.view.as_ref().map_or((0, 0), |v| (v.epoch, v.version))
+    }
+}
+
+/// A controller on a runtime of its own, so that stopping it ends every task it started, as a
+/// process exit would.
+struct Running {
+    controller: Arc<Controller>,
+    addr: std::net::SocketAddr,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+async fn start_controller(epoch: u64, addr: &str) -> Running {
+    let fabric = Fabric::new(TopologySpec::FatTree { k: 4 }, epoch).unwrap();
+    let controller = Controller::new(fabric, Duration::from_millis(200));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let std_listener = std::net::TcpListener::bind(addr).unwrap();
+    std_listener.set_nonblocking(true).unwrap();
+    let addr = std_listener.local_addr().unwrap();
+    let c = Arc::clone(&controller);
+    runtime.spawn(async move {
+        let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
+        server::serve(c, listener, None, std::future::pending())
+            .await
+            .unwrap();
+    });
+    Running {
+        controller,
+        addr,
+        runtime: Some(runtime),
+    }
+}
+
+impl Running {
+    async fn stop(mut self) {
+        self.runtime.take().unwrap().shutdown_background();
+    }
+}
+
+fn spawn_agent(
+    addr: std::net::SocketAddr,
+    node: &str,
+    refuse: Vec<u64>,
+    swallow: Vec<u64>,
+) -> (Log, watch::Sender<bool>) {
+    let log: Log = Arc::default();
+    let mut agent = TestAgent {
+        view: None,
+        log: Arc::clone(&log),
+        refuse,
+        swallow,
+    };
+    let mut cfg = ClientConfig::new(format!("http://{addr}"), node, Role::Host);
+    cfg.heartbeat = Duration::from_millis(200);
+    cfg.min_backoff = Duration::from_millis(100);
+    cfg.max_backoff = Duration::from_millis(400);
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move { client::run(cfg, &mut agent, rx).await });
+    (log, tx)
+}
+
+async fn until(what: &str, mut f: impl FnMut() -> bool) {
+    for _ in 0..500 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn last_version(log: &Log) -> u64 {
+    log.lock().unwrap().last().map_or(0, |e| e.2)
+}
+
+#[tokio::test]
+async fn snapshot_then_deltas_reach_every_agent_in_order() {
+    let c = start_controller(11, "127.0.0.1:0").await;
+    let agents: Vec<_> = (0..3)
+        .map(|i| spawn_agent(c.addr, &format!("h{i}"), vec![], vec![]))
+        .collect();
+    until("every agent's snapshot", || {
+        agents.iter().all(|(log, _)| last_version(log) == 1)
+    })
+    .await;
+    for (a, b, down) in [("e0", "a0", true), ("a0", "c0", true), ("e0", "a0", false)] {
+        c.controller.set_link(a, b, down).unwrap();
+    }
+    until("version 4 everywhere", || {
+        agents.iter().all(|(log, _)| last_version(log) == 4)
+    })
+    .await;
+    for (log, _) in &agents {
+        assert_eq!(
+            *log.lock().unwrap(),
+            [
+                ("snapshot", 11, 1),
+                ("delta", 11, 2),
+                ("delta", 11, 3),
+                ("delta", 11, 4)
+            ]
+        );
+    }
+    until("every ACK recorded", || {
+        c.controller.agents().values().all(|r| r.last_ack == 4)
+    })
+    .await;
+    let status = c.controller.status();
+    assert_eq!(status.agents.len(), 3);
+    assert!(
+        status
+            .agents
+            .iter()
+            .all(|a| a.connected && a.applied_version == 4)
+    );
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn a_nack_keeps_the_last_good_state() {
+    let c = start_controller(12, "127.0.0.1:0").await;
+    let (log, _stop) = spawn_agent(c.addr, "h5", vec![3], vec![]);
+    until("snapshot", || last_version(&log) == 1).await;
+    c.controller.set_link("e0", "a0", true).unwrap();
+    until("version 2", || last_version(&log) == 2).await;
+    c.controller.set_link("e0", "a1", true).unwrap();
+    until("the NACK of 3", || {
+        c.controller.agents()["h5"].last_nack == 3
+    })
+    .await;
+    let record = &c.controller.agents()["h5"];
+    assert_eq!(record.last_error, "injected apply failure");
+    assert_eq!(record.applied_version, 2, "the agent keeps version 2");
+    assert_eq!(last_version(&log), 2);
+    // The next version does not build on what the agent has: it resyncs and catches up.
+    c.controller.set_link("a0", "c0", true).unwrap();
+    until("version 4 after resync", || last_version(&log) == 4).await;
+    let seen: Vec<u64> = log.lock().unwrap().iter().map(|e| e.2).collect();
+    assert_eq!(
+        seen,
+        [1, 2, 3, 4],
+        "the refused version arrives again after the resync"
+    );
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn a_version_gap_triggers_a_resync() {
+    let c = start_controller(13, "127.0.0.1:0").await;
+    let (log, _stop) = spawn_agent(c.addr, "h6", vec![], vec![2]);
+    until("snapshot", || last_version(&log) == 1).await;
+    c.controller.set_link("e0", "a0", true).unwrap(); // version 2: lost on the way
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    c.controller.set_link("e0", "a1", true).unwrap(); // version 3: a gap
+    until("version 3", || last_version(&log) == 3).await;
+    let seen: Vec<(&str, u64)> = log.lock().unwrap().iter().map(|e| (e.0, e.2)).collect();
+    assert_eq!(
+        seen,
+        [("snapshot", 1), ("delta", 2), ("delta", 3)],
+        "resync by the deltas it lacked"
+    );
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn a_restarted_controller_sends_a_fresh_snapshot() {
+    let c = start_controller(14, "127.0.0.1:0").await;
+    let addr = c.addr;
+    let (log, _stop) = spawn_agent(addr, "h7", vec![], vec![]);
+    until("snapshot", || last_version(&log) == 1).await;
+    c.controller.set_link("e0", "a0", true).unwrap();
+    until("version 2", || last_version(&log) == 2).await;
+    c.stop().await;
+    // Away for a while: the agent keeps its state and retries with backoff.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(last_version(&log), 2);
+    let c = start_controller(15, &addr.to_string()).await;
+    until("the new epoch's snapshot", || {
+        log.lock().unwrap().last().is_some_and(|e| e.1 == 15)
+    })
+    .await;
+    assert_eq!(*log.lock().unwrap().last().unwrap(), ("snapshot", 15, 1));
+    c.stop().await;
+}
