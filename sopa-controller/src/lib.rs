@@ -5,4 +5,5 @@ pub mod client;
 pub mod fabric;
 pub mod proto;
 pub mod server;
+pub mod tls;
 pub mod view;

@@ -1,0 +1,154 @@
+//! Shared by the channel suites: a controller on a runtime of its own and recording agents.
+#![allow(dead_code)]
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use sopa_controller::{
+    client::{self, Applier, ClientConfig},
+    fabric::Fabric,
+    proto::{Delta, Role, Snapshot},
+    server::{self, Controller},
+    view::FabricView,
+};
+use sopa_topology::topology::TopologySpec;
+use tokio::sync::watch;
+use tonic::transport::{ClientTlsConfig, ServerTlsConfig};
+
+/// What a test agent saw: ("snapshot" | "delta", epoch, version).
+pub type Log = Arc<Mutex<Vec<(&'static str, u64, u64)>>>;
+
+pub struct TestAgent {
+    view: Option<FabricView>,
+    log: Log,
+    /// Versions to refuse once (a failed apply), and to swallow without applying (a lost message).
+    refuse: Vec<u64>,
+    swallow: Vec<u64>,
+}
+
+impl Applier for TestAgent {
+    fn snapshot(&mut self, s: &Snapshot) -> Result<(), String> {
+        let view = FabricView::from_snapshot(s).map_err(|e| e.to_string())?;
+        self.log
+            .lock()
+            .unwrap()
+            .push(("snapshot", s.epoch, s.version));
+        self.view = Some(view);
+        Ok(())
+    }
+
+    fn delta(&mut self, d: &Delta) -> Result<(), (String, bool)> {
+        if let Some(i) = self.refuse.iter().position(|v| *v == d.version) {
+            self.refuse.remove(i);
+            return Err(("injected apply failure".into(), false));
+        }
+        if let Some(i) = self.swallow.iter().position(|v| *v == d.version) {
+            self.swallow.remove(i);
+            return Ok(());
+        }
+        let view = self
+            .view
+            .as_mut()
+            .ok_or(("no snapshot yet".to_owned(), true))?;
+        view.apply_delta(d)
+            .map_err(|e| (e.to_string(), e.needs_resync()))?;
+        self.log.lock().unwrap().push(("delta", d.epoch, d.version));
+        Ok(())
+    }
+
+    fn position(&self) -> (u64, u64) {
+        self.view.as_ref().map_or((0, 0), |v| (v.epoch, v.version))
+    }
+}
+
+/// A controller on a runtime of its own, so that stopping it ends every task it started, as a
+/// process exit would.
+pub struct Running {
+    pub controller: Arc<Controller>,
+    pub addr: std::net::SocketAddr,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+pub async fn start_controller(epoch: u64, addr: &str) -> Running {
+    start_controller_tls(epoch, addr, None).await
+}
+
+pub async fn start_controller_tls(epoch: u64, addr: &str, tls: Option<ServerTlsConfig>) -> Running {
+    let fabric = Fabric::new(TopologySpec::FatTree { k: 4 }, epoch).unwrap();
+    let controller = Controller::new(fabric, Duration::from_millis(200));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let std_listener = std::net::TcpListener::bind(addr).unwrap();
+    std_listener.set_nonblocking(true).unwrap();
+    let addr = std_listener.local_addr().unwrap();
+    let c = Arc::clone(&controller);
+    runtime.spawn(async move {
+        let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
+        server::serve(c, listener, tls, std::future::pending())
+            .await
+            .unwrap();
+    });
+    Running {
+        controller,
+        addr,
+        runtime: Some(runtime),
+    }
+}
+
+impl Running {
+    pub async fn stop(mut self) {
+        self.runtime.take().unwrap().shutdown_background();
+    }
+}
+
+pub fn spawn_agent(
+    addr: std::net::SocketAddr,
+    node: &str,
+    refuse: Vec<u64>,
+    swallow: Vec<u64>,
+) -> (Log, watch::Sender<bool>) {
+    spawn_agent_with(&format!("http://{addr}"), node, None, refuse, swallow)
+}
+
+pub fn spawn_agent_with(
+    endpoint: &str,
+    node: &str,
+    tls: Option<ClientTlsConfig>,
+    refuse: Vec<u64>,
+    swallow: Vec<u64>,
+) -> (Log, watch::Sender<bool>) {
+    let log: Log = Arc::default();
+    let mut agent = TestAgent {
+        view: None,
+        log: Arc::clone(&log),
+        refuse,
+        swallow,
+    };
+    let mut cfg = ClientConfig::new(endpoint, node, Role::Host);
+    cfg.tls = tls;
+    cfg.heartbeat = Duration::from_millis(200);
+    cfg.min_backoff = Duration::from_millis(100);
+    cfg.max_backoff = Duration::from_millis(400);
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move { client::run(cfg, &mut agent, rx).await });
+    (log, tx)
+}
+
+pub async fn until(what: &str, mut f: impl FnMut() -> bool) {
+    for _ in 0..500 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+pub fn last_version(log: &Log) -> u64 {
+    log.lock().unwrap().last().map_or(0, |e| e.2)
+}
