@@ -18,10 +18,10 @@ use crate::proto::{
 /// What an agent does with the controller's messages.
 pub trait Applier: Send {
     /// Applies a snapshot completely or not at all.
-    fn snapshot(&mut self, snapshot: &Snapshot) -> Result<(), String>;
+    fn snapshot(&mut self, snapshot: &Snapshot) -> impl Future<Output = Result<(), String>> + Send;
     /// Applies a delta completely or not at all; `Err((error, resync))`, where `resync` asks
     /// for a fresh snapshot (a version gap or another epoch).
-    fn delta(&mut self, delta: &Delta) -> Result<(), (String, bool)>;
+    fn delta(&mut self, delta: &Delta) -> impl Future<Output = Result<(), (String, bool)>> + Send;
     /// (epoch, version) last applied; (0, 0) for nothing.
     fn position(&self) -> (u64, u64);
     /// The channel came up or went down.
@@ -88,9 +88,9 @@ enum End {
 }
 
 /// Runs the channel until `shutdown` turns true.
-pub async fn run(
+pub async fn run<A: Applier>(
     cfg: ClientConfig,
-    applier: &mut dyn Applier,
+    applier: &mut A,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut attempt = 0u32;
@@ -120,9 +120,9 @@ pub async fn run(
     }
 }
 
-async fn session(
+async fn session<A: Applier>(
     cfg: &ClientConfig,
-    applier: &mut dyn Applier,
+    applier: &mut A,
     shutdown: &mut watch::Receiver<bool>,
 ) -> End {
     let mut endpoint = match Endpoint::from_shared(cfg.endpoint.clone()) {
@@ -189,11 +189,11 @@ async fn session(
                 };
                 last_heard = tokio::time::Instant::now();
                 let reply = match msg.kind {
-                    Some(controller_message::Kind::Snapshot(s)) => Some(match applier.snapshot(&s) {
+                    Some(controller_message::Kind::Snapshot(s)) => Some(match applier.snapshot(&s).await {
                         Ok(()) => ack(s.epoch, s.version),
                         Err(e) => nack(s.epoch, s.version, e),
                     }),
-                    Some(controller_message::Kind::Delta(d)) => match applier.delta(&d) {
+                    Some(controller_message::Kind::Delta(d)) => match applier.delta(&d).await {
                         Ok(()) => Some(ack(d.epoch, d.version)),
                         Err((e, resync)) => {
                             let _ = tx.send(nack(d.epoch, d.version, e.clone())).await;

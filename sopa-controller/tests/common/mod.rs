@@ -29,7 +29,7 @@ pub struct TestAgent {
 }
 
 impl Applier for TestAgent {
-    fn snapshot(&mut self, s: &Snapshot) -> Result<(), String> {
+    async fn snapshot(&mut self, s: &Snapshot) -> Result<(), String> {
         let view = FabricView::from_snapshot(s).map_err(|e| e.to_string())?;
         self.log
             .lock()
@@ -39,7 +39,7 @@ impl Applier for TestAgent {
         Ok(())
     }
 
-    fn delta(&mut self, d: &Delta) -> Result<(), (String, bool)> {
+    async fn delta(&mut self, d: &Delta) -> Result<(), (String, bool)> {
         if let Some(i) = self.refuse.iter().position(|v| *v == d.version) {
             self.refuse.remove(i);
             return Err(("injected apply failure".into(), false));

@@ -1,5 +1,6 @@
 //! `sopactl`: the operator CLI of SOPA.
 
+mod fabric;
 mod topo;
 
 use std::process::ExitCode;
@@ -19,18 +20,48 @@ enum Command {
     /// Fabric models: properties, cost, candidate paths, the MODRIC paper's tables.
     #[command(subcommand)]
     Topo(topo::TopoCommand),
+    /// Take a link down or bring it up (pushed to every agent as a new version).
+    Link {
+        #[command(flatten)]
+        conn: fabric::Connection,
+        /// down or up.
+        state: fabric::State,
+        a: String,
+        b: String,
+    },
+    /// Take a switch down or bring it up.
+    Switch {
+        #[command(flatten)]
+        conn: fabric::Connection,
+        state: fabric::State,
+        name: String,
+    },
+    /// Every agent: role, applied version, last ACK/NACK, connection state.
+    Status {
+        #[command(flatten)]
+        conn: fabric::Connection,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Certificates for the channel's mutual TLS.
+    #[command(subcommand)]
+    Certs(fabric::CertsCommand),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Topo(cmd) => topo::run(cmd),
+        Command::Link { conn, state, a, b } => fabric::link(&conn, state, &a, &b),
+        Command::Switch { conn, state, name } => fabric::switch(&conn, state, &name),
+        Command::Status { conn, json } => fabric::status(&conn, json),
+        Command::Certs(cmd) => fabric::certs(cmd),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("sopactl: {err:#}");
-            // Bad flags and topologies are configuration errors (sysexits' EX_USAGE family).
+            // Bad flags, topologies and refused changes are usage errors (sysexits' EX_USAGE).
             ExitCode::from(64)
         }
     }

@@ -1,0 +1,209 @@
+//! `sopactl link | switch | status | certs`: the operator's side of the controller.
+
+use std::path::PathBuf;
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use sopa_controller::{
+    client::source_chain,
+    proto::{
+        LinkChange, LinkRef, Role, StatusRequest, SwitchChange,
+        control::control_client::ControlClient,
+    },
+    tls,
+};
+use tonic::transport::{Channel, Endpoint};
+
+#[derive(Args)]
+pub struct Connection {
+    /// The controller, e.g. https://sopa-controller:7470.
+    #[arg(
+        long,
+        env = "SOPA_CONTROLLER",
+        default_value = "https://127.0.0.1:7470"
+    )]
+    controller: String,
+    /// Certificate folder (ca.pem, agent.pem, agent.key) from `sopactl certs init`.
+    #[arg(long, env = "SOPA_CERTS")]
+    certs: Option<PathBuf>,
+    /// The name in the controller's certificate.
+    #[arg(long, env = "SOPA_CONTROLLER_NAME", default_value = tls::CONTROLLER_NAME)]
+    controller_name: String,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum State {
+    Down,
+    Up,
+}
+
+#[derive(Subcommand)]
+pub enum CertsCommand {
+    /// Create a CA and controller and agent certificates in DIR (never overwrites).
+    Init {
+        dir: PathBuf,
+        /// Names and addresses the controller's certificate is valid for (repeatable).
+        #[arg(long = "controller-name")]
+        names: Vec<String>,
+    },
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+async fn connect(c: &Connection) -> Result<ControlClient<Channel>> {
+    let mut endpoint = Endpoint::from_shared(c.controller.clone())
+        .with_context(|| format!("--controller {}", c.controller))?
+        .connect_timeout(std::time::Duration::from_secs(5));
+    if c.controller.starts_with("https://") {
+        let dir = c
+            .certs
+            .as_ref()
+            .context("an https controller needs --certs DIR (or SOPA_CERTS)")?;
+        endpoint = endpoint.tls_config(tls::client_config(dir, &c.controller_name)?)?;
+    } else if c.certs.is_some() {
+        bail!("--certs given for a plaintext (http://) controller; use https://");
+    }
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| anyhow::anyhow!("connecting to {}: {}", c.controller, source_chain(&e)))?;
+    if c.controller.starts_with("http://") {
+        eprintln!(
+            "sopactl: plaintext to {}; if the controller serves TLS, use https:// with --certs",
+            c.controller
+        );
+    }
+    Ok(ControlClient::new(channel))
+}
+
+fn word(s: State) -> &'static str {
+    match s {
+        State::Down => "down",
+        State::Up => "up",
+    }
+}
+
+pub fn link(c: &Connection, state: State, a: &str, b: &str) -> Result<()> {
+    runtime().block_on(async {
+        let reply = connect(c)
+            .await?
+            .set_link(LinkChange {
+                link: Some(LinkRef {
+                    a: a.into(),
+                    b: b.into(),
+                }),
+                down: matches!(state, State::Down),
+            })
+            .await
+            .map_err(|s| anyhow::anyhow!("link {a} {b}: {}", s.message()))?
+            .into_inner();
+        let what = if reply.changed { "now" } else { "already" };
+        println!(
+            "link {a}:{b} {what} {} (version {})",
+            word(state),
+            reply.version
+        );
+        Ok(())
+    })
+}
+
+pub fn switch(c: &Connection, state: State, name: &str) -> Result<()> {
+    runtime().block_on(async {
+        let reply = connect(c)
+            .await?
+            .set_switch(SwitchChange {
+                name: name.into(),
+                down: matches!(state, State::Down),
+            })
+            .await
+            .map_err(|s| anyhow::anyhow!("switch {name}: {}", s.message()))?
+            .into_inner();
+        let what = if reply.changed { "now" } else { "already" };
+        println!(
+            "switch {name} {what} {} (version {})",
+            word(state),
+            reply.version
+        );
+        Ok(())
+    })
+}
+
+pub fn status(c: &Connection, json: bool) -> Result<()> {
+    runtime().block_on(async {
+        let s = connect(c)
+            .await?
+            .status(StatusRequest {})
+            .await
+            .map_err(|s| anyhow::anyhow!("status: {}", s.message()))?
+            .into_inner();
+        if json {
+            let agents: Vec<_> = s
+                .agents
+                .iter()
+                .map(|a| {
+                    serde_json::json!({
+                        "node": a.node, "role": role(a.role), "connected": a.connected,
+                        "applied_version": a.applied_version, "last_ack": a.last_ack,
+                        "last_nack": a.last_nack, "last_error": a.last_error, "agent_version": a.agent_version,
+                    })
+                })
+                .collect();
+            let down: Vec<String> = s.down_links.iter().map(|l| format!("{}:{}", l.a, l.b)).collect();
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&serde_json::json!({
+                    "epoch": s.epoch, "version": s.version, "topology": serde_json::from_str::<serde_json::Value>(&s.topology).unwrap_or_default(),
+                    "down_links": down, "down_switches": s.down_switches, "agents": agents,
+                }))?
+            );
+            return Ok(());
+        }
+        println!("controller epoch {:x}, version {}, topology {}", s.epoch, s.version, s.topology);
+        let down: Vec<String> = s.down_links.iter().map(|l| format!("{}:{}", l.a, l.b)).collect();
+        println!(
+            "down: links [{}], switches [{}]",
+            down.join(", "),
+            s.down_switches.join(", ")
+        );
+        println!("{:<24} {:<7} {:<13} {:>8} {:>8} {:>9}  last error", "agent", "role", "state", "applied", "ack", "nack");
+        for a in &s.agents {
+            let state = if a.connected { "connected" } else { "disconnected" };
+            println!(
+                "{:<24} {:<7} {:<13} {:>8} {:>8} {:>9}  {}",
+                a.node, role(a.role), state, a.applied_version, a.last_ack, a.last_nack, a.last_error
+            );
+        }
+        Ok(())
+    })
+}
+
+fn role(r: i32) -> &'static str {
+    match Role::try_from(r) {
+        Ok(Role::Host) => "host",
+        Ok(Role::Switch) => "switch",
+        _ => "?",
+    }
+}
+
+pub fn certs(cmd: CertsCommand) -> Result<()> {
+    match cmd {
+        CertsCommand::Init { dir, names } => {
+            let mut opts = tls::InitOptions::default();
+            if !names.is_empty() {
+                opts.controller_names = names;
+            }
+            for path in tls::init(&dir, &opts)? {
+                println!("wrote {}", path.display());
+            }
+            println!(
+                "keep ca.key offline; give agents ca.pem, agent.pem and agent.key, the controller ca.pem, controller.pem and controller.key"
+            );
+            Ok(())
+        }
+    }
+}

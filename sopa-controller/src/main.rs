@@ -1,0 +1,103 @@
+//! `sopa-controller`: owns the fabric's topology and link states and pushes them to every agent.
+
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
+
+use anyhow::{Context as _, Result};
+use clap::Parser;
+use sopa_controller::{
+    fabric::Fabric,
+    server::{self, Controller},
+    tls,
+};
+use tracing::{info, warn};
+use tracing_subscriber::EnvFilter;
+
+/// SOPA controller: serves the topology, every link and switch state, and each change as a
+/// new version over an mTLS gRPC stream to every agent.
+#[derive(Parser)]
+#[command(version, about)]
+struct Args {
+    /// Topology spec (TOML: `[topology] kind = "fat-tree", k = 4` or `kind = "modric", ...`).
+    #[arg(long, env = "SOPA_TOPOLOGY")]
+    topology: PathBuf,
+    /// Address to serve agents and operators on.
+    #[arg(long, env = "SOPA_LISTEN", default_value = "0.0.0.0:7470")]
+    listen: SocketAddr,
+    /// Certificate folder from `sopactl certs init` (ca.pem, controller.pem, controller.key).
+    #[arg(long, env = "SOPA_CERTS", required_unless_present = "insecure")]
+    certs: Option<PathBuf>,
+    /// Serve plaintext, accepting any client. For tests only.
+    #[arg(long, env = "SOPA_INSECURE", conflicts_with = "certs")]
+    insecure: bool,
+    /// Heartbeat interval; agents consider the controller gone after three silent ones.
+    #[arg(long, env = "SOPA_HEARTBEAT_MS", default_value_t = 1000)]
+    heartbeat_ms: u64,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_env("SOPA_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("sopa-controller: {err:#}");
+            ExitCode::from(64)
+        }
+    }
+}
+
+/// An epoch unique to this run: agents that see a new one start from a snapshot.
+fn epoch() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    (t ^ (u64::from(std::process::id()) << 40)) | 1
+}
+
+async fn run(args: Args) -> Result<()> {
+    if args.heartbeat_ms == 0 {
+        anyhow::bail!("--heartbeat-ms must be at least 1");
+    }
+    let fabric = Fabric::load(&args.topology, epoch())?;
+    let tls = match &args.certs {
+        Some(dir) => {
+            Some(tls::server_config(dir).with_context(|| format!("--certs {}", dir.display()))?)
+        }
+        None => {
+            warn!("--insecure: serving plaintext and accepting unauthenticated agents");
+            None
+        }
+    };
+    let name = fabric.topology().name();
+    let controller = Controller::new(fabric, Duration::from_millis(args.heartbeat_ms));
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding --listen {}", args.listen))?;
+    info!(topology = %name, listen = %args.listen, tls = args.certs.is_some(), "controller serving");
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serve = server::serve(controller, listener, tls, async {
+        let _ = stopped.await;
+    });
+    tokio::pin!(serve);
+    tokio::select! {
+        result = &mut serve => result.context("serving")?,
+        _ = tokio::signal::ctrl_c() => info!("SIGINT"),
+        _ = sigterm.recv() => info!("SIGTERM"),
+    }
+    // Agents' streams never end by themselves: give requests a moment, then exit (agents keep
+    // their state and reconnect to the next controller).
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(2), serve).await;
+    Ok(())
+}
