@@ -55,6 +55,21 @@ pub struct Record {
     pub xdp_mode: String,
     pub started_unix: u64,
     pub changes: Vec<Change>,
+    /// Set when the paths come from a controller.
+    #[serde(default)]
+    pub controller: Option<ControllerState>,
+}
+
+/// The push channel as the agent last saw it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControllerState {
+    pub endpoint: String,
+    pub connected: bool,
+    pub epoch: u64,
+    pub version: u64,
+    /// Unix time of the last connect or disconnect.
+    pub since_unix: u64,
+    pub last_error: String,
 }
 
 impl Record {
@@ -119,6 +134,11 @@ impl Journal {
         fs::write(&tmp, bytes)
             .and_then(|()| fs::rename(&tmp, &self.path))
             .map_err(|err| Error::io(format!("writing {}", self.path.display()), err))
+    }
+
+    pub fn set_controller(&mut self, state: ControllerState) -> Result<()> {
+        self.record.controller = Some(state);
+        self.persist()
     }
 
     /// Records a change that has just been made.

@@ -2,6 +2,7 @@
 //! (tcp_reordering, fabric route MTUs, GSO granularity), all undone on exit.
 
 use std::{
+    collections::HashSet,
     net::SocketAddr,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
@@ -18,7 +19,7 @@ use crate::{
     error::{Error, Result},
     metrics,
     netlink::{self, Netlink},
-    path_table::PathTable,
+    path_table::{PathTable, Prefix},
     status::mode_name,
     sysctl,
 };
@@ -141,6 +142,11 @@ pub struct Host {
     journal: Option<Journal>,
     netlink: Netlink,
     metrics: Option<tokio::task::JoinHandle<()>>,
+    link: netlink::Link,
+    iface: String,
+    lower_route_mtu: bool,
+    /// Fabric prefixes whose route MTU has been seen to.
+    mtu_done: HashSet<Prefix>,
 }
 
 impl Host {
@@ -183,9 +189,11 @@ impl Host {
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
             changes: Vec::new(),
+            controller: None,
         };
         let mut journal = Journal::create(&run_dir, record)?;
-        match Self::setup(opts, &link, xdp_mode, &netlink, &mut journal).await {
+        let mut mtu_done = HashSet::new();
+        match Self::setup(opts, &link, xdp_mode, &netlink, &mut journal, &mut mtu_done).await {
             Ok((datapath, maps, metrics)) => {
                 info!(
                     node = %opts.node,
@@ -200,6 +208,10 @@ impl Host {
                     journal: Some(journal),
                     netlink,
                     metrics,
+                    link,
+                    iface: opts.iface.clone(),
+                    lower_route_mtu: opts.lower_route_mtu,
+                    mtu_done,
                 })
             }
             Err(err) => {
@@ -217,6 +229,7 @@ impl Host {
         xdp_mode: XdpMode,
         netlink: &Netlink,
         journal: &mut Journal,
+        mtu_done: &mut HashSet<Prefix>,
     ) -> Result<(
         Datapath,
         Arc<Mutex<MapSet>>,
@@ -234,7 +247,15 @@ impl Host {
         maps.apply_paths(&opts.paths)?;
 
         if opts.lower_route_mtu {
-            lower_route_mtus(opts, link, netlink, journal).await?;
+            lower_route_mtus(
+                opts.paths.destinations.keys(),
+                &opts.iface,
+                link,
+                netlink,
+                journal,
+                mtu_done,
+            )
+            .await?;
         }
 
         let old = sysctl::read(sysctl::TCP_REORDERING)?;
@@ -274,6 +295,58 @@ impl Host {
         Arc::clone(&self.maps)
     }
 
+    /// Installs `table` as the datapath's whole path table (make-before-break), first giving
+    /// new fabric prefixes their lowered route MTU. Used when the controller pushes paths.
+    pub async fn apply_table(&mut self, table: &PathTable) -> Result<()> {
+        self.prepare_routes(table.destinations.keys()).await?;
+        self.maps.lock().expect("maps lock").apply_paths(table)
+    }
+
+    /// Rewrites the path sets of some prefixes only (each one atomically).
+    pub async fn update_prefixes(&mut self, changed: &PathTable) -> Result<()> {
+        self.prepare_routes(changed.destinations.keys()).await?;
+        let mut maps = self.maps.lock().expect("maps lock");
+        for (prefix, hops) in &changed.destinations {
+            maps.set_paths(prefix, hops)?;
+        }
+        Ok(())
+    }
+
+    async fn prepare_routes<'a>(
+        &mut self,
+        prefixes: impl Iterator<Item = &'a Prefix>,
+    ) -> Result<()> {
+        if !self.lower_route_mtu {
+            return Ok(());
+        }
+        let new: Vec<&Prefix> = prefixes.filter(|p| !self.mtu_done.contains(p)).collect();
+        if new.is_empty() {
+            return Ok(());
+        }
+        let journal = self
+            .journal
+            .as_mut()
+            .expect("a running host has its journal");
+        lower_route_mtus(
+            new.into_iter(),
+            &self.iface,
+            &self.link,
+            &self.netlink,
+            journal,
+            &mut self.mtu_done,
+        )
+        .await
+    }
+
+    /// Records the controller channel's state where `sopa-agent status` reads it.
+    pub fn set_controller_state(&mut self, state: crate::changes::ControllerState) {
+        if let Some(journal) = self.journal.as_mut()
+            && let Err(err) = journal.set_controller(state)
+        {
+            warn!(%err, "recording the controller state");
+        }
+    }
+
     /// Detaches the programs and restores every host setting the agent changed.
     pub async fn stop(mut self) -> Vec<Error> {
         if let Some(metrics) = self.metrics.take() {
@@ -290,15 +363,18 @@ impl Host {
 /// Makes every fabric prefix's route carry `mtu lock <dev mtu - 4>`, so a full-size packet
 /// still fits once stamped (routers drop the 1504-byte packet otherwise: DF is set and the
 /// sender's cached PMTU ignores frag-needed).
-async fn lower_route_mtus(
-    opts: &HostOptions,
+async fn lower_route_mtus<'a>(
+    prefixes: impl Iterator<Item = &'a Prefix>,
+    iface: &str,
     link: &netlink::Link,
     netlink: &Netlink,
     journal: &mut Journal,
+    done: &mut HashSet<Prefix>,
 ) -> Result<()> {
     let routes = netlink.routes().await?;
     let mtu = link.mtu.saturating_sub(OPTION_BYTES);
-    for prefix in opts.paths.destinations.keys() {
+    for prefix in prefixes {
+        done.insert(*prefix);
         let Some(route) = netlink::covering_route(&routes, prefix) else {
             return Err(Error::Config(format!(
                 "no route to fabric prefix {prefix} in the main table; add the route to the \
@@ -306,7 +382,7 @@ async fn lower_route_mtus(
             )));
         };
         if route.oif != Some(link.index) {
-            warn!(%prefix, "fabric prefix is not routed through {}; packets to it leave unstamped", opts.iface);
+            warn!(%prefix, "fabric prefix is not routed through {iface}; packets to it leave unstamped");
             continue;
         }
         if route.multipath {

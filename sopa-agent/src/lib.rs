@@ -2,6 +2,7 @@
 //! the datapath needs (and restores them), and exports what the datapath counts.
 
 pub mod changes;
+pub mod channel;
 pub mod datapath;
 pub mod error;
 pub mod host;

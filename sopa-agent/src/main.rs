@@ -5,10 +5,12 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 use clap::{Parser, Subcommand};
 use sopa_agent::{
     Error,
+    channel::HostApplier,
     host::{self, Granularity, Host, HostOptions, XdpAttach},
     path_table::PathTable,
     status,
 };
+use sopa_controller::{client::ClientConfig, proto::Role};
 use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
 
@@ -65,9 +67,33 @@ struct RunArgs {
     /// The host's fabric interface.
     #[arg(long, env = "SOPA_IFACE")]
     iface: String,
-    /// TOML path table: destination prefix -> candidate paths.
-    #[arg(long, env = "SOPA_PATHS")]
-    paths: PathBuf,
+    /// TOML path table: destination prefix -> candidate paths (offline mode).
+    #[arg(
+        long,
+        env = "SOPA_PATHS",
+        required_unless_present = "controller",
+        conflicts_with = "controller"
+    )]
+    paths: Option<PathBuf>,
+    /// The controller (https://HOST:7470): paths come from the topology it pushes, and this
+    /// agent's --node must be a host of that topology.
+    #[arg(long, env = "SOPA_CONTROLLER")]
+    controller: Option<String>,
+    /// Certificate folder (ca.pem, agent.pem, agent.key) for the controller's mutual TLS.
+    #[arg(long, env = "SOPA_CERTS", conflicts_with = "insecure")]
+    certs: Option<PathBuf>,
+    /// Talk to the controller in plaintext (http://). For tests only.
+    #[arg(long, env = "SOPA_INSECURE")]
+    insecure: bool,
+    /// The name in the controller's certificate.
+    #[arg(long, env = "SOPA_CONTROLLER_NAME", default_value = sopa_controller::tls::CONTROLLER_NAME)]
+    controller_name: String,
+    /// This host's name in the controller's topology (e.g. h0); defaults to --node.
+    #[arg(long, env = "SOPA_HOST")]
+    host: Option<String>,
+    /// Heartbeat interval on the channel (the controller is gone after three silent ones).
+    #[arg(long, env = "SOPA_HEARTBEAT_MS", default_value_t = 1000)]
+    heartbeat_ms: u64,
     /// Path selection: sopa (per-flow round-robin), rps (random per packet), ecmp (5-tuple
     /// hash), off.
     #[arg(long, env = "SOPA_MODE", default_value = "sopa")]
@@ -100,6 +126,44 @@ fn default_node() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_else(|_| "localhost".into())
+}
+
+/// The channel settings of `run --controller URL`; configuration errors before anything runs.
+fn channel_config(args: &RunArgs, url: &str) -> Result<ClientConfig, Error> {
+    let mut cfg = ClientConfig::new(url, &args.node.node, Role::Host);
+    if args.heartbeat_ms == 0 {
+        return Err(Error::Config("--heartbeat-ms must be at least 1".into()));
+    }
+    cfg.heartbeat = Duration::from_millis(args.heartbeat_ms);
+    match (
+        url.split_once("://").map(|(s, _)| s),
+        &args.certs,
+        args.insecure,
+    ) {
+        (Some("https"), Some(dir), false) => {
+            cfg.tls = Some(
+                sopa_controller::tls::client_config(dir, &args.controller_name)
+                    .map_err(|e| Error::Config(format!("--certs {}: {e}", dir.display())))?,
+            );
+        }
+        (Some("https"), None, _) => {
+            return Err(Error::Config(format!(
+                "--controller {url} needs --certs DIR (ca.pem, agent.pem, agent.key from `sopactl certs init`)"
+            )));
+        }
+        (Some("http"), _, true) => warn!("--insecure: talking to the controller in plaintext"),
+        (Some("http"), _, false) => {
+            return Err(Error::Config(format!(
+                "--controller {url} is plaintext; use https:// with --certs, or pass --insecure for tests"
+            )));
+        }
+        _ => {
+            return Err(Error::Config(format!(
+                "--controller {url:?} is not an http:// or https:// address"
+            )));
+        }
+    }
+    Ok(cfg)
 }
 
 /// How long teardown may take before the agent gives up on it.
@@ -184,12 +248,23 @@ async fn dispatch(command: Command) -> Result<(), Error> {
 }
 
 async fn run(args: RunArgs) -> Result<(), Error> {
+    let channel = match &args.controller {
+        None => None,
+        Some(url) => Some(channel_config(&args, url)?),
+    };
+    let (paths, paths_file) = match &args.paths {
+        Some(file) => (
+            PathTable::load(file)?,
+            Some(std::path::absolute(file).unwrap_or(file.clone())),
+        ),
+        None => (PathTable::default(), None),
+    };
     let opts = HostOptions {
         mode: status::parse_mode(&args.mode)?,
-        paths: PathTable::load(&args.paths)?,
-        paths_file: Some(std::path::absolute(&args.paths).unwrap_or(args.paths.clone())),
-        node: args.node.node,
-        iface: args.iface,
+        paths,
+        paths_file,
+        node: args.node.node.clone(),
+        iface: args.iface.clone(),
         granularity: args.granularity,
         xdp: args.xdp_mode,
         tcp_reordering: args.tcp_reordering,
@@ -199,11 +274,29 @@ async fn run(args: RunArgs) -> Result<(), Error> {
     };
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|err| Error::io("installing the SIGTERM handler", err))?;
-    let host = Host::start(&opts).await?;
-    info!("running; SIGINT or SIGTERM detaches and restores");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => info!("SIGINT"),
-        _ = sigterm.recv() => info!("SIGTERM"),
+    let mut host = Host::start(&opts).await?;
+    let signal = async {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => info!("SIGINT"),
+            _ = sigterm.recv() => info!("SIGTERM"),
+        }
+    };
+    match channel {
+        None => {
+            info!("running; SIGINT or SIGTERM detaches and restores");
+            signal.await;
+        }
+        Some(cfg) => {
+            info!(controller = %cfg.endpoint, node = %cfg.node, "running with paths from the controller");
+            let endpoint = cfg.endpoint.clone();
+            let (_stop, stopped) = tokio::sync::watch::channel(false);
+            let fabric_host = args.host.clone().unwrap_or_else(|| opts.node.clone());
+            let mut applier = HostApplier::new(&mut host, &fabric_host, &endpoint);
+            tokio::select! {
+                _ = sopa_controller::client::run(cfg, &mut applier, stopped) => {}
+                _ = signal => {}
+            }
+        }
     }
     match tokio::time::timeout(GRACE, host.stop()).await {
         Ok(errors) if errors.is_empty() => {

@@ -53,6 +53,8 @@ pub struct Status {
     pub hop1: BTreeMap<String, u64>,
     pub reordered_fraction: f64,
     pub changes: Vec<crate::changes::Change>,
+    /// The push channel, when the paths come from a controller.
+    pub controller: Option<crate::changes::ControllerState>,
 }
 
 fn hop_label(v: usize) -> String {
@@ -130,6 +132,7 @@ pub fn read(node: &str, run_dir: &Path, pin_dir: &Path) -> Result<Status> {
             reordered as f64 / data as f64
         },
         changes: record.changes,
+        controller: record.controller,
     })
 }
 
@@ -211,6 +214,26 @@ impl Status {
             100.0 * self.reordered_fraction,
             self.strip["tcp_data"]
         );
+        if let Some(c) = &self.controller {
+            let state = if c.connected {
+                "connected".to_owned()
+            } else {
+                "DISCONNECTED (forwarding with the last good paths)".to_owned()
+            };
+            let _ = writeln!(
+                s,
+                "controller {}: {state} since {}, epoch {:x} version {}{}",
+                c.endpoint,
+                c.since_unix,
+                c.epoch,
+                c.version,
+                if c.last_error.is_empty() {
+                    String::new()
+                } else {
+                    format!(", last error: {}", c.last_error)
+                }
+            );
+        }
         let _ = writeln!(s, "host changes to restore on exit: {}", self.changes.len());
         s
     }

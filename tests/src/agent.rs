@@ -24,12 +24,53 @@ impl Agent {
         paths_toml: &str,
         args: &[&str],
     ) -> Result<Self> {
-        let dir = std::env::temp_dir().join(format!("sopa-testbed-{node}"));
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+        let dir = Self::dir(node)?;
         let paths = dir.join("paths.toml");
         std::fs::write(&paths, paths_toml).map_err(|e| Error::io("writing the path table", e))?;
         let paths = paths.display().to_string();
+        let mut source = vec!["--paths", paths.as_str()];
+        source.extend_from_slice(args);
+        Self::spawn(ns, node, iface, &source, dir)
+    }
+
+    /// Starts an agent whose paths come from the controller at `controller` (plaintext), as
+    /// topology host `host`.
+    pub fn start_with_controller(
+        ns: &NetNs,
+        node: &str,
+        host: &str,
+        iface: &str,
+        controller: &str,
+        args: &[&str],
+    ) -> Result<Self> {
+        let dir = Self::dir(node)?;
+        let mut source = vec![
+            "--controller",
+            controller,
+            "--insecure",
+            "--host",
+            host,
+            "--heartbeat-ms",
+            "200",
+        ];
+        source.extend_from_slice(args);
+        Self::spawn(ns, node, iface, &source, dir)
+    }
+
+    fn dir(node: &str) -> Result<std::path::PathBuf> {
+        let dir = std::env::temp_dir().join(format!("sopa-testbed-{node}"));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+        Ok(dir)
+    }
+
+    fn spawn(
+        ns: &NetNs,
+        node: &str,
+        iface: &str,
+        source: &[&str],
+        dir: std::path::PathBuf,
+    ) -> Result<Self> {
         let mut full = vec![
             "--netns",
             ns.name(),
@@ -38,10 +79,8 @@ impl Agent {
             node,
             "--iface",
             iface,
-            "--paths",
-            &paths,
         ];
-        full.extend_from_slice(args);
+        full.extend_from_slice(source);
         let process = Process::spawn(None, &bins::sopa_agent(), &full, &dir.join("agent.log"))?;
         let mut agent = Self {
             node: node.to_owned(),

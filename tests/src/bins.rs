@@ -8,6 +8,21 @@ pub fn sopa_agent() -> PathBuf {
     if let Some(path) = std::env::var_os("SOPA_AGENT_BIN") {
         return PathBuf::from(path);
     }
+    beside_tests("sopa-agent")
+}
+
+/// `sopa-controller`, found like [`sopa_agent`] (`$SOPA_CONTROLLER_BIN`).
+pub fn sopa_controller() -> PathBuf {
+    std::env::var_os("SOPA_CONTROLLER_BIN")
+        .map_or_else(|| beside_tests("sopa-controller"), PathBuf::from)
+}
+
+/// `sopactl`, found like [`sopa_agent`] (`$SOPACTL_BIN`).
+pub fn sopactl() -> PathBuf {
+    std::env::var_os("SOPACTL_BIN").map_or_else(|| beside_tests("sopactl"), PathBuf::from)
+}
+
+fn beside_tests(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the test knows its own path");
     let mut dir = exe
         .parent()
@@ -16,11 +31,11 @@ pub fn sopa_agent() -> PathBuf {
     if dir.ends_with("deps") {
         dir.pop();
     }
-    let agent = dir.join("sopa-agent");
+    let bin = dir.join(name);
     assert!(
-        agent.exists(),
-        "{} is missing: build it first (`cargo build -p sopa-agent`) or set SOPA_AGENT_BIN",
-        agent.display()
+        bin.exists(),
+        "{} is missing: build it first (`cargo build --bins`, as `cargo xtask test` does)",
+        bin.display()
     );
-    agent
+    bin
 }

@@ -55,6 +55,13 @@ impl NetNs {
         Ok(ns)
     }
 
+    /// A handle on a namespace owned elsewhere: it is not deleted when this one drops.
+    pub fn adopt(name: &str) -> Adopted {
+        Adopted(std::mem::ManuallyDrop::new(Self {
+            name: name.to_owned(),
+        }))
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -123,6 +130,17 @@ pub fn enter(path: &str) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// A [`NetNs`] that another guard deletes.
+pub struct Adopted(std::mem::ManuallyDrop<NetNs>);
+
+impl std::ops::Deref for Adopted {
+    type Target = NetNs;
+
+    fn deref(&self) -> &NetNs {
+        &self.0
+    }
 }
 
 impl Drop for NetNs {

@@ -12,7 +12,14 @@ pub fn run(extra: &[String]) -> Result<()> {
         );
     }
     // The namespace suites start the agent binary; build it first, in the test profile's folder.
-    cargo(&["build", "-p", "sopa-agent", "--bins"])?;
+    cargo(&[
+        "build",
+        "-p",
+        "sopa-agent",
+        "-p",
+        "sopa-controller",
+        "--bins",
+    ])?;
     let agent = setup::workspace_root().join("target/debug/sopa-agent");
     // SAFETY: single-threaded at this point; the variable is read by the test processes.
     unsafe { std::env::set_var("SOPA_AGENT_BIN", &agent) };

@@ -88,14 +88,7 @@ impl MapSet {
     /// are removed. A packet sees the old or the new path set of its prefix, never a mix.
     pub fn apply_paths(&mut self, table: &PathTable) -> Result<()> {
         for (prefix, hops) in &table.destinations {
-            let mut set = PathSet::EMPTY;
-            set.count = hops.len().min(MAX_PATHS) as u32;
-            for (slot, h) in set.hops.iter_mut().zip(hops) {
-                *slot = [h.hop0, h.hop1];
-            }
-            self.paths
-                .insert(&key(prefix), set, 0)
-                .map_err(map_err(PATHS_MAP))?;
+            self.set_paths(prefix, hops)?;
         }
         let stale: Vec<Key<[u8; 4]>> = self
             .paths
@@ -110,6 +103,19 @@ impl MapSet {
             }
         }
         Ok(())
+    }
+
+    /// Writes one prefix's path set (an empty one means every path has failed: the datapath
+    /// then leaves the packets to kernel routing).
+    pub fn set_paths(&mut self, prefix: &Prefix, hops: &[Hops]) -> Result<()> {
+        let mut set = PathSet::EMPTY;
+        set.count = hops.len().min(MAX_PATHS) as u32;
+        for (slot, h) in set.hops.iter_mut().zip(hops) {
+            *slot = [h.hop0, h.hop1];
+        }
+        self.paths
+            .insert(&key(prefix), set, 0)
+            .map_err(map_err(PATHS_MAP))
     }
 
     /// The path table as the datapath holds it.

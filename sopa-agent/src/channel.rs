@@ -1,0 +1,149 @@
+//! The host agent's side of the push channel: every snapshot and delta from the controller
+//! becomes this host's candidate paths (computed locally from the pushed topology), written to
+//! the datapath prefix by prefix, each prefix swapped atomically (make-before-break).
+
+use sopa_controller::{
+    client::Applier,
+    proto::{Delta, Snapshot},
+    view::FabricView,
+};
+use sopa_topology::paths::PathTable as Candidates;
+use tracing::info;
+
+use crate::{changes::ControllerState, host::Host, path_table::PathTable};
+
+pub struct HostApplier<'a> {
+    host: &'a mut Host,
+    node: String,
+    endpoint: String,
+    view: Option<FabricView>,
+    candidates: Option<Candidates>,
+    state: ControllerState,
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The live paths of some destinations of `c`, as the datapath takes them.
+fn table_of(c: &Candidates, only: Option<&[usize]>) -> PathTable {
+    let mut t = PathTable::default();
+    let all: Vec<usize>;
+    let indices = match only {
+        Some(i) => i,
+        None => {
+            all = (0..c.destinations.len()).collect();
+            &all
+        }
+    };
+    for &i in indices {
+        let d = &c.destinations[i];
+        t.destinations.insert(d.prefix(), d.alive_hops().collect());
+    }
+    t
+}
+
+impl<'a> HostApplier<'a> {
+    pub fn new(host: &'a mut Host, node: &str, endpoint: &str) -> Self {
+        let state = ControllerState {
+            endpoint: endpoint.to_owned(),
+            since_unix: now(),
+            ..ControllerState::default()
+        };
+        host.set_controller_state(state.clone());
+        Self {
+            host,
+            node: node.to_owned(),
+            endpoint: endpoint.to_owned(),
+            view: None,
+            candidates: None,
+            state,
+        }
+    }
+
+    fn record(&mut self) {
+        self.host.set_controller_state(self.state.clone());
+    }
+}
+
+impl Applier for HostApplier<'_> {
+    async fn snapshot(&mut self, s: &Snapshot) -> Result<(), String> {
+        let view = FabricView::from_snapshot(s).map_err(|e| e.to_string())?;
+        let topo = &view.topology;
+        let src = topo
+            .graph()
+            .find(&self.node)
+            .filter(|n| topo.graph().node(*n).kind == sopa_topology::NodeKind::Host)
+            .ok_or_else(|| {
+                format!(
+                    "node {:?} is not a host of the pushed topology ({})",
+                    self.node,
+                    topo.name()
+                )
+            })?;
+        let candidates =
+            Candidates::compute(topo, src, &view.failures).map_err(|e| e.to_string())?;
+        let table = table_of(&candidates, None);
+        self.host
+            .apply_table(&table)
+            .await
+            .map_err(|e| format!("writing the datapath: {e}"))?;
+        info!(
+            epoch = s.epoch,
+            version = s.version,
+            prefixes = table.len(),
+            "applied the controller's snapshot"
+        );
+        self.view = Some(view);
+        self.candidates = Some(candidates);
+        self.state.epoch = s.epoch;
+        self.state.version = s.version;
+        self.state.last_error.clear();
+        self.record();
+        Ok(())
+    }
+
+    async fn delta(&mut self, d: &Delta) -> Result<(), (String, bool)> {
+        let (Some(view), Some(candidates)) = (self.view.as_mut(), self.candidates.as_mut()) else {
+            return Err(("a delta before any snapshot".into(), true));
+        };
+        let changed = view
+            .apply_delta(d)
+            .map_err(|e| (e.to_string(), e.needs_resync()))?;
+        let touched = candidates.update(view.topology.graph(), &view.failures, &changed);
+        let table = table_of(candidates, Some(&touched));
+        if let Err(e) = self.host.update_prefixes(&table).await {
+            // The view moved on but the datapath may not have: start over from a snapshot.
+            let msg = format!("writing the datapath: {e}");
+            self.state.last_error = msg.clone();
+            self.view = None;
+            self.candidates = None;
+            self.record();
+            return Err((msg, true));
+        }
+        info!(
+            version = d.version,
+            prefixes = touched.len(),
+            "applied a delta"
+        );
+        self.state.version = d.version;
+        self.record();
+        Ok(())
+    }
+
+    fn position(&self) -> (u64, u64) {
+        self.view.as_ref().map_or((0, 0), |v| (v.epoch, v.version))
+    }
+
+    fn connected(&mut self, up: bool) {
+        if self.state.connected != up {
+            self.state.connected = up;
+            self.state.since_unix = now();
+            self.state.endpoint = self.endpoint.clone();
+            self.record();
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! Host agents fed by a controller in its own namespace: the pushed topology becomes each host's
+//! path map, `sopactl link down` removes exactly the paths through that link, `link up` brings
+//! them back, and traffic keeps flowing through both. Needs root.
+
+use std::{
+    process::Command,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use sopa_testbed::{
+    NetNs, Process,
+    agent::Agent,
+    bins,
+    netns::veth,
+    run_name,
+    traffic::{SendOptions, tcp_transfer},
+};
+
+struct Fabric {
+    a: NetNs,
+    b: NetNs,
+    c: NetNs,
+    _r: NetNs,
+    a_if: String,
+    b_if: String,
+}
+
+/// A (Fat-Tree host h0, 10.0.0.2), B (h4, 10.1.0.2) and the controller C (10.200.0.2), each
+/// behind one plain Linux router.
+fn fabric() -> Fabric {
+    let p = run_name("ctl");
+    let (a, b, c, r) = (
+        NetNs::new(&format!("{p}-a")).unwrap(),
+        NetNs::new(&format!("{p}-b")).unwrap(),
+        NetNs::new(&format!("{p}-c")).unwrap(),
+        NetNs::new(&format!("{p}-r")).unwrap(),
+    );
+    for (ns, i, host, gw, net) in [
+        (&a, "a", "10.0.0.2/24", "10.0.0.1", "10.0.0.1/24"),
+        (&b, "b", "10.1.0.2/24", "10.1.0.1", "10.1.0.1/24"),
+        (&c, "c", "10.200.0.2/24", "10.200.0.1", "10.200.0.1/24"),
+    ] {
+        let (host_if, router_if) = (format!("{p}{i}0"), format!("{p}r{i}"));
+        veth(ns, &host_if, &r, &router_if).unwrap();
+        ns.ip(&["addr", "add", host, "dev", &host_if]).unwrap();
+        r.ip(&["addr", "add", net, "dev", &router_if]).unwrap();
+        ns.ip(&["route", "add", "default", "via", gw]).unwrap();
+    }
+    r.sysctl("net.ipv4.ip_forward", "1").unwrap();
+    Fabric {
+        a_if: format!("{p}a0"),
+        b_if: format!("{p}b0"),
+        a,
+        b,
+        c,
+        _r: r,
+    }
+}
+
+fn sopactl(args: &[&str]) -> String {
+    let out = Command::new(bins::sopactl())
+        .args(args)
+        .args(["--controller", "http://10.200.0.2:7470"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "sopactl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// sopactl runs in the controller's namespace (only there is 10.200.0.2 reachable from here).
+fn sopactl_in(ns: &NetNs, args: &[&str]) -> String {
+    ns.run(|| sopactl(args)).unwrap()
+}
+
+fn paths_to(agent: &Agent, prefix: &str) -> Vec<String> {
+    agent.status().unwrap()["path_table"][prefix]
+        .as_array()
+        .map(|v| v.iter().map(|h| h.as_str().unwrap().to_owned()).collect())
+        .unwrap_or_default()
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(20) {
+        if f() {
+            return start.elapsed();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[test]
+fn pushed_failures_change_exactly_the_affected_paths() {
+    let f = fabric();
+    let dir = std::env::temp_dir().join(format!("sopa-ctl-{}", f.c.name()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let spec = dir.join("topology.toml");
+    std::fs::write(&spec, "[topology]\nkind = \"fat-tree\"\nk = 4\n").unwrap();
+    let _controller = Process::spawn(
+        Some(&f.c),
+        &bins::sopa_controller(),
+        &[
+            "--topology",
+            spec.to_str().unwrap(),
+            "--listen",
+            "10.200.0.2:7470",
+            "--insecure",
+            "--heartbeat-ms",
+            "200",
+        ],
+        &dir.join("controller.log"),
+    )
+    .unwrap();
+    let url = "http://10.200.0.2:7470";
+    let agent_a =
+        Agent::start_with_controller(&f.a, f.a.name(), "h0", &f.a_if, url, &["--no-metrics"])
+            .unwrap();
+    let agent_b =
+        Agent::start_with_controller(&f.b, f.b.name(), "h4", &f.b_if, url, &["--no-metrics"])
+            .unwrap();
+
+    let all = ["0,0", "0,1", "1,0", "1,1"];
+    wait_for("A's paths from the controller", || {
+        paths_to(&agent_a, "10.1.0.0/24") == all
+    });
+    let status = agent_a.status().unwrap();
+    assert_eq!(status["prefixes"], 7, "k=4: every rack but its own");
+    assert_eq!(
+        paths_to(&agent_a, "10.0.1.0/24"),
+        ["0,none", "1,none"],
+        "same pod: k/2 single-decision paths"
+    );
+    assert_eq!(status["controller"]["connected"], true);
+    assert!(
+        status["changes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["kind"] == "route_added")
+            .count()
+            == 7,
+        "a lowered-MTU route per pushed prefix"
+    );
+
+    // Traffic A -> B the whole time, each transfer checked end to end.
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&stop);
+    let (a, b) = (NetNs::adopt(f.a.name()), NetNs::adopt(f.b.name()));
+    let traffic = std::thread::spawn(move || {
+        let mut done = 0u32;
+        let mut port = 6000;
+        while !flag.load(Ordering::Relaxed) {
+            let t = tcp_transfer(
+                &a,
+                &b,
+                "10.1.0.2".parse().unwrap(),
+                port,
+                8 << 20,
+                &SendOptions::default(),
+            )
+            .expect("a transfer during the failure");
+            assert!(t.intact());
+            done += 1;
+            port += 1;
+        }
+        done
+    });
+
+    // e2 - a2: B's edge switch to aggregation switch 0 of pod 1. Only A's paths to B's rack
+    // through aggregation index 0 cross it.
+    let before_other = paths_to(&agent_a, "10.1.1.0/24");
+    let out = sopactl_in(&f.c, &["link", "down", "e2", "a2"]);
+    assert!(out.contains("now down (version 2)"), "{out}");
+    let took = wait_for("the failure in A's path map", || {
+        paths_to(&agent_a, "10.1.0.0/24") == ["1,0", "1,1"]
+    });
+    eprintln!("link down reached A's datapath within {took:?}");
+    assert_eq!(
+        paths_to(&agent_a, "10.1.1.0/24"),
+        before_other,
+        "other racks keep every path"
+    );
+    // B's own paths towards A's rack lose their hop0 = 0 half too (its uplink e2:a2 is down).
+    wait_for("the failure in B's path map", || {
+        paths_to(&agent_b, "10.0.0.0/24") == ["1,0", "1,1"]
+    });
+
+    sopactl_in(&f.c, &["link", "up", "e2", "a2"]);
+    wait_for("the restore in A's path map", || {
+        paths_to(&agent_a, "10.1.0.0/24") == all
+    });
+    stop.store(true, Ordering::Relaxed);
+    let transfers = traffic.join().expect("traffic thread");
+    assert!(
+        transfers >= 1,
+        "traffic flowed through the failure and the restore"
+    );
+
+    let status: serde_json::Value =
+        serde_json::from_str(&sopactl_in(&f.c, &["status", "--json"])).unwrap();
+    let agents = status["agents"].as_array().unwrap();
+    assert_eq!(agents.len(), 2);
+    for a in agents {
+        assert_eq!(a["connected"], true);
+        assert_eq!(a["applied_version"], 3, "{a}");
+        assert_eq!(a["last_nack"], 0);
+    }
+    assert_eq!(agent_a.stop(), Some(0));
+    assert_eq!(agent_b.stop(), Some(0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
