@@ -22,6 +22,11 @@ pub fn run(name: &str, extra: &[String]) -> Result<()> {
             args.extend(extra.iter().map(String::as_str));
             cargo(&args)
         }
-        other => bail!("unknown benchmark {other:?}; available: datapath, topology"),
+        "channel" => {
+            let mut args = vec!["bench", "-p", "sopa-controller", "--bench", "channel", "--"];
+            args.extend(extra.iter().map(String::as_str));
+            cargo(&args)
+        }
+        other => bail!("unknown benchmark {other:?}; available: datapath, topology, channel"),
     }
 }

@@ -35,7 +35,7 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Benchmarks measured side by side in one run, printed as tables of ratios.
     Bench {
-        /// datapath or topology
+        /// datapath, topology or channel
         name: String,
         /// Extra arguments for the benchmark.
         #[arg(last = true)]

@@ -1,0 +1,249 @@
+//! `cargo xtask bench channel`: one `sopa-controller` process and N simulated agents on
+//! loopback, each on its own connection (N = 16, 432, 3456: the hosts of Fat-Tree k = 4, 12,
+//! 24). A link failure is pushed through the operator API; the table gives p50 / p99 / max of
+//! the time from that call until each agent has the new version and has sent its ACK, over
+//! several rounds, and the controller's memory.
+
+use std::{
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use sopa_controller::{
+    client::{self, Applier, ClientConfig},
+    proto::{
+        Delta, LinkChange, LinkRef, Role, Snapshot, StatusRequest,
+        control::control_client::ControlClient,
+    },
+};
+use tokio::sync::watch;
+
+/// A simulated agent: checks version continuity like a real one and records when it applied.
+struct Sim {
+    epoch: u64,
+    version: u64,
+    index: usize,
+    applied: Arc<Mutex<Vec<(u64, Instant)>>>,
+}
+
+impl Applier for Sim {
+    async fn snapshot(&mut self, s: &Snapshot) -> Result<(), String> {
+        self.epoch = s.epoch;
+        self.version = s.version;
+        self.applied.lock().unwrap()[self.index] = (s.version, Instant::now());
+        Ok(())
+    }
+
+    async fn delta(&mut self, d: &Delta) -> Result<(), (String, bool)> {
+        if d.epoch != self.epoch || d.base_version != self.version {
+            return Err(("gap".into(), true));
+        }
+        self.version = d.version;
+        self.applied.lock().unwrap()[self.index] = (d.version, Instant::now());
+        Ok(())
+    }
+
+    fn position(&self) -> (u64, u64) {
+        (self.epoch, self.version)
+    }
+}
+
+struct ControllerProcess(Child);
+
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        // SAFETY: signalling the child we started, by its PID.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
+}
+
+fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(field)
+                .map(|v| v.trim().trim_end_matches(" kB").trim().parse().unwrap_or(0))
+        })
+        .unwrap_or(0)
+}
+
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: get/setrlimit on a struct we own.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        lim.rlim_cur = lim.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn main() {
+    raise_fd_limit();
+    let rounds: usize = std::env::args()
+        .skip_while(|a| a != "--rounds")
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let bin = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("sopa-controller");
+    assert!(
+        bin.exists(),
+        "{} is missing (cargo bench builds it)",
+        bin.display()
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    println!(
+        "{:<14} {:>6} {:>8} {:>10} {:>10} {:>10} {:>12} {:>12}",
+        "fabric", "agents", "rounds", "p50 ms", "p99 ms", "max ms", "ctl RSS MiB", "ctl peak MiB"
+    );
+    for k in [4u32, 12, 24] {
+        runtime.block_on(run(&bin, k, rounds));
+    }
+    println!(
+        "(time from the operator's link-down call until each agent applied the delta and sent its ACK; ACKs then confirmed by the controller)"
+    );
+}
+
+async fn run(bin: &std::path::Path, k: u32, rounds: usize) {
+    let n = (k * k * k / 4) as usize;
+    let dir = std::env::temp_dir().join(format!("sopa-bench-channel-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let spec = dir.join(format!("k{k}.toml"));
+    std::fs::write(&spec, format!("[topology]\nkind = \"fat-tree\"\nk = {k}\n")).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let child = Command::new(bin)
+        .args([
+            "--topology",
+            spec.to_str().unwrap(),
+            "--listen",
+            &listen,
+            "--insecure",
+        ])
+        .env("SOPA_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let controller = ControllerProcess(child);
+    let url = format!("http://{listen}");
+    let mut control = loop {
+        match ControlClient::connect(url.clone()).await {
+            Ok(c) => break c,
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    let applied = Arc::new(Mutex::new(vec![(0u64, Instant::now()); n]));
+    let (stop, stopped) = watch::channel(false);
+    for i in 0..n {
+        let mut cfg = ClientConfig::new(url.clone(), format!("h{i}"), Role::Host);
+        cfg.heartbeat = Duration::from_secs(1);
+        let mut sim = Sim {
+            epoch: 0,
+            version: 0,
+            index: i,
+            applied: Arc::clone(&applied),
+        };
+        let stopped = stopped.clone();
+        tokio::spawn(async move { client::run(cfg, &mut sim, stopped).await });
+    }
+    let all_at = |v: u64| applied.lock().unwrap().iter().all(|(ver, _)| *ver >= v);
+    let start = Instant::now();
+    while !all_at(1) {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "agents did not all connect"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut latencies = Vec::new();
+    let mut version = 1;
+    for round in 0..rounds * 2 {
+        let down = round % 2 == 0;
+        let t0 = Instant::now();
+        let reply = control
+            .set_link(LinkChange {
+                link: Some(LinkRef {
+                    a: "e0".into(),
+                    b: "a0".into(),
+                }),
+                down,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        version = reply.version;
+        while !all_at(version) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "not every agent got version {version}"
+            );
+            tokio::time::sleep(Duration::from_micros(500)).await;
+        }
+        if down {
+            latencies.extend(
+                applied
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .map(|(_, at)| at.duration_since(t0).as_secs_f64() * 1e3),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Every ACK arrived at the controller.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = control.status(StatusRequest {}).await.unwrap().into_inner();
+        if status.agents.len() == n && status.agents.iter().all(|a| a.last_ack == version) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the controller did not record every ACK"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let pid = controller.0.id();
+    let (rss, peak) = (status_kib(pid, "VmRSS:"), status_kib(pid, "VmHWM:"));
+    latencies.sort_by(f64::total_cmp);
+    println!(
+        "{:<14} {:>6} {:>8} {:>10.1} {:>10.1} {:>10.1} {:>12.1} {:>12.1}",
+        format!("Fat-Tree k={k}"),
+        n,
+        rounds,
+        percentile(&latencies, 0.5),
+        percentile(&latencies, 0.99),
+        latencies.last().copied().unwrap_or(0.0),
+        rss as f64 / 1024.0,
+        peak as f64 / 1024.0
+    );
+    let _ = stop.send(true);
+    drop(controller);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
