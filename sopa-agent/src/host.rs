@@ -147,6 +147,7 @@ pub struct Host {
     lower_route_mtu: bool,
     /// Fabric prefixes whose route MTU has been seen to.
     mtu_done: HashSet<Prefix>,
+    channel: metrics::ChannelGauge,
 }
 
 impl Host {
@@ -193,7 +194,18 @@ impl Host {
         };
         let mut journal = Journal::create(&run_dir, record)?;
         let mut mtu_done = HashSet::new();
-        match Self::setup(opts, &link, xdp_mode, &netlink, &mut journal, &mut mtu_done).await {
+        let channel = metrics::ChannelGauge::default();
+        match Self::setup(
+            opts,
+            &link,
+            xdp_mode,
+            &netlink,
+            &mut journal,
+            &mut mtu_done,
+            &channel,
+        )
+        .await
+        {
             Ok((datapath, maps, metrics)) => {
                 info!(
                     node = %opts.node,
@@ -212,6 +224,7 @@ impl Host {
                     iface: opts.iface.clone(),
                     lower_route_mtu: opts.lower_route_mtu,
                     mtu_done,
+                    channel,
                 })
             }
             Err(err) => {
@@ -230,6 +243,7 @@ impl Host {
         netlink: &Netlink,
         journal: &mut Journal,
         mtu_done: &mut HashSet<Prefix>,
+        channel: &metrics::ChannelGauge,
     ) -> Result<(
         Datapath,
         Arc<Mutex<MapSet>>,
@@ -281,7 +295,9 @@ impl Host {
 
         let maps = Arc::new(Mutex::new(maps));
         let metrics = match opts.metrics_addr {
-            Some(addr) => Some(metrics::serve(addr, metrics::registry(Arc::clone(&maps))).await?),
+            Some(addr) => Some(
+                metrics::serve(addr, metrics::registry(Arc::clone(&maps), channel.clone())).await?,
+            ),
             None => None,
         };
 
@@ -340,6 +356,11 @@ impl Host {
 
     /// Records the controller channel's state where `sopa-agent status` reads it.
     pub fn set_controller_state(&mut self, state: crate::changes::ControllerState) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.channel
+            .state
+            .store(i64::from(state.connected), Relaxed);
+        self.channel.version.store(state.version, Relaxed);
         if let Some(journal) = self.journal.as_mut()
             && let Err(err) = journal.set_controller(state)
         {

@@ -30,6 +30,24 @@ use crate::{
 #[derive(Debug)]
 struct DatapathCollector {
     maps: Arc<Mutex<MapSet>>,
+    channel: ChannelGauge,
+}
+
+/// The push channel's state for metrics: -1 without a controller, 0 disconnected (forwarding
+/// with the last good paths), 1 connected; and the applied version.
+#[derive(Clone, Debug)]
+pub struct ChannelGauge {
+    pub state: Arc<std::sync::atomic::AtomicI64>,
+    pub version: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Default for ChannelGauge {
+    fn default() -> Self {
+        Self {
+            state: Arc::new(std::sync::atomic::AtomicI64::new(-1)),
+            version: Arc::default(),
+        }
+    }
 }
 
 impl std::fmt::Debug for MapSet {
@@ -134,6 +152,29 @@ impl Collector for DatapathCollector {
             gauge.metric_type(),
         )?)?;
 
+        let gauge = ConstGauge::new(
+            self.channel
+                .state
+                .load(std::sync::atomic::Ordering::Relaxed),
+        );
+        gauge.encode(encoder.encode_descriptor(
+            "sopa_controller_connected",
+            "1 connected to the controller, 0 disconnected (forwarding with the last good paths), -1 no controller",
+            None,
+            gauge.metric_type(),
+        )?)?;
+        let gauge = ConstGauge::new(
+            self.channel
+                .version
+                .load(std::sync::atomic::Ordering::Relaxed) as i64,
+        );
+        gauge.encode(encoder.encode_descriptor(
+            "sopa_controller_applied_version",
+            "The controller version this agent's datapath holds",
+            None,
+            gauge.metric_type(),
+        )?)?;
+
         let mut family = encoder.encode_descriptor(
             "sopa_mode",
             "The datapath's path-selection mode (1 for the active one)",
@@ -149,9 +190,9 @@ impl Collector for DatapathCollector {
 }
 
 /// The registry with the datapath's collector.
-pub fn registry(maps: Arc<Mutex<MapSet>>) -> Registry {
+pub fn registry(maps: Arc<Mutex<MapSet>>, channel: ChannelGauge) -> Registry {
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(DatapathCollector { maps }));
+    registry.register_collector(Box::new(DatapathCollector { maps, channel }));
     registry
 }
 

@@ -116,3 +116,41 @@ async fn a_restarted_controller_sends_a_fresh_snapshot() {
     assert_eq!(*log.lock().unwrap().last().unwrap(), ("snapshot", 15, 1));
     c.stop().await;
 }
+
+#[tokio::test]
+async fn a_message_over_the_size_limit_is_refused_and_changes_nothing() {
+    use sopa_controller::proto::{
+        self, AgentMessage, Hello, agent_message, channel::channel_client::ChannelClient,
+    };
+    let c = start_controller(16, "127.0.0.1:0").await;
+    let mut client = ChannelClient::connect(format!("http://{}", c.addr))
+        .await
+        .unwrap()
+        .max_encoding_message_size(64 << 20);
+    let hello = AgentMessage {
+        kind: Some(agent_message::Kind::Hello(Hello {
+            node: "x".repeat(proto::MAX_MESSAGE_BYTES + 1),
+            role: 1,
+            ..Hello::default()
+        })),
+    };
+    let result = client.stream(tokio_stream::iter([hello])).await;
+    let refused = match result {
+        Err(status) => status,
+        Ok(response) => response
+            .into_inner()
+            .message()
+            .await
+            .expect_err("the controller must refuse it"),
+    };
+    assert!(
+        matches!(
+            refused.code(),
+            tonic::Code::ResourceExhausted | tonic::Code::OutOfRange | tonic::Code::InvalidArgument
+        ),
+        "{refused:?}"
+    );
+    assert!(c.controller.agents().is_empty(), "nothing recorded");
+    assert_eq!(c.controller.version(), 1);
+    c.stop().await;
+}

@@ -121,9 +121,7 @@ fn pushed_failures_change_exactly_the_affected_paths() {
     )
     .unwrap();
     let url = "http://10.200.0.2:7470";
-    let agent_a =
-        Agent::start_with_controller(&f.a, f.a.name(), "h0", &f.a_if, url, &["--no-metrics"])
-            .unwrap();
+    let agent_a = Agent::start_with_controller(&f.a, f.a.name(), "h0", &f.a_if, url, &[]).unwrap();
     let agent_b =
         Agent::start_with_controller(&f.b, f.b.name(), "h4", &f.b_if, url, &["--no-metrics"])
             .unwrap();
@@ -140,6 +138,22 @@ fn pushed_failures_change_exactly_the_affected_paths() {
         "same pod: k/2 single-decision paths"
     );
     assert_eq!(status["controller"]["connected"], true);
+    let metrics =
+        f.a.run(|| {
+            use std::io::{Read as _, Write as _};
+            let mut conn = std::net::TcpStream::connect("127.0.0.1:9470")
+                .expect("the agent serves metrics on loopback");
+            conn.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+            let mut body = String::new();
+            conn.read_to_string(&mut body).unwrap();
+            body
+        })
+        .unwrap();
+    assert!(metrics.contains("sopa_controller_connected 1"), "{metrics}");
+    assert!(
+        metrics.contains("sopa_controller_applied_version 1"),
+        "{metrics}"
+    );
     assert!(
         status["changes"]
             .as_array()
