@@ -184,3 +184,83 @@ mod pod {
     unsafe impl aya::Pod for FlowState {}
     unsafe impl aya::Pod for ReorderState {}
 }
+
+/// Switch role: destination prefix -> this switch's forwarding decision (LPM trie keyed by the
+/// IPv4 destination, network order). No entry, or `hop_byte` 0, means "not a decision point for
+/// this destination": the kernel routes the packet by destination.
+pub const FWD_MAP: &str = "SOPA_FWD_V1";
+pub const FWD_CAPACITY: u32 = 16_384;
+/// Uplinks a decision can name: k/2 = 32 for a Fat-Tree of k = 64.
+pub const MAX_UPLINKS: usize = 32;
+
+/// One uplink: the port to redirect to and the neighbour to resolve on it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Uplink {
+    pub ifindex: u32,
+    /// The next switch's address on that link, network order.
+    pub nexthop: u32,
+}
+const _: () = assert!(size_of::<Uplink>() == 8);
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FwdEntry {
+    /// 0: no decision here; 1: decide by hop0; 2: decide by hop1.
+    pub hop_byte: u8,
+    /// Valid entries of `uplinks`; a hop value at or above it is dropped and counted.
+    pub count: u8,
+    pub _pad: [u8; 2],
+    pub uplinks: [Uplink; MAX_UPLINKS],
+}
+const _: () = assert!(size_of::<FwdEntry>() == 4 + 8 * MAX_UPLINKS);
+
+impl FwdEntry {
+    pub const PASS: Self = Self {
+        hop_byte: 0,
+        count: 0,
+        _pad: [0; 2],
+        uplinks: [Uplink {
+            ifindex: 0,
+            nexthop: 0,
+        }; MAX_UPLINKS],
+    };
+}
+
+/// Why `tc_forward` did what it did: index into [`FWD_STATS_MAP`].
+pub mod forward_reason {
+    pub const REDIRECTED: u32 = 0;
+    pub const NO_OPTION: u32 = 1;
+    pub const NOT_DECISION: u32 = 2;
+    pub const UNKNOWN_HOP: u32 = 3;
+    pub const TTL_EXPIRED: u32 = 4;
+    pub const NOT_IPV4: u32 = 5;
+    pub const TOO_SHORT: u32 = 6;
+    pub const BAD_HEADER: u32 = 7;
+    pub const REDIRECT_FAILED: u32 = 8;
+    pub const COUNT: u32 = 9;
+    pub const NAMES: [&str; COUNT as usize] = [
+        "redirected",
+        "no_option",
+        "not_decision",
+        "unknown_hop",
+        "ttl_expired",
+        "not_ipv4",
+        "too_short",
+        "bad_header",
+        "redirect_failed",
+    ];
+}
+
+/// Per-CPU counters of `tc_forward`, indexed by [`forward_reason`].
+pub const FWD_STATS_MAP: &str = "SOPA_FWDST_V1";
+/// Per-CPU counters of redirected packets per uplink index (the switch's packets per path).
+pub const FWD_UPLINK_STATS_MAP: &str = "SOPA_FWDUP_V1";
+
+#[cfg(feature = "user")]
+mod fwd_pod {
+    use super::*;
+    // SAFETY: repr(C), integers only, explicit padding.
+    unsafe impl aya::Pod for Uplink {}
+    unsafe impl aya::Pod for FwdEntry {}
+}

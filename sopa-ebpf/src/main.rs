@@ -6,6 +6,7 @@
 
 mod baseline;
 mod packet;
+mod tc_forward;
 mod tc_stamp;
 mod xdp_strip;
 
@@ -16,8 +17,9 @@ use aya_ebpf::{
     programs::{TcContext, XdpContext},
 };
 use sopa_common::maps::{
-    Config, FLOWS_CAPACITY, FlowKey, FlowState, HOP_STATS_LEN, PATHS_CAPACITY, PathSet,
-    REORDER_CAPACITY, ReorderState, stamp_reason, strip_reason,
+    Config, FLOWS_CAPACITY, FWD_CAPACITY, FlowKey, FlowState, FwdEntry, HOP_STATS_LEN, MAX_UPLINKS,
+    PATHS_CAPACITY, PathSet, REORDER_CAPACITY, ReorderState, forward_reason, stamp_reason,
+    strip_reason,
 };
 
 // Names must equal the constants of `sopa_common::maps` (checked by the agent's loader tests).
@@ -41,6 +43,23 @@ static STRIP_STATS: PerCpuArray<u64> = PerCpuArray::pinned(strip_reason::COUNT, 
 
 #[map(name = "SOPA_REORD_V1")]
 static REORDER: LruHashMap<FlowKey, ReorderState> = LruHashMap::pinned(REORDER_CAPACITY, 0);
+
+#[map(name = "SOPA_FWD_V1")]
+static FORWARD: LpmTrie<[u8; 4], FwdEntry> = LpmTrie::pinned(FWD_CAPACITY, 0);
+
+#[map(name = "SOPA_FWDST_V1")]
+static FORWARD_STATS: PerCpuArray<u64> = PerCpuArray::pinned(forward_reason::COUNT, 0);
+
+#[map(name = "SOPA_FWDUP_V1")]
+static FORWARD_UPLINK_STATS: PerCpuArray<u64> = PerCpuArray::pinned(MAX_UPLINKS as u32, 0);
+
+/// Switch ingress: source-routed packets at their decision point go to the named uplink.
+#[classifier]
+pub fn tc_forward(ctx: TcContext) -> i32 {
+    let (action, reason) = tc_forward::try_forward(&ctx);
+    packet::count(&FORWARD_STATS, reason, 1);
+    action
+}
 
 /// Host egress: stamp the source-route option on fabric-bound TCP/UDP packets.
 #[classifier]

@@ -7,8 +7,9 @@ use aya::{
     maps::{Array, LpmTrie, Map, MapData, MapError, PerCpuArray, lpm_trie::Key},
 };
 use sopa_common::maps::{
-    CONFIG_MAP, Config, HOP_STATS_MAP, MAX_PATHS, PATHS_MAP, PathSet, STAMP_STATS_MAP,
-    STRIP_STATS_MAP, stamp_reason, strip_reason,
+    CONFIG_MAP, Config, FWD_MAP, FWD_STATS_MAP, FWD_UPLINK_STATS_MAP, FwdEntry, HOP_STATS_MAP,
+    MAX_PATHS, MAX_UPLINKS, PATHS_MAP, PathSet, STAMP_STATS_MAP, STRIP_STATS_MAP, forward_reason,
+    stamp_reason, strip_reason,
 };
 
 use crate::{
@@ -150,6 +151,50 @@ impl MapSet {
             sopa_common::maps::HOP_STATS_LEN,
             HOP_STATS_MAP,
         )
+    }
+}
+
+/// The switch role's maps: forwarding decisions and their counters.
+pub struct ForwardMaps {
+    fwd: LpmTrie<MapData, [u8; 4], FwdEntry>,
+    stats: PerCpuArray<MapData, u64>,
+    uplinks: PerCpuArray<MapData, u64>,
+}
+
+impl ForwardMaps {
+    pub fn from_ebpf(ebpf: &mut Ebpf) -> Result<Self> {
+        let mut take = |name: &'static str| -> Result<Map> {
+            ebpf.take_map(name).ok_or_else(|| {
+                Error::map(name)(MapError::InvalidName {
+                    name: name.to_owned(),
+                })
+            })
+        };
+        Ok(Self {
+            fwd: take(FWD_MAP)?.try_into().map_err(map_err(FWD_MAP))?,
+            stats: take(FWD_STATS_MAP)?
+                .try_into()
+                .map_err(map_err(FWD_STATS_MAP))?,
+            uplinks: take(FWD_UPLINK_STATS_MAP)?
+                .try_into()
+                .map_err(map_err(FWD_UPLINK_STATS_MAP))?,
+        })
+    }
+
+    /// Sets the decision for destinations in `prefix`.
+    pub fn set(&mut self, prefix: &Prefix, entry: &FwdEntry) -> Result<()> {
+        self.fwd
+            .insert(&key(prefix), *entry, 0)
+            .map_err(map_err(FWD_MAP))
+    }
+
+    pub fn counters(&self) -> Result<Counters> {
+        sum_all(&self.stats, forward_reason::COUNT, FWD_STATS_MAP)
+    }
+
+    /// Redirected packets per uplink index.
+    pub fn uplink_counters(&self) -> Result<Counters> {
+        sum_all(&self.uplinks, MAX_UPLINKS as u32, FWD_UPLINK_STATS_MAP)
     }
 }
 

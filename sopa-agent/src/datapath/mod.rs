@@ -21,6 +21,7 @@ pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), 
 
 pub const STAMP_PROGRAM: &str = "tc_stamp";
 pub const STRIP_PROGRAM: &str = "xdp_strip";
+pub const FORWARD_PROGRAM: &str = "tc_forward";
 
 /// `BPF_FS_MAGIC` from linux/magic.h.
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
@@ -44,12 +45,22 @@ pub struct Datapath {
     pin_dir: PathBuf,
     stamp_link: Option<SchedClassifierLinkId>,
     strip_link: Option<XdpLinkId>,
+    forward_links: Vec<SchedClassifierLinkId>,
 }
 
 impl Datapath {
     /// Loads the object, creating (or reusing, when their layout-versioned names match) the maps
     /// pinned in `pin_dir`, and loads both programs into the kernel without attaching them.
     pub fn load(pin_dir: &Path) -> Result<Self> {
+        Self::load_programs(pin_dir, &[STAMP_PROGRAM, STRIP_PROGRAM])
+    }
+
+    /// The switch role's datapath: `tc_forward` only.
+    pub fn load_switch(pin_dir: &Path) -> Result<Self> {
+        Self::load_programs(pin_dir, &[FORWARD_PROGRAM])
+    }
+
+    fn load_programs(pin_dir: &Path, programs: &[&'static str]) -> Result<Self> {
         check_bpffs()?;
         std::fs::create_dir_all(pin_dir)
             .map_err(|err| Error::io(format!("creating {}", pin_dir.display()), err))?;
@@ -64,13 +75,13 @@ impl Datapath {
                 }
                 _ => Error::Ebpf(Box::new(err)),
             })?;
-        for name in [STAMP_PROGRAM, STRIP_PROGRAM] {
+        for &name in programs {
             let program = ebpf
                 .program_mut(name)
-                .expect("the object defines both programs");
+                .expect("the object defines every program");
             let result = match name {
-                STAMP_PROGRAM => <&mut SchedClassifier>::try_from(program).and_then(|p| p.load()),
-                _ => <&mut Xdp>::try_from(program).and_then(|p| p.load()),
+                STRIP_PROGRAM => <&mut Xdp>::try_from(program).and_then(|p| p.load()),
+                _ => <&mut SchedClassifier>::try_from(program).and_then(|p| p.load()),
             };
             result.map_err(Error::program(name))?;
         }
@@ -79,7 +90,32 @@ impl Datapath {
             pin_dir: pin_dir.to_owned(),
             stamp_link: None,
             strip_link: None,
+            forward_links: Vec::new(),
         })
+    }
+
+    /// Attaches `tc_forward` to the ingress of a switch port.
+    pub fn attach_forward(&mut self, iface: &str) -> Result<()> {
+        let id = self
+            .forward_program()
+            .attach(iface, TcAttachType::Ingress)
+            .map_err(Error::program(FORWARD_PROGRAM))?;
+        self.forward_links.push(id);
+        Ok(())
+    }
+
+    /// The forward program, for attaching and BPF_PROG_TEST_RUN.
+    pub fn forward_program(&mut self) -> &mut SchedClassifier {
+        self.ebpf
+            .program_mut(FORWARD_PROGRAM)
+            .expect("defined")
+            .try_into()
+            .expect("tc_forward is a classifier")
+    }
+
+    /// The switch role's maps, taken out of the object.
+    pub fn take_forward_maps(&mut self) -> Result<maps::ForwardMaps> {
+        maps::ForwardMaps::from_ebpf(&mut self.ebpf)
     }
 
     pub fn pin_dir(&self) -> &Path {
@@ -158,6 +194,11 @@ impl Datapath {
     /// Detaches what this datapath attached, and only that.
     pub fn detach(&mut self) -> Vec<Error> {
         let mut errors = Vec::new();
+        for id in std::mem::take(&mut self.forward_links) {
+            if let Err(source) = self.forward_program().detach(id) {
+                errors.push(Error::program(FORWARD_PROGRAM)(source));
+            }
+        }
         if let Some(id) = self.strip_link.take() {
             let name = STRIP_PROGRAM;
             let program: Result<&mut Xdp, _> =

@@ -1,0 +1,240 @@
+//! Fixture table for `tc_forward` through BPF_PROG_TEST_RUN (root, no namespaces): a stamped
+//! packet at its decision point is redirected by its hop byte with the TTL decremented and a
+//! valid checksum; a hop byte naming no uplink is dropped; everything else passes untouched.
+
+use std::{
+    path::PathBuf,
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use aya::programs::{TestRun as _, TestRunOptions};
+use etherparse::PacketBuilder;
+use sopa_agent::{
+    datapath::{Datapath, maps::ForwardMaps},
+    path_table::Prefix,
+};
+use sopa_common::{
+    maps::{FwdEntry, Uplink, forward_reason as reason},
+    wire::ipv4_header_checksum,
+};
+
+const TC_ACT_OK: u32 = 0;
+const TC_ACT_SHOT: u32 = 2;
+const TC_ACT_REDIRECT: u32 = 7;
+
+struct Switch {
+    datapath: Datapath,
+    maps: ForwardMaps,
+    pins: PathBuf,
+}
+
+impl Drop for Switch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.pins);
+    }
+}
+
+fn entry(hop_byte: u8, uplinks: &[(u32, [u8; 4])]) -> FwdEntry {
+    let mut e = FwdEntry::PASS;
+    e.hop_byte = hop_byte;
+    e.count = uplinks.len() as u8;
+    for (slot, (ifindex, nh)) in e.uplinks.iter_mut().zip(uplinks) {
+        *slot = Uplink {
+            ifindex: *ifindex,
+            nexthop: u32::from_ne_bytes(*nh),
+        };
+    }
+    e
+}
+
+/// An edge switch of pod 0 (its rack 10.0.0.0/24): decides by hop0 for everything else, with
+/// two uplinks; a second entry decides by hop1 (as an aggregation switch would) for 10.2/16.
+fn switch() -> Switch {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let pins = PathBuf::from(format!(
+        "/sys/fs/bpf/sopa-test-forward-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let mut datapath =
+        Datapath::load_switch(&pins).expect("tc_forward loads and passes the verifier");
+    let mut maps = datapath.take_forward_maps().unwrap();
+    let p = |s: &str| s.parse::<Prefix>().unwrap();
+    maps.set(
+        &p("10.0.0.0/8"),
+        &entry(1, &[(1, [10, 0, 2, 1]), (1, [10, 0, 3, 1])]),
+    )
+    .unwrap();
+    maps.set(&p("10.0.0.0/24"), &FwdEntry::PASS).unwrap();
+    maps.set(
+        &p("10.2.0.0/16"),
+        &entry(2, &[(1, [10, 2, 4, 1]), (1, [10, 2, 5, 1])]),
+    )
+    .unwrap();
+    Switch {
+        datapath,
+        maps,
+        pins,
+    }
+}
+
+fn run(s: &mut Switch, packet: &[u8]) -> (u32, Vec<u8>) {
+    let mut out = vec![0u8; packet.len() + 64];
+    let r = s
+        .datapath
+        .forward_program()
+        .test_run(TestRunOptions {
+            data_in: Some(packet),
+            data_out: Some(&mut out),
+            ..Default::default()
+        })
+        .expect("test_run tc_forward");
+    out.truncate(r.data_size_out as usize);
+    (r.return_value, out)
+}
+
+/// A TCP packet to `dst` with our option (hop0, hop1) and `ttl`.
+fn stamped(dst: [u8; 4], hop0: u8, hop1: u8, ttl: u8) -> Vec<u8> {
+    let mut p = Vec::new();
+    PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+        .ipv4([10, 0, 0, 2], dst, ttl)
+        .tcp(1000, 2000, 1, 100)
+        .write(&mut p, b"payload")
+        .unwrap();
+    p.splice(34..34, [0x9E, 4, hop0, hop1]);
+    p[14] = 0x46;
+    let tot = u16::from_be_bytes([p[16], p[17]]) + 4;
+    p[16..18].copy_from_slice(&tot.to_be_bytes());
+    p[24] = 0;
+    p[25] = 0;
+    let sum = ipv4_header_checksum(&p[14..38]);
+    p[24..26].copy_from_slice(&sum.to_be_bytes());
+    p
+}
+
+fn plain(dst: [u8; 4]) -> Vec<u8> {
+    let mut p = Vec::new();
+    PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+        .ipv4([10, 0, 0, 2], dst, 64)
+        .tcp(1000, 2000, 1, 100)
+        .write(&mut p, b"payload")
+        .unwrap();
+    p
+}
+
+#[test]
+fn forward_fixture_table() {
+    let mut s = switch();
+    let mut ipv6 = Vec::new();
+    PacketBuilder::ethernet2([2; 6], [3; 6])
+        .ipv6([1; 16], [2; 16], 64)
+        .udp(1, 2)
+        .write(&mut ipv6, b"x")
+        .unwrap();
+    let mut foreign = stamped([10, 1, 0, 2], 1, 0, 64);
+    foreign[34] = 0x94; // router alert, not ours
+    foreign[24] = 0;
+    foreign[25] = 0;
+    let sum = ipv4_header_checksum(&foreign[14..38]);
+    foreign[24..26].copy_from_slice(&sum.to_be_bytes());
+    // (name, packet, action, reason, uplink it must leave by)
+    let cases: Vec<(&str, Vec<u8>, u32, u32, Option<usize>)> = vec![
+        (
+            "hop0 = 1 to another pod",
+            stamped([10, 1, 0, 2], 1, 0, 64),
+            TC_ACT_REDIRECT,
+            reason::REDIRECTED,
+            Some(1),
+        ),
+        (
+            "hop0 = 0 to another pod",
+            stamped([10, 3, 1, 2], 0, 1, 64),
+            TC_ACT_REDIRECT,
+            reason::REDIRECTED,
+            Some(0),
+        ),
+        (
+            "hop1 decides for 10.2/16",
+            stamped([10, 2, 0, 2], 0, 1, 64),
+            TC_ACT_REDIRECT,
+            reason::REDIRECTED,
+            Some(1),
+        ),
+        (
+            "a hop naming no uplink",
+            stamped([10, 1, 0, 2], 7, 0, 64),
+            TC_ACT_SHOT,
+            reason::UNKNOWN_HOP,
+            None,
+        ),
+        (
+            "own rack: the kernel delivers",
+            stamped([10, 0, 0, 3], 1, 0, 64),
+            TC_ACT_OK,
+            reason::NOT_DECISION,
+            None,
+        ),
+        (
+            "outside the fabric",
+            stamped([192, 168, 1, 1], 1, 0, 64),
+            TC_ACT_OK,
+            reason::NOT_DECISION,
+            None,
+        ),
+        (
+            "no option: kernel ECMP",
+            plain([10, 1, 0, 2]),
+            TC_ACT_OK,
+            reason::NO_OPTION,
+            None,
+        ),
+        (
+            "a foreign option",
+            foreign,
+            TC_ACT_OK,
+            reason::NO_OPTION,
+            None,
+        ),
+        (
+            "TTL 1: the kernel answers",
+            stamped([10, 1, 0, 2], 1, 0, 1),
+            TC_ACT_OK,
+            reason::TTL_EXPIRED,
+            None,
+        ),
+        ("ipv6", ipv6, TC_ACT_OK, reason::NOT_IPV4, None),
+    ];
+    for (name, packet, action, why, uplink) in cases {
+        let before = (
+            s.maps.counters().unwrap(),
+            s.maps.uplink_counters().unwrap(),
+        );
+        let (got, out) = run(&mut s, &packet);
+        assert_eq!(got, action, "{name}: action");
+        let after = (
+            s.maps.counters().unwrap(),
+            s.maps.uplink_counters().unwrap(),
+        );
+        assert_eq!(
+            after.0[why as usize],
+            before.0[why as usize] + 1,
+            "{name}: counted as {}",
+            reason::NAMES[why as usize]
+        );
+        if let Some(u) = uplink {
+            assert_eq!(after.1[u], before.1[u] + 1, "{name}: left by uplink {u}");
+            let mut expect = packet.clone();
+            expect[22] -= 1;
+            expect[24] = 0;
+            expect[25] = 0;
+            let sum = ipv4_header_checksum(&expect[14..38]);
+            expect[24..26].copy_from_slice(&sum.to_be_bytes());
+            assert_eq!(
+                out, expect,
+                "{name}: TTL decremented, checksum valid, nothing else changed"
+            );
+        } else {
+            assert_eq!(out, packet, "{name}: untouched");
+        }
+    }
+}

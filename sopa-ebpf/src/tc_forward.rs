@@ -1,0 +1,101 @@
+//! `tc_forward`, TC ingress on every port of a software switch: a packet carrying our option
+//! whose destination makes this switch a decision point goes out of the uplink its hop byte
+//! names (`bpf_redirect_neigh` to the next switch, TTL decremented); everything else is left to
+//! the kernel, which routes by destination (and multipath-hashes packets without the option:
+//! the ECMP baseline is Linux's own).
+
+use aya_ebpf::{
+    bindings::{TC_ACT_OK, TC_ACT_SHOT, bpf_redir_neigh},
+    helpers::bpf_redirect_neigh,
+    maps::lpm_trie::Key,
+    programs::TcContext,
+};
+use sopa_common::{
+    maps::{MAX_UPLINKS, forward_reason as reason},
+    wire::{ETH_HLEN, ETH_P_IP, IPV4_BASE_LEN, IPV4_STAMPED_LEN, OPTION_LEN, OPTION_TYPE},
+};
+
+use crate::{
+    FORWARD, FORWARD_UPLINK_STATS,
+    packet::{Ipv4, count, ptr_at, set_ipv4_checksum},
+};
+
+const AF_INET: u32 = 2;
+
+/// `Ok((verdict, reason))`: the TC action and why.
+#[inline(always)]
+pub fn try_forward(ctx: &TcContext) -> (i32, u32) {
+    match decide(ctx) {
+        Ok(v) => v,
+        // Fail open: anything we cannot read is the kernel's to route.
+        Err(r) => (TC_ACT_OK as i32, r),
+    }
+}
+
+#[inline(always)]
+fn decide(ctx: &TcContext) -> Result<(i32, u32), u32> {
+    if ctx.data() + ETH_HLEN + IPV4_STAMPED_LEN > ctx.data_end() {
+        // Headers may sit in paged data: pull them in once (a short packet has no option).
+        let _ = ctx.pull_data((ETH_HLEN + IPV4_STAMPED_LEN) as u32);
+    }
+    let ether_type: *const [u8; 2] =
+        ptr_at(ctx.data(), ctx.data_end(), 12).ok_or(reason::TOO_SHORT)?;
+    // SAFETY: bounds checked by ptr_at.
+    if u16::from_be_bytes(unsafe { *ether_type }) != ETH_P_IP {
+        return Err(reason::NOT_IPV4);
+    }
+    let base: *const [u8; IPV4_BASE_LEN] =
+        ptr_at(ctx.data(), ctx.data_end(), ETH_HLEN).ok_or(reason::TOO_SHORT)?;
+    let ip = Ipv4::parse(unsafe { &*base });
+    if ip.version != 4 || ip.ihl < 5 {
+        return Err(reason::BAD_HEADER);
+    }
+    if ip.ihl != 6 {
+        return Err(reason::NO_OPTION);
+    }
+    let header: *mut [u8; IPV4_STAMPED_LEN] =
+        ptr_at(ctx.data(), ctx.data_end(), ETH_HLEN).ok_or(reason::TOO_SHORT)?;
+    // SAFETY: bounds checked by ptr_at.
+    let h = unsafe { &mut *header };
+    if h[20] != OPTION_TYPE || h[21] != OPTION_LEN {
+        return Err(reason::NO_OPTION);
+    }
+    let entry = FORWARD
+        .get(Key::new(32, ip.daddr))
+        .ok_or(reason::NOT_DECISION)?;
+    let hop = match entry.hop_byte {
+        1 => h[22],
+        2 => h[23],
+        _ => return Err(reason::NOT_DECISION),
+    };
+    if hop >= entry.count || usize::from(hop) >= MAX_UPLINKS {
+        return Ok((TC_ACT_SHOT as i32, reason::UNKNOWN_HOP));
+    }
+    if h[8] <= 1 {
+        // The kernel drops it and tells the sender (ICMP time exceeded).
+        return Err(reason::TTL_EXPIRED);
+    }
+    let uplink = entry.uplinks[usize::from(hop) & (MAX_UPLINKS - 1)];
+    h[8] -= 1;
+    set_ipv4_checksum(h);
+    let mut params = bpf_redir_neigh {
+        nh_family: AF_INET,
+        __bindgen_anon_1: aya_ebpf::bindings::bpf_redir_neigh__bindgen_ty_1 {
+            ipv4_nh: uplink.nexthop,
+        },
+    };
+    // SAFETY: a helper call with a live, correctly sized parameter block.
+    let action = unsafe {
+        bpf_redirect_neigh(
+            uplink.ifindex,
+            &mut params,
+            core::mem::size_of::<bpf_redir_neigh>() as i32,
+            0,
+        )
+    };
+    if action as i64 == TC_ACT_SHOT as i64 {
+        return Ok((TC_ACT_SHOT as i32, reason::REDIRECT_FAILED));
+    }
+    count(&FORWARD_UPLINK_STATS, u32::from(hop), 1);
+    Ok((action as i32, reason::REDIRECTED))
+}
