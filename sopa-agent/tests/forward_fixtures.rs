@@ -122,6 +122,9 @@ fn plain(dst: [u8; 4]) -> Vec<u8> {
     p
 }
 
+/// (name, packet, action, reason, the uplink it must leave by).
+type Case = (&'static str, Vec<u8>, u32, u32, Option<usize>);
+
 #[test]
 fn forward_fixture_table() {
     let mut s = switch();
@@ -137,8 +140,7 @@ fn forward_fixture_table() {
     foreign[25] = 0;
     let sum = ipv4_header_checksum(&foreign[14..38]);
     foreign[24..26].copy_from_slice(&sum.to_be_bytes());
-    // (name, packet, action, reason, uplink it must leave by)
-    let cases: Vec<(&str, Vec<u8>, u32, u32, Option<usize>)> = vec![
+    let cases: Vec<Case> = vec![
         (
             "hop0 = 1 to another pod",
             stamped([10, 1, 0, 2], 1, 0, 64),
