@@ -1,6 +1,8 @@
 //! Fixture tables for `tc_stamp` and `xdp_strip`, run through BPF_PROG_TEST_RUN (needs root,
 //! no namespaces). Each case: a crafted packet, the expected output and the counted reason.
 
+mod common;
+
 use std::{
     net::Ipv4Addr,
     path::PathBuf,
@@ -15,7 +17,7 @@ use sopa_agent::{
 };
 use sopa_common::{
     maps::{Config, mode, stamp_reason, strip_reason},
-    wire::{HOP_NONE, ipv4_header_checksum},
+    wire::HOP_NONE,
 };
 
 const TC_ACT_OK: u32 = 0;
@@ -175,11 +177,7 @@ fn with_ip_options(options: &[u8]) -> Vec<u8> {
 
 fn set_ip_field(mut p: Vec<u8>, f: impl FnOnce(&mut [u8])) -> Vec<u8> {
     f(&mut p[14..]);
-    let ihl = usize::from(p[14] & 0x0f).max(5) * 4;
-    p[24] = 0;
-    p[25] = 0;
-    let sum = ipv4_header_checksum(&p[14..14 + ihl.min(p.len() - 14)]);
-    p[24..26].copy_from_slice(&sum.to_be_bytes());
+    common::fix_ipv4_checksum(&mut p);
     p
 }
 
@@ -192,16 +190,7 @@ fn fragment(offset: u16, more: bool) -> Vec<u8> {
 
 /// What tc_stamp must make of `original` for the path (hop0, hop1).
 fn stamped(original: &[u8], hop0: u8, hop1: u8) -> Vec<u8> {
-    let mut p = original.to_vec();
-    p.splice(34..34, [0x9E, 4, hop0, hop1]);
-    p[14] = 0x46;
-    let tot = u16::from_be_bytes([p[16], p[17]]) + 4;
-    p[16..18].copy_from_slice(&tot.to_be_bytes());
-    p[24] = 0;
-    p[25] = 0;
-    let sum = ipv4_header_checksum(&p[14..38]);
-    p[24..26].copy_from_slice(&sum.to_be_bytes());
-    p
+    common::with_option(original, hop0, hop1)
 }
 
 fn counters(f: &Fixture) -> (Vec<u64>, Vec<u64>) {

@@ -2,6 +2,8 @@
 //! packet at its decision point is redirected by its hop byte with the TTL decremented and a
 //! valid checksum; a hop byte naming no uplink is dropped; everything else passes untouched.
 
+mod common;
+
 use std::{
     path::PathBuf,
     sync::atomic::{AtomicU32, Ordering},
@@ -13,10 +15,7 @@ use sopa_agent::{
     datapath::{Datapath, maps::ForwardMaps},
     path_table::Prefix,
 };
-use sopa_common::{
-    maps::{FwdEntry, Uplink, forward_reason as reason},
-    wire::ipv4_header_checksum,
-};
+use sopa_common::maps::{FwdEntry, Uplink, forward_reason as reason};
 
 const TC_ACT_OK: u32 = 0;
 const TC_ACT_SHOT: u32 = 2;
@@ -95,27 +94,17 @@ fn run(s: &mut Switch, packet: &[u8]) -> (u32, Vec<u8>) {
 
 /// A TCP packet to `dst` with our option (hop0, hop1) and `ttl`.
 fn stamped(dst: [u8; 4], hop0: u8, hop1: u8, ttl: u8) -> Vec<u8> {
-    let mut p = Vec::new();
-    PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
-        .ipv4([10, 0, 0, 2], dst, ttl)
-        .tcp(1000, 2000, 1, 100)
-        .write(&mut p, b"payload")
-        .unwrap();
-    p.splice(34..34, [0x9E, 4, hop0, hop1]);
-    p[14] = 0x46;
-    let tot = u16::from_be_bytes([p[16], p[17]]) + 4;
-    p[16..18].copy_from_slice(&tot.to_be_bytes());
-    p[24] = 0;
-    p[25] = 0;
-    let sum = ipv4_header_checksum(&p[14..38]);
-    p[24..26].copy_from_slice(&sum.to_be_bytes());
-    p
+    common::with_option(&plain_ttl(dst, ttl), hop0, hop1)
 }
 
 fn plain(dst: [u8; 4]) -> Vec<u8> {
+    plain_ttl(dst, 64)
+}
+
+fn plain_ttl(dst: [u8; 4], ttl: u8) -> Vec<u8> {
     let mut p = Vec::new();
     PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
-        .ipv4([10, 0, 0, 2], dst, 64)
+        .ipv4([10, 0, 0, 2], dst, ttl)
         .tcp(1000, 2000, 1, 100)
         .write(&mut p, b"payload")
         .unwrap();
@@ -136,10 +125,7 @@ fn forward_fixture_table() {
         .unwrap();
     let mut foreign = stamped([10, 1, 0, 2], 1, 0, 64);
     foreign[34] = 0x94; // router alert, not ours
-    foreign[24] = 0;
-    foreign[25] = 0;
-    let sum = ipv4_header_checksum(&foreign[14..38]);
-    foreign[24..26].copy_from_slice(&sum.to_be_bytes());
+    common::fix_ipv4_checksum(&mut foreign);
     let cases: Vec<Case> = vec![
         (
             "hop0 = 1 to another pod",
@@ -227,10 +213,7 @@ fn forward_fixture_table() {
             assert_eq!(after.1[u], before.1[u] + 1, "{name}: left by uplink {u}");
             let mut expect = packet.clone();
             expect[22] -= 1;
-            expect[24] = 0;
-            expect[25] = 0;
-            let sum = ipv4_header_checksum(&expect[14..38]);
-            expect[24..26].copy_from_slice(&sum.to_be_bytes());
+            common::fix_ipv4_checksum(&mut expect);
             assert_eq!(
                 out, expect,
                 "{name}: TTL decremented, checksum valid, nothing else changed"

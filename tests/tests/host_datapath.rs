@@ -332,99 +332,50 @@ fn bad_input_is_refused_and_changes_nothing() {
         arb.a.ip(&["route"]).unwrap(),
     );
     let ns = arb.a.name();
-    let cases: Vec<(Vec<&str>, i32, &str)> = vec![
+    let iface = arb.a_if.as_str();
+    // `run` with a path table and extra flags, as owned arguments.
+    let run = |paths: &str, extra: &[&str]| -> Vec<String> {
+        [
+            "--netns", ns, "run", "--node", node, "--iface", iface, "--paths", paths,
+        ]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let mut unknown_iface = run(&good, &[]);
+    unknown_iface[6] = "nosuchif0".into();
+    let mut bad_node = run(&good, &[]);
+    bad_node[4] = "../x".into();
+    let cases: Vec<(Vec<String>, i32, &str)> = vec![
+        (unknown_iface, 64, "interface \"nosuchif0\" does not exist"),
+        (run(&malformed, &[]), 64, "malformed.toml"),
+        (run(&bad_prefix, &[]), 64, "not a number from 0 to 32"),
+        (run(&bad_hop, &[]), 64, "hop value 300 is out of range"),
+        (run(&missing, &[]), 64, "cannot read it"),
+        (run(&good, &["--mode", "fast"]), 64, "mode \"fast\""),
         (
-            vec![
-                "--netns",
-                ns,
-                "run",
-                "--node",
-                node,
-                "--iface",
-                "nosuchif0",
-                "--paths",
-                &good,
-            ],
-            64,
-            "interface \"nosuchif0\" does not exist",
-        ),
-        (
-            vec![
-                "--netns", ns, "run", "--node", node, "--iface", &arb.a_if, "--paths", &malformed,
-            ],
-            64,
-            "malformed.toml",
-        ),
-        (
-            vec![
-                "--netns",
-                ns,
-                "run",
-                "--node",
-                node,
-                "--iface",
-                &arb.a_if,
-                "--paths",
-                &bad_prefix,
-            ],
-            64,
-            "not a number from 0 to 32",
-        ),
-        (
-            vec![
-                "--netns", ns, "run", "--node", node, "--iface", &arb.a_if, "--paths", &bad_hop,
-            ],
-            64,
-            "hop value 300 is out of range",
-        ),
-        (
-            vec![
-                "--netns", ns, "run", "--node", node, "--iface", &arb.a_if, "--paths", &missing,
-            ],
-            64,
-            "cannot read it",
-        ),
-        (
-            vec![
-                "--netns", ns, "run", "--node", node, "--iface", &arb.a_if, "--paths", &good,
-                "--mode", "fast",
-            ],
-            64,
-            "mode \"fast\"",
-        ),
-        (
-            vec![
-                "--netns",
-                ns,
-                "run",
-                "--node",
-                node,
-                "--iface",
-                &arb.a_if,
-                "--paths",
-                &good,
-                "--tcp-reordering",
-                "0",
-            ],
+            run(&good, &["--tcp-reordering", "0"]),
             64,
             "--tcp-reordering 0",
         ),
+        (bad_node, 64, "node name"),
         (
-            vec![
-                "--netns", ns, "run", "--node", "../x", "--iface", &arb.a_if, "--paths", &good,
-            ],
-            64,
-            "node name",
-        ),
-        (
-            vec!["--netns", "sopa-no-such-netns", "status", "--node", node],
+            ["--netns", "sopa-no-such-netns", "status", "--node", node]
+                .map(String::from)
+                .to_vec(),
             64,
             "sopa-no-such-netns",
         ),
-        (vec!["status", "--node", node], 64, "no agent state"),
+        (
+            ["status", "--node", node].map(String::from).to_vec(),
+            64,
+            "no agent state",
+        ),
     ];
     for (args, code, needle) in &cases {
-        let (got, stderr) = agent_exit(args);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (got, stderr) = agent_exit(&args);
         assert_eq!(got, *code, "{args:?}: {stderr}");
         assert!(
             stderr.contains(needle),
