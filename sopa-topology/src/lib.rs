@@ -5,6 +5,7 @@
 
 pub mod cost;
 pub mod fat_tree;
+pub mod forwarding;
 pub mod graph;
 pub mod modric;
 pub mod paths;

@@ -1,0 +1,211 @@
+//! What each switch of a fabric needs to forward: the `tc_forward` decisions (for which
+//! destinations it chooses by a hop byte, and which link each hop value names) and the kernel's
+//! destination routes (for everything else: downward, and packets without the option). Also the
+//! addresses of every link, so the switch agent, the testbed and the controller agree on them.
+//!
+//! Addressing: a host has its model address; its rack switch answers on the rack's gateway
+//! address (Fat-Tree `10.p.e.1`, MODRIC the last address of the AS prefix). Switch-to-switch link
+//! `L` is the /31 `172.16.0.0 + 2L`, its `a` end the even address.
+
+use std::{collections::BTreeMap, net::Ipv4Addr};
+
+use crate::{
+    graph::{LinkId, NodeId, NodeKind},
+    prefix::Prefix,
+    properties::bfs,
+    topology::{Rack, Topology},
+};
+
+/// A `tc_forward` decision: destinations in `prefix` are forwarded by hop byte `hop_byte`
+/// (1: hop0, 2: hop1), hop value `h` leaving by `uplinks[h]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub prefix: Prefix,
+    pub hop_byte: u8,
+    pub uplinks: Vec<LinkId>,
+}
+
+/// A kernel route: destinations in `prefix` leave by any of `links` (several: multipath).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelRoute {
+    pub prefix: Prefix,
+    pub links: Vec<LinkId>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SwitchPlan {
+    pub decisions: Vec<Decision>,
+    pub routes: Vec<KernelRoute>,
+}
+
+/// The base of switch-to-switch link addresses.
+pub const LINK_BASE: Ipv4Addr = Ipv4Addr::new(172, 16, 0, 0);
+
+/// The two addresses of switch-to-switch link `link` (its `a` end first), /31.
+pub fn link_addresses(link: LinkId) -> (Ipv4Addr, Ipv4Addr) {
+    let base = u32::from(LINK_BASE) + 2 * link;
+    (Ipv4Addr::from(base), Ipv4Addr::from(base + 1))
+}
+
+/// The address a rack's switch answers on towards its hosts.
+pub fn gateway(topo: &Topology, rack: &Rack) -> Ipv4Addr {
+    match topo {
+        Topology::FatTree(_) => Ipv4Addr::from(u32::from(rack.prefix.addr) | 1),
+        Topology::Modric(_) => {
+            let host_bits = 32 - u32::from(rack.prefix.len);
+            Ipv4Addr::from(u32::from(rack.prefix.addr) | ((1 << host_bits) - 1))
+        }
+    }
+}
+
+/// The plan of switch `node`.
+pub fn plan(topo: &Topology, node: NodeId) -> SwitchPlan {
+    let g = topo.graph();
+    let racks = topo.racks();
+    let mut plan = SwitchPlan::default();
+    // Kernel routes: per rack, every neighbour on a shortest path to the rack's switch; the
+    // rack's own switch routes each host out of its port.
+    for rack in &racks {
+        if rack.tor == node {
+            for &(link, host) in g.ports(node) {
+                if g.node(host).kind == NodeKind::Host {
+                    let addr = g.node(host).addr.expect("hosts have addresses");
+                    plan.routes.push(KernelRoute {
+                        prefix: Prefix::of(addr, 32),
+                        links: vec![link],
+                    });
+                }
+            }
+            continue;
+        }
+        let dist = bfs(g, &[rack.tor]);
+        let here = dist[node as usize];
+        let links: Vec<LinkId> = g
+            .ports(node)
+            .iter()
+            .filter(|(_, n)| {
+                g.node(*n).kind.is_switch() && dist[*n as usize].checked_add(1) == Some(here)
+            })
+            .map(|(l, _)| *l)
+            .collect();
+        if !links.is_empty() {
+            plan.routes.push(KernelRoute {
+                prefix: rack.prefix,
+                links,
+            });
+        }
+    }
+    plan.decisions = decisions(topo, node, &racks);
+    plan
+}
+
+fn decisions(topo: &Topology, node: NodeId, racks: &[Rack]) -> Vec<Decision> {
+    let g = topo.graph();
+    let mut out = Vec::new();
+    match topo {
+        Topology::FatTree(f) => {
+            let h = f.k / 2;
+            match g.node(node).kind {
+                NodeKind::Edge => {
+                    let (pod, edge) = ((node - f.edge(0, 0)) / h, (node - f.edge(0, 0)) % h);
+                    let uplinks: Vec<LinkId> = (0..h).map(|a| f.edge_link(pod, edge, a)).collect();
+                    for rack in racks.iter().filter(|r| r.tor != node) {
+                        out.push(Decision {
+                            prefix: rack.prefix,
+                            hop_byte: 1,
+                            uplinks: uplinks.clone(),
+                        });
+                    }
+                }
+                NodeKind::Aggregation => {
+                    let (pod, a) = ((node - f.agg(0, 0)) / h, (node - f.agg(0, 0)) % h);
+                    let uplinks: Vec<LinkId> = (0..h).map(|j| f.core_link(pod, a, j)).collect();
+                    for rack in racks.iter().filter(|r| r.at.0 != pod) {
+                        out.push(Decision {
+                            prefix: rack.prefix,
+                            hop_byte: 2,
+                            uplinks: uplinks.clone(),
+                        });
+                    }
+                }
+                _ => {}
+            }
+        }
+        Topology::Modric(m) => {
+            // Where the candidate paths of a host below this switch take their decisions, this
+            // switch decides the same way: read the uplinks off the paths themselves.
+            let n = m.p.n;
+            let Some(c) = m.container_of(node) else {
+                return out;
+            };
+            match g.node(node).kind {
+                NodeKind::Access => {
+                    let a = (0..m.p.x)
+                        .find(|a| m.access_switch(c, *a) == node)
+                        .expect("an AS of its container");
+                    let src = m.host(c, a, 0);
+                    for rack in racks.iter().filter(|r| r.tor != node) {
+                        let mut uplinks = vec![0; 4];
+                        topo.paths_to_rack(src, rack, |hop0, _, links| {
+                            uplinks[usize::from(hop0)] = links[1]
+                        });
+                        out.push(Decision {
+                            prefix: rack.prefix,
+                            hop_byte: 1,
+                            uplinks,
+                        });
+                    }
+                }
+                NodeKind::Eps => {
+                    // Diagonal destinations: row-first (0) or column-first (1), decided at the
+                    // source EPSC by whichever EPS of it the packet reaches.
+                    let (rank, layer) = eps_rank_layer(m, c, node);
+                    for rack in racks {
+                        let dc = rack.at.0;
+                        if dc / n == c / n || dc % n == c % n {
+                            continue;
+                        }
+                        let mut uplinks = vec![0; 2];
+                        // A host whose AS is wired to this EPS's layer enters the EPSC here.
+                        let Some(a) = (0..m.p.x).find(|a| a % m.p.q == layer) else {
+                            continue;
+                        };
+                        let src = m.host(c, a, 0);
+                        topo.paths_to_rack(src, rack, |hop0, hop1, links| {
+                            if u32::from(hop0) == rank {
+                                uplinks[usize::from(hop1)] = links[2];
+                            }
+                        });
+                        out.push(Decision {
+                            prefix: rack.prefix,
+                            hop_byte: 2,
+                            uplinks,
+                        });
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+fn eps_rank_layer(m: &crate::modric::Modric, c: u32, node: NodeId) -> (u32, u32) {
+    for r in 0..4 {
+        for l in 0..m.p.q {
+            if m.eps(c, r, l) == node {
+                return (r, l);
+            }
+        }
+    }
+    unreachable!("an EPS of its container")
+}
+
+/// The plans of every switch, by node.
+pub fn plans(topo: &Topology) -> BTreeMap<NodeId, SwitchPlan> {
+    let g = topo.graph();
+    (0..g.nodes.len() as NodeId)
+        .filter(|n| g.node(*n).kind.is_switch())
+        .map(|n| (n, plan(topo, n)))
+        .collect()
+}
