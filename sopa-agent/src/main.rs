@@ -159,7 +159,7 @@ fn channel_config(args: &RunArgs, url: &str) -> Result<ClientConfig, Error> {
         }
         _ => {
             return Err(Error::Config(format!(
-                "--controller {url:?} is not an http:// or https:// address"
+                "--controller {url:?} is not an https://, http:// or unix: address"
             )));
         }
     }

@@ -120,30 +120,46 @@ pub async fn run<A: Applier>(
     }
 }
 
+/// Connects to `endpoint`: `http://`/`https://` over TCP, or `unix:PATH` over a Unix socket.
+pub async fn connect(
+    endpoint: &str,
+    tls: Option<&ClientTlsConfig>,
+) -> Result<tonic::transport::Channel, String> {
+    if let Some(path) = endpoint.strip_prefix("unix:") {
+        let path = path.to_owned();
+        // The URI is a placeholder: the connector ignores it and dials the socket.
+        return Endpoint::from_static("http://unix.socket")
+            .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+                let path = path.clone();
+                async move {
+                    let stream = tokio::net::UnixStream::connect(path).await?;
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+                }
+            }))
+            .await
+            .map_err(|e| format!("connecting to {endpoint}: {}", source_chain(&e)));
+    }
+    let mut ep = Endpoint::from_shared(endpoint.to_owned())
+        .map_err(|e| format!("bad controller address {endpoint}: {e}"))?
+        .connect_timeout(Duration::from_secs(5));
+    if let Some(tls) = tls {
+        ep = ep
+            .tls_config(tls.clone())
+            .map_err(|e| format!("TLS configuration: {e}"))?;
+    }
+    ep.connect()
+        .await
+        .map_err(|e| format!("connecting to {endpoint}: {}", source_chain(&e)))
+}
+
 async fn session<A: Applier>(
     cfg: &ClientConfig,
     applier: &mut A,
     shutdown: &mut watch::Receiver<bool>,
 ) -> End {
-    let mut endpoint = match Endpoint::from_shared(cfg.endpoint.clone()) {
-        Ok(e) => e.connect_timeout(Duration::from_secs(5)),
-        Err(e) => return End::Lost(format!("bad controller address {}: {e}", cfg.endpoint)),
-    };
-    if let Some(tls) = &cfg.tls {
-        endpoint = match endpoint.tls_config(tls.clone()) {
-            Ok(e) => e,
-            Err(e) => return End::Lost(format!("TLS configuration: {e}")),
-        };
-    }
-    let channel = match endpoint.connect().await {
+    let channel = match connect(&cfg.endpoint, cfg.tls.as_ref()).await {
         Ok(c) => c,
-        Err(e) => {
-            return End::Lost(format!(
-                "connecting to {}: {}",
-                cfg.endpoint,
-                source_chain(&e)
-            ));
-        }
+        Err(e) => return End::Lost(e),
     };
     let mut client = proto::channel::channel_client::ChannelClient::new(channel)
         .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)

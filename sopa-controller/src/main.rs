@@ -20,9 +20,9 @@ struct Args {
     /// Topology spec (TOML: `[topology] kind = "fat-tree", k = 4` or `kind = "modric", ...`).
     #[arg(long, env = "SOPA_TOPOLOGY")]
     topology: PathBuf,
-    /// Address to serve agents and operators on.
+    /// Address to serve agents and operators on: HOST:PORT, or unix:PATH for a Unix socket.
     #[arg(long, env = "SOPA_LISTEN", default_value = "0.0.0.0:7470")]
-    listen: SocketAddr,
+    listen: String,
     /// Certificate folder from `sopactl certs init` (ca.pem, controller.pem, controller.key).
     #[arg(long, env = "SOPA_CERTS", required_unless_present = "insecure")]
     certs: Option<PathBuf>,
@@ -80,9 +80,24 @@ async fn run(args: Args) -> Result<()> {
     };
     let name = fabric.topology().name();
     let controller = Controller::new(fabric, Duration::from_millis(args.heartbeat_ms));
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("binding --listen {}", args.listen))?;
+    let listener: server::Listener = match args.listen.strip_prefix("unix:") {
+        Some(path) => {
+            // A socket left by a previous run would refuse the bind.
+            let _ = std::fs::remove_file(path);
+            tokio::net::UnixListener::bind(path)
+                .with_context(|| format!("binding --listen {}", args.listen))?
+                .into()
+        }
+        None => {
+            let addr: SocketAddr = args.listen.parse().with_context(|| {
+                format!("--listen {}: write HOST:PORT or unix:PATH", args.listen)
+            })?;
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding --listen {addr}"))?
+                .into()
+        }
+    };
     info!(topology = %name, listen = %args.listen, tls = args.certs.is_some(), "controller serving");
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

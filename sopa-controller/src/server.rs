@@ -320,11 +320,18 @@ impl proto::control::control_server::Control for ControlService {
     }
 }
 
+/// Where the controller listens: TCP, or a Unix socket (reachable from every network
+/// namespace of a host, as a testbed's management path).
+pub enum Listener {
+    Tcp(tokio::net::TcpListener),
+    Unix(tokio::net::UnixListener),
+}
+
 /// Serves both services on `listener` until `shutdown` resolves. With `tls`, only clients
 /// whose certificate verifies against its client CA get through the handshake.
 pub async fn serve(
     controller: Arc<Controller>,
-    listener: tokio::net::TcpListener,
+    listener: impl Into<Listener>,
     tls: Option<tonic::transport::ServerTlsConfig>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
@@ -338,12 +345,35 @@ pub async fn serve(
             .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
     let control = proto::control::control_server::ControlServer::new(ControlService(controller))
         .max_decoding_message_size(proto::MAX_MESSAGE_BYTES);
-    builder
-        .add_service(channel)
-        .add_service(control)
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
-            shutdown,
-        )
-        .await
+    let router = builder.add_service(channel).add_service(control);
+    match listener.into() {
+        Listener::Tcp(l) => {
+            router
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::TcpListenerStream::new(l),
+                    shutdown,
+                )
+                .await
+        }
+        Listener::Unix(l) => {
+            router
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::UnixListenerStream::new(l),
+                    shutdown,
+                )
+                .await
+        }
+    }
+}
+
+impl From<tokio::net::TcpListener> for Listener {
+    fn from(l: tokio::net::TcpListener) -> Self {
+        Self::Tcp(l)
+    }
+}
+
+impl From<tokio::net::UnixListener> for Listener {
+    fn from(l: tokio::net::UnixListener) -> Self {
+        Self::Unix(l)
+    }
 }

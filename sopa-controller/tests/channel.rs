@@ -5,7 +5,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{last_version, spawn_agent, start_controller, until};
+use common::{
+    last_version, spawn_agent, spawn_agent_with, start_controller, start_controller_unix, until,
+};
 
 #[tokio::test]
 async fn snapshot_then_deltas_reach_every_agent_in_order() {
@@ -153,4 +155,22 @@ async fn a_message_over_the_size_limit_is_refused_and_changes_nothing() {
     assert!(c.controller.agents().is_empty(), "nothing recorded");
     assert_eq!(c.controller.version(), 1);
     c.stop().await;
+}
+
+#[tokio::test]
+async fn the_channel_runs_over_a_unix_socket() {
+    let path = std::env::temp_dir().join(format!("sopa-channel-{}.sock", std::process::id()));
+    let c = start_controller_unix(17, &path).await;
+    let (log, _stop) = spawn_agent_with(
+        &format!("unix:{}", path.display()),
+        "h9",
+        None,
+        vec![],
+        vec![],
+    );
+    until("snapshot over the socket", || last_version(&log) == 1).await;
+    c.controller.set_link("e0", "a0", true).unwrap();
+    until("delta over the socket", || last_version(&log) == 2).await;
+    c.stop().await;
+    let _ = std::fs::remove_file(&path);
 }

@@ -100,6 +100,32 @@ pub async fn start_controller_tls(epoch: u64, addr: &str, tls: Option<ServerTlsC
     }
 }
 
+/// A controller listening on the Unix socket `path`.
+pub async fn start_controller_unix(epoch: u64, path: &std::path::Path) -> Running {
+    let fabric = Fabric::new(TopologySpec::FatTree { k: 4 }, epoch).unwrap();
+    let controller = Controller::new(fabric, Duration::from_millis(200));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let _ = std::fs::remove_file(path);
+    let std_listener = std::os::unix::net::UnixListener::bind(path).unwrap();
+    std_listener.set_nonblocking(true).unwrap();
+    let c = Arc::clone(&controller);
+    runtime.spawn(async move {
+        let listener = tokio::net::UnixListener::from_std(std_listener).unwrap();
+        server::serve(c, listener, None, std::future::pending())
+            .await
+            .unwrap();
+    });
+    Running {
+        controller,
+        addr: "0.0.0.0:0".parse().unwrap(),
+        runtime: Some(runtime),
+    }
+}
+
 impl Running {
     pub async fn stop(mut self) {
         self.runtime.take().unwrap().shutdown_background();

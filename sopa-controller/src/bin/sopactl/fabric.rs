@@ -5,14 +5,14 @@ use std::path::PathBuf;
 use anyhow::{Context as _, Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use sopa_controller::{
-    client::source_chain,
+    client,
     proto::{
         LinkChange, LinkRef, Role, StatusRequest, SwitchChange,
         control::control_client::ControlClient,
     },
     tls,
 };
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 #[derive(Args)]
 pub struct Connection {
@@ -56,22 +56,21 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 async fn connect(c: &Connection) -> Result<ControlClient<Channel>> {
-    let mut endpoint = Endpoint::from_shared(c.controller.clone())
-        .with_context(|| format!("--controller {}", c.controller))?
-        .connect_timeout(std::time::Duration::from_secs(5));
-    if c.controller.starts_with("https://") {
+    let tls = if c.controller.starts_with("https://") {
         let dir = c
             .certs
             .as_ref()
             .context("an https controller needs --certs DIR (or SOPA_CERTS)")?;
-        endpoint = endpoint.tls_config(tls::client_config(dir, &c.controller_name)?)?;
-    } else if c.certs.is_some() {
-        bail!("--certs given for a plaintext (http://) controller; use https://");
-    }
-    let channel = endpoint
-        .connect()
+        Some(tls::client_config(dir, &c.controller_name)?)
+    } else {
+        if c.certs.is_some() {
+            bail!("--certs given for a plaintext controller address; use https://");
+        }
+        None
+    };
+    let channel = client::connect(&c.controller, tls.as_ref())
         .await
-        .map_err(|e| anyhow::anyhow!("connecting to {}: {}", c.controller, source_chain(&e)))?;
+        .map_err(anyhow::Error::msg)?;
     if c.controller.starts_with("http://") {
         eprintln!(
             "sopactl: plaintext to {}; if the controller serves TLS, use https:// with --certs",
