@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod netlink;
 pub mod path_table;
 pub mod status;
+pub mod switch;
 pub mod sysctl;
 
 pub use error::Error;

@@ -31,6 +31,8 @@ struct Cli {
 enum Command {
     /// Attach the datapath to the fabric interface and run until SIGINT/SIGTERM.
     Run(RunArgs),
+    /// The switch role: forward by the controller's topology until SIGINT/SIGTERM.
+    Switch(SwitchArgs),
     /// Show a running agent's mode, path table and counters.
     Status {
         #[command(flatten)]
@@ -122,27 +124,112 @@ struct RunArgs {
     hash_seed: u32,
 }
 
+#[derive(clap::Args)]
+struct SwitchArgs {
+    #[command(flatten)]
+    node: NodeArg,
+    /// This switch's name in the controller's topology (e.g. e0, eps.0.0.1.0); defaults to --node.
+    #[arg(long, env = "SOPA_HOST")]
+    host: Option<String>,
+    /// The controller: https://HOST:PORT (with --certs), http:// (with --insecure), or unix:PATH.
+    #[arg(long, env = "SOPA_CONTROLLER")]
+    controller: String,
+    #[arg(long, env = "SOPA_CERTS", conflicts_with = "insecure")]
+    certs: Option<PathBuf>,
+    #[arg(long, env = "SOPA_INSECURE")]
+    insecure: bool,
+    #[arg(long, env = "SOPA_CONTROLLER_NAME", default_value = sopa_controller::tls::CONTROLLER_NAME)]
+    controller_name: String,
+    #[arg(long, env = "SOPA_HEARTBEAT_MS", default_value_t = 1000)]
+    heartbeat_ms: u64,
+    /// This switch's multipath hash seed (distinct per switch, or the fabric polarizes).
+    #[arg(long, env = "SOPA_HASH_SEED")]
+    hash_seed: Option<u32>,
+}
+
 fn default_node() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_else(|_| "localhost".into())
 }
 
-/// The channel settings of `run --controller URL`; configuration errors before anything runs.
-fn channel_config(args: &RunArgs, url: &str) -> Result<ClientConfig, Error> {
-    let mut cfg = ClientConfig::new(url, &args.node.node, Role::Host);
+async fn switch(args: SwitchArgs) -> Result<(), Error> {
+    let cfg = channel_config(
+        &ChannelArgs {
+            node: &args.node.node,
+            role: Role::Switch,
+            certs: args.certs.as_ref(),
+            insecure: args.insecure,
+            controller_name: &args.controller_name,
+            heartbeat_ms: args.heartbeat_ms,
+        },
+        &args.controller,
+    )?;
+    let seed = args.hash_seed.unwrap_or_else(|| {
+        // A stable per-switch seed from its name.
+        args.node.node.bytes().fold(0x811c_9dc5u32, |h, b| {
+            (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+        })
+    });
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|err| Error::io("installing the SIGTERM handler", err))?;
+    let mut sw = sopa_agent::switch::Switch::start(&sopa_agent::switch::SwitchOptions {
+        node: args.node.node.clone(),
+        hash_seed: seed,
+    })
+    .await?;
+    let name = args.host.clone().unwrap_or_else(|| args.node.node.clone());
+    info!(node = %args.node.node, topology_name = %name, controller = %args.controller, "switch running");
+    {
+        let (_stop, stopped) = tokio::sync::watch::channel(false);
+        let mut applier = sopa_agent::switch::SwitchApplier::new(&mut sw, &name, &args.controller);
+        tokio::select! {
+            _ = sopa_controller::client::run(cfg, &mut applier, stopped) => {}
+            _ = tokio::signal::ctrl_c() => info!("SIGINT"),
+            _ = sigterm.recv() => info!("SIGTERM"),
+        }
+    }
+    let errors = sw.stop().await;
+    match errors.into_iter().next() {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// What the channel needs from either role's flags.
+struct ChannelArgs<'a> {
+    node: &'a str,
+    role: Role,
+    certs: Option<&'a PathBuf>,
+    insecure: bool,
+    controller_name: &'a str,
+    heartbeat_ms: u64,
+}
+
+/// The channel settings of `--controller URL`; configuration errors before anything runs.
+fn channel_config(args: &ChannelArgs, url: &str) -> Result<ClientConfig, Error> {
+    let mut cfg = ClientConfig::new(url, args.node, args.role);
     if args.heartbeat_ms == 0 {
         return Err(Error::Config("--heartbeat-ms must be at least 1".into()));
     }
     cfg.heartbeat = Duration::from_millis(args.heartbeat_ms);
+    if url.starts_with("unix:") {
+        // A local socket: who may connect is decided by the socket file's permissions.
+        if args.certs.is_some() {
+            return Err(Error::Config(format!(
+                "--certs does not apply to the local socket {url}"
+            )));
+        }
+        return Ok(cfg);
+    }
     match (
         url.split_once("://").map(|(s, _)| s),
-        &args.certs,
+        args.certs,
         args.insecure,
     ) {
         (Some("https"), Some(dir), false) => {
             cfg.tls = Some(
-                sopa_controller::tls::client_config(dir, &args.controller_name)
+                sopa_controller::tls::client_config(dir, args.controller_name)
                     .map_err(|e| Error::Config(format!("--certs {}: {e}", dir.display())))?,
             );
         }
@@ -201,6 +288,7 @@ fn main() -> ExitCode {
 async fn dispatch(command: Command) -> Result<(), Error> {
     match command {
         Command::Run(args) => run(args).await,
+        Command::Switch(args) => switch(args).await,
         Command::Status { node, json } => {
             host::validate_node(&node.node)?;
             let status = status::read(
@@ -250,7 +338,17 @@ async fn dispatch(command: Command) -> Result<(), Error> {
 async fn run(args: RunArgs) -> Result<(), Error> {
     let channel = match &args.controller {
         None => None,
-        Some(url) => Some(channel_config(&args, url)?),
+        Some(url) => Some(channel_config(
+            &ChannelArgs {
+                node: &args.node.node,
+                role: Role::Host,
+                certs: args.certs.as_ref(),
+                insecure: args.insecure,
+                controller_name: &args.controller_name,
+                heartbeat_ms: args.heartbeat_ms,
+            },
+            url,
+        )?),
     };
     let (paths, paths_file) = match &args.paths {
         Some(file) => (

@@ -46,6 +46,17 @@ pub struct Route {
     pub mtu_locked: bool,
     #[serde(default)]
     pub multipath: bool,
+    /// Next hops of a multipath route: (gateway, interface).
+    #[serde(default)]
+    pub nexthops: Vec<(Ipv4Addr, u32)>,
+}
+
+/// An IPv4 address of an interface, and its peer on a point-to-point configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Address {
+    pub ifindex: u32,
+    pub local: Ipv4Addr,
+    pub peer: Option<Ipv4Addr>,
 }
 
 pub struct Netlink {
@@ -104,6 +115,59 @@ impl Netlink {
             }
         }
         Ok(link)
+    }
+
+    /// Every IPv4 address of every interface.
+    pub async fn addresses(&self) -> Result<Vec<Address>> {
+        use netlink_packet_route::address::AddressAttribute;
+        let msgs: Vec<netlink_packet_route::address::AddressMessage> = self
+            .handle
+            .address()
+            .get()
+            .execute()
+            .try_collect()
+            .await
+            .map_err(|err| Error::netlink("listing addresses", err))?;
+        Ok(msgs
+            .iter()
+            .filter_map(|m| {
+                let mut local = None;
+                let mut address = None;
+                for a in &m.attributes {
+                    match a {
+                        AddressAttribute::Local(std::net::IpAddr::V4(v)) => local = Some(*v),
+                        AddressAttribute::Address(std::net::IpAddr::V4(v)) => address = Some(*v),
+                        _ => {}
+                    }
+                }
+                // Point-to-point: IFA_LOCAL is ours and IFA_ADDRESS the peer; otherwise only
+                // IFA_ADDRESS (ours) may be given.
+                let ours = local.or(address)?;
+                let peer = address.filter(|p| *p != ours);
+                Some(Address {
+                    ifindex: m.header.index,
+                    local: ours,
+                    peer,
+                })
+            })
+            .collect())
+    }
+
+    /// The name of interface `index`.
+    pub async fn link_name(&self, index: u32) -> Result<String> {
+        let mut links = self.handle.link().get().match_index(index).execute();
+        match links.try_next().await {
+            Ok(Some(msg)) => msg
+                .attributes
+                .iter()
+                .find_map(|a| match a {
+                    LinkAttribute::IfName(n) => Some(n.clone()),
+                    _ => None,
+                })
+                .ok_or_else(|| Error::UnknownInterface(format!("ifindex {index}"))),
+            Ok(None) => Err(Error::UnknownInterface(format!("ifindex {index}"))),
+            Err(err) => Err(Error::netlink(format!("looking up ifindex {index}"), err)),
+        }
     }
 
     /// Sets the most segments one GSO packet of the interface may carry (1: per-packet units).
@@ -175,6 +239,7 @@ impl Route {
             mtu: None,
             mtu_locked: false,
             multipath: false,
+            nexthops: Vec::new(),
         };
         for attr in &msg.attributes {
             match attr {
@@ -223,6 +288,19 @@ impl Route {
         if let Some(p) = self.priority {
             msg.attributes.push(RouteAttribute::Priority(p));
         }
+        if !self.nexthops.is_empty() {
+            let hops = self
+                .nexthops
+                .iter()
+                .map(|(gw, oif)| {
+                    let mut hop = netlink_packet_route::route::RouteNextHop::default();
+                    hop.interface_index = *oif;
+                    hop.attributes = vec![RouteAttribute::Gateway(RouteAddress::Inet(*gw))];
+                    hop
+                })
+                .collect();
+            msg.attributes.push(RouteAttribute::MultiPath(hops));
+        }
         let mut metrics = Vec::new();
         if let Some(mtu) = self.mtu {
             metrics.push(RouteMetric::Mtu(mtu));
@@ -266,6 +344,7 @@ mod tests {
             mtu: None,
             mtu_locked: false,
             multipath: false,
+            nexthops: Vec::new(),
         }
     }
 

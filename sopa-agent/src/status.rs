@@ -55,6 +55,9 @@ pub struct Status {
     pub changes: Vec<crate::changes::Change>,
     /// The push channel, when the paths come from a controller.
     pub controller: Option<crate::changes::ControllerState>,
+    /// Switch role: tc_forward's verdicts and the packets redirected per uplink index.
+    pub forward: BTreeMap<String, u64>,
+    pub uplinks: Vec<u64>,
 }
 
 fn hop_label(v: usize) -> String {
@@ -82,6 +85,17 @@ pub fn read(node: &str, run_dir: &Path, pin_dir: &Path) -> Result<Status> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
+    let (forward, uplinks) = match crate::datapath::maps::ForwardMaps::from_pins(pin_dir) {
+        Ok(f) => (
+            f.counters()?
+                .into_iter()
+                .zip(sopa_common::maps::forward_reason::NAMES)
+                .map(|(v, n)| (n.to_owned(), v))
+                .collect(),
+            f.uplink_counters()?,
+        ),
+        Err(_) => (BTreeMap::new(), Vec::new()),
+    };
     let data = strip[strip_reason::TCP_DATA as usize];
     let reordered = strip[strip_reason::TCP_REORDERED as usize];
     Ok(Status {
@@ -133,6 +147,8 @@ pub fn read(node: &str, run_dir: &Path, pin_dir: &Path) -> Result<Status> {
         },
         changes: record.changes,
         controller: record.controller,
+        forward,
+        uplinks,
     })
 }
 
@@ -214,6 +230,21 @@ impl Status {
             100.0 * self.reordered_fraction,
             self.strip["tcp_data"]
         );
+        if self.forward.values().any(|v| *v > 0) {
+            let _ = writeln!(
+                s,
+                "tc_forward: {}",
+                nonzero(&self.forward, &sopa_common::maps::forward_reason::NAMES)
+            );
+            let used: Vec<String> = self
+                .uplinks
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| **v > 0)
+                .map(|(i, v)| format!("{i}={v}"))
+                .collect();
+            let _ = writeln!(s, "  per uplink: {}", used.join(" "));
+        }
         if let Some(c) = &self.controller {
             let state = if c.connected {
                 "connected".to_owned()

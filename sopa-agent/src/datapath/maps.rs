@@ -181,6 +181,24 @@ impl ForwardMaps {
         })
     }
 
+    /// Opens the forwarding maps a switch agent pinned in `dir`.
+    pub fn from_pins(dir: &Path) -> Result<Self> {
+        let open = |name: &'static str| {
+            MapData::from_pin(dir.join(name))
+                .and_then(Map::from_map_data)
+                .map_err(map_err(name))
+        };
+        Ok(Self {
+            fwd: open(FWD_MAP)?.try_into().map_err(map_err(FWD_MAP))?,
+            stats: open(FWD_STATS_MAP)?
+                .try_into()
+                .map_err(map_err(FWD_STATS_MAP))?,
+            uplinks: open(FWD_UPLINK_STATS_MAP)?
+                .try_into()
+                .map_err(map_err(FWD_UPLINK_STATS_MAP))?,
+        })
+    }
+
     /// Sets the decision for destinations in `prefix`.
     pub fn set(&mut self, prefix: &Prefix, entry: &FwdEntry) -> Result<()> {
         self.fwd

@@ -1,0 +1,330 @@
+//! The switch role: a software switch of the fabric (a testbed namespace, or a Linux box). From
+//! the topology the controller pushes it computes its forwarding plan, finds its ports by their
+//! link addresses, installs destination routes (multipath where several next hops are equal),
+//! fills `tc_forward`'s decisions and attaches it to every port. The kernel multipath-hashes
+//! packets without the option by 5-tuple with a seed of this switch's own, as independent
+//! hardware switches would (notes/fabric.md: policy 1, or one seed everywhere, is polarized).
+
+use std::{collections::HashMap, net::Ipv4Addr, path::PathBuf};
+
+use sopa_common::maps::{FwdEntry, MAX_UPLINKS, Uplink};
+use sopa_controller::{
+    client::Applier,
+    proto::{Delta, Snapshot},
+    view::FabricView,
+};
+use sopa_topology::{
+    LinkId, NodeKind, Topology,
+    forwarding::{self, SwitchPlan},
+};
+use tracing::{info, warn};
+
+use crate::{
+    changes::{Change, ControllerState, Journal, Record},
+    datapath::{Datapath, maps::ForwardMaps},
+    error::{Error, Result},
+    host::{check_privileges, pin_dir, run_dir, validate_node},
+    netlink::{Netlink, Route},
+    sysctl,
+};
+
+pub struct SwitchOptions {
+    pub node: String,
+    pub hash_seed: u32,
+}
+
+pub struct Switch {
+    datapath: Datapath,
+    maps: ForwardMaps,
+    journal: Option<Journal>,
+    netlink: Netlink,
+    attached: Vec<u32>,
+}
+
+/// One port of this switch: the interface and the neighbour behind it.
+#[derive(Clone, Copy, Debug)]
+struct Port {
+    ifindex: u32,
+    neighbour: Ipv4Addr,
+}
+
+impl Switch {
+    pub async fn start(opts: &SwitchOptions) -> Result<Self> {
+        validate_node(&opts.node)?;
+        check_privileges()?;
+        crate::datapath::check_bpffs()?;
+        let netlink = Netlink::connect()?;
+        let dir = run_dir(&opts.node);
+        if let Some(record) = Journal::read(&dir)? {
+            if record.is_live() && record.pid != std::process::id() {
+                return Err(Error::AlreadyRunning {
+                    node: opts.node.clone(),
+                    pid: record.pid,
+                });
+            }
+            let _ = Journal::resume(&dir, record).undo(&netlink).await;
+        }
+        let record = Record {
+            node: opts.node.clone(),
+            pid: std::process::id(),
+            iface: "(switch ports)".into(),
+            ifindex: 0,
+            paths_file: None::<PathBuf>,
+            granularity: "-".into(),
+            xdp_mode: "-".into(),
+            started_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            changes: Vec::new(),
+            controller: None,
+        };
+        let mut journal = Journal::create(&dir, record)?;
+        let setup = async {
+            let pins = pin_dir(&opts.node);
+            journal.push(Change::Pins { dir: pins.clone() })?;
+            let mut datapath = Datapath::load_switch(&pins)?;
+            let maps = datapath.take_forward_maps()?;
+            for (key, value) in [
+                ("net.ipv4.ip_forward", "1".to_owned()),
+                ("net.ipv4.fib_multipath_hash_policy", "3".to_owned()),
+                ("net.ipv4.fib_multipath_hash_fields", "0x0037".to_owned()),
+                (
+                    "net.ipv4.fib_multipath_hash_seed",
+                    opts.hash_seed.to_string(),
+                ),
+            ] {
+                let Ok(old) = sysctl::read(key) else {
+                    warn!(key, "this kernel lacks the sysctl; leaving it");
+                    continue;
+                };
+                sysctl::write(key, &value)?;
+                journal.push(Change::Sysctl {
+                    key: key.into(),
+                    old,
+                    new: value,
+                })?;
+            }
+            Ok::<_, Error>((datapath, maps))
+        };
+        match setup.await {
+            Ok((datapath, maps)) => Ok(Self {
+                datapath,
+                maps,
+                journal: Some(journal),
+                netlink,
+                attached: Vec::new(),
+            }),
+            Err(e) => {
+                let _ = journal.undo(&netlink).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Installs the plan of `node` in `topo`: routes, decisions, and `tc_forward` on each port.
+    pub async fn apply(&mut self, topo: &Topology, node: &str) -> Result<()> {
+        let g = topo.graph();
+        let me = g
+            .find(node)
+            .filter(|n| g.node(*n).kind.is_switch())
+            .ok_or_else(|| {
+                Error::Config(format!(
+                    "node {node:?} is not a switch of the pushed topology ({})",
+                    topo.name()
+                ))
+            })?;
+        let plan: SwitchPlan = forwarding::plan(topo, me);
+        let ports = self.ports(topo, me).await?;
+        let journal = self.journal.as_mut().expect("running");
+        for route in &plan.routes {
+            if route.prefix.len == 32 {
+                // A host behind a point-to-point port: the kernel routes to the peer already.
+                continue;
+            }
+            let hops: Vec<(Ipv4Addr, u32)> = route
+                .links
+                .iter()
+                .filter_map(|l| ports.get(l).map(|p| (p.neighbour, p.ifindex)))
+                .collect();
+            if hops.is_empty() {
+                warn!(prefix = %route.prefix, "no port up towards this prefix");
+                continue;
+            }
+            let r = Route {
+                prefix: route.prefix,
+                gateway: (hops.len() == 1).then(|| hops[0].0),
+                oif: (hops.len() == 1).then(|| hops[0].1),
+                priority: None,
+                protocol: 4,
+                scope: 0,
+                mtu: None,
+                mtu_locked: false,
+                multipath: hops.len() > 1,
+                nexthops: if hops.len() > 1 { hops } else { Vec::new() },
+            };
+            self.netlink.add_route(&r, true).await?;
+            journal.push(Change::RouteAdded { route: r })?;
+        }
+        for d in &plan.decisions {
+            let mut e = FwdEntry::PASS;
+            e.hop_byte = d.hop_byte;
+            e.count = d.uplinks.len().min(MAX_UPLINKS) as u8;
+            for (slot, l) in e.uplinks.iter_mut().zip(&d.uplinks) {
+                let Some(p) = ports.get(l) else {
+                    return Err(Error::Config(format!(
+                        "decision for {} names link {} that has no port here",
+                        d.prefix,
+                        g.link_name(*l)
+                    )));
+                };
+                *slot = Uplink {
+                    ifindex: p.ifindex,
+                    nexthop: u32::from_ne_bytes(p.neighbour.octets()),
+                };
+            }
+            self.maps.set(&d.prefix, &e)?;
+        }
+        let mut ifindexes: Vec<u32> = ports.values().map(|p| p.ifindex).collect();
+        ifindexes.sort_unstable();
+        ifindexes.dedup();
+        for ifindex in ifindexes {
+            if !self.attached.contains(&ifindex) {
+                let name = self.netlink.link_name(ifindex).await?;
+                self.datapath.attach_forward(&name)?;
+                self.attached.push(ifindex);
+            }
+        }
+        info!(
+            node,
+            routes = plan.routes.len(),
+            decisions = plan.decisions.len(),
+            ports = self.attached.len(),
+            "switch plan installed"
+        );
+        Ok(())
+    }
+
+    /// This switch's ports, by link: found by the address each link gives this end.
+    async fn ports(&self, topo: &Topology, me: u32) -> Result<HashMap<LinkId, Port>> {
+        let g = topo.graph();
+        let addrs = self.netlink.addresses().await?;
+        let mut ports = HashMap::new();
+        for &(link, other) in g.ports(me) {
+            let found = if g.node(other).kind == NodeKind::Host {
+                let host = g.node(other).addr.expect("hosts have addresses");
+                let rack = topo
+                    .rack_of(other)
+                    .map_err(|e| Error::Config(e.to_string()))?;
+                let gw = forwarding::gateway(topo, &rack);
+                addrs
+                    .iter()
+                    .find(|a| a.local == gw && a.peer == Some(host))
+                    .map(|a| Port {
+                        ifindex: a.ifindex,
+                        neighbour: host,
+                    })
+            } else {
+                let (a, b) = forwarding::link_addresses(link);
+                let (mine, theirs) = if g.links[link as usize].a == me {
+                    (a, b)
+                } else {
+                    (b, a)
+                };
+                addrs.iter().find(|x| x.local == mine).map(|x| Port {
+                    ifindex: x.ifindex,
+                    neighbour: theirs,
+                })
+            };
+            match found {
+                Some(p) => {
+                    ports.insert(link, p);
+                }
+                None => {
+                    warn!(link = %g.link_name(link), "no interface carries this link's address; leaving it out")
+                }
+            }
+        }
+        Ok(ports)
+    }
+
+    pub fn set_controller_state(&mut self, state: ControllerState) {
+        if let Some(j) = self.journal.as_mut() {
+            let _ = j.set_controller(state);
+        }
+    }
+
+    pub fn forward_counters(&self) -> Result<Vec<u64>> {
+        self.maps.counters()
+    }
+
+    pub async fn stop(mut self) -> Vec<Error> {
+        let mut errors = self.datapath.detach();
+        if let Some(j) = self.journal.take() {
+            errors.extend(j.undo(&self.netlink).await);
+        }
+        errors
+    }
+}
+
+/// The switch role's side of the push channel.
+pub struct SwitchApplier<'a> {
+    pub switch: &'a mut Switch,
+    pub node: String,
+    pub endpoint: String,
+    view: Option<FabricView>,
+    state: ControllerState,
+}
+
+impl<'a> SwitchApplier<'a> {
+    pub fn new(switch: &'a mut Switch, node: &str, endpoint: &str) -> Self {
+        Self {
+            switch,
+            node: node.to_owned(),
+            endpoint: endpoint.to_owned(),
+            view: None,
+            state: ControllerState {
+                endpoint: endpoint.to_owned(),
+                ..ControllerState::default()
+            },
+        }
+    }
+}
+
+impl Applier for SwitchApplier<'_> {
+    async fn snapshot(&mut self, s: &Snapshot) -> std::result::Result<(), String> {
+        let view = FabricView::from_snapshot(s).map_err(|e| e.to_string())?;
+        self.switch
+            .apply(&view.topology, &self.node)
+            .await
+            .map_err(|e| e.to_string())?;
+        self.state.epoch = s.epoch;
+        self.state.version = s.version;
+        self.view = Some(view);
+        self.switch.set_controller_state(self.state.clone());
+        Ok(())
+    }
+
+    async fn delta(&mut self, d: &Delta) -> std::result::Result<(), (String, bool)> {
+        // Hosts steer around failures; the switch keeps its decisions and routes.
+        let view = self
+            .view
+            .as_mut()
+            .ok_or(("a delta before any snapshot".to_owned(), true))?;
+        view.apply_delta(d)
+            .map_err(|e| (e.to_string(), e.needs_resync()))?;
+        self.state.version = d.version;
+        self.switch.set_controller_state(self.state.clone());
+        Ok(())
+    }
+
+    fn position(&self) -> (u64, u64) {
+        self.view.as_ref().map_or((0, 0), |v| (v.epoch, v.version))
+    }
+
+    fn connected(&mut self, up: bool) {
+        self.state.connected = up;
+        self.state.endpoint = self.endpoint.clone();
+        self.switch.set_controller_state(self.state.clone());
+    }
+}

@@ -1,0 +1,387 @@
+//! A whole fabric of the topology model in network namespaces: one namespace per host and
+//! switch, a veth pair per link (addressed as `sopa_topology::forwarding` says), optionally
+//! shaped (HTB at the link rate with a byte-limited drop-tail bfifo), a controller on a Unix
+//! socket (the management path every namespace reaches), a switch agent per switch and a host
+//! agent per host. Everything is stopped and deleted on drop, processes first.
+
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use sopa_topology::{
+    NodeId, NodeKind, Topology,
+    forwarding::{gateway, link_addresses},
+    topology::TopologySpec,
+};
+
+use crate::{Error, NetNs, Process, Result, agent::Agent, bins, netns::veth, run_name};
+
+#[derive(Clone, Debug)]
+pub struct FabricOptions {
+    /// Link rate in Mbit/s; `None` leaves links unshaped.
+    pub rate_mbit: Option<u32>,
+    /// Drop-tail queue per link direction, in full-size packets (counted in bytes).
+    pub queue_packets: u32,
+    /// Extra flags for every host agent (mode, granularity, ...).
+    pub host_args: Vec<String>,
+}
+
+impl Default for FabricOptions {
+    fn default() -> Self {
+        Self {
+            rate_mbit: Some(100),
+            queue_packets: 100,
+            host_args: Vec::new(),
+        }
+    }
+}
+
+pub struct Fabric {
+    // Dropped in this order: agents, switches, controller, then the namespaces.
+    pub hosts: BTreeMap<NodeId, Agent>,
+    switches: Vec<Process>,
+    controller: Option<Process>,
+    pub topo: Topology,
+    pub prefix: String,
+    pub socket: PathBuf,
+    namespaces: BTreeMap<NodeId, NetNs>,
+    /// Each host's fabric interface.
+    pub host_ifaces: BTreeMap<NodeId, String>,
+    dir: PathBuf,
+}
+
+impl Fabric {
+    /// Builds the namespaces and links of `spec` (no processes yet).
+    pub fn build(spec: &TopologySpec, opts: &FabricOptions) -> Result<Self> {
+        let topo = Topology::build(spec).map_err(|e| Error::Failed(e.to_string()))?;
+        let prefix = run_name("f");
+        let dir = std::env::temp_dir().join(format!("sopa-fabric-{prefix}"));
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io("creating the fabric folder", e))?;
+        let mut fabric = Self {
+            hosts: BTreeMap::new(),
+            switches: Vec::new(),
+            controller: None,
+            socket: dir.join("controller.sock"),
+            namespaces: BTreeMap::new(),
+            host_ifaces: BTreeMap::new(),
+            topo,
+            prefix,
+            dir,
+        };
+        let g = fabric.topo.graph().clone();
+        for (id, node) in g.nodes.iter().enumerate() {
+            let ns = NetNs::new(&format!("{}-{}", fabric.prefix, node.name))?;
+            if node.kind.is_switch() {
+                ns.sysctl("net.ipv4.ip_forward", "1")?;
+            }
+            fabric.namespaces.insert(id as NodeId, ns);
+        }
+        for (l, link) in g.links.iter().enumerate() {
+            let (ia, ib) = (
+                format!("{}{l}a", fabric.prefix),
+                format!("{}{l}b", fabric.prefix),
+            );
+            let (na, nb) = (&fabric.namespaces[&link.a], &fabric.namespaces[&link.b]);
+            veth(na, &ia, nb, &ib)?;
+            let host_end = [(link.a, &ia, link.b, &ib), (link.b, &ib, link.a, &ia)]
+                .into_iter()
+                .find(|(n, ..)| g.node(*n).kind == NodeKind::Host);
+            match host_end {
+                Some((host, host_if, tor, tor_if)) => {
+                    let h = g.node(host).addr.expect("hosts have addresses").to_string();
+                    let gw = gateway(
+                        &fabric.topo,
+                        &fabric
+                            .topo
+                            .rack_of(host)
+                            .map_err(|e| Error::Failed(e.to_string()))?,
+                    )
+                    .to_string();
+                    let (hns, tns) = (&fabric.namespaces[&host], &fabric.namespaces[&tor]);
+                    hns.ip(&[
+                        "addr",
+                        "add",
+                        &h,
+                        "peer",
+                        &format!("{gw}/32"),
+                        "dev",
+                        host_if,
+                    ])?;
+                    hns.ip(&["route", "add", "default", "via", &gw, "dev", host_if])?;
+                    tns.ip(&[
+                        "addr",
+                        "add",
+                        &gw,
+                        "peer",
+                        &format!("{h}/32"),
+                        "dev",
+                        tor_if,
+                    ])?;
+                    fabric.host_ifaces.insert(host, host_if.clone());
+                }
+                None => {
+                    let (a, b) = link_addresses(l as u32);
+                    na.ip(&["addr", "add", &format!("{a}/31"), "dev", &ia])?;
+                    nb.ip(&["addr", "add", &format!("{b}/31"), "dev", &ib])?;
+                }
+            }
+            if let Some(rate) = opts.rate_mbit {
+                let limit = (opts.queue_packets * 1514).to_string();
+                for (ns, dev) in [(na, &ia), (nb, &ib)] {
+                    shape(ns, dev, rate, &limit)?;
+                }
+            }
+        }
+        Ok(fabric)
+    }
+
+    pub fn ns(&self, name: &str) -> &NetNs {
+        let id = self
+            .topo
+            .graph()
+            .find(name)
+            .unwrap_or_else(|| panic!("no node {name}"));
+        &self.namespaces[&id]
+    }
+
+    /// Starts the controller, then every switch agent, then every host agent.
+    pub fn start(&mut self, opts: &FabricOptions) -> Result<()> {
+        let spec = self.dir.join("topology.toml");
+        let text = match self.topo.spec() {
+            TopologySpec::FatTree { k } => format!("[topology]\nkind = \"fat-tree\"\nk = {k}\n"),
+            TopologySpec::Modric(p) => format!(
+                "[topology]\nkind = \"modric\"\nm = {}\nn = {}\nq = {}\nx = {}\ny = {}\n",
+                p.m, p.n, p.q, p.x, p.y
+            ),
+        };
+        std::fs::write(&spec, text).map_err(|e| Error::io("writing the topology spec", e))?;
+        let socket = format!("unix:{}", self.socket.display());
+        self.controller = Some(Process::spawn(
+            None,
+            &bins::sopa_controller(),
+            &[
+                "--topology",
+                spec.to_str().expect("utf-8"),
+                "--listen",
+                &socket,
+                "--insecure",
+                "--heartbeat-ms",
+                "500",
+            ],
+            &self.dir.join("controller.log"),
+        )?);
+        wait("the controller's socket", Duration::from_secs(10), || {
+            self.socket.exists()
+        })?;
+        let g = self.topo.graph().clone();
+        for (id, node) in g
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.kind.is_switch())
+        {
+            let ns = &self.namespaces[&(id as NodeId)];
+            let agent_node = format!("{}-{}", self.prefix, node.name);
+            let log = self.dir.join(format!("{}.log", node.name));
+            let p = Process::spawn(
+                None,
+                &bins::sopa_agent(),
+                &[
+                    "--netns",
+                    ns.name(),
+                    "switch",
+                    "--node",
+                    &agent_node,
+                    "--host",
+                    &node.name,
+                    "--controller",
+                    &socket,
+                    "--heartbeat-ms",
+                    "500",
+                ],
+                &log,
+            )?;
+            self.switches.push(p);
+        }
+        for (id, node) in g
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.kind == NodeKind::Host)
+        {
+            let id = id as NodeId;
+            let args: Vec<&str> = ["--no-metrics"]
+                .into_iter()
+                .chain(opts.host_args.iter().map(String::as_str))
+                .collect();
+            let agent = Agent::start_with_controller(
+                &self.namespaces[&id],
+                &format!("{}-{}", self.prefix, node.name),
+                &node.name,
+                &self.host_ifaces[&id],
+                &socket,
+                &args,
+            )?;
+            self.hosts.insert(id, agent);
+        }
+        Ok(())
+    }
+
+    /// The host agent of host `name`.
+    pub fn host(&self, name: &str) -> &Agent {
+        &self.hosts[&self.topo.graph().find(name).expect("a host")]
+    }
+
+    /// `sopa-agent status --json` of switch `name`.
+    pub fn switch_status(&self, name: &str) -> Result<serde_json::Value> {
+        let out = std::process::Command::new(bins::sopa_agent())
+            .args([
+                "status",
+                "--json",
+                "--node",
+                &format!("{}-{}", self.prefix, name),
+            ])
+            .output()
+            .map_err(|e| Error::io("sopa-agent status", e))?;
+        if !out.status.success() {
+            return Err(Error::Failed(
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            ));
+        }
+        serde_json::from_slice(&out.stdout).map_err(|e| Error::Failed(e.to_string()))
+    }
+
+    /// `sopactl ARGS --controller unix:SOCKET`.
+    pub fn sopactl(&self, args: &[&str]) -> Result<String> {
+        let socket = format!("unix:{}", self.socket.display());
+        let out = std::process::Command::new(bins::sopactl())
+            .args(args)
+            .args(["--controller", &socket])
+            .output()
+            .map_err(|e| Error::io("sopactl", e))?;
+        if !out.status.success() {
+            return Err(Error::Failed(
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            ));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Waits until every switch has installed its plan (its status shows the controller's
+    /// version) and every host holds a path to every other rack.
+    pub fn wait_ready(&self, timeout: Duration) -> Result<()> {
+        let g = self.topo.graph();
+        let switches: Vec<&str> = g
+            .nodes
+            .iter()
+            .filter(|n| n.kind.is_switch())
+            .map(|n| n.name.as_str())
+            .collect();
+        let racks = self.topo.racks().len() as u64;
+        wait("every switch's plan", timeout, || {
+            switches.iter().all(|s| {
+                self.switch_status(s)
+                    .is_ok_and(|st| st["controller"]["version"].as_u64().unwrap_or(0) >= 1)
+            })
+        })?;
+        wait("every host's paths", timeout, || {
+            self.hosts.values().all(|a| {
+                a.status()
+                    .is_ok_and(|st| st["prefixes"].as_u64() == Some(racks - 1))
+            })
+        })
+    }
+}
+
+fn wait(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if f() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(Error::Failed(format!("timed out waiting for {what}")))
+}
+
+/// HTB at `rate` Mbit/s (quantum one full packet) with a byte-limited bfifo below it.
+fn shape(ns: &NetNs, dev: &str, rate: u32, limit: &str) -> Result<()> {
+    let rate = format!("{rate}mbit");
+    crate::netns::run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            ns.name(),
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            dev,
+            "root",
+            "handle",
+            "1:",
+            "htb",
+            "default",
+            "1",
+        ],
+    )?;
+    crate::netns::run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            ns.name(),
+            "tc",
+            "class",
+            "add",
+            "dev",
+            dev,
+            "parent",
+            "1:",
+            "classid",
+            "1:1",
+            "htb",
+            "rate",
+            &rate,
+            "ceil",
+            &rate,
+            "quantum",
+            "1514",
+        ],
+    )?;
+    crate::netns::run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            ns.name(),
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            dev,
+            "parent",
+            "1:1",
+            "bfifo",
+            "limit",
+            limit,
+        ],
+    )?;
+    Ok(())
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        self.hosts.clear();
+        for p in &mut self.switches {
+            p.stop();
+        }
+        self.switches.clear();
+        self.controller = None;
+        self.namespaces.clear();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
