@@ -9,6 +9,7 @@ pub mod capture;
 pub mod fabric;
 pub mod netns;
 pub mod process;
+pub mod reach;
 pub mod traffic;
 
 pub use netns::{NetNs, run_name};

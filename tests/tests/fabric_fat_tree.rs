@@ -1,31 +1,20 @@
 //! Fat-Tree k=4 in namespaces: 16 hosts, 20 software switches running the switch role, a
-//! controller, host agents. Needs root.
+//! controller, host agents in `sopa` mode. Needs root.
 
-use std::{process::Command, time::Duration};
+use std::time::Duration;
 
 use sopa_testbed::{
+    capture::Capture,
     fabric::{Fabric, FabricOptions},
+    reach::all_pairs_tcp,
     traffic::{SendOptions, tcp_transfer},
 };
 use sopa_topology::topology::TopologySpec;
 
-fn ping(f: &Fabric, from: &str, to: &str) -> bool {
-    let to = f
-        .topo
-        .graph()
-        .node(f.topo.graph().find(to).unwrap())
-        .addr
-        .unwrap()
-        .to_string();
-    f.ns(from)
-        .run(|| {
-            Command::new("ping")
-                .args(["-q", "-c", "1", "-W", "1", &to])
-                .stdout(std::process::Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        })
-        .unwrap()
+fn up(f: &Fabric, switch: &str, i: usize) -> u64 {
+    f.switch_status(switch).unwrap()["uplinks"][i]
+        .as_u64()
+        .unwrap_or(0)
 }
 
 #[test]
@@ -39,20 +28,28 @@ fn fat_tree_k4_forwards_by_source_route() {
     f.wait_ready(Duration::from_secs(60))
         .expect("every agent ready");
 
-    // Every host reaches every other host.
-    let hosts: Vec<String> = (0..16).map(|i| format!("h{i}")).collect();
-    let mut unreachable = Vec::new();
-    for a in &hosts {
-        for b in &hosts {
-            if a != b && !ping(&f, a, b) {
-                unreachable.push(format!("{a}->{b}"));
-            }
-        }
-    }
-    assert!(unreachable.is_empty(), "unreachable: {unreachable:?}");
+    // Every host reaches every other host over TCP.
+    let g = f.topo.graph().clone();
+    let hosts: Vec<_> = (0..16)
+        .map(|i| {
+            let name = format!("h{i}");
+            (f.ns(&name), g.node(g.find(&name).unwrap()).addr.unwrap())
+        })
+        .collect();
+    let failed = all_pairs_tcp(&hosts, 7100).unwrap();
+    assert!(failed.is_empty(), "unreachable: {failed:?}");
 
-    // An inter-pod flow h0 -> h4: four paths, each taking a quarter of the packets.
-    let before_e0 = f.switch_status("e0").unwrap()["uplinks"].clone();
+    // An inter-pod flow h0 -> h4 takes the four paths equally; the option never reaches h4's stack.
+    let paths = |f: &Fabric| {
+        [
+            up(f, "a0", 0),
+            up(f, "a0", 1),
+            up(f, "a1", 0),
+            up(f, "a1", 1),
+        ]
+    };
+    let before = paths(&f);
+    let at_h4 = Capture::start(f.ns("h4"), &f.host_ifaces[&g.find("h4").unwrap()]).unwrap();
     let t = tcp_transfer(
         f.ns("h0"),
         f.ns("h4"),
@@ -63,26 +60,60 @@ fn fat_tree_k4_forwards_by_source_route() {
     )
     .expect("h0 -> h4");
     assert!(t.intact());
-    let e0 = f.switch_status("e0").unwrap();
-    let a0 = f.switch_status("a0").unwrap();
-    let a1 = f.switch_status("a1").unwrap();
-    eprintln!(
-        "e0 {} a0 {} a1 {} ({:.0} Mbit/s)",
-        e0["uplinks"],
-        a0["uplinks"],
-        a1["uplinks"],
-        t.mbit_per_s()
+    let frames = at_h4.finish().unwrap().frames;
+    let with_options = frames
+        .iter()
+        .filter(|fr| fr.len() > 14 && fr[12..14] == [8, 0] && fr[14] & 0x0f != 5)
+        .count();
+    assert!(
+        frames.len() > 1000 && with_options == 0,
+        "{with_options} of {} frames at h4 carried options",
+        frames.len()
     );
-    let up = |v: &serde_json::Value, i: usize| v["uplinks"][i].as_u64().unwrap_or(0);
-    let per_path = [up(&a0, 0), up(&a0, 1), up(&a1, 0), up(&a1, 1)];
+    let after = paths(&f);
+    let per_path: Vec<u64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
     let (lo, hi) = (
         per_path.iter().min().unwrap(),
         per_path.iter().max().unwrap(),
+    );
+    eprintln!(
+        "h0 -> h4: {:.0} Mbit/s, packets per path {per_path:?}",
+        t.mbit_per_s()
     );
     assert!(*lo > 1000, "{per_path:?}");
     assert!(
         hi - lo <= 1,
         "packets per path equal within one: {per_path:?}"
     );
-    let _ = before_e0;
+
+    // e0 - a0 down: the hosts drop its paths, no packet crosses it, the transfer arrives intact.
+    let out = f.sopactl(&["link", "down", "e0", "a0"]).unwrap();
+    assert!(out.contains("now down"), "{out}");
+    let h0 = f.host("h0");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while h0.status().unwrap()["path_table"]["10.1.0.0/24"]
+        .as_array()
+        .map_or(0, Vec::len)
+        != 2
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "h0 did not drop the failed paths"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (e0_a0, e0_a1) = (up(&f, "e0", 0), up(&f, "e0", 1));
+    let t = tcp_transfer(
+        f.ns("h0"),
+        f.ns("h4"),
+        "10.1.0.2".parse().unwrap(),
+        7001,
+        8 << 20,
+        &SendOptions::default(),
+    )
+    .expect("h0 -> h4 with e0:a0 down");
+    assert!(t.intact());
+    assert_eq!(up(&f, "e0", 0), e0_a0, "no packet crossed the failed link");
+    assert!(up(&f, "e0", 1) > e0_a1 + 1000, "the flow went through a1");
+    f.sopactl(&["link", "up", "e0", "a0"]).unwrap();
 }
