@@ -61,8 +61,9 @@ pub struct HostOptions {
     pub lower_route_mtu: bool,
 }
 
+/// The node's pin folder. bpffs refuses names containing '.', so dots become ':' there.
 pub fn pin_dir(node: &str) -> PathBuf {
-    Path::new(BPFFS_ROOT).join(node)
+    Path::new(BPFFS_ROOT).join(node.replace('.', ":"))
 }
 
 pub fn run_dir(node: &str) -> PathBuf {
