@@ -55,6 +55,9 @@ impl Switch {
         crate::datapath::check_bpffs()?;
         let netlink = Netlink::connect()?;
         let dir = run_dir(&opts.node);
+        // A previous run that did not exit cleanly left its forwarding in place (pinned links,
+        // routes, maps): adopt it, so traffic never stops, and take over its undo list.
+        let mut adopted = Vec::new();
         if let Some(record) = Journal::read(&dir)? {
             if record.is_live() && record.pid != std::process::id() {
                 return Err(Error::AlreadyRunning {
@@ -62,7 +65,12 @@ impl Switch {
                     pid: record.pid,
                 });
             }
-            let _ = Journal::resume(&dir, record).undo(&netlink).await;
+            info!(
+                pid = record.pid,
+                changes = record.changes.len(),
+                "adopting the forwarding a previous run left"
+            );
+            adopted = record.changes;
         }
         let record = Record {
             node: opts.node.clone(),
@@ -76,13 +84,16 @@ impl Switch {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
-            changes: Vec::new(),
+            changes: adopted,
             controller: None,
         };
+        let adopting = !record.changes.is_empty();
         let mut journal = Journal::create(&dir, record)?;
         let setup = async {
             let pins = pin_dir(&opts.node);
-            journal.push(Change::Pins { dir: pins.clone() })?;
+            if !adopting {
+                journal.push(Change::Pins { dir: pins.clone() })?;
+            }
             let mut datapath = Datapath::load_switch(&pins)?;
             let maps = datapath.take_forward_maps()?;
             for (key, value) in [
@@ -116,7 +127,9 @@ impl Switch {
                 attached: Vec::new(),
             }),
             Err(e) => {
-                let _ = journal.undo(&netlink).await;
+                if !adopting {
+                    let _ = journal.undo(&netlink).await;
+                }
                 Err(e)
             }
         }
@@ -191,7 +204,9 @@ impl Switch {
         for ifindex in ifindexes {
             if !self.attached.contains(&ifindex) {
                 let name = self.netlink.link_name(ifindex).await?;
-                self.datapath.attach_forward(&name)?;
+                if self.datapath.attach_forward_pinned(&name)? {
+                    info!(port = %name, "kept the forwarding link a previous run pinned");
+                }
                 self.attached.push(ifindex);
             }
         }
@@ -258,6 +273,7 @@ impl Switch {
         self.maps.counters()
     }
 
+    /// Detaches and restores: removing the pin folder releases the pinned forward links.
     pub async fn stop(mut self) -> Vec<Error> {
         let mut errors = self.datapath.detach();
         if let Some(j) = self.journal.take() {

@@ -41,7 +41,7 @@ impl Default for FabricOptions {
 pub struct Fabric {
     // Dropped in this order: agents, switches, controller, then the namespaces.
     pub hosts: BTreeMap<NodeId, Agent>,
-    switches: Vec<Process>,
+    switches: BTreeMap<String, Process>,
     controller: Option<Process>,
     pub topo: Topology,
     pub prefix: String,
@@ -61,7 +61,7 @@ impl Fabric {
         std::fs::create_dir_all(&dir).map_err(|e| Error::io("creating the fabric folder", e))?;
         let mut fabric = Self {
             hosts: BTreeMap::new(),
-            switches: Vec::new(),
+            switches: BTreeMap::new(),
             controller: None,
             socket: dir.join("controller.sock"),
             namespaces: BTreeMap::new(),
@@ -176,34 +176,8 @@ impl Fabric {
             self.socket.exists()
         })?;
         let g = self.topo.graph().clone();
-        for (id, node) in g
-            .nodes
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| n.kind.is_switch())
-        {
-            let ns = &self.namespaces[&(id as NodeId)];
-            let agent_node = format!("{}-{}", self.prefix, node.name);
-            let log = self.dir.join(format!("{}.log", node.name));
-            let p = Process::spawn(
-                None,
-                &bins::sopa_agent(),
-                &[
-                    "--netns",
-                    ns.name(),
-                    "switch",
-                    "--node",
-                    &agent_node,
-                    "--host",
-                    &node.name,
-                    "--controller",
-                    &socket,
-                    "--heartbeat-ms",
-                    "500",
-                ],
-                &log,
-            )?;
-            self.switches.push(p);
+        for node in g.nodes.iter().filter(|n| n.kind.is_switch()) {
+            self.start_switch(&node.name)?;
         }
         for (id, node) in g
             .nodes
@@ -227,6 +201,47 @@ impl Fabric {
             self.hosts.insert(id, agent);
         }
         Ok(())
+    }
+
+    /// Starts (or restarts) the switch agent of switch `name`.
+    pub fn start_switch(&mut self, name: &str) -> Result<()> {
+        let id = self.topo.graph().find(name).expect("a switch");
+        let ns = self.namespaces[&id].name().to_owned();
+        let socket = format!("unix:{}", self.socket.display());
+        let agent_node = format!("{}-{}", self.prefix, name);
+        let log = self.dir.join(format!("{name}.log"));
+        let p = Process::spawn(
+            None,
+            &bins::sopa_agent(),
+            &[
+                "--netns",
+                &ns,
+                "switch",
+                "--node",
+                &agent_node,
+                "--host",
+                name,
+                "--controller",
+                &socket,
+                "--heartbeat-ms",
+                "500",
+            ],
+            &log,
+        )?;
+        self.switches.insert(name.to_owned(), p);
+        Ok(())
+    }
+
+    /// SIGKILLs the switch agent of `name` (its forwarding state stays behind in the kernel).
+    pub fn kill_switch(&mut self, name: &str) {
+        if let Some(mut p) = self.switches.remove(name) {
+            p.stop_with(libc::SIGKILL, Duration::from_secs(5));
+        }
+    }
+
+    /// The log of switch `name`'s agent.
+    pub fn switch_log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default()
     }
 
     /// The host agent of host `name`.
@@ -376,7 +391,7 @@ fn shape(ns: &NetNs, dev: &str, rate: u32, limit: &str) -> Result<()> {
 impl Drop for Fabric {
     fn drop(&mut self) {
         self.hosts.clear();
-        for p in &mut self.switches {
+        for p in self.switches.values_mut() {
             p.stop();
         }
         self.switches.clear();

@@ -116,4 +116,64 @@ fn fat_tree_k4_forwards_by_source_route() {
     assert_eq!(up(&f, "e0", 0), e0_a0, "no packet crossed the failed link");
     assert!(up(&f, "e0", 1) > e0_a1 + 1000, "the flow went through a1");
     f.sopactl(&["link", "up", "e0", "a0"]).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while h0.status().unwrap()["path_table"]["10.1.0.0/24"]
+        .as_array()
+        .map_or(0, Vec::len)
+        != 4
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "h0 did not restore the paths"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // Killing a switch agent leaves its forwarding as it was.
+    f.kill_switch("a0");
+    let before = paths(&f);
+    let t = tcp_transfer(
+        f.ns("h0"),
+        f.ns("h4"),
+        "10.1.0.2".parse().unwrap(),
+        7002,
+        4 << 20,
+        &SendOptions::default(),
+    )
+    .expect("h0 -> h4 with a0's agent dead");
+    assert!(t.intact());
+    let per_path: Vec<u64> = paths(&f).iter().zip(before).map(|(a, b)| a - b).collect();
+    let (lo, hi) = (
+        per_path.iter().min().unwrap(),
+        per_path.iter().max().unwrap(),
+    );
+    assert!(
+        *lo > 500 && hi - lo <= 1,
+        "a0 still forwards by hop1 without its agent: {per_path:?}"
+    );
+    // Restarted, it adopts the pinned forwarding and resyncs with the controller.
+    f.start_switch("a0").unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !f.switch_status("a0").is_ok_and(|s| {
+        s["running"] == true && s["controller"]["version"].as_u64().unwrap_or(0) >= 1
+    }) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a0's agent did not resync:\n{}",
+            f.switch_log("a0")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = f.switch_log("a0");
+    assert!(log.contains("adopting the forwarding"), "{log}");
+    let t = tcp_transfer(
+        f.ns("h0"),
+        f.ns("h4"),
+        "10.1.0.2".parse().unwrap(),
+        7003,
+        4 << 20,
+        &SendOptions::default(),
+    )
+    .expect("h0 -> h4 after the restart");
+    assert!(t.intact());
 }

@@ -94,6 +94,40 @@ impl Datapath {
         })
     }
 
+    /// Attaches `tc_forward` to the ingress of a switch port with its link pinned in the pin
+    /// folder, so forwarding outlives this process (a crash, a restart). A pin left by a
+    /// previous run is adopted as it is: that port already forwards, with the same maps.
+    /// Returns whether the link was adopted.
+    pub fn attach_forward_pinned(&mut self, iface: &str) -> Result<bool> {
+        let pin = self
+            .pin_dir
+            .join(format!("link_fwd_{}", iface.replace('.', ":")));
+        if pin.exists() {
+            return Ok(true);
+        }
+        let name = FORWARD_PROGRAM;
+        let program = self.forward_program();
+        let id = program
+            .attach(iface, TcAttachType::Ingress)
+            .map_err(Error::program(name))?;
+        let link = program.take_link(id).map_err(Error::program(name))?;
+        let fd: aya::programs::links::FdLink =
+            link.try_into()
+                .map_err(|e: aya::programs::links::LinkError| {
+                    Error::io(
+                        format!("{name} on {iface}: not a TCX link"),
+                        std::io::Error::other(e.to_string()),
+                    )
+                })?;
+        fd.pin(&pin).map_err(|e| {
+            Error::io(
+                format!("pinning {}", pin.display()),
+                std::io::Error::other(e.to_string()),
+            )
+        })?;
+        Ok(false)
+    }
+
     /// Attaches `tc_forward` to the ingress of a switch port.
     pub fn attach_forward(&mut self, iface: &str) -> Result<()> {
         let id = self
