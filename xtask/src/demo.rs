@@ -13,6 +13,15 @@ use crate::setup::{self, cargo};
 
 #[derive(clap::Args)]
 pub struct DemoArgs {
+    /// The small demo instead: A - R - B with a capture of the option on the wire.
+    #[arg(long)]
+    arb: bool,
+    /// Fabric demo: link rate in Mbit/s.
+    #[arg(long, default_value_t = 100)]
+    rate: u32,
+    /// Fabric demo: MB per flow.
+    #[arg(long, default_value_t = 10)]
+    flow_mb: u64,
     /// MiB to send from A to B.
     #[arg(long, default_value_t = 200)]
     mib: u64,
@@ -27,6 +36,27 @@ pub struct DemoArgs {
     granularity: String,
 }
 
+/// Builds the agent, the controller and sopactl in release and points the testbed at them.
+pub fn build_release() -> Result<()> {
+    cargo(&[
+        "build",
+        "--release",
+        "-p",
+        "sopa-agent",
+        "-p",
+        "sopa-controller",
+        "--bins",
+    ])?;
+    let dir = setup::workspace_root().join("target/release");
+    // SAFETY: single-threaded here; the testbed reads these to find the binaries.
+    unsafe {
+        std::env::set_var("SOPA_AGENT_BIN", dir.join("sopa-agent"));
+        std::env::set_var("SOPA_CONTROLLER_BIN", dir.join("sopa-controller"));
+        std::env::set_var("SOPACTL_BIN", dir.join("sopactl"));
+    }
+    Ok(())
+}
+
 fn step(msg: &str) {
     eprintln!("==> {msg}");
 }
@@ -35,18 +65,14 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     if !setup::is_root() {
         bail!("the demo creates network namespaces and loads eBPF programs: run as root");
     }
+    if !args.arb {
+        return crate::fabric_demo::run(args.rate, args.flow_mb);
+    }
     if args.paths == 0 || args.paths > 254 {
         bail!("--paths {} must be from 1 to 254", args.paths);
     }
     step("building the agent (release)");
-    cargo(&["build", "--release", "-p", "sopa-agent", "--bins"])?;
-    // SAFETY: single-threaded here; the testbed reads it to find the agent.
-    unsafe {
-        std::env::set_var(
-            "SOPA_AGENT_BIN",
-            setup::workspace_root().join("target/release/sopa-agent"),
-        )
-    };
+    build_release()?;
 
     step("building A - R - B in network namespaces (R: a plain Linux router)");
     let arb = Arb::new("demo").context("building the namespaces")?;

@@ -5,6 +5,7 @@
 
 mod bench;
 mod demo;
+mod fabric_demo;
 mod setup;
 mod test;
 
