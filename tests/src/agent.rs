@@ -130,6 +130,15 @@ impl Agent {
         self.process.stop().and_then(|s| s.code())
     }
 
+    /// Lets the agent run on without this guard; returns its PID.
+    pub fn leak(self) -> u32 {
+        let mut this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never dropped; the process is moved out exactly once.
+        let process = unsafe { std::ptr::read(&this.process) };
+        let _ = std::mem::take(&mut this.node);
+        process.leak()
+    }
+
     pub fn log(&self) -> String {
         self.process.log_text()
     }

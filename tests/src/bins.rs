@@ -1,6 +1,6 @@
 //! Locating the project's binaries from a test or a tool.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The `sopa-agent` binary: `$SOPA_AGENT_BIN`, or the one beside the running test executable
 /// in cargo's target folder (`target/<profile>/sopa-agent`).
@@ -38,4 +38,11 @@ fn beside_tests(name: &str) -> PathBuf {
         bin.display()
     );
     bin
+}
+
+/// A binary of the release build (`target/release/NAME`), as `cargo xtask` builds them.
+pub fn release(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/release")
+        .join(name)
 }

@@ -388,6 +388,92 @@ fn shape(ns: &NetNs, dev: &str, rate: u32, limit: &str) -> Result<()> {
     Ok(())
 }
 
+/// A fabric left running after the process that built it exits (`cargo xtask testbed up`):
+/// enough to reach it and to tear it down later.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Detached {
+    pub prefix: String,
+    pub dir: PathBuf,
+    pub socket: PathBuf,
+    pub topology: String,
+    /// Node name -> namespace.
+    pub namespaces: BTreeMap<String, String>,
+    /// Node name -> agent node name (for `sopa-agent status --node`).
+    pub agents: BTreeMap<String, String>,
+    /// Host agents, switch agents, then the controller: the order to stop them in.
+    pub pids: Vec<u32>,
+}
+
+impl Fabric {
+    /// Leaves everything running and returns what is needed to find and remove it.
+    pub fn detach(mut self) -> Detached {
+        let g = self.topo.graph().clone();
+        let mut pids: Vec<u32> = std::mem::take(&mut self.hosts)
+            .into_values()
+            .map(Agent::leak)
+            .collect();
+        pids.extend(
+            std::mem::take(&mut self.switches)
+                .into_values()
+                .map(Process::leak),
+        );
+        pids.extend(self.controller.take().map(Process::leak));
+        let namespaces = std::mem::take(&mut self.namespaces)
+            .into_iter()
+            .map(|(id, ns)| (g.name(id).to_owned(), ns.leak()))
+            .collect();
+        let agents = g
+            .nodes
+            .iter()
+            .map(|n| (n.name.clone(), format!("{}-{}", self.prefix, n.name)))
+            .collect();
+        let detached = Detached {
+            prefix: self.prefix.clone(),
+            dir: self.dir.clone(),
+            socket: self.socket.clone(),
+            topology: self.topo.name(),
+            namespaces,
+            agents,
+            pids,
+        };
+        std::mem::forget(self);
+        detached
+    }
+}
+
+impl Detached {
+    /// Stops every process (SIGTERM, then SIGKILL) and deletes every namespace and file.
+    pub fn teardown(&self) {
+        for &pid in &self.pids {
+            stop_pid(pid);
+        }
+        for ns in self.namespaces.values() {
+            let _ = crate::netns::ip(&["netns", "del", ns]);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// SIGTERM `pid`, then SIGKILL after 5 s; only for processes a testbed started.
+pub fn stop_pid(pid: u32) {
+    let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
+    // Only a process that is still ours: a recycled PID belongs to someone else.
+    let ours = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|c| String::from_utf8_lossy(&c).contains("sopa-"));
+    if pid == 0 || !alive(pid) || !ours {
+        return;
+    }
+    // SAFETY: signalling a process this testbed started, by its recorded PID.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if alive(pid) {
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+}
+
 impl Drop for Fabric {
     fn drop(&mut self) {
         self.hosts.clear();

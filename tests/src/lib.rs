@@ -12,6 +12,7 @@ pub mod process;
 pub mod reach;
 pub mod traffic;
 
+pub use bins::release as bins_release;
 pub use netns::{NetNs, run_name};
 pub use process::Process;
 

@@ -55,6 +55,12 @@ impl NetNs {
         Ok(ns)
     }
 
+    /// Keeps the namespace after this guard goes; returns its name.
+    pub fn leak(self) -> String {
+        let this = std::mem::ManuallyDrop::new(self);
+        this.name.clone()
+    }
+
     /// A handle on a namespace owned elsewhere: it is not deleted when this one drops.
     pub fn adopt(name: &str) -> Adopted {
         Adopted(std::mem::ManuallyDrop::new(Self {

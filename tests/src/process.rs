@@ -51,6 +51,11 @@ impl Process {
         })
     }
 
+    /// Lets the process run on without this guard (it will not be stopped); returns its PID.
+    pub fn leak(mut self) -> u32 {
+        self.child.take().map_or(0, |c| c.id())
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map_or(0, Child::id)
     }

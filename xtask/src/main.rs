@@ -8,6 +8,7 @@ mod demo;
 mod fabric_demo;
 mod setup;
 mod test;
+mod testbed;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -34,6 +35,9 @@ enum Command {
     },
     /// The main job on an embedded default: namespaces, agents, traffic, a result table.
     Demo(demo::DemoArgs),
+    /// A fabric in namespaces to explore by hand: up, exec, fail, restore, status, down, clean.
+    #[command(subcommand)]
+    Testbed(testbed::TestbedCommand),
     /// Benchmarks measured side by side in one run, printed as tables of ratios.
     Bench {
         /// datapath, topology or channel
@@ -59,6 +63,10 @@ fn main() -> Result<()> {
         Command::Demo(args) => {
             setup::run()?;
             demo::run(&args)
+        }
+        Command::Testbed(cmd) => {
+            setup::run()?;
+            testbed::run(cmd)
         }
         Command::Bench { name, args } => {
             setup::run()?;

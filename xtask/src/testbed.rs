@@ -1,0 +1,250 @@
+//! `cargo xtask testbed`: a fabric in namespaces to explore by hand.
+//!
+//! `up` builds it and leaves it running, recording what it made in a state file; `exec`, `fail`,
+//! `restore`, `status` use that file; `down` removes everything; `clean` also removes what a
+//! killed run left (namespaces, pins and state of testbed names).
+
+use std::path::PathBuf;
+
+use anyhow::{Context as _, Result, bail};
+use clap::Subcommand;
+use sopa_testbed::fabric::{Detached, Fabric, FabricOptions};
+use sopa_topology::{modric::ModricParams, topology::TopologySpec};
+
+use crate::{demo::build_release, setup};
+
+#[derive(Subcommand)]
+pub enum TestbedCommand {
+    /// Build a fabric and leave it running.
+    Up {
+        /// fat-tree:K or modric:MxN (q=1, x=2, y=2 unless given as modric:MxN:q:x:y).
+        #[arg(long, default_value = "fat-tree:4")]
+        topo: String,
+        /// Link rate in Mbit/s (0: unshaped).
+        #[arg(long, default_value_t = 100)]
+        rate: u32,
+        /// Host path-selection mode: sopa, rps, ecmp or off.
+        #[arg(long, default_value = "sopa")]
+        mode: String,
+    },
+    /// Run a command in a node's namespace: `testbed exec h0 -- ping 10.1.0.2`.
+    Exec {
+        node: String,
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Take a link down through the controller.
+    Fail { a: String, b: String },
+    /// Bring a link back up.
+    Restore { a: String, b: String },
+    /// The controller's view, and a node's agent status with `--node`.
+    Status {
+        #[arg(long)]
+        node: Option<String>,
+    },
+    /// Stop everything and delete the namespaces.
+    Down,
+    /// Remove leftovers of killed runs (namespaces, pins, state named like the testbed's).
+    Clean,
+}
+
+fn state_file() -> PathBuf {
+    PathBuf::from("/run/sopa-testbed/state.json")
+}
+
+fn load() -> Result<Detached> {
+    let path = state_file();
+    let bytes = std::fs::read(&path).with_context(|| {
+        format!(
+            "no testbed is up ({}); start one with `cargo xtask testbed up`",
+            path.display()
+        )
+    })?;
+    serde_json::from_slice(&bytes)
+        .with_context(|| format!("{} is not a testbed state", path.display()))
+}
+
+pub fn parse_topo(s: &str) -> Result<TopologySpec> {
+    let bad = || anyhow::anyhow!("--topo {s:?}: write fat-tree:K or modric:MxN[:q:x:y]");
+    let (kind, rest) = s.split_once(':').ok_or_else(bad)?;
+    match kind {
+        "fat-tree" => Ok(TopologySpec::FatTree {
+            k: rest.parse().map_err(|_| bad())?,
+        }),
+        "modric" => {
+            let mut parts = rest.split(':');
+            let (m, n) = parts
+                .next()
+                .and_then(|d| d.split_once('x'))
+                .ok_or_else(bad)?;
+            let nums: Vec<u32> = parts
+                .map(|p| p.parse().map_err(|_| bad()))
+                .collect::<Result<_>>()?;
+            let (q, x, y) = match nums[..] {
+                [] => (1, 2, 2),
+                [q, x, y] => (q, x, y),
+                _ => return Err(bad()),
+            };
+            Ok(TopologySpec::Modric(ModricParams::new(
+                m.parse().map_err(|_| bad())?,
+                n.parse().map_err(|_| bad())?,
+                q,
+                x,
+                y,
+            )))
+        }
+        _ => Err(bad()),
+    }
+}
+
+fn status_cmd(program: &std::path::Path, args: &[&str]) -> Result<()> {
+    let st = std::process::Command::new(program).args(args).status()?;
+    if !st.success() {
+        bail!("{} {} failed", program.display(), args.join(" "));
+    }
+    Ok(())
+}
+
+pub fn run(cmd: TestbedCommand) -> Result<()> {
+    if !setup::is_root() {
+        bail!("the testbed creates network namespaces: run as root");
+    }
+    match cmd {
+        TestbedCommand::Up { topo, rate, mode } => {
+            if state_file().exists() {
+                bail!(
+                    "a testbed is already up ({}); `cargo xtask testbed down` first",
+                    state_file().display()
+                );
+            }
+            let spec = parse_topo(&topo)?;
+            build_release()?;
+            let opts = FabricOptions {
+                rate_mbit: (rate > 0).then_some(rate),
+                host_args: vec!["--mode".into(), mode.clone()],
+                ..FabricOptions::default()
+            };
+            eprintln!(
+                "==> building {topo} at {} in namespaces",
+                if rate > 0 {
+                    format!("{rate} Mbit/s")
+                } else {
+                    "full speed".into()
+                }
+            );
+            let mut fabric = Fabric::build(&spec, &opts)?;
+            eprintln!("==> starting the controller and the agents");
+            fabric.start(&opts)?;
+            fabric.wait_ready(std::time::Duration::from_secs(120))?;
+            let d = fabric.detach();
+            std::fs::create_dir_all(state_file().parent().expect("a folder"))?;
+            std::fs::write(state_file(), serde_json::to_vec_pretty(&d)?)?;
+            println!(
+                "{} is up: {} namespaces, hosts in {mode} mode.",
+                d.topology,
+                d.namespaces.len()
+            );
+            println!("  cargo xtask testbed exec h0 -- ping -c 3 10.1.0.2");
+            println!(
+                "  cargo xtask testbed fail e0 a0      # and: restore e0 a0, status [--node h0], down"
+            );
+            Ok(())
+        }
+        TestbedCommand::Exec { node, command } => {
+            let d = load()?;
+            let ns = d
+                .namespaces
+                .get(&node)
+                .with_context(|| format!("no node {node:?} in this testbed"))?;
+            let st = std::process::Command::new("ip")
+                .args(["netns", "exec", ns])
+                .args(&command)
+                .status()?;
+            std::process::exit(st.code().unwrap_or(1));
+        }
+        TestbedCommand::Fail { a, b } => link(&a, &b, "down"),
+        TestbedCommand::Restore { a, b } => link(&a, &b, "up"),
+        TestbedCommand::Status { node } => {
+            let d = load()?;
+            match node {
+                Some(n) => {
+                    let agent = d
+                        .agents
+                        .get(&n)
+                        .with_context(|| format!("no node {n:?} in this testbed"))?;
+                    status_cmd(
+                        &sopa_testbed::bins_release("sopa-agent"),
+                        &["status", "--node", agent],
+                    )
+                }
+                None => status_cmd(
+                    &sopa_testbed::bins_release("sopactl"),
+                    &[
+                        "status",
+                        "--controller",
+                        &format!("unix:{}", d.socket.display()),
+                    ],
+                ),
+            }
+        }
+        TestbedCommand::Down => {
+            let d = load()?;
+            d.teardown();
+            std::fs::remove_file(state_file())?;
+            println!("{} is down", d.topology);
+            Ok(())
+        }
+        TestbedCommand::Clean => clean(),
+    }
+}
+
+fn link(a: &str, b: &str, state: &str) -> Result<()> {
+    let d = load()?;
+    status_cmd(
+        &sopa_testbed::bins_release("sopactl"),
+        &[
+            "link",
+            state,
+            a,
+            b,
+            "--controller",
+            &format!("unix:{}", d.socket.display()),
+        ],
+    )
+}
+
+fn clean() -> Result<()> {
+    if let Ok(d) = load() {
+        d.teardown();
+        let _ = std::fs::remove_file(state_file());
+    }
+    // Testbed names: st<pid><tag><n>-...
+    let is_ours = |name: &str| {
+        name.strip_prefix("st")
+            .is_some_and(|rest| rest.chars().next().is_some_and(|c| c.is_ascii_digit()))
+    };
+    let listing = std::process::Command::new("ip")
+        .args(["netns", "list"])
+        .output()?;
+    let mut removed = 0;
+    for line in String::from_utf8_lossy(&listing.stdout).lines() {
+        let name = line.split_whitespace().next().unwrap_or_default();
+        if is_ours(name) {
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", name])
+                .status();
+            removed += 1;
+        }
+    }
+    for dir in ["/sys/fs/bpf/sopa", "/run/sopa"] {
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for e in entries.flatten() {
+                if is_ours(&e.file_name().to_string_lossy()) {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+    }
+    println!("removed {removed} testbed namespaces and their pins and state");
+    Ok(())
+}
