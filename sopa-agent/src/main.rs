@@ -182,9 +182,11 @@ async fn switch(args: SwitchArgs) -> Result<(), Error> {
     info!(node = %args.node.node, topology_name = %name, controller = %args.controller, "switch running");
     {
         let (_stop, stopped) = tokio::sync::watch::channel(false);
-        let mut applier = sopa_agent::switch::SwitchApplier::new(&mut sw, &name, &args.controller);
+        let (reports, reports_rx) = tokio::sync::mpsc::channel(256);
+        let mut applier =
+            sopa_agent::switch::SwitchApplier::new(&mut sw, &name, &args.controller, reports);
         tokio::select! {
-            _ = sopa_controller::client::run(cfg, &mut applier, stopped) => {}
+            _ = sopa_controller::client::run_with_reports(cfg, &mut applier, stopped, Some(reports_rx)) => {}
             _ = tokio::signal::ctrl_c() => info!("SIGINT"),
             _ = sigterm.recv() => info!("SIGTERM"),
         }

@@ -10,7 +10,7 @@ use std::{collections::HashMap, net::Ipv4Addr, path::PathBuf};
 use sopa_common::maps::{FwdEntry, MAX_UPLINKS, Uplink};
 use sopa_controller::{
     client::Applier,
-    proto::{Delta, Snapshot},
+    proto::{Delta, LinkReport, Snapshot},
     view::FabricView,
 };
 use sopa_topology::{
@@ -39,6 +39,8 @@ pub struct Switch {
     journal: Option<Journal>,
     netlink: Netlink,
     attached: Vec<u32>,
+    /// ifindex -> the link's two node names, for link-state reports.
+    port_links: HashMap<u32, (String, String)>,
 }
 
 /// One port of this switch: the interface and the neighbour behind it.
@@ -125,6 +127,7 @@ impl Switch {
                 journal: Some(journal),
                 netlink,
                 attached: Vec::new(),
+                port_links: HashMap::new(),
             }),
             Err(e) => {
                 if !adopting {
@@ -198,6 +201,16 @@ impl Switch {
             }
             self.maps.set(&d.prefix, &e)?;
         }
+        self.port_links = ports
+            .iter()
+            .map(|(l, p)| {
+                let link = &g.links[*l as usize];
+                (
+                    p.ifindex,
+                    (g.name(link.a).to_owned(), g.name(link.b).to_owned()),
+                )
+            })
+            .collect();
         let mut ifindexes: Vec<u32> = ports.values().map(|p| p.ifindex).collect();
         ifindexes.sort_unstable();
         ifindexes.dedup();
@@ -263,6 +276,53 @@ impl Switch {
         Ok(ports)
     }
 
+    /// Watches this switch's ports with rtnetlink link events and sends a report for every
+    /// change of carrier to `reports` (the controller turns it into a link state).
+    pub fn watch_ports(&self, reports: tokio::sync::mpsc::Sender<LinkReport>) -> Result<()> {
+        use futures::StreamExt as _;
+        use netlink_packet_route::{RouteNetlinkMessage, link::LinkFlag};
+        use netlink_sys::AsyncSocket as _;
+        let (mut conn, _handle, mut messages) =
+            rtnetlink::new_connection().map_err(|e| Error::io("opening a netlink socket", e))?;
+        conn.socket_mut()
+            .socket_mut()
+            .bind(&netlink_sys::SocketAddr::new(
+                0,
+                rtnetlink::constants::RTMGRP_LINK,
+            ))
+            .map_err(|e| Error::io("subscribing to link events", e))?;
+        tokio::spawn(conn);
+        let ports = self.port_links.clone();
+        tokio::spawn(async move {
+            let mut up: HashMap<u32, bool> = HashMap::new();
+            while let Some((msg, _)) = messages.next().await {
+                let netlink_packet_core::NetlinkPayload::InnerMessage(
+                    RouteNetlinkMessage::NewLink(link),
+                ) = msg.payload
+                else {
+                    continue;
+                };
+                let Some((a, b)) = ports.get(&link.header.index) else {
+                    continue;
+                };
+                let running = link.header.flags.contains(&LinkFlag::Running);
+                if up.insert(link.header.index, running) == Some(running) {
+                    continue;
+                }
+                info!(link = %format!("{a}:{b}"), up = running, "port changed; reporting it");
+                let report = LinkReport {
+                    a: a.clone(),
+                    b: b.clone(),
+                    down: !running,
+                };
+                if reports.send(report).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(())
+    }
+
     pub fn set_controller_state(&mut self, state: ControllerState) {
         if let Some(j) = self.journal.as_mut() {
             let _ = j.set_controller(state);
@@ -290,11 +350,19 @@ pub struct SwitchApplier<'a> {
     pub endpoint: String,
     view: Option<FabricView>,
     state: ControllerState,
+    reports: Option<tokio::sync::mpsc::Sender<LinkReport>>,
 }
 
 impl<'a> SwitchApplier<'a> {
-    pub fn new(switch: &'a mut Switch, node: &str, endpoint: &str) -> Self {
+    /// `reports` receives the link-state reports once the first plan is installed.
+    pub fn new(
+        switch: &'a mut Switch,
+        node: &str,
+        endpoint: &str,
+        reports: tokio::sync::mpsc::Sender<LinkReport>,
+    ) -> Self {
         Self {
+            reports: Some(reports),
             switch,
             node: node.to_owned(),
             endpoint: endpoint.to_owned(),
@@ -314,6 +382,9 @@ impl Applier for SwitchApplier<'_> {
             .apply(&view.topology, &self.node)
             .await
             .map_err(|e| e.to_string())?;
+        if let Some(tx) = self.reports.take() {
+            self.switch.watch_ports(tx).map_err(|e| e.to_string())?;
+        }
         self.state.epoch = s.epoch;
         self.state.version = s.version;
         self.view = Some(view);

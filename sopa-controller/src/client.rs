@@ -88,16 +88,22 @@ enum End {
 }
 
 /// Runs the channel until `shutdown` turns true.
-pub async fn run<A: Applier>(
+pub async fn run<A: Applier>(cfg: ClientConfig, applier: &mut A, shutdown: watch::Receiver<bool>) {
+    run_with_reports(cfg, applier, shutdown, None).await
+}
+
+/// Like [`run`], also sending every link report that arrives on `reports` (switch agents).
+pub async fn run_with_reports<A: Applier>(
     cfg: ClientConfig,
     applier: &mut A,
     mut shutdown: watch::Receiver<bool>,
+    mut reports: Option<mpsc::Receiver<proto::LinkReport>>,
 ) {
     let mut attempt = 0u32;
     let mut jitter = Jitter::new();
     loop {
         let started = tokio::time::Instant::now();
-        match session(&cfg, applier, &mut shutdown).await {
+        match session(&cfg, applier, &mut shutdown, reports.as_mut()).await {
             End::Shutdown => return,
             End::Lost(why) => {
                 applier.connected(false);
@@ -156,6 +162,7 @@ async fn session<A: Applier>(
     cfg: &ClientConfig,
     applier: &mut A,
     shutdown: &mut watch::Receiver<bool>,
+    mut reports: Option<&mut mpsc::Receiver<proto::LinkReport>>,
 ) -> End {
     let channel = match connect(&cfg.endpoint, cfg.tls.as_ref()).await {
         Ok(c) => c,
@@ -186,8 +193,20 @@ async fn session<A: Applier>(
     let silence = cfg.heartbeat * 3;
     let mut last_heard = tokio::time::Instant::now();
     loop {
+        let report = async {
+            match reports.as_mut() {
+                Some(r) => r.recv().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = shutdown.changed() => return End::Shutdown,
+            Some(rep) = report => {
+                let msg = AgentMessage { kind: Some(agent_message::Kind::Report(rep)) };
+                if tx.send(msg).await.is_err() {
+                    return End::Lost("stream closed".into());
+                }
+            }
             _ = tick.tick() => {
                 if last_heard.elapsed() > silence {
                     return End::Lost(format!("no message for {} ms", silence.as_millis()));

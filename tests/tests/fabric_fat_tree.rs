@@ -166,6 +166,49 @@ fn fat_tree_k4_forwards_by_source_route() {
     }
     let log = f.switch_log("a0");
     assert!(log.contains("adopting the forwarding"), "{log}");
+
+    // A port going down is seen by the switch agents (rtnetlink link events) and reported: the
+    // controller marks the link down and the hosts drop its paths; up again, they return.
+    let e0 = g.find("e0").unwrap();
+    let l = g.links_between(e0, g.find("a1").unwrap()).next().unwrap();
+    let dev = format!(
+        "{}{l}{}",
+        f.prefix,
+        if g.links[l as usize].a == e0 {
+            "a"
+        } else {
+            "b"
+        }
+    );
+    f.ns("e0").ip(&["link", "set", &dev, "down"]).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while f.host("h0").status().unwrap()["path_table"]["10.1.0.0/24"]
+        .as_array()
+        .map_or(0, Vec::len)
+        != 2
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the port's failure did not reach h0:\n{}",
+            f.switch_log("e0")
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = f.sopactl(&["status", "--json"]).unwrap();
+    assert!(status.contains("a1:e0"), "{status}");
+    f.ns("e0").ip(&["link", "set", &dev, "up"]).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while f.host("h0").status().unwrap()["path_table"]["10.1.0.0/24"]
+        .as_array()
+        .map_or(0, Vec::len)
+        != 4
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the port's recovery did not reach h0"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let t = tcp_transfer(
         f.ns("h0"),
         f.ns("h4"),
