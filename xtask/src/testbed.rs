@@ -23,9 +23,12 @@ pub enum TestbedCommand {
         /// Link rate in Mbit/s (0: unshaped).
         #[arg(long, default_value_t = 100)]
         rate: u32,
-        /// Host path-selection mode: sopa, rps, ecmp or off.
+        /// Host path-selection mode: sopa, rps, ecmp or off (off: the switches' kernel ECMP).
         #[arg(long, default_value = "sopa")]
         mode: String,
+        /// Drop-tail queue per link direction, in full-size packets.
+        #[arg(long, default_value_t = 100)]
+        queue: u32,
     },
     /// Run a command in a node's namespace: `testbed exec h0 -- ping 10.1.0.2`.
     Exec {
@@ -110,7 +113,12 @@ pub fn run(cmd: TestbedCommand) -> Result<()> {
         bail!("the testbed creates network namespaces: run as root");
     }
     match cmd {
-        TestbedCommand::Up { topo, rate, mode } => {
+        TestbedCommand::Up {
+            topo,
+            rate,
+            mode,
+            queue,
+        } => {
             if state_file().exists() {
                 bail!(
                     "a testbed is already up ({}); `cargo xtask testbed down` first",
@@ -122,7 +130,7 @@ pub fn run(cmd: TestbedCommand) -> Result<()> {
             let opts = FabricOptions {
                 rate_mbit: (rate > 0).then_some(rate),
                 host_args: vec!["--mode".into(), mode.clone()],
-                ..FabricOptions::default()
+                queue_packets: queue,
             };
             eprintln!(
                 "==> building {topo} at {} in namespaces",
