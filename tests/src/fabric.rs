@@ -18,6 +18,42 @@ use sopa_topology::{
 
 use crate::{Error, NetNs, Process, Result, agent::Agent, bins, netns::veth, run_name};
 
+/// `fat-tree:K` or `modric:MxN[:q:x:y]` (q=1, x=2, y=2 by default).
+pub fn parse_topo(s: &str) -> std::result::Result<TopologySpec, String> {
+    let bad = || format!("topology {s:?}: write fat-tree:K or modric:MxN[:q:x:y]");
+    let (kind, rest) = s.split_once(':').ok_or_else(bad)?;
+    match kind {
+        "fat-tree" => Ok(TopologySpec::FatTree {
+            k: rest.parse().map_err(|_| bad())?,
+        }),
+        "modric" => {
+            let mut parts = rest.split(':');
+            let (m, n) = parts
+                .next()
+                .and_then(|d| d.split_once('x'))
+                .ok_or_else(bad)?;
+            let nums: Vec<u32> = parts
+                .map(|p| p.parse().map_err(|_| bad()))
+                .collect::<std::result::Result<_, _>>()?;
+            let (q, x, y) = match nums[..] {
+                [] => (1, 2, 2),
+                [q, x, y] => (q, x, y),
+                _ => return Err(bad()),
+            };
+            Ok(TopologySpec::Modric(
+                sopa_topology::modric::ModricParams::new(
+                    m.parse().map_err(|_| bad())?,
+                    n.parse().map_err(|_| bad())?,
+                    q,
+                    x,
+                    y,
+                ),
+            ))
+        }
+        _ => Err(bad()),
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct FabricOptions {
     /// Link rate in Mbit/s; `None` leaves links unshaped.

@@ -38,6 +38,72 @@ pub struct Transfer {
     pub seconds: f64,
     pub sent_sha256: [u8; 32],
     pub received_sha256: [u8; 32],
+    /// The sender's TCP_INFO at the end of the transfer.
+    pub tcp: TcpStats,
+}
+
+/// What the sender's kernel says about the connection (TCP_INFO).
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct TcpStats {
+    /// Segments retransmitted over the connection's life.
+    pub total_retrans: u32,
+    /// Reordering events the sender detected (`tcpi_reord_seen`).
+    pub reord_seen: u32,
+    /// The connection's reordering threshold at the end (`tcpi_reordering`).
+    pub reordering: u32,
+    pub segs_out: u32,
+}
+
+fn tcp_stats(fd: i32) -> TcpStats {
+    // SAFETY: TCP_INFO fills a tcp_info of the size we pass.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&raw mut info).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return TcpStats::default();
+    }
+    TcpStats {
+        total_retrans: info.tcpi_total_retrans,
+        reord_seen: info.tcpi_reord_seen,
+        reordering: info.tcpi_reordering,
+        segs_out: info.tcpi_segs_out,
+    }
+}
+
+/// The TCP counters of `ns` (`/proc/net/netstat` TcpExt and `/proc/net/snmp` Tcp), by name.
+pub fn tcp_counters(ns: &NetNs) -> Result<std::collections::BTreeMap<String, u64>> {
+    ns.run(|| {
+        let mut out = std::collections::BTreeMap::new();
+        for file in [
+            "/proc/thread-self/net/netstat",
+            "/proc/thread-self/net/snmp",
+        ] {
+            let text = std::fs::read_to_string(file).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            for pair in lines.chunks(2) {
+                let [names, values] = pair else { continue };
+                let (Some((group, names)), Some((_, values))) =
+                    (names.split_once(':'), values.split_once(':'))
+                else {
+                    continue;
+                };
+                for (n, v) in names.split_whitespace().zip(values.split_whitespace()) {
+                    if let Ok(v) = v.parse::<u64>() {
+                        out.insert(format!("{group}.{n}"), v);
+                    }
+                }
+            }
+        }
+        out
+    })
 }
 
 impl Transfer {
@@ -119,7 +185,7 @@ pub fn tcp_transfer(
         .recv_timeout(Duration::from_secs(5))
         .map_err(|_| Error::Failed(format!("the server on {listen} did not start")))?;
     let opts = opts.clone();
-    let sent = src.run(move || -> Result<([u8; 32], [u8; 32], f64)> {
+    let sent = src.run(move || -> Result<([u8; 32], [u8; 32], f64, TcpStats)> {
         let start = Instant::now();
         let mut conn = TcpStream::connect_timeout(&listen, Duration::from_secs(5))
             .map_err(|e| Error::io(format!("connecting to {listen}"), e))?;
@@ -175,16 +241,18 @@ pub fn tcp_transfer(
         let mut echoed = [0u8; 32];
         conn.read_exact(&mut echoed)
             .map_err(|e| Error::io("waiting for the receiver's hash (stalled?)", e))?;
+        let seconds = start.elapsed().as_secs_f64();
         Ok((
             hasher.finalize().into(),
             echoed,
-            start.elapsed().as_secs_f64(),
+            seconds,
+            tcp_stats(conn.as_raw_fd()),
         ))
     })??;
     let received = server
         .join()
         .map_err(|_| Error::Failed("the server thread panicked".into()))???;
-    let (sent_sha256, echoed, seconds) = sent;
+    let (sent_sha256, echoed, seconds, tcp) = sent;
     if echoed != received {
         return Err(Error::Failed(
             "the receiver's reply does not match its own hash".into(),
@@ -195,5 +263,6 @@ pub fn tcp_transfer(
         seconds,
         sent_sha256,
         received_sha256: received,
+        tcp,
     })
 }

@@ -27,6 +27,17 @@ pub fn run(name: &str, extra: &[String]) -> Result<()> {
             args.extend(extra.iter().map(String::as_str));
             cargo(&args)
         }
-        other => bail!("unknown benchmark {other:?}; available: datapath, topology, channel"),
+        "fabric" => {
+            if !setup::is_root() {
+                bail!("the fabric benchmark creates namespaces: run as root");
+            }
+            crate::demo::build_release()?;
+            let mut args = vec!["bench", "-p", "sopa-testbed", "--bench", "fabric", "--"];
+            args.extend(extra.iter().map(String::as_str));
+            cargo(&args)
+        }
+        other => {
+            bail!("unknown benchmark {other:?}; available: datapath, topology, channel, fabric")
+        }
     }
 }

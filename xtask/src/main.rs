@@ -40,7 +40,7 @@ enum Command {
     Testbed(testbed::TestbedCommand),
     /// Benchmarks measured side by side in one run, printed as tables of ratios.
     Bench {
-        /// datapath, topology or channel
+        /// datapath, topology, channel or fabric
         name: String,
         /// Extra arguments for the benchmark.
         #[arg(last = true)]

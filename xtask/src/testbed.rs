@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use anyhow::{Context as _, Result, bail};
 use clap::Subcommand;
 use sopa_testbed::fabric::{Detached, Fabric, FabricOptions};
-use sopa_topology::{modric::ModricParams, topology::TopologySpec};
+use sopa_topology::topology::TopologySpec;
 
 use crate::{demo::build_release, setup};
 
@@ -68,36 +68,7 @@ fn load() -> Result<Detached> {
 }
 
 pub fn parse_topo(s: &str) -> Result<TopologySpec> {
-    let bad = || anyhow::anyhow!("--topo {s:?}: write fat-tree:K or modric:MxN[:q:x:y]");
-    let (kind, rest) = s.split_once(':').ok_or_else(bad)?;
-    match kind {
-        "fat-tree" => Ok(TopologySpec::FatTree {
-            k: rest.parse().map_err(|_| bad())?,
-        }),
-        "modric" => {
-            let mut parts = rest.split(':');
-            let (m, n) = parts
-                .next()
-                .and_then(|d| d.split_once('x'))
-                .ok_or_else(bad)?;
-            let nums: Vec<u32> = parts
-                .map(|p| p.parse().map_err(|_| bad()))
-                .collect::<Result<_>>()?;
-            let (q, x, y) = match nums[..] {
-                [] => (1, 2, 2),
-                [q, x, y] => (q, x, y),
-                _ => return Err(bad()),
-            };
-            Ok(TopologySpec::Modric(ModricParams::new(
-                m.parse().map_err(|_| bad())?,
-                n.parse().map_err(|_| bad())?,
-                q,
-                x,
-                y,
-            )))
-        }
-        _ => Err(bad()),
-    }
+    sopa_testbed::fabric::parse_topo(s).map_err(anyhow::Error::msg)
 }
 
 fn status_cmd(program: &std::path::Path, args: &[&str]) -> Result<()> {
