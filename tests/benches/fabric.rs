@@ -275,7 +275,7 @@ fn main() {
     // Fidelity: one flow alone on the idle fabric, between two pods or containers.
     set_mode(&f, "sopa");
     let alone = flows(&f, "permutation", a.seed).into_iter().next().unwrap();
-    let t = &run_round(&f, &[alone.clone()], a.mb, 9000)[0];
+    let t = &run_round(&f, std::slice::from_ref(&alone), a.mb, 9000)[0];
     let alone_fraction = t.mbit_per_s() / f64::from(a.rate);
     let fidelity_ok = alone_fraction >= 0.9;
 
