@@ -6,6 +6,7 @@ pub mod agent;
 pub mod arb;
 pub mod bins;
 pub mod capture;
+pub mod experiment;
 pub mod fabric;
 pub mod netns;
 pub mod process;

@@ -1,0 +1,308 @@
+//! The SOPA paper's experiments on a running fabric, the modes side by side: used by
+//! `cargo xtask bench fabric` and, with small flows, by the test suite.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use serde::Serialize;
+use sopa_topology::NodeKind;
+
+use crate::{
+    fabric::Fabric,
+    traffic::{SendOptions, Transfer, tcp_counters, tcp_transfer},
+};
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub experiment: String,
+    pub modes: Vec<String>,
+    pub repeat: u32,
+    pub rate_mbit: u32,
+    pub mb: u64,
+    pub seed: u64,
+}
+
+/// Everything one run measured.
+#[derive(Serialize)]
+pub struct Report {
+    pub alone_fraction: f64,
+    pub results: Vec<ModeResult>,
+}
+
+/// Runs the fidelity check and then every mode of `plan` on `f`.
+pub fn run(f: &Fabric, plan: &Plan) -> Report {
+    let a = plan;
+    // Fidelity: one flow alone on the idle fabric, between two pods or containers.
+    set_mode(&f, "sopa");
+    let alone = flows(&f, "permutation", a.seed).into_iter().next().unwrap();
+    let t = &run_round(&f, std::slice::from_ref(&alone), a.mb, 9000)[0];
+    let alone_fraction = t.mbit_per_s() / f64::from(a.rate_mbit);
+
+    let mut results = Vec::new();
+    for (mi, mode) in a.modes.iter().enumerate() {
+        set_mode(&f, mode);
+        let mut transfers = Vec::new();
+        let mut names = Vec::new();
+        let (c0, l0, cpu0) = (host_counters(&f), core_link_bytes(&f, &a.experiment), cpu());
+        for r in 0..a.repeat {
+            let fl = flows(&f, &a.experiment, a.seed + u64::from(r));
+            eprintln!(
+                "{mode}: round {} of {}, {} flows of {} MB",
+                r + 1,
+                a.repeat,
+                fl.len(),
+                a.mb
+            );
+            let port = 10_000 + (mi as u16) * 1000 + (r as u16) * 50;
+            transfers.extend(run_round(&f, &fl, a.mb, port));
+            names.extend(fl);
+        }
+        let (c1, l1, cpu1) = (host_counters(&f), core_link_bytes(&f, &a.experiment), cpu());
+        assert!(
+            transfers.iter().all(Transfer::intact),
+            "a flow arrived corrupted"
+        );
+        let mut frac: Vec<f64> = transfers
+            .iter()
+            .map(|t| t.mbit_per_s() / f64::from(a.rate_mbit))
+            .collect();
+        frac.sort_by(f64::total_cmp);
+        let mut fct: Vec<f64> = transfers.iter().map(|t| t.seconds).collect();
+        fct.sort_by(f64::total_cmp);
+        let d = |k: &str| c1[k] - c0[k];
+        let link: Vec<u64> = l1.iter().zip(&l0).map(|(x, y)| x - y).collect();
+        let (lmax, lmin) = (
+            link.iter().max().copied().unwrap_or(0),
+            link.iter().min().copied().unwrap_or(0),
+        );
+        results.push(ModeResult {
+            mode: mode.clone(),
+            flows: transfers.len(),
+            mean: frac.iter().sum::<f64>() / frac.len() as f64,
+            min: frac[0],
+            p5: percentile(&frac, 0.05),
+            p99: percentile(&frac, 0.99),
+            fct_mean_s: fct.iter().sum::<f64>() / fct.len() as f64,
+            fct_p99_s: percentile(&fct, 0.99),
+            reordered_pct: 100.0 * d("tcp_reordered") as f64 / d("tcp_data").max(1) as f64,
+            fast_retransmits: d("fast_retransmits"),
+            timeouts: d("timeouts"),
+            retrans_segs: d("retrans_segs"),
+            core_links_max_over_min: if lmin == 0 {
+                f64::INFINITY
+            } else {
+                lmax as f64 / lmin as f64
+            },
+            idle_cpu_pct: 100.0 * (cpu1.0 - cpu0.0) as f64 / (cpu1.1 - cpu0.1).max(1) as f64,
+            per_flow: names
+                .iter()
+                .zip(&transfers)
+                .map(|((s, d), t)| {
+                    (
+                        s.clone(),
+                        d.clone(),
+                        t.mbit_per_s(),
+                        t.seconds,
+                        t.tcp.total_retrans,
+                    )
+                })
+                .collect(),
+        });
+    }
+    Report {
+        alone_fraction,
+        results,
+    }
+}
+
+/// xorshift64 for reproducible random permutations.
+pub fn rng(seed: u64) -> impl FnMut() -> u64 {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    }
+}
+
+/// (source, destination) host names of one round of the experiment.
+pub fn flows(f: &Fabric, experiment: &str, seed: u64) -> Vec<(String, String)> {
+    let g = f.topo.graph();
+    let hosts: Vec<String> = g
+        .nodes
+        .iter()
+        .filter(|n| n.kind == NodeKind::Host)
+        .map(|n| n.name.clone())
+        .collect();
+    match experiment {
+        "sec4.2" => {
+            assert!(
+                hosts.len() == 16 && f.topo.name().starts_with("Fat-Tree"),
+                "sec4.2 is defined on Fat-Tree k=4"
+            );
+            [("h0", "h4"), ("h0", "h5"), ("h1", "h4"), ("h1", "h5")]
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect()
+        }
+        "permutation" => {
+            // A random permutation without fixed points: every host sends to one other host and
+            // receives from one.
+            let mut next = rng(seed);
+            let n = hosts.len();
+            let mut perm: Vec<usize> = (0..n).collect();
+            loop {
+                for i in (1..n).rev() {
+                    perm.swap(i, (next() % (i as u64 + 1)) as usize);
+                }
+                if perm.iter().enumerate().all(|(i, p)| i != *p) {
+                    break;
+                }
+            }
+            (0..n)
+                .map(|i| (hosts[i].clone(), hosts[perm[i]].clone()))
+                .collect()
+        }
+        other => panic!("experiment {other:?}: sec4.2 or permutation"),
+    }
+}
+
+pub fn run_round(f: &Fabric, flows: &[(String, String)], mb: u64, port: u16) -> Vec<Transfer> {
+    let g = f.topo.graph();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = flows
+            .iter()
+            .enumerate()
+            .map(|(i, (a, b))| {
+                let addr = g.node(g.find(b).unwrap()).addr.unwrap();
+                let (sa, sb) = (f.ns(a), f.ns(b));
+                s.spawn(move || {
+                    let opts = SendOptions {
+                        stall_timeout: Duration::from_secs(30),
+                        ..SendOptions::default()
+                    };
+                    tcp_transfer(sa, sb, addr, port + i as u16, mb * 1_000_000, &opts)
+                        .unwrap_or_else(|e| panic!("flow {a} -> {b}: {e}"))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a flow thread"))
+            .collect()
+    })
+}
+
+/// (idle, total) jiffies of all CPUs.
+pub fn cpu() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let v: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+    (idle, v.iter().sum())
+}
+
+/// Sums of the hosts' receive-side reordering and TCP counters.
+pub fn host_counters(f: &Fabric) -> BTreeMap<&'static str, u64> {
+    let mut out = BTreeMap::new();
+    for (id, agent) in &f.hosts {
+        let st = agent.status().expect("host status");
+        *out.entry("tcp_data").or_insert(0) += st["strip"]["tcp_data"].as_u64().unwrap_or(0);
+        *out.entry("tcp_reordered").or_insert(0) +=
+            st["strip"]["tcp_reordered"].as_u64().unwrap_or(0);
+        let c = tcp_counters(f.ns(f.topo.graph().name(*id))).expect("TCP counters");
+        for (key, name) in [
+            ("fast_retransmits", "TcpExt.TCPFastRetrans"),
+            ("timeouts", "TcpExt.TCPTimeouts"),
+            ("retrans_segs", "Tcp.RetransSegs"),
+        ] {
+            *out.entry(key).or_insert(0) += c.get(name).copied().unwrap_or(0);
+        }
+    }
+    out
+}
+
+/// Bytes sent upward on the aggregation-to-core (Fat-Tree) or inter-container (MODRIC) links
+/// the experiment loads: for sec4.2 the four uplinks of pod 0, otherwise all of them.
+pub fn core_link_bytes(f: &Fabric, experiment: &str) -> Vec<u64> {
+    let g = f.topo.graph().clone();
+    let mut out = Vec::new();
+    for (l, link) in g.links.iter().enumerate() {
+        let (ka, kb) = (g.node(link.a).kind, g.node(link.b).kind);
+        let core = matches!((ka, kb), (NodeKind::Aggregation, NodeKind::Core))
+            || (ka == NodeKind::Eps && kb == NodeKind::Eps);
+        if !core {
+            continue;
+        }
+        if experiment == "sec4.2" && !["a0", "a1"].contains(&g.name(link.a)) {
+            continue;
+        }
+        let dev = format!("{}{l}a", f.prefix);
+        let ns = f.ns(g.name(link.a));
+        let bytes = ns
+            .run(move || {
+                let out = std::process::Command::new("ip")
+                    .args(["-s", "-j", "link", "show", &dev])
+                    .output()
+                    .ok()?;
+                let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+                v[0]["stats64"]["tx"]["bytes"].as_u64()
+            })
+            .ok()
+            .flatten()
+            .unwrap_or(0);
+        out.push(bytes);
+    }
+    out
+}
+
+/// The least idle CPU a valid run may leave.
+pub const MIN_IDLE_PCT: f64 = 15.0;
+
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[(((sorted.len() - 1) as f64) * p).round() as usize]
+}
+
+#[derive(Serialize)]
+pub struct ModeResult {
+    pub mode: String,
+    pub flows: usize,
+    pub mean: f64,
+    pub min: f64,
+    pub p5: f64,
+    pub p99: f64,
+    pub fct_mean_s: f64,
+    pub fct_p99_s: f64,
+    pub reordered_pct: f64,
+    pub fast_retransmits: u64,
+    pub timeouts: u64,
+    pub retrans_segs: u64,
+    pub core_links_max_over_min: f64,
+    pub idle_cpu_pct: f64,
+    pub per_flow: Vec<(String, String, f64, f64, u32)>,
+}
+
+pub fn set_mode(f: &Fabric, mode: &str) {
+    let host_mode = if mode == "ecmp" { "off" } else { mode };
+    for agent in f.hosts.values() {
+        let out = std::process::Command::new(crate::bins::sopa_agent())
+            .args(["mode", "--node", &agent.node, host_mode])
+            .output()
+            .expect("sopa-agent mode");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
