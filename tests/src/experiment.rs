@@ -33,19 +33,19 @@ pub struct Report {
 pub fn run(f: &Fabric, plan: &Plan) -> Report {
     let a = plan;
     // Fidelity: one flow alone on the idle fabric, between two pods or containers.
-    set_mode(&f, "sopa");
-    let alone = flows(&f, "permutation", a.seed).into_iter().next().unwrap();
-    let t = &run_round(&f, std::slice::from_ref(&alone), a.mb, 9000)[0];
+    set_mode(f, "sopa");
+    let alone = flows(f, "permutation", a.seed).into_iter().next().unwrap();
+    let t = &run_round(f, std::slice::from_ref(&alone), a.mb, 9000)[0];
     let alone_fraction = t.mbit_per_s() / f64::from(a.rate_mbit);
 
     let mut results = Vec::new();
     for (mi, mode) in a.modes.iter().enumerate() {
-        set_mode(&f, mode);
+        set_mode(f, mode);
         let mut transfers = Vec::new();
         let mut names = Vec::new();
-        let (c0, l0, cpu0) = (host_counters(&f), core_link_bytes(&f, &a.experiment), cpu());
+        let (c0, l0, cpu0) = (host_counters(f), core_link_bytes(f, &a.experiment), cpu());
         for r in 0..a.repeat {
-            let fl = flows(&f, &a.experiment, a.seed + u64::from(r));
+            let fl = flows(f, &a.experiment, a.seed + u64::from(r));
             eprintln!(
                 "{mode}: round {} of {}, {} flows of {} MB",
                 r + 1,
@@ -54,10 +54,10 @@ pub fn run(f: &Fabric, plan: &Plan) -> Report {
                 a.mb
             );
             let port = 10_000 + (mi as u16) * 1000 + (r as u16) * 50;
-            transfers.extend(run_round(&f, &fl, a.mb, port));
+            transfers.extend(run_round(f, &fl, a.mb, port));
             names.extend(fl);
         }
-        let (c1, l1, cpu1) = (host_counters(&f), core_link_bytes(&f, &a.experiment), cpu());
+        let (c1, l1, cpu1) = (host_counters(f), core_link_bytes(f, &a.experiment), cpu());
         assert!(
             transfers.iter().all(Transfer::intact),
             "a flow arrived corrupted"
