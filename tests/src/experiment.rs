@@ -232,35 +232,22 @@ pub fn host_counters(f: &Fabric) -> BTreeMap<&'static str, u64> {
 /// Bytes sent upward on the aggregation-to-core (Fat-Tree) or inter-container (MODRIC) links
 /// the experiment loads: for sec4.2 the four uplinks of pod 0, otherwise all of them.
 pub fn core_link_bytes(f: &Fabric, experiment: &str) -> Vec<u64> {
-    let g = f.topo.graph().clone();
-    let mut out = Vec::new();
-    for (l, link) in g.links.iter().enumerate() {
-        let (ka, kb) = (g.node(link.a).kind, g.node(link.b).kind);
-        let core = matches!((ka, kb), (NodeKind::Aggregation, NodeKind::Core))
-            || (ka == NodeKind::Eps && kb == NodeKind::Eps);
-        if !core {
-            continue;
-        }
-        if experiment == "sec4.2" && !["a0", "a1"].contains(&g.name(link.a)) {
-            continue;
-        }
-        let dev = format!("{}{l}a", f.prefix);
-        let ns = f.ns(g.name(link.a));
-        let bytes = ns
-            .run(move || {
-                let out = std::process::Command::new("ip")
-                    .args(["-s", "-j", "link", "show", &dev])
-                    .output()
-                    .ok()?;
-                let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-                v[0]["stats64"]["tx"]["bytes"].as_u64()
-            })
-            .ok()
-            .flatten()
-            .unwrap_or(0);
-        out.push(bytes);
-    }
-    out
+    let g = f.topo.graph();
+    g.links
+        .iter()
+        .enumerate()
+        .filter(|(_, link)| {
+            let (ka, kb) = (g.node(link.a).kind, g.node(link.b).kind);
+            matches!((ka, kb), (NodeKind::Aggregation, NodeKind::Core))
+                || (ka == NodeKind::Eps && kb == NodeKind::Eps)
+        })
+        .filter(|(_, link)| experiment != "sec4.2" || ["a0", "a1"].contains(&g.name(link.a)))
+        .map(|(l, link)| {
+            f.ns(g.name(link.a))
+                .tx_bytes(&format!("{}{l}a", f.prefix))
+                .unwrap_or(0)
+        })
+        .collect()
 }
 
 /// The least idle CPU a valid run may leave.

@@ -239,6 +239,21 @@ impl Fabric {
         Ok(())
     }
 
+    /// The interface of the link between `node` and `peer`, on `node`'s side.
+    pub fn link_iface(&self, node: &str, peer: &str) -> String {
+        let g = self.topo.graph();
+        let (n, p) = (g.find(node).expect("a node"), g.find(peer).expect("a node"));
+        let l = g
+            .links_between(n, p)
+            .next()
+            .unwrap_or_else(|| panic!("no link {node}:{peer}"));
+        format!(
+            "{}{l}{}",
+            self.prefix,
+            if g.links[l as usize].a == n { "a" } else { "b" }
+        )
+    }
+
     /// Starts (or restarts) the switch agent of switch `name`.
     pub fn start_switch(&mut self, name: &str) -> Result<()> {
         let id = self.topo.graph().find(name).expect("a switch");
@@ -360,67 +375,16 @@ fn wait(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Result<()
 /// HTB at `rate` Mbit/s (quantum one full packet) with a byte-limited bfifo below it.
 fn shape(ns: &NetNs, dev: &str, rate: u32, limit: &str) -> Result<()> {
     let rate = format!("{rate}mbit");
-    crate::netns::run(
-        "ip",
-        &[
-            "netns",
-            "exec",
-            ns.name(),
-            "tc",
-            "qdisc",
-            "add",
-            "dev",
-            dev,
-            "root",
-            "handle",
-            "1:",
-            "htb",
-            "default",
-            "1",
-        ],
-    )?;
-    crate::netns::run(
-        "ip",
-        &[
-            "netns",
-            "exec",
-            ns.name(),
-            "tc",
-            "class",
-            "add",
-            "dev",
-            dev,
-            "parent",
-            "1:",
-            "classid",
-            "1:1",
-            "htb",
-            "rate",
-            &rate,
-            "ceil",
-            &rate,
-            "quantum",
-            "1514",
-        ],
-    )?;
-    crate::netns::run(
-        "ip",
-        &[
-            "netns",
-            "exec",
-            ns.name(),
-            "tc",
-            "qdisc",
-            "add",
-            "dev",
-            dev,
-            "parent",
-            "1:1",
-            "bfifo",
-            "limit",
-            limit,
-        ],
-    )?;
+    ns.tc(&[
+        "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "1",
+    ])?;
+    ns.tc(&[
+        "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", &rate, "ceil",
+        &rate, "quantum", "1514",
+    ])?;
+    ns.tc(&[
+        "qdisc", "add", "dev", dev, "parent", "1:1", "bfifo", "limit", limit,
+    ])?;
     Ok(())
 }
 

@@ -79,6 +79,22 @@ impl NetNs {
         ip(&full)
     }
 
+    /// Bytes interface `dev` of this namespace has sent (`ip -s -j link`: sysfs would show the
+    /// namespace of whoever mounted it).
+    pub fn tx_bytes(&self, dev: &str) -> Result<u64> {
+        let out = self.ip(&["-s", "-j", "link", "show", dev])?;
+        let v: serde_json::Value = serde_json::from_str(&out)
+            .map_err(|e| Error::Failed(format!("ip -s -j link show {dev}: {e}")))?;
+        Ok(v[0]["stats64"]["tx"]["bytes"].as_u64().unwrap_or(0))
+    }
+
+    /// `tc ARGS` inside the namespace.
+    pub fn tc(&self, args: &[&str]) -> Result<String> {
+        let mut full = vec!["netns", "exec", self.name.as_str(), "tc"];
+        full.extend_from_slice(args);
+        ip(&full)
+    }
+
     /// Sets a sysctl inside the namespace.
     pub fn sysctl(&self, key: &str, value: &str) -> Result<()> {
         self.run(|| {

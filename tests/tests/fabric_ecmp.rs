@@ -10,21 +10,8 @@ use sopa_testbed::{
 };
 use sopa_topology::topology::TopologySpec;
 
-/// Bytes sent by interface `dev` in the namespace of `node`.
 fn tx_bytes(f: &Fabric, node: &str, dev: &str) -> u64 {
-    let path = format!("/sys/class/net/{dev}/statistics/tx_bytes");
-    f.ns(node)
-        .run(move || {
-            // sysfs shows the namespace of whoever mounted it; read it through `ip` instead.
-            let out = std::process::Command::new("ip")
-                .args(["-s", "-j", "link", "show", dev])
-                .output()
-                .unwrap();
-            let _ = path;
-            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-            v[0]["stats64"]["tx"]["bytes"].as_u64().unwrap_or(0)
-        })
-        .unwrap()
+    f.ns(node).tx_bytes(dev).unwrap()
 }
 
 #[test]

@@ -8,14 +8,13 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use sopa_testbed::{
+    experiment,
     fabric::{Fabric, FabricOptions},
-    traffic::{SendOptions, Transfer, tcp_transfer},
+    traffic::Transfer,
 };
 use sopa_topology::topology::TopologySpec;
 
 use crate::demo::build_release;
-
-const FLOWS: [(&str, &str); 4] = [("h0", "h4"), ("h0", "h5"), ("h1", "h4"), ("h1", "h5")];
 
 /// Packets through each of the four core paths of pod 0's uplinks: (aggregation, core).
 fn core_paths(f: &Fabric) -> Result<[u64; 4]> {
@@ -27,64 +26,6 @@ fn core_paths(f: &Fabric) -> Result<[u64; 4]> {
         }
     }
     Ok(out)
-}
-
-/// Bytes each of pod 0's four aggregation-to-core links carried (tx on the aggregation side).
-fn core_bytes(f: &Fabric) -> Result<[u64; 4]> {
-    let g = f.topo.graph();
-    let mut out = [0; 4];
-    for (i, (agg, core)) in [("a0", "c0"), ("a0", "c1"), ("a1", "c2"), ("a1", "c3")]
-        .iter()
-        .enumerate()
-    {
-        let (a, c) = (g.find(agg).unwrap(), g.find(core).unwrap());
-        let l = g.links_between(a, c).next().unwrap();
-        let dev = format!(
-            "{}{l}{}",
-            f.prefix,
-            if g.links[l as usize].a == a { "a" } else { "b" }
-        );
-        let bytes = f.ns(agg).run(move || {
-            let out = std::process::Command::new("ip")
-                .args(["-s", "-j", "link", "show", &dev])
-                .output()
-                .ok()?;
-            let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-            v[0]["stats64"]["tx"]["bytes"].as_u64()
-        })?;
-        out[i] = bytes.unwrap_or(0);
-    }
-    Ok(out)
-}
-
-fn run_flows(f: &Fabric, mb: u64, first_port: u16) -> Result<Vec<Transfer>> {
-    let g = f.topo.graph();
-    let results: Vec<Result<Transfer>> = std::thread::scope(|s| {
-        let handles: Vec<_> = FLOWS
-            .iter()
-            .enumerate()
-            .map(|(i, (src, dst))| {
-                let addr = g.node(g.find(dst).unwrap()).addr.unwrap();
-                let (sns, dns) = (f.ns(src), f.ns(dst));
-                s.spawn(move || {
-                    tcp_transfer(
-                        sns,
-                        dns,
-                        addr,
-                        first_port + i as u16,
-                        mb * 1_000_000,
-                        &SendOptions::default(),
-                    )
-                    .with_context(|| format!("flow {src} -> {dst}"))
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("flow thread"))
-            .collect()
-    });
-    results.into_iter().collect()
 }
 
 pub fn run(rate: u32, mb: u64) -> Result<()> {
@@ -130,9 +71,10 @@ pub fn run(rate: u32, mb: u64) -> Result<()> {
         bar.set_message(format!(
             "{mode}: flows 0->4, 0->5, 1->4, 1->5, {mb} MB each"
         ));
-        let (p0, b0) = (core_paths(&f)?, core_bytes(&f)?);
-        let transfers = run_flows(&f, mb, 7500 + 10 * i as u16)?;
-        let (p1, b1) = (core_paths(&f)?, core_bytes(&f)?);
+        let flows = experiment::flows(&f, "sec4.2", 0);
+        let (p0, b0) = (core_paths(&f)?, experiment::core_link_bytes(&f, "sec4.2"));
+        let transfers = experiment::run_round(&f, &flows, mb, 7500 + 10 * i as u16);
+        let (p1, b1) = (core_paths(&f)?, experiment::core_link_bytes(&f, "sec4.2"));
         if let Some(t) = transfers.iter().find(|t| !t.intact()) {
             bail!("a flow arrived corrupted ({} bytes)", t.bytes);
         }
@@ -159,9 +101,10 @@ pub fn run(rate: u32, mb: u64) -> Result<()> {
             .iter()
             .map(|b| format!("{:.1}", *b as f64 / 1e6))
             .collect();
+        let label = if mode == "off" { "ecmp" } else { mode.as_str() };
         println!(
             "{:<6} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>8.1}   {}",
-            mode,
+            label,
             mbps[0],
             mbps[1],
             mbps[2],
@@ -179,7 +122,7 @@ pub fn run(rate: u32, mb: u64) -> Result<()> {
         f64::from(rate) * 0.956 / 2.0
     );
     println!(
-        "sopa: every flow round-robins its packets over the 4 core paths; off: the switches' kernel ECMP picks one path per flow."
+        "sopa: every flow round-robins its packets over the 4 core paths; ecmp: the hosts stamp nothing (mode off) and the switches' kernel multipath picks one path per flow."
     );
     drop(f);
     Ok(())
