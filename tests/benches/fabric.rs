@@ -85,10 +85,15 @@ fn main() {
         mb: a.mb,
         seed: a.seed,
     };
+    let report = experiment::run(&f, &plan);
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../results");
+    let figures = sopa_testbed::figures::write(&report, &dir, &format!("fabric-{}", a.experiment))
+        .expect("writing the figures");
     let Report {
         alone_fraction,
         results,
-    } = experiment::run(&f, &plan);
+        ..
+    } = report;
     let fidelity_ok = alone_fraction >= 0.9;
     drop(f);
     // The machine must have had CPU to spare, or the emulation, not the fabric, set the pace.
@@ -166,6 +171,9 @@ fn main() {
     });
     std::fs::write(&path, serde_json::to_vec_pretty(&json).unwrap()).expect("writing the JSON");
     println!("JSON: {}", path.display());
+    for fig in &figures {
+        println!("figure: {}", fig.display());
+    }
     if !(fidelity_ok && cpu_ok) {
         std::process::exit(2);
     }

@@ -26,6 +26,7 @@ pub struct Plan {
 #[derive(Serialize)]
 pub struct Report {
     pub alone_fraction: f64,
+    pub rate_mbit: f64,
     pub results: Vec<ModeResult>,
 }
 
@@ -111,6 +112,7 @@ pub fn run(f: &Fabric, plan: &Plan) -> Report {
     }
     Report {
         alone_fraction,
+        rate_mbit: f64::from(a.rate_mbit),
         results,
     }
 }

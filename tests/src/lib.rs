@@ -8,6 +8,7 @@ pub mod bins;
 pub mod capture;
 pub mod experiment;
 pub mod fabric;
+pub mod figures;
 pub mod netns;
 pub mod process;
 pub mod reach;

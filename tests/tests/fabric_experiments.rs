@@ -33,6 +33,17 @@ fn sec42_and_permutation_yield_a_row_per_mode() {
             assert_eq!(r.per_flow.len(), flows);
             assert!(r.mean > 0.0 && r.min > 0.0 && r.min <= r.mean);
         }
+        let dir = std::env::temp_dir().join(format!("sopa-figures-{}", std::process::id()));
+        let figures = sopa_testbed::figures::write(&report, &dir, experiment).unwrap();
+        for fig in &figures {
+            let svg = std::fs::read_to_string(fig).unwrap();
+            assert!(
+                svg.starts_with("<svg") && svg.contains("sopa") && svg.contains("ecmp"),
+                "{}",
+                fig.display()
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
         let json = serde_json::to_string(&report).unwrap();
         let back: serde_json::Value = serde_json::from_str(&json).unwrap();
         assert_eq!(back["results"].as_array().unwrap().len(), 3);
