@@ -45,7 +45,6 @@ pub struct Datapath {
     pin_dir: PathBuf,
     stamp_link: Option<SchedClassifierLinkId>,
     strip_link: Option<XdpLinkId>,
-    forward_links: Vec<SchedClassifierLinkId>,
 }
 
 impl Datapath {
@@ -90,7 +89,6 @@ impl Datapath {
             pin_dir: pin_dir.to_owned(),
             stamp_link: None,
             strip_link: None,
-            forward_links: Vec::new(),
         })
     }
 
@@ -126,16 +124,6 @@ impl Datapath {
             )
         })?;
         Ok(false)
-    }
-
-    /// Attaches `tc_forward` to the ingress of a switch port.
-    pub fn attach_forward(&mut self, iface: &str) -> Result<()> {
-        let id = self
-            .forward_program()
-            .attach(iface, TcAttachType::Ingress)
-            .map_err(Error::program(FORWARD_PROGRAM))?;
-        self.forward_links.push(id);
-        Ok(())
     }
 
     /// The forward program, for attaching and BPF_PROG_TEST_RUN.
@@ -228,11 +216,6 @@ impl Datapath {
     /// Detaches what this datapath attached, and only that.
     pub fn detach(&mut self) -> Vec<Error> {
         let mut errors = Vec::new();
-        for id in std::mem::take(&mut self.forward_links) {
-            if let Err(source) = self.forward_program().detach(id) {
-                errors.push(Error::program(FORWARD_PROGRAM)(source));
-            }
-        }
         if let Some(id) = self.strip_link.take() {
             let name = STRIP_PROGRAM;
             let program: Result<&mut Xdp, _> =
