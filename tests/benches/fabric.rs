@@ -3,7 +3,8 @@
 //! namespace fabric, the modes measured side by side in one run on one fabric.
 //!
 //! Modes: `sopa` (per-flow round-robin source routing), `rps` (a random path per packet),
-//! `ecmp` (no option: the switches' own kernel multipath). Per mode: throughput as a fraction
+//! `ecmp` (no option: the switches' own kernel multipath), each optionally with ablations:
+//! `+r3` (tcp_reordering 3 instead of 10), `+norack` (no RACK), `+burst` (GSO bursts). Per mode: throughput as a fraction
 //! of the link rate (mean, min, p5, p99), flow completion times, reordered packets (receivers'
 //! counters), fast retransmits and timeouts (the hosts' TCP counters), and how evenly the
 //! aggregation-to-core links were loaded. Fidelity checks first: one flow alone must reach 90%
@@ -57,10 +58,9 @@ fn args() -> Args {
         }
     }
     for m in &a.modes {
-        assert!(
-            ["sopa", "rps", "ecmp"].contains(&m.as_str()),
-            "mode {m:?}: this benchmark runs sopa, rps and ecmp (hedera, mptcp and single path are not built yet)"
-        );
+        if let Err(e) = m.parse::<experiment::ModeSpec>() {
+            panic!("{e}");
+        }
     }
     a
 }

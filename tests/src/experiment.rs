@@ -281,9 +281,60 @@ pub struct ModeResult {
     pub per_flow: Vec<(String, String, f64, f64, u32)>,
 }
 
+/// A mode of a run: a datapath mode (`sopa`, `rps`, or `ecmp` for the switches' kernel
+/// multipath with no option), optionally with ablations after `+`: `r3` (`tcp_reordering` 3
+/// instead of 10), `norack` (`tcp_recovery` 0: no RACK), `burst` (GSO bursts instead of packets).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModeSpec {
+    pub base: String,
+    pub reordering: u32,
+    pub rack: bool,
+    pub burst: bool,
+}
+
+impl std::str::FromStr for ModeSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let mut parts = s.split('+');
+        let base = parts.next().unwrap_or_default().to_owned();
+        if !["sopa", "rps", "ecmp"].contains(&base.as_str()) {
+            return Err(format!(
+                "mode {s:?}: sopa, rps or ecmp (hedera, mptcp and single path are not built yet), optionally +r3, +norack, +burst"
+            ));
+        }
+        let mut m = Self {
+            base,
+            reordering: 10,
+            rack: true,
+            burst: false,
+        };
+        for p in parts {
+            match p {
+                "r3" => m.reordering = 3,
+                "norack" => m.rack = false,
+                "burst" => m.burst = true,
+                other => {
+                    return Err(format!(
+                        "mode {s:?}: unknown ablation {other:?} (r3, norack, burst)"
+                    ));
+                }
+            }
+        }
+        Ok(m)
+    }
+}
+
+/// Puts every host in `mode`: the datapath mode, and the ablation settings of its TCP and its
+/// fabric interface.
 pub fn set_mode(f: &Fabric, mode: &str) {
-    let host_mode = if mode == "ecmp" { "off" } else { mode };
-    for agent in f.hosts.values() {
+    let m: ModeSpec = mode.parse().unwrap_or_else(|e| panic!("{e}"));
+    let host_mode = if m.base == "ecmp" {
+        "off"
+    } else {
+        m.base.as_str()
+    };
+    for (id, agent) in &f.hosts {
         let out = std::process::Command::new(crate::bins::sopa_agent())
             .args(["mode", "--node", &agent.node, host_mode])
             .output()
@@ -292,6 +343,42 @@ pub fn set_mode(f: &Fabric, mode: &str) {
             out.status.success(),
             "{}",
             String::from_utf8_lossy(&out.stderr)
+        );
+        let ns = f.ns(f.topo.graph().name(*id));
+        ns.sysctl("net.ipv4.tcp_reordering", &m.reordering.to_string())
+            .expect("tcp_reordering");
+        ns.sysctl("net.ipv4.tcp_recovery", if m.rack { "1" } else { "0" })
+            .expect("tcp_recovery");
+        let segs = if m.burst { "65535" } else { "1" };
+        ns.ip(&["link", "set", &f.host_ifaces[id], "gso_max_segs", segs])
+            .expect("gso_max_segs");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ModeSpec;
+
+    #[test]
+    fn modes_and_ablations_parse() {
+        let m: ModeSpec = "sopa+r3+norack".parse().unwrap();
+        assert_eq!(
+            (m.base.as_str(), m.reordering, m.rack, m.burst),
+            ("sopa", 3, false, false)
+        );
+        let m: ModeSpec = "rps+burst".parse().unwrap();
+        assert!(m.burst && m.rack && m.reordering == 10);
+        assert!(
+            "hedera"
+                .parse::<ModeSpec>()
+                .unwrap_err()
+                .contains("not built yet")
+        );
+        assert!(
+            "sopa+fast"
+                .parse::<ModeSpec>()
+                .unwrap_err()
+                .contains("unknown ablation")
         );
     }
 }
