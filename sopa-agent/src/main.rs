@@ -81,21 +81,11 @@ struct RunArgs {
     /// agent's --node must be a host of that topology.
     #[arg(long, env = "SOPA_CONTROLLER")]
     controller: Option<String>,
-    /// Certificate folder (ca.pem, agent.pem, agent.key) for the controller's mutual TLS.
-    #[arg(long, env = "SOPA_CERTS", conflicts_with = "insecure")]
-    certs: Option<PathBuf>,
-    /// Talk to the controller in plaintext (http://). For tests only.
-    #[arg(long, env = "SOPA_INSECURE")]
-    insecure: bool,
-    /// The name in the controller's certificate.
-    #[arg(long, env = "SOPA_CONTROLLER_NAME", default_value = sopa_controller::tls::CONTROLLER_NAME)]
-    controller_name: String,
+    #[command(flatten)]
+    channel: ChannelFlags,
     /// This host's name in the controller's topology (e.g. h0); defaults to --node.
     #[arg(long, env = "SOPA_HOST")]
     host: Option<String>,
-    /// Heartbeat interval on the channel (the controller is gone after three silent ones).
-    #[arg(long, env = "SOPA_HEARTBEAT_MS", default_value_t = 1000)]
-    heartbeat_ms: u64,
     /// Path selection: sopa (per-flow round-robin), rps (random per packet), ecmp (5-tuple
     /// hash), off.
     #[arg(long, env = "SOPA_MODE", default_value = "sopa")]
@@ -134,17 +124,28 @@ struct SwitchArgs {
     /// The controller: https://HOST:PORT (with --certs), http:// (with --insecure), or unix:PATH.
     #[arg(long, env = "SOPA_CONTROLLER")]
     controller: String,
-    #[arg(long, env = "SOPA_CERTS", conflicts_with = "insecure")]
-    certs: Option<PathBuf>,
-    #[arg(long, env = "SOPA_INSECURE")]
-    insecure: bool,
-    #[arg(long, env = "SOPA_CONTROLLER_NAME", default_value = sopa_controller::tls::CONTROLLER_NAME)]
-    controller_name: String,
-    #[arg(long, env = "SOPA_HEARTBEAT_MS", default_value_t = 1000)]
-    heartbeat_ms: u64,
+    #[command(flatten)]
+    channel: ChannelFlags,
     /// This switch's multipath hash seed (distinct per switch, or the fabric polarizes).
     #[arg(long, env = "SOPA_HASH_SEED")]
     hash_seed: Option<u32>,
+}
+
+/// How to talk to the controller, for either role.
+#[derive(clap::Args)]
+struct ChannelFlags {
+    /// Certificate folder (ca.pem, agent.pem, agent.key) for the controller's mutual TLS.
+    #[arg(long, env = "SOPA_CERTS", conflicts_with = "insecure")]
+    certs: Option<PathBuf>,
+    /// Talk to the controller in plaintext (http://). For tests only.
+    #[arg(long, env = "SOPA_INSECURE")]
+    insecure: bool,
+    /// The name in the controller's certificate.
+    #[arg(long, env = "SOPA_CONTROLLER_NAME", default_value = sopa_controller::tls::CONTROLLER_NAME)]
+    controller_name: String,
+    /// Heartbeat interval on the channel (the controller is gone after three silent ones).
+    #[arg(long, env = "SOPA_HEARTBEAT_MS", default_value_t = 1000)]
+    heartbeat_ms: u64,
 }
 
 fn default_node() -> String {
@@ -158,10 +159,7 @@ async fn switch(args: SwitchArgs) -> Result<(), Error> {
         &ChannelArgs {
             node: &args.node.node,
             role: Role::Switch,
-            certs: args.certs.as_ref(),
-            insecure: args.insecure,
-            controller_name: &args.controller_name,
-            heartbeat_ms: args.heartbeat_ms,
+            flags: &args.channel,
         },
         &args.controller,
     )?;
@@ -202,22 +200,19 @@ async fn switch(args: SwitchArgs) -> Result<(), Error> {
 struct ChannelArgs<'a> {
     node: &'a str,
     role: Role,
-    certs: Option<&'a PathBuf>,
-    insecure: bool,
-    controller_name: &'a str,
-    heartbeat_ms: u64,
+    flags: &'a ChannelFlags,
 }
 
 /// The channel settings of `--controller URL`; configuration errors before anything runs.
 fn channel_config(args: &ChannelArgs, url: &str) -> Result<ClientConfig, Error> {
     let mut cfg = ClientConfig::new(url, args.node, args.role);
-    if args.heartbeat_ms == 0 {
+    if args.flags.heartbeat_ms == 0 {
         return Err(Error::Config("--heartbeat-ms must be at least 1".into()));
     }
-    cfg.heartbeat = Duration::from_millis(args.heartbeat_ms);
+    cfg.heartbeat = Duration::from_millis(args.flags.heartbeat_ms);
     if url.starts_with("unix:") {
         // A local socket: who may connect is decided by the socket file's permissions.
-        if args.certs.is_some() {
+        if args.flags.certs.is_some() {
             return Err(Error::Config(format!(
                 "--certs does not apply to the local socket {url}"
             )));
@@ -226,12 +221,12 @@ fn channel_config(args: &ChannelArgs, url: &str) -> Result<ClientConfig, Error> 
     }
     match (
         url.split_once("://").map(|(s, _)| s),
-        args.certs,
-        args.insecure,
+        args.flags.certs.as_ref(),
+        args.flags.insecure,
     ) {
         (Some("https"), Some(dir), false) => {
             cfg.tls = Some(
-                sopa_controller::tls::client_config(dir, args.controller_name)
+                sopa_controller::tls::client_config(dir, &args.flags.controller_name)
                     .map_err(|e| Error::Config(format!("--certs {}: {e}", dir.display())))?,
             );
         }
@@ -344,10 +339,7 @@ async fn run(args: RunArgs) -> Result<(), Error> {
             &ChannelArgs {
                 node: &args.node.node,
                 role: Role::Host,
-                certs: args.certs.as_ref(),
-                insecure: args.insecure,
-                controller_name: &args.controller_name,
-                heartbeat_ms: args.heartbeat_ms,
+                flags: &args.channel,
             },
             url,
         )?),

@@ -12,6 +12,11 @@ use std::{
 
 use crate::{Error, NetNs, Result};
 
+/// Whether a captured Ethernet frame is IPv4 with options in its header (IHL above 5).
+pub fn has_ipv4_options(frame: &[u8]) -> bool {
+    frame.len() > 14 && frame[12..14] == [8, 0] && frame[14] & 0x0f != 5
+}
+
 /// Bytes kept of every frame: Ethernet, IPv4 with options, TCP with options.
 pub const SNAPLEN: u32 = 128;
 

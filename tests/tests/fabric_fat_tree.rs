@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use sopa_testbed::{
-    capture::Capture,
+    capture::{Capture, has_ipv4_options},
     fabric::{Fabric, FabricOptions},
     reach::all_pairs_tcp,
     traffic::{SendOptions, tcp_transfer},
@@ -61,10 +61,7 @@ fn fat_tree_k4_forwards_by_source_route() {
     .expect("h0 -> h4");
     assert!(t.intact());
     let frames = at_h4.finish().unwrap().frames;
-    let with_options = frames
-        .iter()
-        .filter(|fr| fr.len() > 14 && fr[12..14] == [8, 0] && fr[14] & 0x0f != 5)
-        .count();
+    let with_options = frames.iter().filter(|fr| has_ipv4_options(fr)).count();
     assert!(
         frames.len() > 1000 && with_options == 0,
         "{with_options} of {} frames at h4 carried options",

@@ -76,32 +76,36 @@ pub async fn start_controller(epoch: u64, addr: &str) -> Running {
 }
 
 pub async fn start_controller_tls(epoch: u64, addr: &str, tls: Option<ServerTlsConfig>) -> Running {
-    let fabric = Fabric::new(TopologySpec::FatTree { k: 4 }, epoch).unwrap();
-    let controller = Controller::new(fabric, Duration::from_millis(200));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
     let std_listener = std::net::TcpListener::bind(addr).unwrap();
     std_listener.set_nonblocking(true).unwrap();
     let addr = std_listener.local_addr().unwrap();
-    let c = Arc::clone(&controller);
-    runtime.spawn(async move {
+    running(epoch, addr, move |c| async move {
         let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
         server::serve(c, listener, tls, std::future::pending())
             .await
             .unwrap();
-    });
-    Running {
-        controller,
-        addr,
-        runtime: Some(runtime),
-    }
+    })
 }
 
 /// A controller listening on the Unix socket `path`.
 pub async fn start_controller_unix(epoch: u64, path: &std::path::Path) -> Running {
+    let _ = std::fs::remove_file(path);
+    let std_listener = std::os::unix::net::UnixListener::bind(path).unwrap();
+    std_listener.set_nonblocking(true).unwrap();
+    running(epoch, "0.0.0.0:0".parse().unwrap(), move |c| async move {
+        let listener = tokio::net::UnixListener::from_std(std_listener).unwrap();
+        server::serve(c, listener, None, std::future::pending())
+            .await
+            .unwrap();
+    })
+}
+
+/// A k=4 controller of `epoch`, served by `serve` on a runtime of its own.
+fn running<F: std::future::Future<Output = ()> + Send + 'static>(
+    epoch: u64,
+    addr: std::net::SocketAddr,
+    serve: impl FnOnce(Arc<Controller>) -> F,
+) -> Running {
     let fabric = Fabric::new(TopologySpec::FatTree { k: 4 }, epoch).unwrap();
     let controller = Controller::new(fabric, Duration::from_millis(200));
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -109,19 +113,10 @@ pub async fn start_controller_unix(epoch: u64, path: &std::path::Path) -> Runnin
         .enable_all()
         .build()
         .unwrap();
-    let _ = std::fs::remove_file(path);
-    let std_listener = std::os::unix::net::UnixListener::bind(path).unwrap();
-    std_listener.set_nonblocking(true).unwrap();
-    let c = Arc::clone(&controller);
-    runtime.spawn(async move {
-        let listener = tokio::net::UnixListener::from_std(std_listener).unwrap();
-        server::serve(c, listener, None, std::future::pending())
-            .await
-            .unwrap();
-    });
+    runtime.spawn(serve(Arc::clone(&controller)));
     Running {
         controller,
-        addr: "0.0.0.0:0".parse().unwrap(),
+        addr,
         runtime: Some(runtime),
     }
 }
