@@ -16,7 +16,8 @@ use sopa_agent::{
     path_table::PathTable,
 };
 use sopa_common::{
-    maps::{Config, mode, stamp_reason, strip_reason},
+    hash::flow_hash,
+    maps::{Config, FlowKey, Pin, mode, stamp_reason, strip_reason},
     wire::HOP_NONE,
 };
 
@@ -327,9 +328,10 @@ fn stamp_fixture_table() {
             "{name}: counted as {}",
             stamp_reason::NAMES[reason as usize]
         );
+        let verdicts = |c: &[u64]| c[..stamp_reason::VERDICTS].iter().sum::<u64>();
         assert_eq!(
-            after.iter().sum::<u64>(),
-            before.iter().sum::<u64>() + 1,
+            verdicts(&after),
+            verdicts(&before) + 1,
             "{name}: counted once"
         );
     }
@@ -403,6 +405,69 @@ fn ecmp_is_stable_and_rps_uses_every_path() {
         per_path.iter().all(|n| *n > 50),
         "rps sprays one flow over all paths: {per_path:?}"
     );
+}
+
+#[test]
+fn pinned_mode_follows_live_pins_and_hashes_the_rest() {
+    let mut f = Fixture::new(TABLE, mode::PINNED);
+    let key = |dst: [u8; 4], sport: u16| FlowKey {
+        saddr: u32::from_ne_bytes(SRC),
+        daddr: u32::from_ne_bytes(dst),
+        sport: sport.to_be(),
+        dport: 5001u16.to_be(),
+        proto: 6,
+        _pad: [0; 3],
+    };
+    // Without pins every flow takes the 5-tuple hash, as userspace predicts it.
+    for sport in 1..40u16 {
+        let hop = f.stamp(&tcp(DST, sport, 0, b"x"))[36];
+        assert_eq!(u32::from(hop), flow_hash(&key(DST, sport), 7) % 3);
+    }
+    // A pinned flow takes its pin; its neighbour keeps the hash.
+    let hashed = |sport| {
+        let i = (flow_hash(&key(DST_INTER_POD, sport), 7) % 4) as u8;
+        (i / 2, i % 2)
+    };
+    let pinned_path = if hashed(9) == (1, 0) {
+        [0u8, 1]
+    } else {
+        [1u8, 0]
+    };
+    let now = sopa_agent::hedera::monotonic_ns();
+    let pin = |expires_ns| Pin {
+        hops: pinned_path,
+        _pad: [0; 6],
+        expires_ns,
+    };
+    f.maps
+        .replace_pins(&[(key(DST_INTER_POD, 9), pin(now + 60_000_000_000))])
+        .unwrap();
+    for seq in 0..5 {
+        let out = f.stamp(&tcp(DST_INTER_POD, 9, seq, b"data"));
+        assert_eq!([out[36], out[37]], pinned_path, "the pin wins");
+        let out = f.stamp(&tcp(DST_INTER_POD, 10, seq, b"data"));
+        assert_eq!((out[36], out[37]), hashed(10), "unpinned: hashed");
+    }
+    let c = counters(&f).0;
+    assert_eq!(c[stamp_reason::PINNED as usize], 5);
+    // The flow table carries the bytes Hedera's elephant detection reads.
+    let flows = f.maps.flows().unwrap();
+    let (_, st) = flows
+        .iter()
+        .find(|(k, _)| *k == key(DST_INTER_POD, 9))
+        .expect("the pinned flow is tracked");
+    assert_eq!(st.packets, 5);
+    assert_eq!(st.bytes, 5 * 58, "five 58-byte frames");
+    // An expired pin is ignored and counted: the flow is back on its hash.
+    f.maps
+        .replace_pins(&[(key(DST_INTER_POD, 9), pin(now.saturating_sub(1)))])
+        .unwrap();
+    let out = f.stamp(&tcp(DST_INTER_POD, 9, 9, b"data"));
+    assert_eq!((out[36], out[37]), hashed(9));
+    assert_eq!(counters(&f).0[stamp_reason::PIN_EXPIRED as usize], 1);
+    // Replacing with nothing removes every pin.
+    f.maps.replace_pins(&[]).unwrap();
+    assert!(f.maps.pins().unwrap().is_empty());
 }
 
 #[test]

@@ -2,5 +2,6 @@
 //! option and the layout of every map. `#![no_std]`; the `user` feature adds `aya::Pod` impls.
 #![no_std]
 
+pub mod hash;
 pub mod maps;
 pub mod wire;

@@ -16,8 +16,11 @@ pub mod mode {
     pub const RPS: u32 = 2;
     /// A path by hash of the 5-tuple (ECMP at the host).
     pub const ECMP: u32 = 3;
+    /// Hedera: a flow with a live entry in [`super::PINS_MAP`] takes its pinned path, every
+    /// other flow the 5-tuple hash (the ECMP behaviour Hedera starts from).
+    pub const PINNED: u32 = 4;
     /// Number of modes; valid modes are below it.
-    pub const COUNT: u32 = 4;
+    pub const COUNT: u32 = 5;
 }
 
 /// Runtime configuration, a one-entry array. Userspace rewrites it to switch modes without
@@ -87,6 +90,23 @@ pub struct FlowState {
 }
 const _: () = assert!(size_of::<FlowState>() == 24);
 
+/// Hedera's per-flow pins, written by the agent from the controller's placements (hash keyed by
+/// [`FlowKey`]). A pin past `expires_ns` is ignored: a dead agent or controller cannot leave a
+/// flow pinned forever.
+pub const PINS_MAP: &str = "SOPA_PINS_V1";
+pub const PINS_CAPACITY: u32 = 16_384;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pin {
+    /// The path, as the (hop0, hop1) pair of one of the destination's candidate paths.
+    pub hops: [u8; 2],
+    pub _pad: [u8; 6],
+    /// `CLOCK_MONOTONIC` nanoseconds (`bpf_ktime_get_ns`) after which the pin is void.
+    pub expires_ns: u64,
+}
+const _: () = assert!(size_of::<Pin>() == 16);
+
 /// Receiver-side reordering state per flow (LRU hash keyed by [`FlowKey`] of the arriving packet).
 pub const REORDER_MAP: &str = "SOPA_REORD_V1";
 pub const REORDER_CAPACITY: u32 = 65_536;
@@ -117,7 +137,11 @@ pub mod stamp_reason {
     pub const MODE_OFF: u32 = 9;
     pub const FLOW_TABLE_FULL: u32 = 10;
     pub const ADJUST_FAILED: u32 = 11;
-    pub const COUNT: u32 = 12;
+    /// Not verdicts: stamped packets of `pinned` mode that took a live pin, and those whose
+    /// pin had expired (they took the hash).
+    pub const PINNED: u32 = 12;
+    pub const PIN_EXPIRED: u32 = 13;
+    pub const COUNT: u32 = 14;
     /// Names in index order, for status and metrics.
     pub const NAMES: [&str; COUNT as usize] = [
         "stamped",
@@ -132,7 +156,11 @@ pub mod stamp_reason {
         "mode_off",
         "flow_table_full",
         "adjust_failed",
+        "pinned",
+        "pin_expired",
     ];
+    /// The verdicts: every packet is counted under exactly one of `NAMES[..VERDICTS]`.
+    pub const VERDICTS: usize = PINNED as usize;
 }
 
 /// Per-CPU packet counters of `tc_stamp`, indexed by [`stamp_reason`].
@@ -183,6 +211,7 @@ mod pod {
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for FlowState {}
     unsafe impl aya::Pod for ReorderState {}
+    unsafe impl aya::Pod for Pin {}
 }
 
 /// Switch role: destination prefix -> this switch's forwarding decision (LPM trie keyed by the

@@ -13,13 +13,13 @@ mod xdp_strip;
 use aya_ebpf::{
     bindings::{TC_ACT_OK, xdp_action::XDP_PASS},
     macros::{classifier, map, xdp},
-    maps::{Array, LpmTrie, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
     programs::{TcContext, XdpContext},
 };
 use sopa_common::maps::{
     Config, FLOWS_CAPACITY, FWD_CAPACITY, FlowKey, FlowState, FwdEntry, HOP_STATS_LEN, MAX_UPLINKS,
-    PATHS_CAPACITY, PathSet, REORDER_CAPACITY, ReorderState, forward_reason, stamp_reason,
-    strip_reason,
+    PATHS_CAPACITY, PINS_CAPACITY, PathSet, Pin, REORDER_CAPACITY, ReorderState, forward_reason,
+    stamp_reason, strip_reason,
 };
 
 // Names must equal the constants of `sopa_common::maps` (checked by the agent's loader tests).
@@ -31,6 +31,9 @@ static PATHS: LpmTrie<[u8; 4], PathSet> = LpmTrie::pinned(PATHS_CAPACITY, 0);
 
 #[map(name = "SOPA_FLOWS_V1")]
 static FLOWS: LruHashMap<FlowKey, FlowState> = LruHashMap::pinned(FLOWS_CAPACITY, 0);
+
+#[map(name = "SOPA_PINS_V1")]
+static PINS: HashMap<FlowKey, Pin> = HashMap::pinned(PINS_CAPACITY, 0);
 
 #[map(name = "SOPA_STAMP_V1")]
 static STAMP_STATS: PerCpuArray<u64> = PerCpuArray::pinned(stamp_reason::COUNT, 0);

@@ -7,7 +7,7 @@
 
 use aya_ebpf::{
     bindings::{BPF_F_ADJ_ROOM_FIXED_GSO, BPF_NOEXIST, bpf_adj_room_mode::BPF_ADJ_ROOM_NET},
-    helpers::bpf_get_prandom_u32,
+    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
     maps::lpm_trie::Key,
     programs::TcContext,
 };
@@ -18,7 +18,7 @@ use sopa_common::{
 };
 
 use crate::{
-    CONFIG, FLOWS, HOP_STATS, PATHS,
+    CONFIG, FLOWS, HOP_STATS, PATHS, PINS,
     packet::{Ipv4, count, flow_hash, ptr_at},
 };
 
@@ -75,6 +75,7 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
     }
 
     let mut fallback = false;
+    let mut pin: Option<[u8; 2]> = None;
     let choice = match config.mode {
         mode::SOPA => match flow_state(&key) {
             Some(state) => {
@@ -95,12 +96,35 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
         },
         // SAFETY: a helper without arguments.
         mode::RPS => (unsafe { bpf_get_prandom_u32() }) % n,
+        mode::PINNED => {
+            // Bytes per flow are what the agent's elephant detection reads.
+            if let Some(state) = flow_state(&key) {
+                // SAFETY: a pointer from a successful map lookup.
+                let state = unsafe { &mut *state };
+                state.packets += segments(ctx);
+                state.bytes += u64::from(ctx.len());
+            }
+            // SAFETY: the value is copied out at once; a concurrent update replaces the
+            // whole 16-byte value, and either version is a valid pin.
+            if let Some(p) = unsafe { PINS.get(&key) } {
+                // SAFETY: a helper without arguments.
+                if unsafe { bpf_ktime_get_ns() } < p.expires_ns {
+                    pin = Some(p.hops);
+                } else {
+                    count(&crate::STAMP_STATS, reason::PIN_EXPIRED, 1);
+                }
+            }
+            flow_hash(&key, config.hash_seed) % n
+        }
         _ => flow_hash(&key, config.hash_seed) % n,
     };
     // `choice < n <= MAX_PATHS`, but the verifier does not follow `%` and LLVM drops a check it
     // can prove redundant: mask behind an opaque value so the bound survives to the verifier.
     let index = core::hint::black_box(choice) as usize & (MAX_PATHS - 1);
-    let [hop0, hop1] = paths.hops[index];
+    let [hop0, hop1] = match pin {
+        Some(hops) => hops,
+        None => paths.hops[index],
+    };
     let segs = segments(ctx);
 
     // FIXED_GSO keeps gso_size: otherwise the kernel shrinks it by 4 and a full segment no longer
@@ -134,6 +158,9 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
     count(&HOP_STATS, 256 + u32::from(hop1), segs);
     if fallback {
         count(&crate::STAMP_STATS, reason::FLOW_TABLE_FULL, 1);
+    }
+    if pin.is_some() {
+        count(&crate::STAMP_STATS, reason::PINNED, 1);
     }
     Ok(reason::STAMPED)
 }

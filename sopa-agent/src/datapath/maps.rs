@@ -4,12 +4,12 @@ use std::path::Path;
 
 use aya::{
     Ebpf,
-    maps::{Array, LpmTrie, Map, MapData, MapError, PerCpuArray, lpm_trie::Key},
+    maps::{Array, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray, lpm_trie::Key},
 };
 use sopa_common::maps::{
-    CONFIG_MAP, Config, FWD_MAP, FWD_STATS_MAP, FWD_UPLINK_STATS_MAP, FwdEntry, HOP_STATS_MAP,
-    MAX_PATHS, MAX_UPLINKS, PATHS_MAP, PathSet, STAMP_STATS_MAP, STRIP_STATS_MAP, forward_reason,
-    stamp_reason, strip_reason,
+    CONFIG_MAP, Config, FLOWS_MAP, FWD_MAP, FWD_STATS_MAP, FWD_UPLINK_STATS_MAP, FlowKey,
+    FlowState, FwdEntry, HOP_STATS_MAP, MAX_PATHS, MAX_UPLINKS, PATHS_MAP, PINS_MAP, PathSet, Pin,
+    STAMP_STATS_MAP, STRIP_STATS_MAP, forward_reason, stamp_reason, strip_reason,
 };
 
 use crate::{
@@ -23,6 +23,8 @@ pub struct MapSet {
     stamp_stats: PerCpuArray<MapData, u64>,
     hop_stats: PerCpuArray<MapData, u64>,
     strip_stats: PerCpuArray<MapData, u64>,
+    flows: HashMap<MapData, FlowKey, FlowState>,
+    pins: HashMap<MapData, FlowKey, Pin>,
 }
 
 fn map_err(name: &'static str) -> impl Fn(MapError) -> Error {
@@ -47,6 +49,8 @@ impl MapSet {
             take(STAMP_STATS_MAP)?,
             take(HOP_STATS_MAP)?,
             take(STRIP_STATS_MAP)?,
+            take(FLOWS_MAP)?,
+            take(PINS_MAP)?,
         )
     }
 
@@ -63,17 +67,70 @@ impl MapSet {
             open(STAMP_STATS_MAP)?,
             open(HOP_STATS_MAP)?,
             open(STRIP_STATS_MAP)?,
+            open(FLOWS_MAP)?,
+            open(PINS_MAP)?,
         )
     }
 
-    fn from_maps(config: Map, paths: Map, stamp: Map, hops: Map, strip: Map) -> Result<Self> {
+    fn from_maps(
+        config: Map,
+        paths: Map,
+        stamp: Map,
+        hops: Map,
+        strip: Map,
+        flows: Map,
+        pins: Map,
+    ) -> Result<Self> {
         Ok(Self {
             config: config.try_into().map_err(map_err(CONFIG_MAP))?,
             paths: paths.try_into().map_err(map_err(PATHS_MAP))?,
             stamp_stats: stamp.try_into().map_err(map_err(STAMP_STATS_MAP))?,
             hop_stats: hops.try_into().map_err(map_err(HOP_STATS_MAP))?,
             strip_stats: strip.try_into().map_err(map_err(STRIP_STATS_MAP))?,
+            flows: flows.try_into().map_err(map_err(FLOWS_MAP))?,
+            pins: pins.try_into().map_err(map_err(PINS_MAP))?,
         })
+    }
+
+    /// Every flow the sender's datapath tracks, with its packet and byte counts.
+    pub fn flows(&self) -> Result<Vec<(FlowKey, FlowState)>> {
+        self.flows
+            .iter()
+            // An entry evicted between listing its key and reading it is simply gone.
+            .filter(|e| !matches!(e, Err(MapError::KeyNotFound)))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(map_err(FLOWS_MAP))
+    }
+
+    /// The Hedera pins the datapath holds.
+    pub fn pins(&self) -> Result<Vec<(FlowKey, Pin)>> {
+        self.pins
+            .iter()
+            .filter(|e| !matches!(e, Err(MapError::KeyNotFound)))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(map_err(PINS_MAP))
+    }
+
+    /// Makes the pins exactly `pins`: writes every given pin (each update is atomic per flow),
+    /// then removes the flows no longer pinned.
+    pub fn replace_pins(&mut self, pins: &[(FlowKey, Pin)]) -> Result<()> {
+        for (key, pin) in pins {
+            self.pins.insert(key, pin, 0).map_err(map_err(PINS_MAP))?;
+        }
+        let keep: std::collections::HashSet<FlowKey> = pins.iter().map(|(k, _)| *k).collect();
+        let stale: Vec<FlowKey> = self
+            .pins
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| !keep.contains(k))
+            .collect();
+        for k in stale {
+            match self.pins.remove(&k) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(source) => return Err(Error::map(PINS_MAP)(source)),
+            }
+        }
+        Ok(())
     }
 
     pub fn config(&self) -> Result<Config> {
