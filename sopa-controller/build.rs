@@ -32,6 +32,15 @@ fn main() {
         .method(method("set_link", "SetLink", "LinkChange", "ChangeReply").build())
         .method(method("set_switch", "SetSwitch", "SwitchChange", "ChangeReply").build())
         .method(method("status", "Status", "StatusRequest", "StatusReply").build())
+        .method(
+            method(
+                "hedera_status",
+                "HederaStatus",
+                "HederaStatusRequest",
+                "HederaStatusReply",
+            )
+            .build(),
+        )
         .build();
     tonic_build::manual::Builder::new().compile(&[channel, control]);
 }

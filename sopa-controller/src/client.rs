@@ -11,8 +11,8 @@ use tonic::transport::{ClientTlsConfig, Endpoint};
 use tracing::{info, warn};
 
 use crate::proto::{
-    self, Ack, AgentMessage, Delta, Heartbeat, Hello, Nack, Role, Snapshot, agent_message,
-    controller_message,
+    self, Ack, AgentMessage, Delta, Heartbeat, Hello, Nack, PinAck, PinSet, Role, Snapshot,
+    agent_message, controller_message,
 };
 
 /// What an agent does with the controller's messages.
@@ -22,6 +22,10 @@ pub trait Applier: Send {
     /// Applies a delta completely or not at all; `Err((error, resync))`, where `resync` asks
     /// for a fresh snapshot (a version gap or another epoch).
     fn delta(&mut self, delta: &Delta) -> impl Future<Output = Result<(), (String, bool)>> + Send;
+    /// Applies Hedera's pins for this agent's flows completely or not at all.
+    fn pins(&mut self, _pins: &PinSet) -> impl Future<Output = Result<(), String>> + Send {
+        std::future::ready(Err("this agent does not take pins".to_owned()))
+    }
     /// (epoch, version) last applied; (0, 0) for nothing.
     fn position(&self) -> (u64, u64);
     /// The channel came up or went down.
@@ -32,6 +36,8 @@ pub trait Applier: Send {
 pub struct ClientConfig {
     pub endpoint: String,
     pub node: String,
+    /// The node's name in the topology, when it differs from `node`.
+    pub topology_name: Option<String>,
     pub role: Role,
     pub tls: Option<ClientTlsConfig>,
     pub heartbeat: Duration,
@@ -44,6 +50,7 @@ impl ClientConfig {
         Self {
             endpoint: endpoint.into(),
             node: node.into(),
+            topology_name: None,
             role,
             tls: None,
             heartbeat: Duration::from_secs(1),
@@ -89,15 +96,17 @@ enum End {
 
 /// Runs the channel until `shutdown` turns true.
 pub async fn run<A: Applier>(cfg: ClientConfig, applier: &mut A, shutdown: watch::Receiver<bool>) {
-    run_with_reports(cfg, applier, shutdown, None).await
+    run_with_reports::<A, proto::LinkReport>(cfg, applier, shutdown, None).await
 }
 
-/// Like [`run`], also sending every link report that arrives on `reports` (switch agents).
-pub async fn run_with_reports<A: Applier>(
+/// Like [`run`], also sending every report that arrives on `reports` (a switch agent's link
+/// reports, a host agent's elephants). Reports made while the controller is away wait, up to
+/// the channel's capacity.
+pub async fn run_with_reports<A: Applier, R: Into<agent_message::Kind> + Send>(
     cfg: ClientConfig,
     applier: &mut A,
     mut shutdown: watch::Receiver<bool>,
-    mut reports: Option<mpsc::Receiver<proto::LinkReport>>,
+    mut reports: Option<mpsc::Receiver<R>>,
 ) {
     let mut attempt = 0u32;
     let mut jitter = Jitter::new();
@@ -158,11 +167,11 @@ pub async fn connect(
         .map_err(|e| format!("connecting to {endpoint}: {}", source_chain(&e)))
 }
 
-async fn session<A: Applier>(
+async fn session<A: Applier, R: Into<agent_message::Kind>>(
     cfg: &ClientConfig,
     applier: &mut A,
     shutdown: &mut watch::Receiver<bool>,
-    mut reports: Option<&mut mpsc::Receiver<proto::LinkReport>>,
+    mut reports: Option<&mut mpsc::Receiver<R>>,
 ) -> End {
     let channel = match connect(&cfg.endpoint, cfg.tls.as_ref()).await {
         Ok(c) => c,
@@ -180,6 +189,7 @@ async fn session<A: Applier>(
             epoch,
             version,
             agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+            topology_name: cfg.topology_name.clone().unwrap_or_default(),
         })),
     };
     let _ = tx.send(hello).await;
@@ -202,7 +212,7 @@ async fn session<A: Applier>(
         tokio::select! {
             _ = shutdown.changed() => return End::Shutdown,
             Some(rep) = report => {
-                let msg = AgentMessage { kind: Some(agent_message::Kind::Report(rep)) };
+                let msg = AgentMessage { kind: Some(rep.into()) };
                 if tx.send(msg).await.is_err() {
                     return End::Lost("stream closed".into());
                 }
@@ -240,6 +250,10 @@ async fn session<A: Applier>(
                             None
                         }
                     },
+                    Some(controller_message::Kind::Pins(p)) => {
+                        let error = applier.pins(&p).await.err().unwrap_or_default();
+                        Some(AgentMessage { kind: Some(agent_message::Kind::PinAck(PinAck { round: p.round, error })) })
+                    }
                     Some(controller_message::Kind::Heartbeat(_)) | None => None,
                 };
                 if let Some(r) = reply

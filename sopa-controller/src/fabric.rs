@@ -8,7 +8,7 @@ use std::{
 };
 
 use serde::Deserialize;
-use sopa_topology::{Topology, topology::TopologySpec};
+use sopa_topology::{Topology, paths::Failures, topology::TopologySpec};
 
 use crate::proto::{Change, Delta, LinkChange, LinkRef, Snapshot, SwitchChange, change};
 
@@ -127,6 +127,25 @@ impl Fabric {
 
     pub fn down_switches(&self) -> Vec<String> {
         self.down_switches.iter().cloned().collect()
+    }
+
+    /// The down links and switches as the path computation takes them.
+    pub fn failures(&self) -> Failures {
+        let g = self.topology.graph();
+        let mut f = Failures::none(g);
+        for (a, b) in &self.down_links {
+            if let (Some(na), Some(nb)) = (g.find(a), g.find(b)) {
+                for l in g.links_between(na, nb).collect::<Vec<_>>() {
+                    f.set_link(l, true);
+                }
+            }
+        }
+        for name in &self.down_switches {
+            if let Some(n) = g.find(name) {
+                f.set_node(g, n, true);
+            }
+        }
+        f
     }
 
     /// Checks that `a`-`b` is a link of the topology.

@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod fabric;
+pub mod hedera;
 pub mod proto;
 pub mod server;
 pub mod tls;

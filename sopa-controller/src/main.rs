@@ -6,6 +6,7 @@ use anyhow::{Context as _, Result};
 use clap::Parser;
 use sopa_controller::{
     fabric::Fabric,
+    hedera::HederaConfig,
     server::{self, Controller},
     tls,
 };
@@ -32,6 +33,12 @@ struct Args {
     /// Heartbeat interval; agents consider the controller gone after three silent ones.
     #[arg(long, env = "SOPA_HEARTBEAT_MS", default_value_t = 1000)]
     heartbeat_ms: u64,
+    /// Hedera's scheduling interval (the paper used 5 s).
+    #[arg(long, env = "SOPA_HEDERA_INTERVAL_MS", default_value_t = 1000)]
+    hedera_interval_ms: u64,
+    /// How long a Hedera pin holds without a newer pin set from this controller.
+    #[arg(long, env = "SOPA_PIN_LIFETIME_MS", default_value_t = 5000)]
+    pin_lifetime_ms: u64,
 }
 
 fn main() -> ExitCode {
@@ -68,6 +75,18 @@ async fn run(args: Args) -> Result<()> {
     if args.heartbeat_ms == 0 {
         anyhow::bail!("--heartbeat-ms must be at least 1");
     }
+    if args.hedera_interval_ms == 0 || args.pin_lifetime_ms <= args.hedera_interval_ms {
+        anyhow::bail!(
+            "--hedera-interval-ms {} and --pin-lifetime-ms {}: the interval must be at least 1 and pins must outlive it",
+            args.hedera_interval_ms,
+            args.pin_lifetime_ms
+        );
+    }
+    let hedera = HederaConfig {
+        interval: Duration::from_millis(args.hedera_interval_ms),
+        pin_lifetime: Duration::from_millis(args.pin_lifetime_ms),
+        ..HederaConfig::default()
+    };
     let fabric = Fabric::load(&args.topology, epoch())?;
     let tls = match &args.certs {
         Some(dir) => {
@@ -79,7 +98,8 @@ async fn run(args: Args) -> Result<()> {
         }
     };
     let name = fabric.topology().name();
-    let controller = Controller::new(fabric, Duration::from_millis(args.heartbeat_ms));
+    let controller =
+        Controller::with_hedera(fabric, Duration::from_millis(args.heartbeat_ms), hedera);
     let listener: server::Listener = match args.listen.strip_prefix("unix:") {
         Some(path) => {
             // A socket left by a previous run would refuse the bind.

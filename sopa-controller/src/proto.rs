@@ -22,7 +22,7 @@ pub enum Role {
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct AgentMessage {
-    #[prost(oneof = "agent_message::Kind", tags = "1, 2, 3, 4, 5")]
+    #[prost(oneof = "agent_message::Kind", tags = "1, 2, 3, 4, 5, 6, 7")]
     pub kind: Option<agent_message::Kind>,
 }
 
@@ -39,6 +39,22 @@ pub mod agent_message {
         Heartbeat(super::Heartbeat),
         #[prost(message, tag = "5")]
         Report(super::LinkReport),
+        #[prost(message, tag = "6")]
+        Flows(super::FlowReport),
+        #[prost(message, tag = "7")]
+        PinAck(super::PinAck),
+    }
+
+    impl From<super::LinkReport> for Kind {
+        fn from(r: super::LinkReport) -> Self {
+            Self::Report(r)
+        }
+    }
+
+    impl From<super::FlowReport> for Kind {
+        fn from(r: super::FlowReport) -> Self {
+            Self::Flows(r)
+        }
     }
 }
 
@@ -55,6 +71,9 @@ pub struct Hello {
     pub version: u64,
     #[prost(string, tag = "5")]
     pub agent_version: String,
+    /// The node's name in the topology, when it differs from `node` (which names the agent).
+    #[prost(string, tag = "6")]
+    pub topology_name: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -94,7 +113,7 @@ pub struct LinkReport {
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ControllerMessage {
-    #[prost(oneof = "controller_message::Kind", tags = "1, 2, 3")]
+    #[prost(oneof = "controller_message::Kind", tags = "1, 2, 3, 4")]
     pub kind: Option<controller_message::Kind>,
 }
 
@@ -107,7 +126,138 @@ pub mod controller_message {
         Delta(super::Delta),
         #[prost(message, tag = "3")]
         Heartbeat(super::Heartbeat),
+        #[prost(message, tag = "4")]
+        Pins(super::PinSet),
     }
+}
+
+/// A flow's 5-tuple: addresses as the u32 of their four octets read big-endian, ports in host
+/// order.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Message)]
+pub struct FiveTuple {
+    #[prost(fixed32, tag = "1")]
+    pub saddr: u32,
+    #[prost(fixed32, tag = "2")]
+    pub daddr: u32,
+    #[prost(uint32, tag = "3")]
+    pub sport: u32,
+    #[prost(uint32, tag = "4")]
+    pub dport: u32,
+    #[prost(uint32, tag = "5")]
+    pub proto: u32,
+}
+
+/// A host agent's elephants of the last interval (Hedera): the flows it sent at 10% of its NIC
+/// rate or more.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct FlowReport {
+    #[prost(uint32, tag = "1")]
+    pub interval_ms: u32,
+    /// The sending host's NIC rate, the unit of every demand.
+    #[prost(uint64, tag = "2")]
+    pub nic_bps: u64,
+    #[prost(message, repeated, tag = "3")]
+    pub flows: Vec<FlowSample>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct FlowSample {
+    #[prost(message, optional, tag = "1")]
+    pub flow: Option<FiveTuple>,
+    /// Bits per second over the last interval.
+    #[prost(uint64, tag = "2")]
+    pub rate_bps: u64,
+    /// Bytes sent since the flow started.
+    #[prost(uint64, tag = "3")]
+    pub bytes: u64,
+}
+
+/// The controller's placements for one host agent: exactly the flows to pin, each with its
+/// path. Every round sends the whole set again, refreshing each pin's lifetime.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PinSet {
+    #[prost(uint64, tag = "1")]
+    pub round: u64,
+    /// How long the pins hold without a newer set.
+    #[prost(uint32, tag = "2")]
+    pub lifetime_ms: u32,
+    #[prost(message, repeated, tag = "3")]
+    pub pins: Vec<FlowPin>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct FlowPin {
+    #[prost(message, optional, tag = "1")]
+    pub flow: Option<FiveTuple>,
+    #[prost(uint32, tag = "2")]
+    pub hop0: u32,
+    #[prost(uint32, tag = "3")]
+    pub hop1: u32,
+}
+
+/// The agent's answer to a pin set: applied (empty error) or refused whole.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PinAck {
+    #[prost(uint64, tag = "1")]
+    pub round: u64,
+    #[prost(string, tag = "2")]
+    pub error: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct HederaStatusRequest {}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Elephant {
+    #[prost(message, optional, tag = "1")]
+    pub flow: Option<FiveTuple>,
+    #[prost(string, tag = "2")]
+    pub src: String,
+    #[prost(string, tag = "3")]
+    pub dst: String,
+    /// Measured rate and estimated natural demand, as fractions of the sender's NIC rate.
+    #[prost(double, tag = "4")]
+    pub measured: f64,
+    #[prost(double, tag = "5")]
+    pub demand: f64,
+    #[prost(bool, tag = "6")]
+    pub placed: bool,
+    #[prost(uint32, tag = "7")]
+    pub hop0: u32,
+    #[prost(uint32, tag = "8")]
+    pub hop1: u32,
+    /// The placed path's switches, e.g. "e0 a0 c0 a2 e2".
+    #[prost(string, tag = "9")]
+    pub path: String,
+    /// The round the flow was placed in.
+    #[prost(uint64, tag = "10")]
+    pub since_round: u64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct HederaAgent {
+    #[prost(string, tag = "1")]
+    pub node: String,
+    #[prost(uint64, tag = "2")]
+    pub reports: u64,
+    #[prost(uint64, tag = "3")]
+    pub reports_refused: u64,
+    #[prost(uint64, tag = "4")]
+    pub pins_refused: u64,
+    #[prost(string, tag = "5")]
+    pub last_error: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct HederaStatusReply {
+    #[prost(uint64, tag = "1")]
+    pub round: u64,
+    #[prost(uint32, tag = "2")]
+    pub interval_ms: u32,
+    #[prost(message, repeated, tag = "3")]
+    pub elephants: Vec<Elephant>,
+    #[prost(message, repeated, tag = "4")]
+    pub agents: Vec<HederaAgent>,
 }
 
 /// A link by its two node names.

@@ -15,12 +15,16 @@ use tracing::{info, warn};
 
 use crate::{
     fabric::{Fabric, FabricError},
+    hedera::{HederaConfig, Scheduler},
     proto::{
         self, AgentMessage, AgentStatus, ChangeReply, ControllerMessage, Delta, Heartbeat,
-        LinkChange, Role, StatusReply, StatusRequest, SwitchChange, agent_message,
-        controller_message,
+        HederaStatusReply, HederaStatusRequest, LinkChange, PinSet, Role, StatusReply,
+        StatusRequest, SwitchChange, agent_message, controller_message,
     },
 };
+
+/// One scheduling round's pin sets, by node.
+type PinRound = Arc<BTreeMap<String, PinSet>>;
 
 /// How long an agent has to say hello after opening the stream.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -44,6 +48,8 @@ pub struct Controller {
     agents: Mutex<BTreeMap<String, AgentRecord>>,
     sessions: std::sync::atomic::AtomicU64,
     pub heartbeat: Duration,
+    hedera: Mutex<Scheduler>,
+    pins: broadcast::Sender<PinRound>,
 }
 
 fn now_ms() -> u64 {
@@ -62,14 +68,48 @@ fn to_status(e: FabricError) -> Status {
 
 impl Controller {
     pub fn new(fabric: Fabric, heartbeat: Duration) -> Arc<Self> {
+        Self::with_hedera(fabric, heartbeat, HederaConfig::default())
+    }
+
+    pub fn with_hedera(fabric: Fabric, heartbeat: Duration, hedera: HederaConfig) -> Arc<Self> {
         let (updates, _) = broadcast::channel(1024);
+        let (pins, _) = broadcast::channel(16);
         Arc::new(Self {
             fabric: Mutex::new(fabric),
             updates,
             agents: Mutex::new(BTreeMap::new()),
             sessions: std::sync::atomic::AtomicU64::new(1),
             heartbeat,
+            hedera: Mutex::new(Scheduler::new(hedera)),
+            pins,
         })
+    }
+
+    /// Runs Hedera's scheduling rounds forever: each round places the reported elephants and
+    /// pushes every reporting agent its pins.
+    pub async fn run_hedera(self: Arc<Self>) {
+        let interval = self.hedera.lock().expect("hedera lock").config.interval;
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let sets = {
+                let f = self.fabric.lock().expect("fabric lock");
+                let failures = f.failures();
+                self.hedera.lock().expect("hedera lock").round(
+                    f.topology(),
+                    &failures,
+                    Instant::now(),
+                )
+            };
+            if !sets.is_empty() {
+                let _ = self.pins.send(Arc::new(sets));
+            }
+        }
+    }
+
+    pub fn hedera_status(&self) -> HederaStatusReply {
+        self.hedera.lock().expect("hedera lock").status()
     }
 
     /// Sets a link's state and pushes the change; the fabric lock orders it with every
@@ -144,7 +184,8 @@ impl Controller {
         }
     }
 
-    fn handle(&self, node: &str, role: i32, session: u64, msg: AgentMessage) {
+    /// `node` names the agent; `name` is its node in the topology.
+    fn handle(&self, node: &str, name: &str, role: i32, session: u64, msg: AgentMessage) {
         match msg.kind {
             Some(agent_message::Kind::Ack(a)) => self.record(node, session, |r| {
                 r.applied_version = a.version;
@@ -165,6 +206,24 @@ impl Controller {
             }
             Some(agent_message::Kind::Report(_)) => {
                 warn!(node, "link report from a non-switch agent ignored")
+            }
+            Some(agent_message::Kind::Flows(rep)) => {
+                let f = self.fabric.lock().expect("fabric lock");
+                let result = self.hedera.lock().expect("hedera lock").accept_report(
+                    f.topology(),
+                    name,
+                    &rep,
+                    Instant::now(),
+                );
+                if let Err(e) = result {
+                    warn!(node, error = %e, "flow report refused");
+                }
+            }
+            Some(agent_message::Kind::PinAck(ack)) => {
+                if !ack.error.is_empty() {
+                    warn!(node, round = ack.round, error = %ack.error, "an agent refused its pins");
+                }
+                self.hedera.lock().expect("hedera lock").pin_ack(name, &ack);
             }
             Some(agent_message::Kind::Hello(_)) => {
                 warn!(node, "a second hello on one stream ignored")
@@ -209,9 +268,9 @@ impl proto::channel::channel_server::Channel for ChannelService {
                 "the first message must be a hello",
             ));
         };
-        if hello.node.is_empty() || hello.node.len() > 128 {
+        if hello.node.is_empty() || hello.node.len() > 128 || hello.topology_name.len() > 128 {
             return Err(Status::invalid_argument(
-                "hello: the node name must be 1 to 128 bytes",
+                "hello: the node name must be 1 to 128 bytes (the topology name at most 128)",
             ));
         }
         let controller = Arc::clone(&self.0);
@@ -239,7 +298,13 @@ impl proto::channel::channel_server::Channel for ChannelService {
             },
         );
         info!(node = %hello.node, version = hello.version, snapshot = initial.len() == 1 && matches!(initial[0].kind, Some(controller_message::Kind::Snapshot(_))), "agent connected");
+        let mut pins = controller.pins.subscribe();
         let (tx, rx) = mpsc::channel::<Result<ControllerMessage, Status>>(64);
+        let name = if hello.topology_name.is_empty() {
+            hello.node.clone()
+        } else {
+            hello.topology_name.clone()
+        };
         let node = hello.node;
         let role = hello.role;
         tokio::spawn(async move {
@@ -268,8 +333,17 @@ impl proto::channel::channel_server::Channel for ChannelService {
                         }
                         Err(broadcast::error::RecvError::Closed) => break,
                     },
+                    round = pins.recv() => match round {
+                        Ok(sets) => if let Some(set) = sets.get(&name) {
+                            let m = ControllerMessage { kind: Some(controller_message::Kind::Pins(set.clone())) };
+                            if send(m).await.is_err() { break; }
+                        },
+                        // A missed round is superseded by the next one.
+                        Err(broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(broadcast::error::RecvError::Closed) => break,
+                    },
                     msg = inbound.message() => match msg {
-                        Ok(Some(m)) => controller.handle(&node, role, session, m),
+                        Ok(Some(m)) => controller.handle(&node, &name, role, session, m),
                         Ok(None) | Err(_) => break,
                     },
                     _ = tick.tick() => {
@@ -318,6 +392,13 @@ impl proto::control::control_server::Control for ControlService {
     async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {
         Ok(Response::new(self.0.status()))
     }
+
+    async fn hedera_status(
+        &self,
+        _: Request<HederaStatusRequest>,
+    ) -> Result<Response<HederaStatusReply>, Status> {
+        Ok(Response::new(self.0.hedera_status()))
+    }
 }
 
 /// Where the controller listens: TCP, or a Unix socket (reachable from every network
@@ -343,8 +424,11 @@ pub async fn serve(
         proto::channel::channel_server::ChannelServer::new(ChannelService(Arc::clone(&controller)))
             .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
+    let scheduler = tokio::spawn(Arc::clone(&controller).run_hedera());
+    let _stop_scheduler = AbortOnDrop(scheduler);
     let control = proto::control::control_server::ControlServer::new(ControlService(controller))
-        .max_decoding_message_size(proto::MAX_MESSAGE_BYTES);
+        .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
     let router = builder.add_service(channel).add_service(control);
     match listener.into() {
         Listener::Tcp(l) => {
@@ -363,6 +447,15 @@ pub async fn serve(
                 )
                 .await
         }
+    }
+}
+
+/// Ends a task when the server it belongs to returns.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

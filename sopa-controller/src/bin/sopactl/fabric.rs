@@ -48,14 +48,14 @@ pub enum CertsCommand {
     },
 }
 
-fn runtime() -> tokio::runtime::Runtime {
+pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("a tokio runtime")
 }
 
-async fn connect(c: &Connection) -> Result<ControlClient<Channel>> {
+pub async fn connect(c: &Connection) -> Result<ControlClient<Channel>> {
     let tls = if c.controller.starts_with("https://") {
         let dir = c
             .certs

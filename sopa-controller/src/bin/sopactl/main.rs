@@ -1,6 +1,7 @@
 //! `sopactl`: the operator CLI of SOPA.
 
 mod fabric;
+mod hedera;
 mod topo;
 
 use std::process::ExitCode;
@@ -43,6 +44,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The Hedera baseline's scheduler.
+    #[command(subcommand)]
+    Hedera(hedera::HederaCommand),
     /// Certificates for the channel's mutual TLS.
     #[command(subcommand)]
     Certs(fabric::CertsCommand),
@@ -55,6 +59,7 @@ fn main() -> ExitCode {
         Command::Link { conn, state, a, b } => fabric::link(&conn, state, &a, &b),
         Command::Switch { conn, state, name } => fabric::switch(&conn, state, &name),
         Command::Status { conn, json } => fabric::status(&conn, json),
+        Command::Hedera(cmd) => hedera::run(cmd),
         Command::Certs(cmd) => fabric::certs(cmd),
     };
     match result {
