@@ -4,11 +4,11 @@
 
 use sopa_controller::{
     client::Applier,
-    proto::{Delta, Snapshot},
+    proto::{Delta, PinSet, Snapshot},
     view::FabricView,
 };
 use sopa_topology::paths::PathTable as Candidates;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::{changes::ControllerState, host::Host, path_table::PathTable};
 
@@ -66,6 +66,29 @@ impl<'a> HostApplier<'a> {
 
     fn record(&mut self) {
         self.host.set_controller_state(self.state.clone());
+    }
+}
+
+impl HostApplier<'_> {
+    /// Removes the pins whose path a failure killed (the flow falls back to the hash until
+    /// the controller places it again).
+    fn drop_dead_pins(&mut self) {
+        let Some(candidates) = self.candidates.as_ref() else {
+            return;
+        };
+        let maps = self.host.maps();
+        let mut maps = maps.lock().expect("maps lock");
+        let result = maps.pins().and_then(|pins| {
+            let (kept, dropped) = crate::hedera::still_live(pins, candidates);
+            if dropped > 0 {
+                info!(dropped, "pins on failed paths removed");
+                maps.replace_pins(&kept)?;
+            }
+            Ok(())
+        });
+        if let Err(err) = result {
+            warn!(%err, "checking the pins after a change");
+        }
     }
 }
 
@@ -131,7 +154,25 @@ impl Applier for HostApplier<'_> {
         );
         self.state.version = d.version;
         self.record();
+        self.drop_dead_pins();
         Ok(())
+    }
+
+    async fn pins(&mut self, set: &PinSet) -> Result<(), String> {
+        let (Some(view), Some(candidates)) = (self.view.as_ref(), self.candidates.as_ref()) else {
+            return Err("pins before any snapshot".into());
+        };
+        let g = view.topology.graph();
+        let own = g
+            .node(candidates.source)
+            .addr
+            .expect("hosts have addresses");
+        let pins = crate::hedera::check_pins(set, own, candidates, crate::hedera::monotonic_ns())
+            .inspect_err(|e| warn!(round = set.round, error = %e, "pin set refused"))?;
+        let maps = self.host.maps();
+        let mut maps = maps.lock().expect("maps lock");
+        maps.replace_pins(&pins)
+            .map_err(|e| format!("writing the pins: {e}"))
     }
 
     fn position(&self) -> (u64, u64) {

@@ -5,6 +5,7 @@ pub mod changes;
 pub mod channel;
 pub mod datapath;
 pub mod error;
+pub mod hedera;
 pub mod host;
 pub mod metrics;
 pub mod netlink;

@@ -112,6 +112,13 @@ struct RunArgs {
     /// Seed of the 5-tuple hash (ecmp mode and the stateless fallback).
     #[arg(long, env = "SOPA_HASH_SEED", default_value_t = 0x5eed)]
     hash_seed: u32,
+    /// The NIC rate elephants are measured against (pinned mode): Mbit/s. Defaults to the
+    /// interface's link speed.
+    #[arg(long, env = "SOPA_NIC_RATE_MBIT")]
+    nic_rate_mbit: Option<u64>,
+    /// How often pinned mode reports elephants to the controller.
+    #[arg(long, env = "SOPA_REPORT_INTERVAL_MS", default_value_t = 1000)]
+    report_interval_ms: u64,
 }
 
 #[derive(clap::Args)]
@@ -158,6 +165,7 @@ async fn switch(args: SwitchArgs) -> Result<(), Error> {
     let cfg = channel_config(
         &ChannelArgs {
             node: &args.node.node,
+            topology_name: args.host.as_deref(),
             role: Role::Switch,
             flags: &args.channel,
         },
@@ -199,6 +207,8 @@ async fn switch(args: SwitchArgs) -> Result<(), Error> {
 /// What the channel needs from either role's flags.
 struct ChannelArgs<'a> {
     node: &'a str,
+    /// The node's name in the controller's topology (`--host`), when given.
+    topology_name: Option<&'a str>,
     role: Role,
     flags: &'a ChannelFlags,
 }
@@ -206,6 +216,7 @@ struct ChannelArgs<'a> {
 /// The channel settings of `--controller URL`; configuration errors before anything runs.
 fn channel_config(args: &ChannelArgs, url: &str) -> Result<ClientConfig, Error> {
     let mut cfg = ClientConfig::new(url, args.node, args.role);
+    cfg.topology_name = args.topology_name.map(str::to_owned);
     if args.flags.heartbeat_ms == 0 {
         return Err(Error::Config("--heartbeat-ms must be at least 1".into()));
     }
@@ -338,6 +349,7 @@ async fn run(args: RunArgs) -> Result<(), Error> {
         Some(url) => Some(channel_config(
             &ChannelArgs {
                 node: &args.node.node,
+                topology_name: args.host.as_deref(),
                 role: Role::Host,
                 flags: &args.channel,
             },
@@ -364,9 +376,24 @@ async fn run(args: RunArgs) -> Result<(), Error> {
         hash_seed: args.hash_seed,
         lower_route_mtu: !args.keep_route_mtu,
     };
+    if args.report_interval_ms == 0 || args.nic_rate_mbit == Some(0) {
+        return Err(Error::Config(
+            "--report-interval-ms and --nic-rate-mbit must be positive".into(),
+        ));
+    }
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|err| Error::io("installing the SIGTERM handler", err))?;
     let mut host = Host::start(&opts).await?;
+    let nic_bps = match args.nic_rate_mbit {
+        Some(m) => m * 1_000_000,
+        None => match sopa_agent::netlink::link_speed_mbit(&args.iface) {
+            Some(m) => m * 1_000_000,
+            None => {
+                warn!(iface = %args.iface, "link speed unknown; pinned mode measures elephants against 10 Gbit/s (set --nic-rate-mbit)");
+                10_000_000_000
+            }
+        },
+    };
     let signal = async {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => info!("SIGINT"),
@@ -383,11 +410,19 @@ async fn run(args: RunArgs) -> Result<(), Error> {
             let endpoint = cfg.endpoint.clone();
             let (_stop, stopped) = tokio::sync::watch::channel(false);
             let fabric_host = args.host.clone().unwrap_or_else(|| opts.node.clone());
+            let (reports, reports_rx) = tokio::sync::mpsc::channel(2);
+            let reporter = tokio::spawn(sopa_agent::hedera::report_loop(
+                host.maps(),
+                reports,
+                std::time::Duration::from_millis(args.report_interval_ms),
+                nic_bps,
+            ));
             let mut applier = HostApplier::new(&mut host, &fabric_host, &endpoint);
             tokio::select! {
-                _ = sopa_controller::client::run(cfg, &mut applier, stopped) => {}
+                _ = sopa_controller::client::run_with_reports(cfg, &mut applier, stopped, Some(reports_rx)) => {}
                 _ = signal => {}
             }
+            reporter.abort();
         }
     }
     match tokio::time::timeout(GRACE, host.stop()).await {

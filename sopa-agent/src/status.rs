@@ -20,6 +20,7 @@ pub fn mode_name(m: u32) -> &'static str {
         mode::SOPA => "sopa",
         mode::RPS => "rps",
         mode::ECMP => "ecmp",
+        mode::PINNED => "pinned",
         _ => "unknown",
     }
 }
@@ -28,7 +29,11 @@ pub fn mode_name(m: u32) -> &'static str {
 pub fn parse_mode(name: &str) -> Result<u32> {
     (0..mode::COUNT)
         .find(|m| mode_name(*m) == name)
-        .ok_or_else(|| Error::Config(format!("mode {name:?} is not one of sopa, rps, ecmp, off")))
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "mode {name:?} is not one of sopa, rps, ecmp, pinned, off"
+            ))
+        })
 }
 
 #[derive(Debug, Serialize)]

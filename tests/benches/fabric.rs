@@ -1,4 +1,4 @@
-//! `cargo xtask bench fabric --experiment sec4.2|permutation --modes sopa,rps,ecmp --repeat N
+//! `cargo xtask bench fabric --experiment sec4.2|permutation --modes sopa,rps,ecmp,hedera --repeat N
 //! [--topo fat-tree:4] [--rate 100] [--mb 10] [--seed S]`: the SOPA paper's experiments on the
 //! namespace fabric, the modes measured side by side in one run on one fabric.
 //!
@@ -30,7 +30,7 @@ struct Args {
 fn args() -> Args {
     let mut a = Args {
         experiment: "sec4.2".into(),
-        modes: vec!["sopa".into(), "rps".into(), "ecmp".into()],
+        modes: vec!["sopa".into(), "rps".into(), "ecmp".into(), "hedera".into()],
         repeat: 1,
         topo: "fat-tree:4".into(),
         rate: 100,

@@ -298,9 +298,9 @@ impl std::str::FromStr for ModeSpec {
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         let mut parts = s.split('+');
         let base = parts.next().unwrap_or_default().to_owned();
-        if !["sopa", "rps", "ecmp"].contains(&base.as_str()) {
+        if !["sopa", "rps", "ecmp", "hedera"].contains(&base.as_str()) {
             return Err(format!(
-                "mode {s:?}: sopa, rps or ecmp (hedera, mptcp and single path are not built yet), optionally +r3, +norack, +burst"
+                "mode {s:?}: sopa, rps, ecmp or hedera (mptcp and single path are not built yet), optionally +r3, +norack, +burst"
             ));
         }
         let mut m = Self {
@@ -329,10 +329,10 @@ impl std::str::FromStr for ModeSpec {
 /// fabric interface.
 pub fn set_mode(f: &Fabric, mode: &str) {
     let m: ModeSpec = mode.parse().unwrap_or_else(|e| panic!("{e}"));
-    let host_mode = if m.base == "ecmp" {
-        "off"
-    } else {
-        m.base.as_str()
+    let host_mode = match m.base.as_str() {
+        "ecmp" => "off",
+        "hedera" => "pinned",
+        other => other,
     };
     for (id, agent) in &f.hosts {
         let out = std::process::Command::new(crate::bins::sopa_agent())
@@ -368,8 +368,9 @@ mod tests {
         );
         let m: ModeSpec = "rps+burst".parse().unwrap();
         assert!(m.burst && m.rack && m.reordering == 10);
+        assert_eq!("hedera".parse::<ModeSpec>().unwrap().base, "hedera");
         assert!(
-            "hedera"
+            "mptcp"
                 .parse::<ModeSpec>()
                 .unwrap_err()
                 .contains("not built yet")

@@ -222,8 +222,16 @@ impl Fabric {
             .filter(|(_, n)| n.kind == NodeKind::Host)
         {
             let id = id as NodeId;
+            // Elephants (Hedera's pinned mode) are measured against the shaped rate.
+            let nic = opts.rate_mbit.map(|r| r.to_string());
             let args: Vec<&str> = ["--no-metrics"]
                 .into_iter()
+                .chain(
+                    nic.as_deref()
+                        .map(|r| ["--nic-rate-mbit", r])
+                        .into_iter()
+                        .flatten(),
+                )
                 .chain(opts.host_args.iter().map(String::as_str))
                 .collect();
             let agent = Agent::start_with_controller(

@@ -20,6 +20,8 @@ pub struct SendOptions {
     pub dont_fragment: bool,
     /// Give up when no byte moves for this long.
     pub stall_timeout: Duration,
+    /// Bind the client to this source port (to choose the flow's 5-tuple, and so its hash).
+    pub source_port: Option<u16>,
 }
 
 impl Default for SendOptions {
@@ -28,6 +30,7 @@ impl Default for SendOptions {
             congestion: "cubic",
             dont_fragment: true,
             stall_timeout: Duration::from_secs(10),
+            source_port: None,
         }
     }
 }
@@ -144,6 +147,42 @@ fn fill(buf: &mut [u8], state: &mut u64) {
     }
 }
 
+/// A TCP connection to `to` from local port `port` (any local address).
+fn connect_from(port: u16, to: SocketAddr) -> std::io::Result<TcpStream> {
+    use std::os::fd::FromRawFd as _;
+    let SocketAddr::V4(to) = to else {
+        return Err(std::io::Error::other("IPv4 only"));
+    };
+    let sockaddr = |ip: Ipv4Addr, port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(ip.octets()),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: a fresh socket owned by the TcpStream built from it (closed on every error path
+    // by that stream's drop); the addresses are valid sockaddr_in values of the given length.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let stream = TcpStream::from_raw_fd(fd);
+        setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, &1i32)?;
+        let local = sockaddr(Ipv4Addr::UNSPECIFIED, port);
+        if libc::bind(fd, (&local as *const libc::sockaddr_in).cast(), len) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let remote = sockaddr(*to.ip(), to.port());
+        if libc::connect(fd, (&remote as *const libc::sockaddr_in).cast(), len) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(stream)
+    }
+}
+
 /// Sends `bytes` from `src` to a server in `dst` listening on `addr:port`, and returns what both
 /// ends hashed. The server replies with its hash after the sender's EOF, so a returned transfer
 /// has fully arrived.
@@ -187,8 +226,11 @@ pub fn tcp_transfer(
     let opts = opts.clone();
     let sent = src.run(move || -> Result<([u8; 32], [u8; 32], f64, TcpStats)> {
         let start = Instant::now();
-        let mut conn = TcpStream::connect_timeout(&listen, Duration::from_secs(5))
-            .map_err(|e| Error::io(format!("connecting to {listen}"), e))?;
+        let mut conn = match opts.source_port {
+            None => TcpStream::connect_timeout(&listen, Duration::from_secs(5)),
+            Some(port) => connect_from(port, listen),
+        }
+        .map_err(|e| Error::io(format!("connecting to {listen}"), e))?;
         let fd = conn.as_raw_fd();
         let cc = opts.congestion.as_bytes();
         // SAFETY: TCP_CONGESTION takes the name's bytes.

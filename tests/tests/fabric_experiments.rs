@@ -19,7 +19,7 @@ fn sec42_and_permutation_yield_a_row_per_mode() {
     for (experiment, flows) in [("sec4.2", 4), ("permutation", 16)] {
         let plan = Plan {
             experiment: experiment.into(),
-            modes: vec!["sopa".into(), "rps".into(), "ecmp".into()],
+            modes: vec!["sopa".into(), "rps".into(), "ecmp".into(), "hedera".into()],
             repeat: 1,
             rate_mbit: 100,
             mb: 1,
@@ -27,7 +27,7 @@ fn sec42_and_permutation_yield_a_row_per_mode() {
         };
         let report = experiment::run(&f, &plan);
         assert!(report.alone_fraction > 0.0);
-        assert_eq!(report.results.len(), 3, "{experiment}: one row per mode");
+        assert_eq!(report.results.len(), 4, "{experiment}: one row per mode");
         for r in &report.results {
             assert_eq!(r.flows, flows, "{experiment} {}", r.mode);
             assert_eq!(r.per_flow.len(), flows);
@@ -46,6 +46,6 @@ fn sec42_and_permutation_yield_a_row_per_mode() {
         let _ = std::fs::remove_dir_all(&dir);
         let json = serde_json::to_string(&report).unwrap();
         let back: serde_json::Value = serde_json::from_str(&json).unwrap();
-        assert_eq!(back["results"].as_array().unwrap().len(), 3);
+        assert_eq!(back["results"].as_array().unwrap().len(), 4);
     }
 }
