@@ -58,6 +58,34 @@ pub struct Record {
     /// Set when the paths come from a controller.
     #[serde(default)]
     pub controller: Option<ControllerState>,
+    /// The network namespace the agent ran in (`--netns`), for `sopa-agent detach`.
+    #[serde(default)]
+    pub netns: Option<String>,
+    /// The agent exited leaving the datapath attached (`--keep-attached`); the next agent
+    /// adopts it, `sopa-agent detach` removes it.
+    #[serde(default)]
+    pub kept_attached: bool,
+    /// The agent that left the datapath this one adopted, and how it ended.
+    #[serde(default)]
+    pub adopted: Option<Adoption>,
+    /// The programs attached now.
+    #[serde(default)]
+    pub programs: Option<ProgramIds>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Adoption {
+    pub pid: u32,
+    /// "kept attached" (a clean exit with --keep-attached) or "crashed".
+    pub how: String,
+    pub stamp_prog_replaced: Option<u32>,
+    pub strip_prog_replaced: Option<u32>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProgramIds {
+    pub stamp: u32,
+    pub strip: u32,
 }
 
 /// The push channel as the agent last saw it.
@@ -134,6 +162,11 @@ impl Journal {
         fs::write(&tmp, bytes)
             .and_then(|()| fs::rename(&tmp, &self.path))
             .map_err(|err| Error::io(format!("writing {}", self.path.display()), err))
+    }
+
+    /// Rewrites the record (after changing fields other than the change list).
+    pub fn save(&self) -> Result<()> {
+        self.persist()
     }
 
     pub fn set_controller(&mut self, state: ControllerState) -> Result<()> {

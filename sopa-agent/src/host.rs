@@ -59,6 +59,13 @@ pub struct HostOptions {
     pub hash_seed: u32,
     /// Lower the fabric routes' MTU by the option's 4 bytes (`mtu lock`).
     pub lower_route_mtu: bool,
+    /// The paths come from a controller: an adopted datapath keeps its path map until the
+    /// controller's snapshot replaces it (an empty start table would cut traffic).
+    pub paths_from_controller: bool,
+    /// Restore and unpin whatever a previous agent of this node left, instead of adopting it.
+    pub reset: bool,
+    /// The namespace the agent runs in (recorded for `sopa-agent detach`).
+    pub netns: Option<String>,
 }
 
 /// The node's pin folder. bpffs refuses names containing '.', so dots become ':' there.
@@ -167,7 +174,7 @@ impl Host {
         let netlink = Netlink::connect()?;
         let link = netlink.link(&opts.iface).await?;
         let run_dir = run_dir(&opts.node);
-        restore_leftovers(&opts.node, &run_dir, &netlink).await?;
+        let previous = leftovers(opts, &run_dir, &link, &netlink).await?;
 
         let xdp_mode = match (opts.xdp, link.is_veth) {
             (XdpAttach::Generic, _) | (XdpAttach::Auto, true) => XdpMode::Skb,
@@ -192,8 +199,37 @@ impl Host {
                 .unwrap_or(0),
             changes: Vec::new(),
             controller: None,
+            netns: opts.netns.clone(),
+            kept_attached: false,
+            adopted: None,
+            programs: None,
         };
-        let mut journal = Journal::create(&run_dir, record)?;
+        let adopting = previous.is_some();
+        let mut journal = match previous {
+            // The previous agent's changes stay in effect and in the journal: this agent now
+            // owns them, and undoes them when it exits (unless it keeps the datapath too).
+            Some(old) => {
+                let how = if old.kept_attached {
+                    "kept attached"
+                } else {
+                    "crashed"
+                };
+                let mut j = Journal::resume(&run_dir, old.clone());
+                j.record = Record {
+                    changes: old.changes,
+                    adopted: Some(crate::changes::Adoption {
+                        pid: old.pid,
+                        how: how.into(),
+                        stamp_prog_replaced: None,
+                        strip_prog_replaced: None,
+                    }),
+                    ..record
+                };
+                j.save()?;
+                j
+            }
+            None => Journal::create(&run_dir, record)?,
+        };
         let mut mtu_done = HashSet::new();
         let channel = metrics::ChannelGauge::default();
         match Self::setup(
@@ -204,17 +240,28 @@ impl Host {
             &mut journal,
             &mut mtu_done,
             &channel,
+            adopting,
         )
         .await
         {
             Ok((datapath, maps, metrics)) => {
-                info!(
-                    node = %opts.node,
-                    iface = %opts.iface,
-                    mode = mode_name(opts.mode),
-                    prefixes = opts.paths.len(),
-                    "host datapath attached"
-                );
+                match &journal.record.adopted {
+                    Some(a) => info!(
+                        node = %opts.node,
+                        iface = %opts.iface,
+                        mode = mode_name(opts.mode),
+                        previous_pid = a.pid,
+                        previous = %a.how,
+                        "adopted the attached datapath: programs replaced in place, maps and host settings kept"
+                    ),
+                    None => info!(
+                        node = %opts.node,
+                        iface = %opts.iface,
+                        mode = mode_name(opts.mode),
+                        prefixes = opts.paths.len(),
+                        "host datapath attached"
+                    ),
+                }
                 Ok(Self {
                     datapath,
                     maps,
@@ -237,6 +284,7 @@ impl Host {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn setup(
         opts: &HostOptions,
         link: &netlink::Link,
@@ -245,13 +293,23 @@ impl Host {
         journal: &mut Journal,
         mtu_done: &mut HashSet<Prefix>,
         channel: &metrics::ChannelGauge,
+        adopting: bool,
     ) -> Result<(
         Datapath,
         Arc<Mutex<MapSet>>,
         Option<tokio::task::JoinHandle<()>>,
     )> {
         let pins = pin_dir(&opts.node);
-        journal.push(Change::Pins { dir: pins.clone() })?;
+        if !journal
+            .record
+            .changes
+            .iter()
+            .any(|c| matches!(c, Change::Pins { .. }))
+        {
+            journal.push(Change::Pins { dir: pins.clone() })?;
+        }
+        // Pinned maps of the same layout-versioned names are reused: an adopted datapath
+        // keeps its paths, flow state and counters.
         let mut datapath = Datapath::load(&pins)?;
         datapath.start_logger();
         let mut maps = datapath.take_maps()?;
@@ -259,7 +317,9 @@ impl Host {
             mode: opts.mode,
             hash_seed: opts.hash_seed,
         })?;
-        maps.apply_paths(&opts.paths)?;
+        if !(adopting && opts.paths_from_controller) {
+            maps.apply_paths(&opts.paths)?;
+        }
 
         if opts.lower_route_mtu {
             lower_route_mtus(
@@ -284,6 +344,19 @@ impl Host {
             })?;
         }
 
+        if opts.granularity == Granularity::Burst {
+            // An adopted datapath may have run per packet: give the interface its GSO back.
+            let ours = journal.record.changes.iter().position(
+                |c| matches!(c, Change::GsoMaxSegs { index, .. } if *index == link.index),
+            );
+            if let Some(i) = ours
+                && let Change::GsoMaxSegs { old, .. } = journal.record.changes[i].clone()
+            {
+                netlink.set_gso_max_segs(link.index, old).await?;
+                journal.record.changes.remove(i);
+                journal.save()?;
+            }
+        }
         if opts.granularity == Granularity::Packet && link.gso_max_segs != 1 {
             netlink.set_gso_max_segs(link.index, 1).await?;
             journal.push(Change::GsoMaxSegs {
@@ -303,8 +376,16 @@ impl Host {
         };
 
         // Programs last: by the time the first packet is stamped, the routes fit it.
-        datapath.attach_strip(&opts.iface, xdp_mode)?;
-        datapath.attach_stamp(&opts.iface)?;
+        let attached = datapath.attach_host(&opts.iface, xdp_mode)?;
+        journal.record.programs = Some(crate::changes::ProgramIds {
+            stamp: attached.stamp.prog_id,
+            strip: attached.strip.prog_id,
+        });
+        if let Some(a) = journal.record.adopted.as_mut() {
+            a.stamp_prog_replaced = attached.stamp.replaced;
+            a.strip_prog_replaced = attached.strip.replaced;
+        }
+        journal.save()?;
         Ok((datapath, maps, metrics))
     }
 
@@ -369,10 +450,23 @@ impl Host {
         }
     }
 
-    /// Detaches the programs and restores every host setting the agent changed.
-    pub async fn stop(mut self) -> Vec<Error> {
+    /// Detaches the programs and restores every host setting the agent changed; with
+    /// `keep_attached`, leaves the datapath and the settings it needs as they are, recorded for
+    /// the next agent to adopt (or `sopa-agent detach` to remove).
+    pub async fn stop(mut self, keep_attached: bool) -> Vec<Error> {
         if let Some(metrics) = self.metrics.take() {
             metrics.abort();
+        }
+        if keep_attached {
+            self.datapath.keep_attached();
+            let mut errors = Vec::new();
+            if let Some(mut journal) = self.journal.take() {
+                journal.record.kept_attached = true;
+                if let Err(e) = journal.save() {
+                    errors.push(e);
+                }
+            }
+            return errors;
         }
         let mut errors = self.datapath.detach();
         if let Some(journal) = self.journal.take() {
@@ -437,25 +531,79 @@ async fn lower_route_mtus<'a>(
     Ok(())
 }
 
-/// Refuses to start beside a live agent of the same node; restores what a crashed one left.
-async fn restore_leftovers(node: &str, run_dir: &Path, netlink: &Netlink) -> Result<()> {
+/// Refuses to start beside a live agent of the same node. What a previous agent left (after a
+/// crash, or attached on purpose) is adopted when it is this interface's datapath of this
+/// layout, and restored otherwise (or with `--reset`). Returns the record to adopt.
+async fn leftovers(
+    opts: &HostOptions,
+    run_dir: &Path,
+    link: &netlink::Link,
+    netlink: &Netlink,
+) -> Result<Option<Record>> {
+    let pins = pin_dir(&opts.node);
+    check_layout(&pins)?;
     let Some(record) = Journal::read(run_dir)? else {
-        return Ok(());
+        if pins.join(crate::datapath::STAMP_LINK_PIN).exists() {
+            // Pins without a journal: nothing says what the host looked like before.
+            warn!(dir = %pins.display(), "pins without an agent record; removing them");
+            std::fs::remove_dir_all(&pins)
+                .map_err(|e| Error::io(format!("removing {}", pins.display()), e))?;
+        }
+        return Ok(None);
     };
     if record.pid != std::process::id() && record.is_live() {
         return Err(Error::AlreadyRunning {
-            node: node.to_owned(),
+            node: opts.node.clone(),
             pid: record.pid,
         });
     }
+    let attached = pins.join(crate::datapath::STAMP_LINK_PIN).exists()
+        && pins.join(crate::datapath::STRIP_LINK_PIN).exists();
+    let same_iface = record.iface == opts.iface && record.ifindex == link.index;
+    if attached && same_iface && !opts.reset {
+        return Ok(Some(record));
+    }
+    let why = if opts.reset {
+        "--reset"
+    } else if !attached {
+        "its programs are no longer attached"
+    } else {
+        "it ran on another interface"
+    };
     warn!(
         pid = record.pid,
         changes = record.changes.len(),
-        "the previous agent of this node did not exit cleanly; restoring what it changed"
+        reason = why,
+        "the previous agent of this node left state behind; restoring what it changed"
     );
     let errors = Journal::resume(run_dir, record).undo(netlink).await;
     match errors.into_iter().next() {
         Some(err) => Err(err),
         None => Ok(()),
+    }?;
+    Ok(None)
+}
+
+/// Refuses pins of another layout in the node's pin folder: a map of another `_Vn` would be
+/// ignored by this agent while the old programs kept using it.
+fn check_layout(pins: &Path) -> Result<()> {
+    let Ok(entries) = std::fs::read_dir(pins) else {
+        return Ok(());
+    };
+    let known = crate::datapath::MAP_NAMES;
+    let foreign: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("SOPA_") && !known.contains(&n.as_str()))
+        .collect();
+    if foreign.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Config(format!(
+            "{} holds maps of another datapath layout ({}); stop the agent version that made them \
+             with `sopa-agent detach`, or start this one with --reset to remove them",
+            pins.display(),
+            foreign.join(", ")
+        )))
     }
 }

@@ -45,8 +45,14 @@ enum Command {
     Mode {
         #[command(flatten)]
         node: NodeArg,
-        /// sopa, rps, ecmp or off.
+        /// sopa, rps, ecmp, pinned or off.
         mode: String,
+    },
+    /// Remove a datapath left attached (`run --keep-attached`, or after a crash): detach the
+    /// programs, unpin the maps and restore every host setting the agent changed.
+    Detach {
+        #[command(flatten)]
+        node: NodeArg,
     },
     /// Validate a path table file and print it.
     CheckPaths {
@@ -119,6 +125,13 @@ struct RunArgs {
     /// How often pinned mode reports elephants to the controller.
     #[arg(long, env = "SOPA_REPORT_INTERVAL_MS", default_value_t = 1000)]
     report_interval_ms: u64,
+    /// On exit, leave the datapath attached and the host settings it needs in place: traffic
+    /// keeps its paths while no agent runs. The next agent adopts it; `detach` removes it.
+    #[arg(long, env = "SOPA_KEEP_ATTACHED")]
+    keep_attached: bool,
+    /// Do not adopt what a previous agent of this node left: restore it and start clean.
+    #[arg(long, env = "SOPA_RESET")]
+    reset: bool,
 }
 
 #[derive(clap::Args)]
@@ -284,7 +297,7 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    match runtime.block_on(dispatch(cli.command)) {
+    match runtime.block_on(dispatch(cli.command, cli.netns)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("sopa-agent: {err}");
@@ -293,9 +306,10 @@ fn main() -> ExitCode {
     }
 }
 
-async fn dispatch(command: Command) -> Result<(), Error> {
+async fn dispatch(command: Command, netns: Option<String>) -> Result<(), Error> {
     match command {
-        Command::Run(args) => run(args).await,
+        Command::Run(args) => run(args, netns).await,
+        Command::Detach { node } => detach(&node.node, netns.as_deref()).await,
         Command::Switch(args) => switch(args).await,
         Command::Status { node, json } => {
             host::validate_node(&node.node)?;
@@ -343,7 +357,72 @@ async fn dispatch(command: Command) -> Result<(), Error> {
     }
 }
 
-async fn run(args: RunArgs) -> Result<(), Error> {
+/// `sopa-agent detach`: undo what a stopped agent left attached.
+async fn detach(node: &str, netns: Option<&str>) -> Result<(), Error> {
+    host::validate_node(node)?;
+    let run_dir = host::run_dir(node);
+    let Some(record) = sopa_agent::changes::Journal::read(&run_dir)? else {
+        let pins = host::pin_dir(node);
+        if pins.exists() {
+            std::fs::remove_dir_all(&pins)
+                .map_err(|e| Error::io(format!("removing {}", pins.display()), e))?;
+            println!("node {node}: removed {} (no agent record)", pins.display());
+            return Ok(());
+        }
+        return Err(Error::NotRunning {
+            node: node.to_owned(),
+            dir: pins,
+        });
+    };
+    if record.is_live() {
+        return Err(Error::Config(format!(
+            "node {node}: agent {} is running; stop it (SIGTERM) instead",
+            record.pid
+        )));
+    }
+    if let Some(ns) = &record.netns
+        && netns.is_none()
+        && !std::path::Path::new("/run/netns").join(ns).exists()
+    {
+        // The namespace is gone, and with it the interface, its routes and settings: only
+        // the pins and the record are left.
+        let pins = host::pin_dir(node);
+        for (what, result) in [
+            ("pins", std::fs::remove_dir_all(&pins)),
+            ("record", std::fs::remove_dir_all(&run_dir)),
+        ] {
+            if let Err(e) = result
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                return Err(Error::io(format!("removing the {what} of {node}"), e));
+            }
+        }
+        println!("node {node}: network namespace {ns:?} is gone; removed its pins and record");
+        return Ok(());
+    }
+    if let Some(ns) = &record.netns
+        && netns != Some(ns.as_str())
+    {
+        return Err(Error::Config(format!(
+            "node {node} ran in network namespace {ns:?}: run `sopa-agent --netns {ns} detach --node {node}`"
+        )));
+    }
+    host::check_privileges()?;
+    let netlink = sopa_agent::netlink::Netlink::connect()?;
+    let changes = record.changes.len();
+    let errors = sopa_agent::changes::Journal::resume(&run_dir, record)
+        .undo(&netlink)
+        .await;
+    match errors.into_iter().next() {
+        Some(e) => Err(e),
+        None => {
+            println!("node {node}: detached, {changes} changes restored");
+            Ok(())
+        }
+    }
+}
+
+async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
     let channel = match &args.controller {
         None => None,
         Some(url) => Some(channel_config(
@@ -375,6 +454,9 @@ async fn run(args: RunArgs) -> Result<(), Error> {
         metrics_addr: (!args.no_metrics).then_some(args.metrics_addr),
         hash_seed: args.hash_seed,
         lower_route_mtu: !args.keep_route_mtu,
+        paths_from_controller: args.controller.is_some(),
+        reset: args.reset,
+        netns,
     };
     if args.report_interval_ms == 0 || args.nic_rate_mbit == Some(0) {
         return Err(Error::Config(
@@ -425,9 +507,15 @@ async fn run(args: RunArgs) -> Result<(), Error> {
             reporter.abort();
         }
     }
-    match tokio::time::timeout(GRACE, host.stop()).await {
+    match tokio::time::timeout(GRACE, host.stop(args.keep_attached)).await {
         Ok(errors) if errors.is_empty() => {
-            info!("detached and restored");
+            if args.keep_attached {
+                info!(
+                    "exiting with the datapath attached (--keep-attached); the next agent adopts it, `sopa-agent detach` removes it"
+                );
+            } else {
+                info!("detached and restored");
+            }
             Ok(())
         }
         Ok(mut errors) => {

@@ -63,6 +63,19 @@ pub struct Status {
     /// Switch role: tc_forward's verdicts and the packets redirected per uplink index.
     pub forward: BTreeMap<String, u64>,
     pub uplinks: Vec<u64>,
+    /// The host programs' links are pinned and attached (with or without a running agent).
+    pub attached: bool,
+    /// The program ids behind the pinned links now.
+    pub stamp_prog_id: Option<u32>,
+    pub strip_prog_id: Option<u32>,
+    /// The last agent exited with --keep-attached.
+    pub kept_attached: bool,
+    /// What this agent adopted from the previous one.
+    pub adopted: Option<crate::changes::Adoption>,
+    /// The programs the agent attached, as it recorded them (set once attaching is done).
+    pub programs: Option<crate::changes::ProgramIds>,
+    /// Hedera pins held by the datapath (pinned mode).
+    pub pins: usize,
 }
 
 fn hop_label(v: usize) -> String {
@@ -103,7 +116,16 @@ pub fn read(node: &str, run_dir: &Path, pin_dir: &Path) -> Result<Status> {
     };
     let data = strip[strip_reason::TCP_DATA as usize];
     let reordered = strip[strip_reason::TCP_REORDERED as usize];
+    let (stamp_prog_id, strip_prog_id) = crate::datapath::pinned_program_ids(pin_dir);
+    let pins = maps.pins().map(|p| p.len()).unwrap_or(0);
     Ok(Status {
+        attached: stamp_prog_id.is_some() && strip_prog_id.is_some(),
+        stamp_prog_id,
+        strip_prog_id,
+        kept_attached: record.kept_attached,
+        adopted: record.adopted.clone(),
+        programs: record.programs,
+        pins,
         node: record.node.clone(),
         running: record.is_live(),
         pid: record.pid,
@@ -178,10 +200,11 @@ impl Status {
     /// The report for people.
     pub fn render(&self) -> String {
         let mut s = String::new();
-        let state = if self.running {
-            "running"
-        } else {
-            "NOT RUNNING (stale state)"
+        let state = match (self.running, self.attached, self.kept_attached) {
+            (true, _, _) => "running",
+            (false, true, true) => "NOT RUNNING, datapath kept attached (the next agent adopts it)",
+            (false, true, false) => "NOT RUNNING, datapath still attached (the agent died)",
+            (false, false, _) => "NOT RUNNING (stale state)",
         };
         let _ = writeln!(
             s,
@@ -193,6 +216,27 @@ impl Status {
             "interface {} (ifindex {}), mode {}, granularity {}, xdp {}",
             self.iface, self.ifindex, self.mode, self.granularity, self.xdp_mode
         );
+        if let (Some(stamp), Some(strip)) = (self.stamp_prog_id, self.strip_prog_id) {
+            let _ = writeln!(
+                s,
+                "programs: tc_stamp id {stamp}, xdp_strip id {strip} (links pinned)"
+            );
+        }
+        if let Some(a) = &self.adopted {
+            let _ = writeln!(
+                s,
+                "adopted the datapath of pid {} ({}): programs replaced in place ({} -> {}, {} -> {})",
+                a.pid,
+                a.how,
+                a.stamp_prog_replaced.map_or("-".into(), |i| i.to_string()),
+                self.stamp_prog_id.map_or("-".into(), |i| i.to_string()),
+                a.strip_prog_replaced.map_or("-".into(), |i| i.to_string()),
+                self.strip_prog_id.map_or("-".into(), |i| i.to_string()),
+            );
+        }
+        if self.pins > 0 {
+            let _ = writeln!(s, "hedera pins: {}", self.pins);
+        }
         let _ = writeln!(
             s,
             "path table: {} prefixes, {} paths{}",

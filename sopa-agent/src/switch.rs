@@ -88,6 +88,10 @@ impl Switch {
                 .unwrap_or(0),
             changes: adopted,
             controller: None,
+            netns: None,
+            kept_attached: false,
+            adopted: None,
+            programs: None,
         };
         let adopting = !record.changes.is_empty();
         let mut journal = Journal::create(&dir, record)?;

@@ -95,9 +95,11 @@ impl Agent {
                     agent.process.log_text()
                 )));
             }
+            // Attached and recorded: the programs' ids are in the record.
             if let Ok(status) = agent.status()
                 && status["running"] == serde_json::Value::Bool(true)
                 && status["pid"] == serde_json::json!(agent.process.pid())
+                && status["programs"].is_object()
             {
                 return Ok(agent);
             }
@@ -113,8 +115,20 @@ impl Agent {
 
     /// `sopa-agent status --node NODE --json`, parsed.
     pub fn status(&self) -> Result<serde_json::Value> {
+        status_of(&self.node)
+    }
+
+    /// SIGTERM and wait: the agent detaches and restores. Returns its exit code.
+    pub fn stop(mut self) -> Option<i32> {
+        self.process.stop().and_then(|s| s.code())
+    }
+}
+
+/// `sopa-agent status --node NODE --json` of any node, running or not.
+pub fn status_of(node: &str) -> Result<serde_json::Value> {
+    {
         let out = Command::new(bins::sopa_agent())
-            .args(["status", "--node", &self.node, "--json"])
+            .args(["status", "--node", node, "--json"])
             .output()
             .map_err(|e| Error::io("running sopa-agent status", e))?;
         if !out.status.success() {
@@ -124,10 +138,14 @@ impl Agent {
         }
         serde_json::from_slice(&out.stdout).map_err(|e| Error::Failed(format!("status JSON: {e}")))
     }
+}
 
-    /// SIGTERM and wait: the agent detaches and restores. Returns its exit code.
-    pub fn stop(mut self) -> Option<i32> {
-        self.process.stop().and_then(|s| s.code())
+impl Agent {
+    /// SIGKILL and wait: what the agent left (attached programs, its journal) stays for the
+    /// next agent of the node.
+    pub fn kill(mut self) {
+        self.process
+            .stop_with(libc::SIGKILL, Duration::from_secs(5));
     }
 
     /// Lets the agent run on without this guard; returns its PID.

@@ -8,7 +8,10 @@ use std::path::{Path, PathBuf};
 use aya::{
     Ebpf, EbpfLoader,
     programs::{
-        SchedClassifier, TcAttachType, Xdp, XdpMode, tc::SchedClassifierLinkId, xdp::XdpLinkId,
+        SchedClassifier, TcAttachType, Xdp, XdpMode,
+        links::{FdLink, PinnedLink},
+        tc::SchedClassifierLink,
+        xdp::XdpLink,
     },
 };
 use tracing::warn;
@@ -43,8 +46,69 @@ pub fn check_bpffs() -> Result<()> {
 pub struct Datapath {
     ebpf: Ebpf,
     pin_dir: PathBuf,
-    stamp_link: Option<SchedClassifierLinkId>,
-    strip_link: Option<XdpLinkId>,
+    /// The host role's attached links (pinned; their fds close with this struct).
+    links: Vec<FdLink>,
+}
+
+/// Every map of this datapath layout, as pinned: a `SOPA_*` pin not in this list belongs to
+/// another layout.
+pub const MAP_NAMES: [&str; 11] = {
+    use sopa_common::maps::*;
+    [
+        CONFIG_MAP,
+        PATHS_MAP,
+        FLOWS_MAP,
+        PINS_MAP,
+        REORDER_MAP,
+        STAMP_STATS_MAP,
+        HOP_STATS_MAP,
+        STRIP_STATS_MAP,
+        FWD_MAP,
+        FWD_STATS_MAP,
+        FWD_UPLINK_STATS_MAP,
+    ]
+};
+
+/// Where the host programs' links are pinned, inside the node's pin folder.
+pub const STAMP_LINK_PIN: &str = "link_stamp";
+pub const STRIP_LINK_PIN: &str = "link_strip";
+
+/// One program's attachment: the program's id, and the id of the program it replaced when the
+/// link was adopted from a previous agent.
+#[derive(Clone, Copy, Debug)]
+pub struct LinkState {
+    pub prog_id: u32,
+    pub replaced: Option<u32>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Attached {
+    pub stamp: LinkState,
+    pub strip: LinkState,
+}
+
+impl Attached {
+    pub fn adopted(&self) -> bool {
+        self.stamp.replaced.is_some() || self.strip.replaced.is_some()
+    }
+}
+
+fn link_err<E: std::fmt::Display>(pin: &Path) -> impl Fn(E) -> Error + '_ {
+    move |e| {
+        Error::io(
+            format!("the pinned link {}", pin.display()),
+            std::io::Error::other(e.to_string()),
+        )
+    }
+}
+
+/// The program ids behind the host links pinned in `pin_dir` (stamp, strip), for status.
+pub fn pinned_program_ids(pin_dir: &Path) -> (Option<u32>, Option<u32>) {
+    let id = |name: &str| {
+        let link = PinnedLink::from_pin(pin_dir.join(name)).ok()?;
+        FdLink::from(link).info().ok().map(|i| i.program_id())
+    };
+    (id(STAMP_LINK_PIN), id(STRIP_LINK_PIN))
 }
 
 impl Datapath {
@@ -87,8 +151,7 @@ impl Datapath {
         Ok(Self {
             ebpf,
             pin_dir: pin_dir.to_owned(),
-            stamp_link: None,
-            strip_link: None,
+            links: Vec::new(),
         })
     }
 
@@ -183,56 +246,112 @@ impl Datapath {
         MapSet::from_ebpf(&mut self.ebpf)
     }
 
-    /// Attaches `tc_stamp` to the egress of `iface` (TCX on Linux 6.6+, clsact before).
-    pub fn attach_stamp(&mut self, iface: &str) -> Result<()> {
+    /// Attaches `tc_stamp` (TCX egress) and `xdp_strip` to `iface` through links pinned in the
+    /// pin folder, so the datapath outlives this process (a crash, `--keep-attached`, an
+    /// upgrade). Links a previous agent pinned are adopted: this process's programs replace
+    /// theirs atomically (`bpf_link_update`), with no moment without a program. Strip first,
+    /// so by the time anything is stamped the peer-facing side strips.
+    pub fn attach_host(&mut self, iface: &str, xdp_mode: XdpMode) -> Result<Attached> {
+        let strip = self.attach_strip_pinned(iface, xdp_mode)?;
+        let stamp = self.attach_stamp_pinned(iface)?;
+        Ok(Attached { stamp, strip })
+    }
+
+    fn attach_stamp_pinned(&mut self, iface: &str) -> Result<LinkState> {
         let name = STAMP_PROGRAM;
+        let pin = self.pin_dir.join(STAMP_LINK_PIN);
         let program: &mut SchedClassifier = self
             .ebpf
             .program_mut(name)
             .expect("the object defines tc_stamp")
             .try_into()
             .map_err(Error::program(name))?;
-        let id = program
-            .attach(iface, TcAttachType::Egress)
-            .map_err(Error::program(name))?;
-        self.stamp_link = Some(id);
-        Ok(())
+        let prog_id = program.info().map_err(Error::program(name))?.id();
+        let (link, replaced) = if pin.exists() {
+            let old = PinnedLink::from_pin(&pin).map_err(link_err(&pin))?;
+            let fd = FdLink::from(old);
+            let replaced = fd.info().map_err(link_err(&pin))?.program_id();
+            let link = SchedClassifierLink::try_from(fd).map_err(link_err(&pin))?;
+            let id = program.attach_to_link(link).map_err(Error::program(name))?;
+            (
+                program.take_link(id).map_err(Error::program(name))?,
+                Some(replaced),
+            )
+        } else {
+            let id = program
+                .attach(iface, TcAttachType::Egress)
+                .map_err(Error::program(name))?;
+            (program.take_link(id).map_err(Error::program(name))?, None)
+        };
+        let fd: FdLink = link.try_into().map_err(link_err(&pin))?;
+        self.keep_link(fd, &pin, replaced.is_some())?;
+        Ok(LinkState { prog_id, replaced })
     }
 
-    /// Attaches `xdp_strip` to `iface` in `mode`.
-    pub fn attach_strip(&mut self, iface: &str, mode: XdpMode) -> Result<()> {
+    fn attach_strip_pinned(&mut self, iface: &str, mode: XdpMode) -> Result<LinkState> {
         let name = STRIP_PROGRAM;
+        let pin = self.pin_dir.join(STRIP_LINK_PIN);
         let program: &mut Xdp = self
             .ebpf
             .program_mut(name)
             .expect("the object defines xdp_strip")
             .try_into()
             .map_err(Error::program(name))?;
-        let id = program.attach(iface, mode).map_err(Error::program(name))?;
-        self.strip_link = Some(id);
+        let prog_id = program.info().map_err(Error::program(name))?.id();
+        let (link, replaced) = if pin.exists() {
+            let old = PinnedLink::from_pin(&pin).map_err(link_err(&pin))?;
+            let fd = FdLink::from(old);
+            let replaced = fd.info().map_err(link_err(&pin))?.program_id();
+            let link = XdpLink::try_from(fd).map_err(link_err(&pin))?;
+            let id = program.attach_to_link(link).map_err(Error::program(name))?;
+            (
+                program.take_link(id).map_err(Error::program(name))?,
+                Some(replaced),
+            )
+        } else {
+            let id = program.attach(iface, mode).map_err(Error::program(name))?;
+            (program.take_link(id).map_err(Error::program(name))?, None)
+        };
+        let fd: FdLink = link.try_into().map_err(link_err(&pin))?;
+        self.keep_link(fd, &pin, replaced.is_some())?;
+        Ok(LinkState { prog_id, replaced })
+    }
+
+    /// Pins a new link (an adopted one is pinned already) and keeps its fd.
+    fn keep_link(&mut self, fd: FdLink, pin: &Path, adopted: bool) -> Result<()> {
+        if adopted {
+            self.links.push(fd);
+            return Ok(());
+        }
+        let pinned = fd.pin(pin).map_err(|e| {
+            Error::io(
+                format!("pinning {}", pin.display()),
+                std::io::Error::other(e.to_string()),
+            )
+        })?;
+        self.links.push(FdLink::from(pinned));
         Ok(())
     }
 
-    /// Detaches what this datapath attached, and only that.
+    /// Detaches the programs: removes the link pins and closes the links.
     pub fn detach(&mut self) -> Vec<Error> {
         let mut errors = Vec::new();
-        if let Some(id) = self.strip_link.take() {
-            let name = STRIP_PROGRAM;
-            let program: Result<&mut Xdp, _> =
-                self.ebpf.program_mut(name).expect("defined").try_into();
-            if let Err(source) = program.and_then(|p| p.detach(id)) {
-                errors.push(Error::program(name)(source));
+        for name in [STAMP_LINK_PIN, STRIP_LINK_PIN] {
+            let pin = self.pin_dir.join(name);
+            if let Err(err) = std::fs::remove_file(&pin)
+                && err.kind() != std::io::ErrorKind::NotFound
+            {
+                errors.push(Error::io(format!("unpinning {}", pin.display()), err));
             }
         }
-        if let Some(id) = self.stamp_link.take() {
-            let name = STAMP_PROGRAM;
-            let program: Result<&mut SchedClassifier, _> =
-                self.ebpf.program_mut(name).expect("defined").try_into();
-            if let Err(source) = program.and_then(|p| p.detach(id)) {
-                errors.push(Error::program(name)(source));
-            }
-        }
+        // Closing the last fd of an unpinned link detaches its program.
+        self.links.clear();
         errors
+    }
+
+    /// Leaves the programs attached after this process: only the fds close, the pins hold.
+    pub fn keep_attached(&mut self) {
+        self.links.clear();
     }
 
     /// The stamp program, for BPF_PROG_TEST_RUN.
