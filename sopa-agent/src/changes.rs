@@ -98,6 +98,9 @@ pub struct ControllerState {
     /// Unix time of the last connect or disconnect.
     pub since_unix: u64,
     pub last_error: String,
+    /// Fabric hosts whose agent the controller reports lost (they receive unstripped packets).
+    #[serde(default)]
+    pub peers_down: Vec<String>,
 }
 
 impl Record {

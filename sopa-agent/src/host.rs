@@ -443,6 +443,7 @@ impl Host {
             .state
             .store(i64::from(state.connected), Relaxed);
         self.channel.version.store(state.version, Relaxed);
+        *self.channel.peers_down.lock().expect("peers lock") = state.peers_down.clone();
         if let Some(journal) = self.journal.as_mut()
             && let Err(err) = journal.set_controller(state)
         {
@@ -541,8 +542,16 @@ async fn leftovers(
     netlink: &Netlink,
 ) -> Result<Option<Record>> {
     let pins = pin_dir(&opts.node);
-    check_layout(&pins)?;
+    if !opts.reset {
+        check_layout(&pins)?;
+    }
     let Some(record) = Journal::read(run_dir)? else {
+        if opts.reset && pins.exists() {
+            warn!(dir = %pins.display(), "--reset: removing the pins left without an agent record");
+            std::fs::remove_dir_all(&pins)
+                .map_err(|e| Error::io(format!("removing {}", pins.display()), e))?;
+            return Ok(None);
+        }
         if pins.join(crate::datapath::STAMP_LINK_PIN).exists() {
             // Pins without a journal: nothing says what the host looked like before.
             warn!(dir = %pins.display(), "pins without an agent record; removing them");
@@ -581,6 +590,11 @@ async fn leftovers(
         Some(err) => Err(err),
         None => Ok(()),
     }?;
+    if opts.reset && pins.exists() {
+        // Whatever is left there (maps of another layout included) goes too.
+        std::fs::remove_dir_all(&pins)
+            .map_err(|e| Error::io(format!("removing {}", pins.display()), e))?;
+    }
     Ok(None)
 }
 

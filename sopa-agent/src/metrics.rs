@@ -39,6 +39,8 @@ struct DatapathCollector {
 pub struct ChannelGauge {
     pub state: Arc<std::sync::atomic::AtomicI64>,
     pub version: Arc<std::sync::atomic::AtomicU64>,
+    /// Hosts whose agent the controller reports lost: packets to them arrive unstripped.
+    pub peers_down: Arc<Mutex<Vec<String>>>,
 }
 
 impl Default for ChannelGauge {
@@ -46,6 +48,7 @@ impl Default for ChannelGauge {
         Self {
             state: Arc::new(std::sync::atomic::AtomicI64::new(-1)),
             version: Arc::default(),
+            peers_down: Arc::default(),
         }
     }
 }
@@ -174,6 +177,27 @@ impl Collector for DatapathCollector {
             None,
             gauge.metric_type(),
         )?)?;
+
+        let down = self.channel.peers_down.lock().expect("peers lock").clone();
+        let gauge = ConstGauge::new(down.len() as i64);
+        gauge.encode(encoder.encode_descriptor(
+            "sopa_peer_agents_down",
+            "Fabric hosts whose agent the controller reports lost: they receive this host's packets with the option on (delivered, not stripped, reordering unmeasured). Alarm when above 0",
+            None,
+            gauge.metric_type(),
+        )?)?;
+        if !down.is_empty() {
+            let mut family = encoder.encode_descriptor(
+                "sopa_peer_agent_down",
+                "1 for each fabric host whose agent the controller reports lost",
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            for host in &down {
+                let labels = [("host", host.as_str())];
+                ConstGauge::new(1i64).encode(family.encode_family(&labels)?)?;
+            }
+        }
 
         let mut family = encoder.encode_descriptor(
             "sopa_mode",

@@ -313,6 +313,13 @@ impl Status {
                     format!(", last error: {}", c.last_error)
                 }
             );
+            if !c.peers_down.is_empty() {
+                let _ = writeln!(
+                    s,
+                    "ALARM: hosts without their agent (receiving unstripped packets): {}",
+                    c.peers_down.join(", ")
+                );
+            }
         }
         let _ = writeln!(s, "host changes to restore on exit: {}", self.changes.len());
         s

@@ -26,6 +26,8 @@ pub trait Applier: Send {
     fn pins(&mut self, _pins: &PinSet) -> impl Future<Output = Result<(), String>> + Send {
         std::future::ready(Err("this agent does not take pins".to_owned()))
     }
+    /// The hosts whose agents the controller has lost (they receive unstripped packets).
+    fn peers(&mut self, _down: &[String]) {}
     /// (epoch, version) last applied; (0, 0) for nothing.
     fn position(&self) -> (u64, u64);
     /// The channel came up or went down.
@@ -253,6 +255,10 @@ async fn session<A: Applier, R: Into<agent_message::Kind>>(
                     Some(controller_message::Kind::Pins(p)) => {
                         let error = applier.pins(&p).await.err().unwrap_or_default();
                         Some(AgentMessage { kind: Some(agent_message::Kind::PinAck(PinAck { round: p.round, error })) })
+                    }
+                    Some(controller_message::Kind::Peers(p)) => {
+                        applier.peers(&p.down);
+                        None
                     }
                     Some(controller_message::Kind::Heartbeat(_)) | None => None,
                 };

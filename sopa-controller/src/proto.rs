@@ -113,7 +113,7 @@ pub struct LinkReport {
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ControllerMessage {
-    #[prost(oneof = "controller_message::Kind", tags = "1, 2, 3, 4")]
+    #[prost(oneof = "controller_message::Kind", tags = "1, 2, 3, 4, 5")]
     pub kind: Option<controller_message::Kind>,
 }
 
@@ -128,7 +128,19 @@ pub mod controller_message {
         Heartbeat(super::Heartbeat),
         #[prost(message, tag = "4")]
         Pins(super::PinSet),
+        #[prost(message, tag = "5")]
+        Peers(super::PeerAgents),
     }
+}
+
+/// The host agents the controller has seen and lost: their hosts receive packets with the
+/// option still on (delivery goes on, the stack ignores it) and measure no reordering. Sent to
+/// every host agent on connect and whenever the set changes.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PeerAgents {
+    /// Topology names of the hosts whose agent is disconnected.
+    #[prost(string, repeated, tag = "1")]
+    pub down: Vec<String>,
 }
 
 /// A flow's 5-tuple: addresses as the u32 of their four octets read big-endian, ports in host

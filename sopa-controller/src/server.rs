@@ -50,6 +50,9 @@ pub struct Controller {
     pub heartbeat: Duration,
     hedera: Mutex<Scheduler>,
     pins: broadcast::Sender<PinRound>,
+    /// Host agents by topology name: connected, and the session that holds the name.
+    hosts: Mutex<BTreeMap<String, (bool, u64)>>,
+    peers: tokio::sync::watch::Sender<Arc<Vec<String>>>,
 }
 
 fn now_ms() -> u64 {
@@ -82,7 +85,38 @@ impl Controller {
             heartbeat,
             hedera: Mutex::new(Scheduler::new(hedera)),
             pins,
+            hosts: Mutex::new(BTreeMap::new()),
+            peers: tokio::sync::watch::channel(Arc::new(Vec::new())).0,
         })
+    }
+
+    /// A host agent connected or left; republishes the hosts whose agent is gone.
+    fn host_session(&self, name: &str, session: u64, up: bool) {
+        let mut hosts = self.hosts.lock().expect("hosts lock");
+        match hosts.get(name) {
+            // A stale session's end must not mark a reconnected agent down.
+            Some((_, s)) if !up && *s != session => return,
+            _ => {}
+        }
+        hosts.insert(name.to_owned(), (up, session));
+        let down: Vec<String> = hosts
+            .iter()
+            .filter(|(_, (up, _))| !up)
+            .map(|(n, _)| n.clone())
+            .collect();
+        self.peers.send_if_modified(|cur| {
+            if **cur == down {
+                false
+            } else {
+                *cur = Arc::new(down);
+                true
+            }
+        });
+    }
+
+    /// Topology names of the host agents seen and lost.
+    pub fn peers_down(&self) -> Vec<String> {
+        self.peers.borrow().as_ref().clone()
     }
 
     /// Runs Hedera's scheduling rounds forever: each round places the reported elephants and
@@ -299,6 +333,7 @@ impl proto::channel::channel_server::Channel for ChannelService {
         );
         info!(node = %hello.node, version = hello.version, snapshot = initial.len() == 1 && matches!(initial[0].kind, Some(controller_message::Kind::Snapshot(_))), "agent connected");
         let mut pins = controller.pins.subscribe();
+        let mut peers = controller.peers.subscribe();
         let (tx, rx) = mpsc::channel::<Result<ControllerMessage, Status>>(64);
         let name = if hello.topology_name.is_empty() {
             hello.node.clone()
@@ -307,10 +342,29 @@ impl proto::channel::channel_server::Channel for ChannelService {
         };
         let node = hello.node;
         let role = hello.role;
+        let is_host = role == Role::Host as i32;
+        if is_host {
+            controller.host_session(&name, session, true);
+        }
         tokio::spawn(async move {
             let send = |m: ControllerMessage| tx.send(Ok(m));
+            let peers_msg = |down: &Arc<Vec<String>>| ControllerMessage {
+                kind: Some(controller_message::Kind::Peers(proto::PeerAgents {
+                    down: down.as_ref().clone(),
+                })),
+            };
             for m in initial {
                 if send(m).await.is_err() {
+                    if is_host {
+                        controller.host_session(&name, session, false);
+                    }
+                    return;
+                }
+            }
+            if is_host {
+                let down = peers.borrow_and_update().clone();
+                if send(peers_msg(&down)).await.is_err() {
+                    controller.host_session(&name, session, false);
                     return;
                 }
             }
@@ -342,6 +396,11 @@ impl proto::channel::channel_server::Channel for ChannelService {
                         Err(broadcast::error::RecvError::Lagged(_)) => {}
                         Err(broadcast::error::RecvError::Closed) => break,
                     },
+                    changed = peers.changed(), if is_host => {
+                        if changed.is_err() { break; }
+                        let down = peers.borrow_and_update().clone();
+                        if send(peers_msg(&down)).await.is_err() { break; }
+                    },
                     msg = inbound.message() => match msg {
                         Ok(Some(m)) => controller.handle(&node, &name, role, session, m),
                         Ok(None) | Err(_) => break,
@@ -353,6 +412,9 @@ impl proto::channel::channel_server::Channel for ChannelService {
                 }
             }
             controller.record(&node, session, |r| r.connected = false);
+            if is_host {
+                controller.host_session(&name, session, false);
+            }
             info!(node = %node, "agent disconnected");
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))

@@ -232,3 +232,195 @@ fn pushed_failures_change_exactly_the_affected_paths() {
     assert_eq!(agent_b.stop(), Some(0));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+fn spawn_controller(f: &Fabric, dir: &std::path::Path, log: &str) -> Process {
+    let spec = dir.join("topology.toml");
+    std::fs::write(&spec, "[topology]\nkind = \"fat-tree\"\nk = 4\n").unwrap();
+    Process::spawn(
+        Some(&f.c),
+        &bins::sopa_controller(),
+        &[
+            "--topology",
+            spec.to_str().unwrap(),
+            "--listen",
+            "10.200.0.2:7470",
+            "--insecure",
+            "--heartbeat-ms",
+            "200",
+        ],
+        &dir.join(log),
+    )
+    .unwrap()
+}
+
+fn metrics(ns: &NetNs) -> String {
+    use std::io::{Read as _, Write as _};
+    ns.run(|| {
+        let mut conn = std::net::TcpStream::connect_timeout(
+            &"127.0.0.1:9470".parse().unwrap(),
+            Duration::from_secs(2),
+        )
+        .unwrap();
+        conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut body = String::new();
+        conn.read_to_string(&mut body).unwrap();
+        body
+    })
+    .unwrap()
+}
+
+/// Transfers A -> B back to back until `stop`, each checked end to end; returns when each one
+/// completed.
+fn traffic(
+    f: &Fabric,
+    stop: Arc<AtomicBool>,
+    first_port: u16,
+) -> std::thread::JoinHandle<Vec<Instant>> {
+    let (a, b) = (NetNs::adopt(f.a.name()), NetNs::adopt(f.b.name()));
+    std::thread::spawn(move || {
+        let mut done = Vec::new();
+        let mut port = first_port;
+        while !stop.load(Ordering::Relaxed) {
+            let t = tcp_transfer(
+                &a,
+                &b,
+                "10.1.0.2".parse().unwrap(),
+                port,
+                4 << 20,
+                &SendOptions::default(),
+            )
+            .expect("a transfer");
+            assert!(t.intact());
+            done.push(Instant::now());
+            port += 1;
+        }
+        done
+    })
+}
+
+#[test]
+fn a_controller_gone_for_ten_heartbeats_changes_nothing_and_the_agents_resync() {
+    let f = fabric();
+    let dir = std::env::temp_dir().join(format!("sopa-ctl-{}", f.c.name()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut controller = spawn_controller(&f, &dir, "controller.log");
+    let url = "http://10.200.0.2:7470";
+    let agent_a = Agent::start_with_controller(&f.a, f.a.name(), "h0", &f.a_if, url, &[]).unwrap();
+    let agent_b =
+        Agent::start_with_controller(&f.b, f.b.name(), "h4", &f.b_if, url, &["--no-metrics"])
+            .unwrap();
+    let all = ["0,0", "0,1", "1,0", "1,1"];
+    wait_for("A's paths", || paths_to(&agent_a, "10.1.0.0/24") == all);
+    sopactl_in(&f.c, &["link", "down", "e2", "a2"]);
+    wait_for("the failure in A's path map", || {
+        paths_to(&agent_a, "10.1.0.0/24") == ["1,0", "1,1"]
+    });
+    let epoch_before = agent_a.status().unwrap()["controller"]["epoch"].clone();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let transfers = traffic(&f, Arc::clone(&stop), 6100);
+    std::thread::sleep(Duration::from_millis(500));
+    controller.stop();
+    let gone = Instant::now();
+    let noticed = wait_for("A to notice the controller is gone", || {
+        agent_a.status().unwrap()["controller"]["connected"] == false
+    });
+    // Ten heartbeat intervals without a controller.
+    std::thread::sleep(Duration::from_millis(2000).saturating_sub(gone.elapsed()));
+    assert_eq!(
+        paths_to(&agent_a, "10.1.0.0/24"),
+        ["1,0", "1,1"],
+        "the last good paths stay"
+    );
+    assert!(metrics(&f.a).contains("sopa_controller_connected 0"));
+    let back = Instant::now();
+    let _controller = spawn_controller(&f, &dir, "controller-2.log");
+    // The new controller is a new epoch with every link up: a fresh snapshot.
+    let resync = wait_for("A's resync with the new controller", || {
+        let st = agent_a.status().unwrap();
+        st["controller"]["connected"] == true
+            && st["controller"]["epoch"] != epoch_before
+            && paths_to(&agent_a, "10.1.0.0/24") == all
+    });
+    wait_for("B's resync", || {
+        agent_b.status().unwrap()["controller"]["connected"] == true
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let done = transfers.join().expect("every transfer intact");
+    let during = done.iter().filter(|t| **t > gone && **t < back).count();
+    eprintln!(
+        "controller gone {:?} (noticed after {noticed:?}); resynced {resync:?} after it returned; {} transfers, {during} while it was gone",
+        back - gone,
+        done.len()
+    );
+    assert!(during >= 1, "traffic went on without the controller");
+    assert!(metrics(&f.a).contains("sopa_controller_connected 1"));
+    assert_eq!(agent_a.stop(), Some(0));
+    assert_eq!(agent_b.stop(), Some(0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_destination_without_its_agent_still_receives_and_the_sender_raises_the_alarm() {
+    let f = fabric();
+    let dir = std::env::temp_dir().join(format!("sopa-ctl-{}", f.c.name()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _controller = spawn_controller(&f, &dir, "controller.log");
+    let url = "http://10.200.0.2:7470";
+    let agent_a = Agent::start_with_controller(&f.a, f.a.name(), "h0", &f.a_if, url, &[]).unwrap();
+    let agent_b =
+        Agent::start_with_controller(&f.b, f.b.name(), "h4", &f.b_if, url, &["--no-metrics"])
+            .unwrap();
+    wait_for("A's paths", || {
+        !paths_to(&agent_a, "10.1.0.0/24").is_empty()
+    });
+    assert!(metrics(&f.a).contains("sopa_peer_agents_down 0"));
+
+    assert_eq!(agent_b.stop(), Some(0), "B's agent stops and detaches");
+    let took = wait_for("the alarm on A", || {
+        agent_a.status().unwrap()["controller"]["peers_down"] == serde_json::json!(["h4"])
+    });
+    let m = metrics(&f.a);
+    assert!(m.contains("sopa_peer_agents_down 1"), "{m}");
+    assert!(m.contains("sopa_peer_agent_down{host=\"h4\"} 1"), "{m}");
+
+    // Delivery goes on: B's stack gets the option and ignores it.
+    let at_b = sopa_testbed::capture::Capture::start(&f.b, &f.b_if).unwrap();
+    let t = tcp_transfer(
+        &f.a,
+        &f.b,
+        "10.1.0.2".parse().unwrap(),
+        6300,
+        8 << 20,
+        &SendOptions::default(),
+    )
+    .expect("delivery without the destination's agent");
+    assert!(t.intact());
+    let frames = at_b.finish().unwrap().frames;
+    let from_a: Vec<_> = frames
+        .iter()
+        .filter(|fr| fr.len() > 34 && fr[12..14] == [8, 0] && fr[26..30] == [10, 0, 0, 2])
+        .collect();
+    let with_option = from_a
+        .iter()
+        .filter(|fr| sopa_testbed::capture::has_ipv4_options(fr))
+        .count();
+    eprintln!(
+        "alarm after {took:?}; {} packets from A reached B's stack, {with_option} with the option",
+        from_a.len()
+    );
+    assert!(!from_a.is_empty() && with_option == from_a.len());
+
+    let agent_b =
+        Agent::start_with_controller(&f.b, f.b.name(), "h4", &f.b_if, url, &["--no-metrics"])
+            .unwrap();
+    wait_for("the alarm to clear", || {
+        agent_a.status().unwrap()["controller"]["peers_down"] == serde_json::json!([])
+    });
+    assert!(metrics(&f.a).contains("sopa_peer_agents_down 0"));
+    assert_eq!(agent_a.stop(), Some(0));
+    assert_eq!(agent_b.stop(), Some(0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
