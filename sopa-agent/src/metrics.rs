@@ -72,6 +72,7 @@ impl Collector for DatapathCollector {
             warn!("reading the datapath's maps for metrics failed");
             return Ok(());
         };
+        let entries = maps.flow_entries() as u64;
         drop(maps);
 
         let mut family = encoder.encode_descriptor(
@@ -80,10 +81,59 @@ impl Collector for DatapathCollector {
             None,
             prometheus_client::metrics::MetricType::Counter,
         )?;
-        for (i, name) in stamp_reason::NAMES.iter().enumerate() {
+        for (i, name) in stamp_reason::NAMES[..stamp_reason::VERDICTS]
+            .iter()
+            .enumerate()
+        {
             let labels = [("reason", *name)];
             ConstCounter::new(stamp[i]).encode(family.encode_family(&labels)?)?;
         }
+        let counter = ConstCounter::new(stamp[stamp_reason::PINNED as usize]);
+        counter.encode(encoder.encode_descriptor(
+            "sopa_stamp_pinned_packets",
+            "Stamped packets of pinned mode that took a live Hedera pin",
+            None,
+            counter.metric_type(),
+        )?)?;
+        let counter = ConstCounter::new(stamp[stamp_reason::PIN_EXPIRED as usize]);
+        counter.encode(encoder.encode_descriptor(
+            "sopa_stamp_pin_expired_packets",
+            "Packets whose Hedera pin had expired (they took the hash)",
+            None,
+            counter.metric_type(),
+        )?)?;
+
+        // Flow table pressure: the LRU keeps the most recent flows; a new flow always gets a
+        // path (a full table falls back to the stateless hash).
+        let created = stamp[stamp_reason::FLOWS_CREATED as usize];
+        let gauge = ConstGauge::new(entries as i64);
+        gauge.encode(encoder.encode_descriptor(
+            "sopa_flow_table_entries",
+            "Flows in the sender's flow table",
+            None,
+            gauge.metric_type(),
+        )?)?;
+        let gauge = ConstGauge::new(i64::from(sopa_common::maps::FLOWS_CAPACITY));
+        gauge.encode(encoder.encode_descriptor(
+            "sopa_flow_table_capacity",
+            "Capacity of the sender's flow table",
+            None,
+            gauge.metric_type(),
+        )?)?;
+        let counter = ConstCounter::new(created);
+        counter.encode(encoder.encode_descriptor(
+            "sopa_flow_table_created",
+            "Flows entered into the flow table",
+            None,
+            counter.metric_type(),
+        )?)?;
+        let counter = ConstCounter::new(created.saturating_sub(entries));
+        counter.encode(encoder.encode_descriptor(
+            "sopa_flow_table_evictions",
+            "Flows the full flow table evicted (least recently used first): created minus entries",
+            None,
+            counter.metric_type(),
+        )?)?;
 
         let mut family = encoder.encode_descriptor(
             "sopa_strip_packets",

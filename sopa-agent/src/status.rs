@@ -76,6 +76,16 @@ pub struct Status {
     pub programs: Option<crate::changes::ProgramIds>,
     /// Hedera pins held by the datapath (pinned mode).
     pub pins: usize,
+    /// The sender's flow table: entries now, capacity, flows created, evictions.
+    pub flow_table: FlowTable,
+}
+
+#[derive(Debug, Serialize)]
+pub struct FlowTable {
+    pub entries: u64,
+    pub capacity: u64,
+    pub created: u64,
+    pub evictions: u64,
 }
 
 fn hop_label(v: usize) -> String {
@@ -118,7 +128,16 @@ pub fn read(node: &str, run_dir: &Path, pin_dir: &Path) -> Result<Status> {
     let reordered = strip[strip_reason::TCP_REORDERED as usize];
     let (stamp_prog_id, strip_prog_id) = crate::datapath::pinned_program_ids(pin_dir);
     let pins = maps.pins().map(|p| p.len()).unwrap_or(0);
+    let entries = maps.flow_entries() as u64;
+    let created = stamp[stamp_reason::FLOWS_CREATED as usize];
+    let flow_table = FlowTable {
+        entries,
+        capacity: u64::from(sopa_common::maps::FLOWS_CAPACITY),
+        created,
+        evictions: created.saturating_sub(entries),
+    };
     Ok(Status {
+        flow_table,
         attached: stamp_prog_id.is_some() && strip_prog_id.is_some(),
         stamp_prog_id,
         strip_prog_id,
@@ -237,6 +256,12 @@ impl Status {
         if self.pins > 0 {
             let _ = writeln!(s, "hedera pins: {}", self.pins);
         }
+        let ft = &self.flow_table;
+        let _ = writeln!(
+            s,
+            "flow table: {} of {} entries, {} flows created, {} evicted",
+            ft.entries, ft.capacity, ft.created, ft.evictions
+        );
         let _ = writeln!(
             s,
             "path table: {} prefixes, {} paths{}",

@@ -141,7 +141,10 @@ pub mod stamp_reason {
     /// pin had expired (they took the hash).
     pub const PINNED: u32 = 12;
     pub const PIN_EXPIRED: u32 = 13;
-    pub const COUNT: u32 = 14;
+    /// Not a verdict: flows entered into the flow table (the LRU evicts the least recently
+    /// used one when it is full; created minus entries is the eviction count).
+    pub const FLOWS_CREATED: u32 = 14;
+    pub const COUNT: u32 = 15;
     /// Names in index order, for status and metrics.
     pub const NAMES: [&str; COUNT as usize] = [
         "stamped",
@@ -158,6 +161,7 @@ pub mod stamp_reason {
         "adjust_failed",
         "pinned",
         "pin_expired",
+        "flows_created",
     ];
     /// The verdicts: every packet is counted under exactly one of `NAMES[..VERDICTS]`.
     pub const VERDICTS: usize = PINNED as usize;

@@ -172,7 +172,12 @@ fn flow_state(key: &sopa_common::maps::FlowKey) -> Option<*mut FlowState> {
         return Some(state);
     }
     // EEXIST (another CPU won the race) is fine: the lookup below finds its entry.
-    let _ = FLOWS.insert(key, &FlowState::default(), u64::from(BPF_NOEXIST));
+    if FLOWS
+        .insert(key, &FlowState::default(), u64::from(BPF_NOEXIST))
+        .is_ok()
+    {
+        count(&crate::STAMP_STATS, reason::FLOWS_CREATED, 1);
+    }
     FLOWS.get_ptr_mut(key)
 }
 

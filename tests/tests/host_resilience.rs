@@ -282,3 +282,184 @@ fn keep_attached_then_a_new_agent_upgrades_in_place_without_losing_a_probe_packe
     let again = cleanup.detach();
     assert!(!again.status.success(), "nothing left to detach");
 }
+
+fn rss_kib(pid: u64) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// `flows` UDP flows from A to B, `per_flow` packets each, every flow its own 5-tuple (source
+/// port x destination port), written through a raw socket at about `pps`.
+fn short_flows(arb: &Arb, flows: u32, per_flow: u32, pps: u64) -> u64 {
+    let (src, dst) = (arb.a_addr, arb.b_addr);
+    arb.a
+        .run(move || {
+            // SAFETY: a raw IPv4 socket (IP_HDRINCL implied), closed at the end of this block.
+            let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW) };
+            assert!(fd >= 0, "raw socket: {}", std::io::Error::last_os_error());
+            let to = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: 0,
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(dst.octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            let start = Instant::now();
+            let mut sent = 0u64;
+            for flow in 0..flows {
+                let (sport, dport) = (
+                    20_000 + (flow % 40_000) as u16,
+                    7000 + (flow / 40_000) as u16,
+                );
+                for _ in 0..per_flow {
+                    let mut p = [0u8; 36];
+                    p[0] = 0x45;
+                    p[2..4].copy_from_slice(&36u16.to_be_bytes());
+                    p[8] = 64;
+                    p[9] = 17;
+                    p[12..16].copy_from_slice(&src.octets());
+                    p[16..20].copy_from_slice(&dst.octets());
+                    p[20..22].copy_from_slice(&sport.to_be_bytes());
+                    p[22..24].copy_from_slice(&dport.to_be_bytes());
+                    p[24..26].copy_from_slice(&16u16.to_be_bytes());
+                    p[28..36].copy_from_slice(&sent.to_be_bytes());
+                    // SAFETY: sendto with a valid buffer and address of the given sizes.
+                    let n = unsafe {
+                        libc::sendto(
+                            fd,
+                            p.as_ptr().cast(),
+                            p.len(),
+                            0,
+                            (&to as *const libc::sockaddr_in).cast(),
+                            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                        )
+                    };
+                    assert_eq!(n, 36, "sendto: {}", std::io::Error::last_os_error());
+                    sent += 1;
+                    if sent.is_multiple_of(500) {
+                        let due = Duration::from_secs_f64(sent as f64 / pps as f64);
+                        if let Some(wait) = due.checked_sub(start.elapsed()) {
+                            std::thread::sleep(wait);
+                        }
+                    }
+                }
+            }
+            // SAFETY: our own fd.
+            unsafe { libc::close(fd) };
+            sent
+        })
+        .unwrap()
+}
+
+#[test]
+fn a_hundred_thousand_short_flows_lose_nothing_and_the_flow_table_evicts() {
+    const FLOWS: u32 = 100_000;
+    let arb = Arb::new("f").expect("build A - R - B");
+    let _cleanup = DetachOnDrop {
+        ns: &arb.a,
+        node: arb.a.name().to_owned(),
+    };
+    let b = start_b(&arb);
+    let a = start_a(&arb, &["--no-metrics"]);
+    let pid = a.status().unwrap()["pid"].as_u64().unwrap();
+    let rss_before = rss_kib(pid);
+    let stripped = |st: &serde_json::Value| st["strip"]["stripped"].as_u64().unwrap();
+    let b_before = stripped(&b.status().unwrap());
+    let start = Instant::now();
+    let sent = short_flows(&arb, FLOWS, 2, 25_000);
+    let took = start.elapsed();
+    // Let the last packets land.
+    let mut b_after = 0;
+    for _ in 0..50 {
+        b_after = stripped(&b.status().unwrap());
+        if b_after - b_before >= sent {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let st = a.status().unwrap();
+    let ft = &st["flow_table"];
+    let rss_after = rss_kib(pid);
+    eprintln!(
+        "{FLOWS} flows, {sent} packets in {took:?}; B stripped {}; flow table {ft}; agent RSS {rss_before} -> {rss_after} KiB",
+        b_after - b_before
+    );
+    assert!(took < Duration::from_secs(60), "within a minute");
+    assert_eq!(
+        b_after - b_before,
+        sent,
+        "every packet arrived, stamped and stripped"
+    );
+    assert_eq!(
+        st["stamp"]["flow_table_full"], 0,
+        "an LRU table never refuses a flow"
+    );
+    assert_eq!(ft["created"].as_u64().unwrap(), u64::from(FLOWS));
+    // The kernel's LRU evicts in small batches from per-CPU lists, so a full table sits just
+    // under its capacity.
+    let (entries, capacity) = (
+        ft["entries"].as_u64().unwrap(),
+        ft["capacity"].as_u64().unwrap(),
+    );
+    assert!(
+        entries <= capacity && entries * 100 >= capacity * 95,
+        "the table is full: {entries} of {capacity}"
+    );
+    assert_eq!(
+        ft["evictions"].as_u64().unwrap(),
+        u64::from(FLOWS) - entries,
+        "evictions = created - entries"
+    );
+    assert!(
+        rss_after < rss_before + 16 * 1024,
+        "agent memory stays bounded"
+    );
+}
+
+#[test]
+fn pins_of_another_layout_are_refused_until_reset() {
+    let arb = Arb::new("l").expect("build A - R - B");
+    let _cleanup = DetachOnDrop {
+        ns: &arb.a,
+        node: arb.a.name().to_owned(),
+    };
+    let pins = sopa_agent_pins(arb.a.name());
+    std::fs::create_dir_all(&pins).unwrap();
+    let foreign = pins.join("SOPA_PATHS_V0");
+    let out = Command::new("bpftool")
+        .args(["map", "create"])
+        .arg(&foreign)
+        .args([
+            "type", "hash", "key", "4", "value", "4", "entries", "1", "name", "sopa_old",
+        ])
+        .output()
+        .expect("bpftool");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = match Agent::start(
+        &arb.a,
+        arb.a.name(),
+        &arb.a_if,
+        &Arb::path_table(B_PREFIX, PATHS),
+        &["--no-metrics"],
+    ) {
+        Ok(_) => panic!("an agent adopted pins of another layout"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("SOPA_PATHS_V0") && err.contains("--reset") && err.contains("exited"),
+        "{err}"
+    );
+    assert!(foreign.exists(), "refusing changed nothing");
+    let a = start_a(&arb, &["--no-metrics", "--reset"]);
+    assert!(!foreign.exists(), "--reset removed the other layout's pins");
+    assert_eq!(a.stop(), Some(0));
+}
