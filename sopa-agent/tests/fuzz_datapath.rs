@@ -1,0 +1,343 @@
+//! Both programs fed generated packets through BPF_PROG_TEST_RUN (needs root): random bytes,
+//! truncations, IHL 0..15, bad option lengths, fragments, VLAN tags, IPv6, flipped bytes. Every
+//! verdict must be the documented one (TC_ACT_OK, XDP_PASS) and every output either the input
+//! unchanged or exactly the correctly stamped / stripped packet; every run is counted under one
+//! verdict. `SOPA_FUZZ_PACKETS` sets the number per program (default 100,000).
+
+mod common;
+
+use std::{
+    path::PathBuf,
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use aya::programs::{TestRun as _, TestRunOptions};
+use etherparse::PacketBuilder;
+use sopa_agent::{datapath::Datapath, path_table::PathTable};
+use sopa_common::maps::{Config, mode, stamp_reason, strip_reason};
+
+const TC_ACT_OK: u32 = 0;
+const XDP_PASS: u32 = 2;
+
+const TABLE: &str = r#"
+[[destination]]
+prefix = "10.2.0.0/24"
+paths = [[0], [1], [2]]
+[[destination]]
+prefix = "10.3.0.0/16"
+paths = [[0, 0], [0, 1], [1, 0], [1, 1]]
+"#;
+
+fn packets() -> usize {
+    std::env::var("SOPA_FUZZ_PACKETS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000)
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn byte(&mut self) -> u8 {
+        self.next() as u8
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+const DSTS: [[u8; 4]; 4] = [
+    [10, 2, 0, 7],
+    [10, 3, 9, 2],
+    [192, 168, 1, 1],
+    [10, 2, 0, 255],
+];
+
+fn base_packet(r: &mut Rng) -> Vec<u8> {
+    let dst = DSTS[r.below(4) as usize];
+    let payload: Vec<u8> = (0..r.below(120)).map(|_| r.byte()).collect();
+    let eth = PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
+    let mut out = Vec::new();
+    match r.below(5) {
+        0 => eth
+            .ipv6([0xfd; 16], [0xfe; 16], 64)
+            .udp(1, 2)
+            .write(&mut out, &payload)
+            .unwrap(),
+        1 => eth
+            .ipv4([10, 1, 0, 2], dst, 64)
+            .icmpv4_echo_request(1, 1)
+            .write(&mut out, &payload)
+            .unwrap(),
+        2 => eth
+            .ipv4([10, 1, 0, 2], dst, 64)
+            .udp(r.next() as u16, r.next() as u16)
+            .write(&mut out, &payload)
+            .unwrap(),
+        _ => eth
+            .ipv4([10, 1, 0, 2], dst, 64)
+            .tcp(r.next() as u16, 5001, r.next() as u32, 65535)
+            .ack(1)
+            .write(&mut out, &payload)
+            .unwrap(),
+    }
+    out
+}
+
+/// A packet for the stamp program: valid or damaged in one of the ways the issue lists.
+fn stamp_input(r: &mut Rng) -> Vec<u8> {
+    if r.chance(10) {
+        return (0..r.below(200)).map(|_| r.byte()).collect();
+    }
+    let mut p = base_packet(r);
+    mutate(r, &mut p);
+    p
+}
+
+/// A packet for the strip program: often carrying our option (right or wrong), else anything.
+fn strip_input(r: &mut Rng) -> Vec<u8> {
+    if r.chance(10) {
+        return (0..r.below(200)).map(|_| r.byte()).collect();
+    }
+    let mut p = base_packet(r);
+    if p.len() >= 34 && p[12..14] == [8, 0] && r.chance(60) {
+        p = common::with_option(&p, r.byte() % 4, r.byte());
+        if r.chance(20) {
+            p[35] = r.byte(); // a bad option length
+        }
+        if r.chance(10) {
+            p[34] = r.byte(); // a foreign option type
+        }
+    }
+    mutate(r, &mut p);
+    p
+}
+
+fn mutate(r: &mut Rng, p: &mut Vec<u8>) {
+    let ipv4 = p.len() >= 34 && p[12..14] == [8, 0];
+    if ipv4 && r.chance(15) {
+        p[14] = (p[14] & 0xF0) | r.below(16) as u8; // IHL 0..15
+    }
+    if ipv4 && r.chance(10) {
+        let frag = (r.next() as u16) & 0x3FFF;
+        p[20..22].copy_from_slice(&frag.to_be_bytes());
+    }
+    if ipv4 && r.chance(5) {
+        p[14] = (r.below(16) as u8) << 4 | (p[14] & 0x0F); // version
+    }
+    if r.chance(8) {
+        p.splice(12..12, [0x81, 0x00, 0x00, r.byte()]); // an 802.1Q tag
+    }
+    if r.chance(10) && p.len() > 14 {
+        let i = 14 + r.below((p.len() - 14) as u64) as usize;
+        p[i] = r.byte();
+    }
+    if ipv4 && r.chance(60) {
+        common::fix_ipv4_checksum(p);
+    }
+    if r.chance(15) {
+        let len = r.below(p.len() as u64 + 1) as usize;
+        p.truncate(len);
+    }
+}
+
+/// Whether BPF_PROG_TEST_RUN refuses `frame` as an skb before the program runs: shorter than
+/// an Ethernet header, or than the IPv4 / IPv6 header its EtherType announces.
+fn kernel_refuses_skb(frame: &[u8]) -> bool {
+    frame.len() < 14
+        || (frame[12..14] == [0x08, 0x00] && frame.len() < 14 + 20)
+        || (frame[12..14] == [0x86, 0xdd] && frame.len() < 14 + 40)
+}
+
+/// The destination's candidate paths in TABLE, if the frame is an IPv4 packet to one.
+fn paths_of(frame: &[u8]) -> Vec<[u8; 2]> {
+    let d = &frame[30..34];
+    if d[..3] == [10, 2, 0] {
+        vec![[0, 0xFF], [1, 0xFF], [2, 0xFF]]
+    } else if d[..2] == [10, 3] {
+        vec![[0, 0], [0, 1], [1, 0], [1, 1]]
+    } else {
+        vec![]
+    }
+}
+
+fn stripped(input: &[u8]) -> Vec<u8> {
+    let mut p = input.to_vec();
+    p.drain(34..38);
+    p[14] = 0x45;
+    let tot = u16::from_be_bytes([p[16], p[17]]).wrapping_sub(4);
+    p[16..18].copy_from_slice(&tot.to_be_bytes());
+    common::fix_ipv4_checksum(&mut p);
+    p
+}
+
+fn load(tag: &str) -> (Datapath, sopa_agent::datapath::MapSet, PathBuf) {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let pins = PathBuf::from(format!(
+        "/sys/fs/bpf/sopa-test-fuzz-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let mut d = Datapath::load(&pins).expect("load");
+    let mut maps = d.take_maps().unwrap();
+    maps.set_config(Config {
+        mode: mode::SOPA,
+        hash_seed: 1,
+    })
+    .unwrap();
+    maps.apply_paths(&PathTable::parse(TABLE).unwrap()).unwrap();
+    (d, maps, pins)
+}
+
+struct RemoveOnDrop(PathBuf);
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn tc_stamp_survives_generated_packets() {
+    let (mut d, mut maps, pins) = load("stamp");
+    let _rm = RemoveOnDrop(pins);
+    let mut r = Rng(0x5eed_f00d);
+    let (mut stamped, mut untouched, mut refused) = (0u64, 0u64, 0u64);
+    let verdicts = |m: &sopa_agent::datapath::MapSet| -> u64 {
+        m.stamp_counters().unwrap()[..stamp_reason::VERDICTS]
+            .iter()
+            .sum()
+    };
+    let before = verdicts(&maps);
+    for i in 0..packets() {
+        // Every mode, switched as the run goes.
+        if i % 10_000 == 0 {
+            let m = [mode::SOPA, mode::RPS, mode::ECMP, mode::PINNED, mode::OFF][i / 10_000 % 5];
+            maps.set_config(Config {
+                mode: m,
+                hash_seed: 1,
+            })
+            .unwrap();
+        }
+        let input = stamp_input(&mut r);
+        let mut out = vec![0u8; input.len() + 64];
+        let opts = TestRunOptions {
+            data_in: Some(&input),
+            data_out: Some(&mut out),
+            ..Default::default()
+        };
+        let result = match d.stamp_program().test_run(opts) {
+            Ok(res) => res,
+            Err(e) => {
+                // The kernel refuses skbs too short for their headers before the program runs.
+                assert!(
+                    kernel_refuses_skb(&input),
+                    "test_run refused a {}-byte frame: {e}: {:?}: {input:02x?}",
+                    input.len(),
+                    std::error::Error::source(&e).map(|s| s.to_string())
+                );
+                refused += 1;
+                continue;
+            }
+        };
+        assert_eq!(result.return_value, TC_ACT_OK, "packet {i}: {input:02x?}");
+        out.truncate(result.data_size_out as usize);
+        if out == input {
+            untouched += 1;
+            continue;
+        }
+        assert_eq!(out.len(), input.len() + 4, "packet {i}: {input:02x?}");
+        let hops = [out[36], out[37]];
+        assert!(
+            paths_of(&input).contains(&hops),
+            "packet {i}: stamped with {hops:?}, not a path of its destination"
+        );
+        assert_eq!(
+            out,
+            common::with_option(&input, hops[0], hops[1]),
+            "packet {i}: not the correctly stamped packet"
+        );
+        stamped += 1;
+    }
+    let counted = verdicts(&maps) - before;
+    eprintln!(
+        "tc_stamp: {stamped} stamped, {untouched} untouched, {refused} refused by the kernel"
+    );
+    assert_eq!(counted, stamped + untouched, "one verdict per run");
+    assert!(
+        stamped > 1_000 && untouched > 1_000,
+        "both outcomes exercised"
+    );
+}
+
+#[test]
+fn xdp_strip_survives_generated_packets() {
+    let (mut d, maps, pins) = load("strip");
+    let _rm = RemoveOnDrop(pins);
+    let mut r = Rng(0xdead_beef_cafe);
+    let (mut removed, mut untouched, mut refused) = (0u64, 0u64, 0u64);
+    let verdicts = |m: &sopa_agent::datapath::MapSet| -> u64 {
+        m.strip_counters().unwrap()[..strip_reason::TCP_DATA as usize]
+            .iter()
+            .sum()
+    };
+    let before = verdicts(&maps);
+    for i in 0..packets() {
+        let input = strip_input(&mut r);
+        let mut out = vec![0u8; input.len() + 64];
+        let opts = TestRunOptions {
+            data_in: Some(&input),
+            data_out: Some(&mut out),
+            ..Default::default()
+        };
+        let result = match d.strip_program().test_run(opts) {
+            Ok(res) => res,
+            Err(e) => {
+                assert!(
+                    input.len() < 14,
+                    "test_run refused a {}-byte frame: {e}",
+                    input.len()
+                );
+                refused += 1;
+                continue;
+            }
+        };
+        assert_eq!(result.return_value, XDP_PASS, "packet {i}: {input:02x?}");
+        out.truncate(result.data_size_out as usize);
+        if out == input {
+            untouched += 1;
+            continue;
+        }
+        // Only our option, well formed, on an IHL-6 IPv4 packet, is ever removed.
+        assert!(
+            input.len() >= 38
+                && input[12..14] == [8, 0]
+                && input[14] == 0x46
+                && input[34..36] == [0x9E, 4],
+            "packet {i}: changed a packet without our option: {input:02x?}"
+        );
+        assert_eq!(
+            out,
+            stripped(&input),
+            "packet {i}: not the correctly stripped packet"
+        );
+        removed += 1;
+    }
+    let counted = verdicts(&maps) - before;
+    eprintln!(
+        "xdp_strip: {removed} stripped, {untouched} untouched, {refused} refused by the kernel"
+    );
+    assert_eq!(counted, removed + untouched, "one verdict per run");
+    assert!(
+        removed > 1_000 && untouched > 1_000,
+        "both outcomes exercised"
+    );
+}
