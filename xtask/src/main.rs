@@ -6,6 +6,7 @@
 mod bench;
 mod demo;
 mod fabric_demo;
+mod fuzz;
 mod setup;
 mod test;
 mod testbed;
@@ -27,11 +28,21 @@ enum Command {
     Setup,
     /// Build the agent (release) with its embedded eBPF object.
     Build,
-    /// Run the whole test suite (unit, BPF_PROG_TEST_RUN fixtures, namespace suites). Needs root.
+    /// Run the whole test suite (unit, BPF_PROG_TEST_RUN fixtures, namespace suites, then the
+    /// fuzz targets for a bounded time). Needs root.
     Test {
+        /// Seconds per fuzz target (0 skips fuzzing).
+        #[arg(long, env = "SOPA_FUZZ_SECONDS", default_value_t = 20)]
+        fuzz_seconds: u64,
         /// Extra arguments for `cargo test` (after `--`), e.g. a test name filter.
         #[arg(last = true)]
         args: Vec<String>,
+    },
+    /// Run every cargo-fuzz target (fuzz/) for a bounded time.
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
     },
     /// The main job on an embedded default: namespaces, agents, traffic, a result table.
     Demo(demo::DemoArgs),
@@ -56,10 +67,16 @@ fn main() -> Result<()> {
             setup::run()?;
             setup::cargo(&["build", "--release", "-p", "sopa-agent", "--bins"])
         }
-        Command::Test { args } => {
+        Command::Test { fuzz_seconds, args } => {
             setup::run()?;
-            test::run(&args)
+            test::run(&args)?;
+            // A filtered run is someone iterating on a few tests: no fuzzing then.
+            if fuzz_seconds > 0 && args.is_empty() {
+                fuzz::run(fuzz_seconds)?;
+            }
+            Ok(())
         }
+        Command::Fuzz { seconds } => fuzz::run(seconds),
         Command::Demo(args) => {
             setup::run()?;
             demo::run(&args)

@@ -17,6 +17,10 @@ const PACKAGES: &[(&str, &str)] = &[
     ("bpftool", "bpftool"),
     ("iputils-ping", "ping"),
     ("util-linux", "setpriv"),
+    // libFuzzer (cargo fuzz) is C++.
+    ("g++", "g++"),
+    // `systemd-analyze verify` checks the unit in deploy/.
+    ("systemd", "systemd-analyze"),
 ];
 
 pub fn workspace_root() -> PathBuf {
@@ -74,6 +78,16 @@ pub fn run() -> Result<()> {
     debian_packages()?;
     bpffs()?;
     Ok(())
+}
+
+/// cargo-fuzz, for the fuzz targets in fuzz/ (`cargo xtask test` runs them time-bounded).
+pub fn cargo_fuzz() -> Result<()> {
+    if output("cargo", &["+nightly", "fuzz", "--version"]).is_ok() {
+        return Ok(());
+    }
+    say("installing cargo-fuzz (about two minutes on 2 cores)");
+    status(Command::new("cargo").args(["install", "cargo-fuzz", "--locked"]))
+        .context("installing cargo-fuzz")
 }
 
 fn nightly_sysroot() -> Result<PathBuf> {

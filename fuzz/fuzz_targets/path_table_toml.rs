@@ -1,0 +1,22 @@
+//! The agent's path table loader on any text: a table or a refusal naming the problem, never a
+//! panic; an accepted table always holds only valid prefixes and hop values.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use sopa_agent::path_table::{MAX_HOP, PathTable};
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    match PathTable::parse(text) {
+        Ok(table) => {
+            for (prefix, hops) in &table.destinations {
+                assert!(prefix.len <= 32);
+                assert!(!hops.is_empty());
+                assert!(hops.iter().all(|h| h.hop0 <= MAX_HOP));
+            }
+        }
+        Err(e) => assert!(!e.to_string().is_empty()),
+    }
+});

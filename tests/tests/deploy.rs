@@ -1,0 +1,335 @@
+//! The files in deploy/ are checked, not just shipped: the systemd unit verifies with
+//! `systemd-analyze verify`, every SOPA_* variable of the examples and the manifests is a real
+//! flag, the DaemonSet is a well-formed Kubernetes object with the unit's capabilities, and the
+//! agent runs with exactly those capabilities (the namespace part needs root).
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use sopa_testbed::{
+    Process,
+    arb::{A_PREFIX, Arb, B_PREFIX},
+    bins,
+    traffic::{SendOptions, tcp_transfer},
+};
+use yaml_rust2::YamlLoader;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(repo().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+/// The unit's capabilities, e.g. ["CAP_BPF", "CAP_PERFMON", "CAP_NET_ADMIN"].
+fn unit_capabilities() -> Vec<String> {
+    read("deploy/systemd/sopa-agent.service")
+        .lines()
+        .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .expect("the unit bounds its capabilities")
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The SOPA_* variables `sopa-agent run` reads, from its help.
+fn agent_variables() -> Vec<String> {
+    let out = Command::new(bins::sopa_agent())
+        .args(["run", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut vars: Vec<String> = help
+        .split("[env: ")
+        .skip(1)
+        .filter_map(|s| s.split(['=', ']']).next())
+        .map(str::to_owned)
+        .collect();
+    // tracing's filter, read by main rather than by a flag.
+    vars.push("SOPA_LOG".into());
+    vars
+}
+
+#[test]
+fn the_systemd_unit_verifies() {
+    let dir = std::env::temp_dir().join(format!("sopa-unit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // The unit as installed, pointing at this build and at the example environment.
+    let unit = read("deploy/systemd/sopa-agent.service")
+        .replace(
+            "ExecStart=/usr/local/bin/sopa-agent",
+            &format!("ExecStart={}", bins::sopa_agent().display()),
+        )
+        .replace(
+            "EnvironmentFile=/etc/sopa/sopa-agent.env",
+            &format!(
+                "EnvironmentFile={}",
+                repo().join("deploy/examples/sopa-agent.env").display()
+            ),
+        );
+    let path = dir.join("sopa-agent.service");
+    std::fs::write(&path, unit).unwrap();
+    let out = Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(&path)
+        .output()
+        .expect("systemd-analyze (cargo xtask setup installs systemd)");
+    let _ = std::fs::remove_dir_all(&dir);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let ours: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("sopa-agent.service"))
+        .collect();
+    assert!(out.status.success() && ours.is_empty(), "{stderr}");
+    assert!(
+        read("deploy/systemd/sopa-agent.service").contains("Environment=SOPA_KEEP_ATTACHED=true"),
+        "the unit keeps the datapath attached across restarts"
+    );
+}
+
+#[test]
+fn every_variable_in_deploy_is_a_real_flag() {
+    let known = agent_variables();
+    assert!(
+        known.contains(&"SOPA_KEEP_ATTACHED".to_owned()),
+        "{known:?}"
+    );
+    let mut used: Vec<String> = read("deploy/examples/sopa-agent.env")
+        .lines()
+        .map(|l| l.trim_start_matches("# ").trim())
+        .filter(|l| l.starts_with("SOPA_"))
+        .filter_map(|l| l.split('=').next().map(str::to_owned))
+        .collect();
+    let docs =
+        YamlLoader::load_from_str(&read("deploy/kubernetes/sopa-agent-daemonset.yaml")).unwrap();
+    for doc in &docs {
+        if let Some(data) = doc["data"].as_hash() {
+            used.extend(data.keys().filter_map(|k| k.as_str().map(str::to_owned)));
+        }
+        if let Some(containers) = doc["spec"]["template"]["spec"]["containers"].as_vec() {
+            for c in containers {
+                for e in c["env"].as_vec().into_iter().flatten() {
+                    used.push(e["name"].as_str().unwrap().to_owned());
+                }
+            }
+        }
+    }
+    assert!(used.len() > 10, "{used:?}");
+    for v in &used {
+        assert!(
+            known.contains(v),
+            "{v} is not a variable of `sopa-agent run`"
+        );
+    }
+}
+
+#[test]
+fn the_daemonset_is_a_well_formed_kubernetes_object() {
+    let docs =
+        YamlLoader::load_from_str(&read("deploy/kubernetes/sopa-agent-daemonset.yaml")).unwrap();
+    let find = |kind: &str| {
+        docs.iter()
+            .find(|d| d["kind"].as_str() == Some(kind))
+            .unwrap_or_else(|| panic!("no {kind}"))
+    };
+    let ds = find("DaemonSet");
+    let cm = find("ConfigMap");
+    assert_eq!(ds["apiVersion"].as_str(), Some("apps/v1"));
+    assert_eq!(cm["apiVersion"].as_str(), Some("v1"));
+    for d in [ds, cm] {
+        assert!(d["metadata"]["name"].as_str().is_some());
+        assert!(d["metadata"]["namespace"].as_str().is_some());
+    }
+    // The selector must match the template's labels, or the API server refuses the object.
+    let selector = ds["spec"]["selector"]["matchLabels"].as_hash().unwrap();
+    let labels = ds["spec"]["template"]["metadata"]["labels"]
+        .as_hash()
+        .unwrap();
+    for (k, v) in selector {
+        assert_eq!(
+            labels.get(k),
+            Some(v),
+            "selector {k:?} not in the template labels"
+        );
+    }
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(pod["hostNetwork"].as_bool(), Some(true));
+    let containers = pod["containers"].as_vec().unwrap();
+    assert_eq!(containers.len(), 1);
+    let c = &containers[0];
+    assert!(c["image"].as_str().is_some_and(|i| i.contains(':')));
+    assert_eq!(
+        c["envFrom"][0]["configMapRef"]["name"].as_str(),
+        cm["metadata"]["name"].as_str()
+    );
+    let sc = &c["securityContext"];
+    assert_eq!(sc["privileged"].as_bool(), Some(false));
+    assert_eq!(sc["allowPrivilegeEscalation"].as_bool(), Some(false));
+    assert_eq!(sc["capabilities"]["drop"][0].as_str(), Some("ALL"));
+    let mut add: Vec<String> = sc["capabilities"]["add"]
+        .as_vec()
+        .unwrap()
+        .iter()
+        .map(|c| format!("CAP_{}", c.as_str().unwrap()))
+        .collect();
+    let mut unit = unit_capabilities();
+    add.sort();
+    unit.sort();
+    assert_eq!(add, unit, "the same capabilities as the systemd unit");
+    // Every mount names a volume, and the host state the agent keeps is mounted.
+    let volumes: Vec<&str> = pod["volumes"]
+        .as_vec()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    let mounts: Vec<(&str, &str)> = c["volumeMounts"]
+        .as_vec()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["name"].as_str().unwrap(),
+                m["mountPath"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    for (name, _) in &mounts {
+        assert!(volumes.contains(name), "mount {name} has no volume");
+    }
+    for path in ["/sys/fs/bpf", "/run/sopa", "/etc/sopa/certs"] {
+        assert!(mounts.iter().any(|(_, p)| *p == path), "{path} not mounted");
+    }
+    let certs = pod["volumes"]
+        .as_vec()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"].as_str() == Some("certs"))
+        .unwrap();
+    assert!(
+        certs["secret"]["secretName"].as_str().is_some(),
+        "certificates from a Secret"
+    );
+    assert_eq!(
+        cm["data"]["SOPA_KEEP_ATTACHED"].as_str(),
+        Some("true"),
+        "pod restarts keep the datapath"
+    );
+}
+
+/// Starts the agent on A with only `caps` (names like CAP_BPF), as the unit would.
+fn agent_with_caps(arb: &Arb, caps: &[String], log: &Path, paths: &Path) -> Process {
+    let list: Vec<String> = caps
+        .iter()
+        .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
+        .collect();
+    let set = format!("-all,{}", list.join(","));
+    let agent = bins::sopa_agent();
+    let args = [
+        format!("--bounding-set={set}"),
+        format!("--inh-caps={set}"),
+        format!("--ambient-caps={set}"),
+        agent.display().to_string(),
+        "run".into(),
+        "--node".into(),
+        arb.a.name().into(),
+        "--iface".into(),
+        arb.a_if.clone(),
+        "--paths".into(),
+        paths.display().to_string(),
+        "--no-metrics".into(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Process::spawn(Some(&arb.a), Path::new("/usr/bin/setpriv"), &args, log).unwrap()
+}
+
+#[test]
+fn the_agent_runs_with_exactly_the_units_capabilities() {
+    let arb = Arb::new("cap").expect("build A - R - B");
+    let dir = std::env::temp_dir().join(format!("sopa-caps-{}", arb.a.name()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let paths = dir.join("paths.toml");
+    std::fs::write(&paths, Arb::path_table(B_PREFIX, 3)).unwrap();
+    let _b = sopa_testbed::agent::Agent::start(
+        &arb.b,
+        arb.b.name(),
+        &arb.b_if,
+        &Arb::path_table(A_PREFIX, 3),
+        &["--no-metrics"],
+    )
+    .unwrap();
+    let routes_before = arb.a.ip(&["route"]).unwrap();
+    let caps = unit_capabilities();
+
+    // Without CAP_PERFMON the kernel refuses the programs: the unit needs all three.
+    let without: Vec<String> = caps
+        .iter()
+        .filter(|c| *c != "CAP_PERFMON")
+        .cloned()
+        .collect();
+    let mut p = agent_with_caps(&arb, &without, &dir.join("without.log"), &paths);
+    let mut status = None;
+    for _ in 0..100 {
+        status = p.try_wait();
+        if status.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = p.log_text();
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "the agent ran without CAP_PERFMON: drop it from the unit\n{log}"
+    );
+    assert!(
+        log.contains("tc_stamp") && log.contains("Permission denied"),
+        "refused by the verifier, not for another reason:\n{log}"
+    );
+    assert_eq!(
+        arb.a.ip(&["route"]).unwrap(),
+        routes_before,
+        "a refused start changes nothing"
+    );
+
+    let mut p = agent_with_caps(&arb, &caps, &dir.join("with.log"), &paths);
+    let node = arb.a.name().to_owned();
+    let mut up = false;
+    for _ in 0..100 {
+        if sopa_testbed::agent::status_of(&node)
+            .is_ok_and(|s| s["running"] == true && s["programs"].is_object())
+        {
+            up = true;
+            break;
+        }
+        assert!(p.try_wait().is_none(), "exited:\n{}", p.log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(up, "{}", p.log_text());
+    let t = tcp_transfer(
+        &arb.a,
+        &arb.b,
+        arb.b_addr,
+        5401,
+        8 << 20,
+        &SendOptions::default(),
+    )
+    .unwrap();
+    assert!(t.intact());
+    let st = sopa_testbed::agent::status_of(&node).unwrap();
+    assert!(st["stamp"]["stamped"].as_u64().unwrap() > 1000, "{st:#}");
+    let exit = p.stop();
+    assert!(exit.is_some_and(|s| s.success()), "{}", p.log_text());
+    assert_eq!(
+        arb.a.ip(&["route"]).unwrap(),
+        routes_before,
+        "restored on exit"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
