@@ -12,6 +12,7 @@ pub mod figures;
 pub mod netns;
 pub mod process;
 pub mod reach;
+pub mod resilience;
 pub mod traffic;
 
 pub use bins::release as bins_release;

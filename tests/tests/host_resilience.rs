@@ -5,7 +5,6 @@
 //! by a guard, also on failure.
 
 use std::{
-    net::{Ipv4Addr, SocketAddr, UdpSocket},
     process::Command,
     sync::{
         Arc,
@@ -15,82 +14,17 @@ use std::{
 };
 
 use sopa_testbed::{
-    NetNs,
     agent::Agent,
-    arb::{A_PREFIX, Arb, B_PREFIX},
-    bins,
-    capture::{Capture, has_ipv4_options},
+    arb::{Arb, B_PREFIX},
+    capture::Capture,
+    resilience::{
+        DetachOnDrop, PATHS, from_a, pin_dir, probe, prog_ids, rss_kib, short_flows, start_a,
+        start_b,
+    },
     traffic::{SendOptions, tcp_transfer},
 };
 
-const PATHS: u8 = 3;
 const MIB: u64 = 1 << 20;
-
-/// Runs `sopa-agent detach` for a node on drop, so nothing stays attached after the test.
-struct DetachOnDrop<'a> {
-    ns: &'a NetNs,
-    node: String,
-}
-
-impl DetachOnDrop<'_> {
-    fn detach(&self) -> std::process::Output {
-        Command::new(bins::sopa_agent())
-            .args(["--netns", self.ns.name(), "detach", "--node", &self.node])
-            .output()
-            .expect("sopa-agent detach")
-    }
-}
-
-impl Drop for DetachOnDrop<'_> {
-    fn drop(&mut self) {
-        let _ = self.detach();
-    }
-}
-
-fn start_a(arb: &Arb, extra: &[&str]) -> Agent {
-    Agent::start(
-        &arb.a,
-        arb.a.name(),
-        &arb.a_if,
-        &Arb::path_table(B_PREFIX, PATHS),
-        extra,
-    )
-    .expect("agent on A")
-}
-
-fn start_b(arb: &Arb) -> Agent {
-    Agent::start(
-        &arb.b,
-        arb.b.name(),
-        &arb.b_if,
-        &Arb::path_table(A_PREFIX, PATHS),
-        &["--no-metrics"],
-    )
-    .expect("agent on B")
-}
-
-fn prog_ids(agent: &Agent) -> (u64, u64) {
-    let st = agent.status().unwrap();
-    (
-        st["stamp_prog_id"].as_u64().expect("a stamp program"),
-        st["strip_prog_id"].as_u64().expect("a strip program"),
-    )
-}
-
-/// Frames from `src` at R of protocol `proto`: (all, with an IPv4 option).
-fn from_a(frames: &[Vec<u8>], src: Ipv4Addr, proto: u8) -> (usize, usize) {
-    let ours: Vec<&Vec<u8>> = frames
-        .iter()
-        .filter(|f| {
-            f.len() >= 34
-                && f[12..14] == [0x08, 0x00]
-                && f[14 + 9] == proto
-                && f[26..30] == src.octets()
-        })
-        .collect();
-    let stamped = ours.iter().filter(|f| has_ipv4_options(f)).count();
-    (ours.len(), stamped)
-}
 
 #[test]
 fn sigkill_during_a_transfer_loses_nothing_and_the_next_agent_adopts() {
@@ -147,79 +81,7 @@ fn sigkill_during_a_transfer_loses_nothing_and_the_next_agent_adopts() {
         arb.a.read_sysctl("net.ipv4.tcp_reordering").unwrap(),
         reordering_before
     );
-    assert!(!sopa_agent_pins(arb.a.name()).exists(), "pins removed");
-}
-
-fn sopa_agent_pins(node: &str) -> std::path::PathBuf {
-    std::path::Path::new("/sys/fs/bpf/sopa").join(node)
-}
-
-/// A steady UDP probe from A to B at `pps`; returns (sent, received distinct).
-fn probe(arb: &Arb, pps: u64, stop: Arc<AtomicBool>, port: u16) -> (u64, u64) {
-    let to = SocketAddr::from((arb.b_addr, port));
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let stop_rx = Arc::clone(&stop);
-    let receiver = arb.b.spawn(move || {
-        let sock = UdpSocket::bind(to).unwrap();
-        sock.set_read_timeout(Some(Duration::from_millis(200)))
-            .unwrap();
-        // A deep buffer, so a receiver thread that the machine's other work delays for a while
-        // does not drop what the datapath delivered.
-        let bytes: libc::c_int = 64 << 20;
-        // SAFETY: setsockopt with a valid fd and an int of the given size.
-        let rc = unsafe {
-            libc::setsockopt(
-                std::os::fd::AsRawFd::as_raw_fd(&sock),
-                libc::SOL_SOCKET,
-                libc::SO_RCVBUFFORCE,
-                (&bytes as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(rc, 0, "SO_RCVBUFFORCE");
-        ready_tx.send(()).unwrap();
-        let mut seen = std::collections::HashSet::new();
-        let mut buf = [0u8; 64];
-        let mut quiet_since: Option<Instant> = None;
-        loop {
-            match sock.recv(&mut buf) {
-                Ok(n) if n >= 8 => {
-                    seen.insert(u64::from_be_bytes(buf[..8].try_into().unwrap()));
-                    quiet_since = None;
-                }
-                _ => {
-                    if stop_rx.load(Ordering::Relaxed) {
-                        let q = *quiet_since.get_or_insert_with(Instant::now);
-                        if q.elapsed() > Duration::from_millis(500) {
-                            break;
-                        }
-                    }
-                }
-            }
-        }
-        seen.len() as u64
-    });
-    ready_rx.recv_timeout(Duration::from_secs(5)).unwrap();
-    let sent = arb
-        .a
-        .run(move || {
-            let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
-            let start = Instant::now();
-            let mut seq = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let due = (start.elapsed().as_secs_f64() * pps as f64) as u64;
-                while seq < due {
-                    let mut msg = [0u8; 32];
-                    msg[..8].copy_from_slice(&seq.to_be_bytes());
-                    sock.send_to(&msg, to).unwrap();
-                    seq += 1;
-                }
-                std::thread::sleep(Duration::from_micros(200));
-            }
-            seq
-        })
-        .unwrap();
-    (sent, receiver.join().unwrap().unwrap())
+    assert!(!pin_dir(arb.a.name()).exists(), "pins removed");
 }
 
 #[test]
@@ -278,82 +140,9 @@ fn keep_attached_then_a_new_agent_upgrades_in_place_without_losing_a_probe_packe
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(arb.a.ip(&["route"]).unwrap(), routes_before);
-    assert!(!sopa_agent_pins(arb.a.name()).exists(), "pins removed");
+    assert!(!pin_dir(arb.a.name()).exists(), "pins removed");
     let again = cleanup.detach();
     assert!(!again.status.success(), "nothing left to detach");
-}
-
-fn rss_kib(pid: u64) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
-        .unwrap()
-}
-
-/// `flows` UDP flows from A to B, `per_flow` packets each, every flow its own 5-tuple (source
-/// port x destination port), written through a raw socket at about `pps`.
-fn short_flows(arb: &Arb, flows: u32, per_flow: u32, pps: u64) -> u64 {
-    let (src, dst) = (arb.a_addr, arb.b_addr);
-    arb.a
-        .run(move || {
-            // SAFETY: a raw IPv4 socket (IP_HDRINCL implied), closed at the end of this block.
-            let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW) };
-            assert!(fd >= 0, "raw socket: {}", std::io::Error::last_os_error());
-            let to = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: 0,
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(dst.octets()),
-                },
-                sin_zero: [0; 8],
-            };
-            let start = Instant::now();
-            let mut sent = 0u64;
-            for flow in 0..flows {
-                let (sport, dport) = (
-                    20_000 + (flow % 40_000) as u16,
-                    7000 + (flow / 40_000) as u16,
-                );
-                for _ in 0..per_flow {
-                    let mut p = [0u8; 36];
-                    p[0] = 0x45;
-                    p[2..4].copy_from_slice(&36u16.to_be_bytes());
-                    p[8] = 64;
-                    p[9] = 17;
-                    p[12..16].copy_from_slice(&src.octets());
-                    p[16..20].copy_from_slice(&dst.octets());
-                    p[20..22].copy_from_slice(&sport.to_be_bytes());
-                    p[22..24].copy_from_slice(&dport.to_be_bytes());
-                    p[24..26].copy_from_slice(&16u16.to_be_bytes());
-                    p[28..36].copy_from_slice(&sent.to_be_bytes());
-                    // SAFETY: sendto with a valid buffer and address of the given sizes.
-                    let n = unsafe {
-                        libc::sendto(
-                            fd,
-                            p.as_ptr().cast(),
-                            p.len(),
-                            0,
-                            (&to as *const libc::sockaddr_in).cast(),
-                            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-                        )
-                    };
-                    assert_eq!(n, 36, "sendto: {}", std::io::Error::last_os_error());
-                    sent += 1;
-                    if sent.is_multiple_of(500) {
-                        let due = Duration::from_secs_f64(sent as f64 / pps as f64);
-                        if let Some(wait) = due.checked_sub(start.elapsed()) {
-                            std::thread::sleep(wait);
-                        }
-                    }
-                }
-            }
-            // SAFETY: our own fd.
-            unsafe { libc::close(fd) };
-            sent
-        })
-        .unwrap()
 }
 
 #[test]
@@ -428,7 +217,7 @@ fn pins_of_another_layout_are_refused_until_reset() {
         ns: &arb.a,
         node: arb.a.name().to_owned(),
     };
-    let pins = sopa_agent_pins(arb.a.name());
+    let pins = pin_dir(arb.a.name());
     std::fs::create_dir_all(&pins).unwrap();
     let foreign = pins.join("SOPA_PATHS_V0");
     let out = Command::new("bpftool")

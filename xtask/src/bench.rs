@@ -36,8 +36,43 @@ pub fn run(name: &str, extra: &[String]) -> Result<()> {
             args.extend(extra.iter().map(String::as_str));
             cargo(&args)
         }
+        "resilience" => {
+            if !setup::is_root() {
+                bail!(
+                    "the resilience benchmark creates namespaces and loads eBPF programs: run as root"
+                );
+            }
+            crate::demo::build_release()?;
+            let mut args = vec!["bench", "-p", "sopa-testbed", "--bench", "resilience", "--"];
+            args.extend(extra.iter().map(String::as_str));
+            cargo(&args)?;
+            // Both programs on a million generated packets each, then every fuzz target for a
+            // minute.
+            println!("\nBPF_PROG_TEST_RUN fuzzing, 1,000,000 packets per program");
+            let cargo_bin = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let st = std::process::Command::new(cargo_bin)
+                .args([
+                    "test",
+                    "--release",
+                    "-p",
+                    "sopa-agent",
+                    "--test",
+                    "fuzz_datapath",
+                    "--",
+                    "--nocapture",
+                ])
+                .env("SOPA_FUZZ_PACKETS", "1000000")
+                .current_dir(setup::workspace_root())
+                .status()?;
+            if !st.success() {
+                bail!("the datapath fuzz run failed");
+            }
+            crate::fuzz::run(60)
+        }
         other => {
-            bail!("unknown benchmark {other:?}; available: datapath, topology, channel, fabric")
+            bail!(
+                "unknown benchmark {other:?}; available: datapath, topology, channel, fabric, resilience"
+            )
         }
     }
 }

@@ -1,0 +1,193 @@
+//! `cargo xtask bench resilience [-- --rounds N]`: the resilience tests at full size, each beside
+//! its baseline in one run on A - R - B, printed as a table.
+//!
+//! - restart: a steady 10 kpps UDP probe through N agent restarts, with `--keep-attached`
+//!   (adopted, programs replaced in place) beside plain restarts (detach, then attach again):
+//!   the share of probe packets stamped and the share delivered.
+//! - kill: SIGKILL during a 200 MiB transfer: the transfer intact, the packets stamped while no
+//!   agent ran, the time the next agent takes to adopt.
+//! - short flows: 100,000 two-packet UDP flows within a minute: packets lost, flow table
+//!   evictions, agent memory before and after.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use sopa_testbed::{
+    arb::Arb,
+    capture::Capture,
+    resilience::{DetachOnDrop, from_a, probe, rss_kib, short_flows, start_a, start_b},
+    traffic::{SendOptions, tcp_transfer},
+};
+
+struct Args {
+    rounds: u32,
+}
+
+fn args() -> Args {
+    let mut a = Args { rounds: 5 };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        match flag.as_str() {
+            "--rounds" => a.rounds = it.next().and_then(|v| v.parse().ok()).expect("--rounds N"),
+            "--bench" => {}
+            other => panic!("unknown argument {other:?} (--rounds N)"),
+        }
+    }
+    a
+}
+
+/// (sent, delivered, stamped at R, restarts' agent-less gaps in ms)
+fn restarts(keep: bool, rounds: u32) -> (u64, u64, usize, usize, Vec<f64>) {
+    let arb = Arb::new(if keep { "rk" } else { "rp" }).expect("A - R - B");
+    let _cleanup = DetachOnDrop {
+        ns: &arb.a,
+        node: arb.a.name().to_owned(),
+    };
+    let _b = start_b(&arb);
+    let flags: &[&str] = if keep {
+        &["--no-metrics", "--keep-attached"]
+    } else {
+        &["--no-metrics"]
+    };
+    let mut agent = Some(start_a(&arb, flags));
+    let capture = Capture::start(&arb.r, &arb.r_a_if).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut gaps = Vec::new();
+    let (sent, received) = std::thread::scope(|s| {
+        let p = s.spawn(|| probe(&arb, 10_000, Arc::clone(&stop), 5501));
+        for _ in 0..rounds {
+            std::thread::sleep(Duration::from_millis(500));
+            let t = Instant::now();
+            agent.take().unwrap().stop();
+            agent = Some(start_a(&arb, flags));
+            gaps.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        stop.store(true, Ordering::Relaxed);
+        p.join().unwrap()
+    });
+    let frames = capture.finish().unwrap().frames;
+    let (udp, stamped) = from_a(&frames, arb.a_addr, 17);
+    drop(agent);
+    (sent, received, udp, stamped, gaps)
+}
+
+fn main() {
+    let a = args();
+    println!("resilience on A - R - B, {} restarts per row", a.rounds);
+
+    let keep = restarts(true, a.rounds);
+    let plain = restarts(false, a.rounds);
+
+    // SIGKILL during 200 MiB.
+    let arb = Arb::new("rkill").expect("A - R - B");
+    let cleanup = DetachOnDrop {
+        ns: &arb.a,
+        node: arb.a.name().to_owned(),
+    };
+    let _b = start_b(&arb);
+    let victim = start_a(&arb, &["--no-metrics"]);
+    let (transfer, tcp, stamped_tcp, adopt_ms, adopted) = std::thread::scope(|s| {
+        let t = s.spawn(|| {
+            let opts = SendOptions {
+                stall_timeout: Duration::from_secs(20),
+                ..SendOptions::default()
+            };
+            tcp_transfer(&arb.a, &arb.b, arb.b_addr, 5601, 200 << 20, &opts)
+        });
+        std::thread::sleep(Duration::from_millis(800));
+        victim.kill();
+        let capture = Capture::start(&arb.r, &arb.r_a_if).unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        let frames = capture.finish().unwrap().frames;
+        let (tcp, stamped) = from_a(&frames, arb.a_addr, 6);
+        let start = Instant::now();
+        let next = start_a(&arb, &["--no-metrics"]);
+        let adopt_ms = start.elapsed().as_secs_f64() * 1e3;
+        let adopted = next.status().unwrap()["adopted"]["how"] == "crashed";
+        let transfer = t.join().unwrap().expect("the transfer survives the kill");
+        drop(next);
+        (transfer, tcp, stamped, adopt_ms, adopted)
+    });
+    drop(cleanup);
+
+    // 100,000 short flows.
+    let arb2 = Arb::new("rflows").expect("A - R - B");
+    let cleanup2 = DetachOnDrop {
+        ns: &arb2.a,
+        node: arb2.a.name().to_owned(),
+    };
+    let b2 = start_b(&arb2);
+    let a2 = start_a(&arb2, &["--no-metrics"]);
+    let pid = a2.status().unwrap()["pid"].as_u64().unwrap();
+    let rss_before = rss_kib(pid);
+    let stripped = |st: &serde_json::Value| st["strip"]["stripped"].as_u64().unwrap();
+    let before = stripped(&b2.status().unwrap());
+    let start = Instant::now();
+    let sent = short_flows(&arb2, 100_000, 2, 25_000);
+    let flows_s = start.elapsed().as_secs_f64();
+    let mut delivered = 0;
+    for _ in 0..50 {
+        delivered = stripped(&b2.status().unwrap()) - before;
+        if delivered >= sent {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let st = a2.status().unwrap();
+    let rss_after = rss_kib(pid);
+    drop((a2, b2, cleanup2));
+
+    let pct = |n: usize, d: usize| 100.0 * n as f64 / d.max(1) as f64;
+    let pct64 = |n: u64, d: u64| 100.0 * n as f64 / d.max(1) as f64;
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    println!();
+    println!(
+        "restarts under a 10 kpps UDP probe ({} restarts each)",
+        a.rounds
+    );
+    println!(
+        "{:<28} {:>8} {:>10} {:>10} {:>16}",
+        "agent restart", "sent", "delivered", "stamped", "restart ms (mean)"
+    );
+    for (name, (sent, received, udp, stamped, gaps)) in [
+        ("--keep-attached (adopt)", &keep),
+        ("plain (detach, attach)", &plain),
+    ] {
+        println!(
+            "{:<28} {:>8} {:>9.3}% {:>9.3}% {:>16.0}",
+            name,
+            sent,
+            pct64(*received, *sent),
+            pct(*stamped, *udp),
+            mean(gaps)
+        );
+    }
+    let unstamped = |r: &(u64, u64, usize, usize, Vec<f64>)| r.2 - r.3;
+    println!(
+        "packets leaving unstamped during restarts: keep-attached {}, plain {}",
+        unstamped(&keep),
+        unstamped(&plain)
+    );
+    println!();
+    println!(
+        "SIGKILL during 200 MiB: intact {}, {:.0} Mbit/s, {} retransmitted segments; while no agent ran {stamped_tcp} of {tcp} TCP packets stamped ({:.2}%); next agent adopted ({}) in {adopt_ms:.0} ms",
+        transfer.intact(),
+        transfer.mbit_per_s(),
+        transfer.tcp.total_retrans,
+        pct(stamped_tcp, tcp),
+        if adopted { "crashed" } else { "NOT ADOPTED" },
+    );
+    println!(
+        "100,000 two-packet flows in {flows_s:.1} s: {sent} sent, {delivered} delivered ({:.3}%), flow table {}, agent RSS {} -> {} KiB",
+        pct64(delivered, sent),
+        st["flow_table"],
+        rss_before,
+        rss_after
+    );
+}
