@@ -17,11 +17,11 @@ pub enum Error {
     Config(String),
 
     #[error(
-        "another agent for node {node:?} is running (pid {pid}); stop it or choose another --node"
+        "another agent for node {node:?} is running (pid {pid}); stop it, choose another --node, or take over from it in place with --takeover"
     )]
     AlreadyRunning { node: String, pid: u32 },
 
-    #[error("{0}: run as root (or with CAP_BPF, CAP_NET_ADMIN and CAP_SYS_ADMIN)")]
+    #[error("{0}: run as root (or with CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN)")]
     Privileges(String),
 
     #[error(

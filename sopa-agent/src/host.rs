@@ -66,6 +66,9 @@ pub struct HostOptions {
     pub reset: bool,
     /// The namespace the agent runs in (recorded for `sopa-agent detach`).
     pub netns: Option<String>,
+    /// A live agent of this node hands its datapath over (SIGUSR1: it exits keeping it
+    /// attached) and this one adopts it: an upgrade in place.
+    pub takeover: bool,
 }
 
 /// The node's pin folder. bpffs refuses names containing '.', so dots become ':' there.
@@ -560,12 +563,17 @@ async fn leftovers(
         }
         return Ok(None);
     };
-    if record.pid != std::process::id() && record.is_live() {
-        return Err(Error::AlreadyRunning {
-            node: opts.node.clone(),
-            pid: record.pid,
-        });
-    }
+    let record = if record.pid != std::process::id() && record.is_live() {
+        if !opts.takeover {
+            return Err(Error::AlreadyRunning {
+                node: opts.node.clone(),
+                pid: record.pid,
+            });
+        }
+        hand_over(&opts.node, run_dir, record.pid).await?
+    } else {
+        record
+    };
     let attached = pins.join(crate::datapath::STAMP_LINK_PIN).exists()
         && pins.join(crate::datapath::STRIP_LINK_PIN).exists();
     let same_iface = record.iface == opts.iface && record.ifindex == link.index;
@@ -596,6 +604,47 @@ async fn leftovers(
             .map_err(|e| Error::io(format!("removing {}", pins.display()), e))?;
     }
     Ok(None)
+}
+
+/// Asks the live agent `pid` to exit leaving its datapath attached (SIGUSR1), waits for it,
+/// and returns the record it left.
+async fn hand_over(node: &str, run_dir: &Path, pid: u32) -> Result<Record> {
+    info!(
+        pid,
+        "--takeover: asking the running agent to hand its datapath over"
+    );
+    // SAFETY: signalling the agent process the record names (checked live just before).
+    if unsafe { libc::kill(pid as i32, libc::SIGUSR1) } != 0 {
+        return Err(Error::io(
+            format!("signalling agent {pid} of node {node}"),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let record = Journal::read(run_dir)?;
+        match record {
+            Some(r) if r.pid == pid && r.is_live() => {}
+            Some(r) if r.kept_attached => return Ok(r),
+            Some(r) => {
+                return Err(Error::Config(format!(
+                    "agent {pid} of node {node} exited without handing over its datapath (pid in the record: {})",
+                    r.pid
+                )));
+            }
+            None => {
+                return Err(Error::Config(format!(
+                    "agent {pid} of node {node} detached its datapath instead of handing it over"
+                )));
+            }
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(Error::Config(format!(
+                "agent {pid} of node {node} did not hand over within 20 s"
+            )));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 /// Refuses pins of another layout in the node's pin folder: a map of another `_Vn` would be

@@ -130,8 +130,12 @@ struct RunArgs {
     #[arg(long, env = "SOPA_KEEP_ATTACHED")]
     keep_attached: bool,
     /// Do not adopt what a previous agent of this node left: restore it and start clean.
-    #[arg(long, env = "SOPA_RESET")]
+    #[arg(long, env = "SOPA_RESET", conflicts_with = "takeover")]
     reset: bool,
+    /// Take over from a running agent of this node in place (an upgrade): it exits leaving
+    /// the datapath attached, and this one adopts it, replacing the programs atomically.
+    #[arg(long, env = "SOPA_TAKEOVER")]
+    takeover: bool,
 }
 
 #[derive(clap::Args)]
@@ -457,6 +461,7 @@ async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
         paths_from_controller: args.controller.is_some(),
         reset: args.reset,
         netns,
+        takeover: args.takeover,
     };
     if args.report_interval_ms == 0 || args.nic_rate_mbit == Some(0) {
         return Err(Error::Config(
@@ -465,7 +470,10 @@ async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
     }
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|err| Error::io("installing the SIGTERM handler", err))?;
+    let mut usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
+        .map_err(|err| Error::io("installing the SIGUSR1 handler", err))?;
     let mut host = Host::start(&opts).await?;
+    let handed_over = std::sync::atomic::AtomicBool::new(false);
     let nic_bps = match args.nic_rate_mbit {
         Some(m) => m * 1_000_000,
         None => match sopa_agent::netlink::link_speed_mbit(&args.iface) {
@@ -480,6 +488,10 @@ async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => info!("SIGINT"),
             _ = sigterm.recv() => info!("SIGTERM"),
+            _ = usr1.recv() => {
+                info!("SIGUSR1: a new agent takes over; exiting with the datapath attached");
+                handed_over.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
         }
     };
     match channel {
@@ -507,9 +519,10 @@ async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
             reporter.abort();
         }
     }
-    match tokio::time::timeout(GRACE, host.stop(args.keep_attached)).await {
+    let keep = args.keep_attached || handed_over.load(std::sync::atomic::Ordering::Relaxed);
+    match tokio::time::timeout(GRACE, host.stop(keep)).await {
         Ok(errors) if errors.is_empty() => {
-            if args.keep_attached {
+            if keep {
                 info!(
                     "exiting with the datapath attached (--keep-attached); the next agent adopts it, `sopa-agent detach` removes it"
                 );

@@ -2,8 +2,9 @@
 //! its baseline in one run on A - R - B, printed as a table.
 //!
 //! - restart: a steady 10 kpps UDP probe through N agent restarts, with `--keep-attached`
-//!   (adopted, programs replaced in place) beside plain restarts (detach, then attach again):
-//!   the share of probe packets stamped and the share delivered.
+//!   (adopted, programs replaced in place) and `--takeover` (a new agent beside the running one)
+//!   beside plain restarts (detach, then attach again): the share of probe packets stamped and
+//!   the share delivered.
 //! - kill: SIGKILL during a 200 MiB transfer: the transfer intact, the packets stamped while no
 //!   agent ran, the time the next agent takes to adopt.
 //! - short flows: 100,000 two-packet UDP flows within a minute: packets lost, flow table
@@ -41,18 +42,33 @@ fn args() -> Args {
     a
 }
 
-/// (sent, delivered, stamped at R, restarts' agent-less gaps in ms)
-fn restarts(keep: bool, rounds: u32) -> (u64, u64, usize, usize, Vec<f64>) {
-    let arb = Arb::new(if keep { "rk" } else { "rp" }).expect("A - R - B");
+#[derive(Clone, Copy, PartialEq)]
+enum Restart {
+    /// SIGTERM to an agent run with --keep-attached, then a new agent adopts.
+    KeepAttached,
+    /// A new agent with --takeover beside the running one.
+    Takeover,
+    /// SIGTERM (detach and restore), then a new agent attaches.
+    Plain,
+}
+
+/// (sent, delivered, UDP at R, stamped at R, each restart's duration in ms)
+fn restarts(kind: Restart, rounds: u32) -> (u64, u64, usize, usize, Vec<f64>) {
+    let tag = match kind {
+        Restart::KeepAttached => "rk",
+        Restart::Takeover => "rt",
+        Restart::Plain => "rp",
+    };
+    let arb = Arb::new(tag).expect("A - R - B");
     let _cleanup = DetachOnDrop {
         ns: &arb.a,
         node: arb.a.name().to_owned(),
     };
     let _b = start_b(&arb);
-    let flags: &[&str] = if keep {
-        &["--no-metrics", "--keep-attached"]
-    } else {
-        &["--no-metrics"]
+    let flags: &[&str] = match kind {
+        Restart::KeepAttached => &["--no-metrics", "--keep-attached"],
+        Restart::Takeover => &["--no-metrics", "--takeover"],
+        Restart::Plain => &["--no-metrics"],
     };
     let mut agent = Some(start_a(&arb, flags));
     let capture = Capture::start(&arb.r, &arb.r_a_if).unwrap();
@@ -63,8 +79,15 @@ fn restarts(keep: bool, rounds: u32) -> (u64, u64, usize, usize, Vec<f64>) {
         for _ in 0..rounds {
             std::thread::sleep(Duration::from_millis(500));
             let t = Instant::now();
-            agent.take().unwrap().stop();
-            agent = Some(start_a(&arb, flags));
+            if kind == Restart::Takeover {
+                let old = agent.take().unwrap();
+                agent = Some(start_a(&arb, flags));
+                // The old one has exited by itself; its guard only reaps it.
+                drop(old);
+            } else {
+                agent.take().unwrap().stop();
+                agent = Some(start_a(&arb, flags));
+            }
             gaps.push(t.elapsed().as_secs_f64() * 1e3);
         }
         std::thread::sleep(Duration::from_millis(500));
@@ -81,8 +104,9 @@ fn main() {
     let a = args();
     println!("resilience on A - R - B, {} restarts per row", a.rounds);
 
-    let keep = restarts(true, a.rounds);
-    let plain = restarts(false, a.rounds);
+    let keep = restarts(Restart::KeepAttached, a.rounds);
+    let takeover = restarts(Restart::Takeover, a.rounds);
+    let plain = restarts(Restart::Plain, a.rounds);
 
     // SIGKILL during 200 MiB.
     let arb = Arb::new("rkill").expect("A - R - B");
@@ -156,7 +180,8 @@ fn main() {
         "agent restart", "sent", "delivered", "stamped", "restart ms (mean)"
     );
     for (name, (sent, received, udp, stamped, gaps)) in [
-        ("--keep-attached (adopt)", &keep),
+        ("--keep-attached, then adopt", &keep),
+        ("--takeover beside the old", &takeover),
         ("plain (detach, attach)", &plain),
     ] {
         println!(
@@ -170,8 +195,9 @@ fn main() {
     }
     let unstamped = |r: &(u64, u64, usize, usize, Vec<f64>)| r.2 - r.3;
     println!(
-        "packets leaving unstamped during restarts: keep-attached {}, plain {}",
+        "packets leaving unstamped during restarts: keep-attached {}, takeover {}, plain {}",
         unstamped(&keep),
+        unstamped(&takeover),
         unstamped(&plain)
     );
     println!();

@@ -252,3 +252,66 @@ fn pins_of_another_layout_are_refused_until_reset() {
     assert!(!foreign.exists(), "--reset removed the other layout's pins");
     assert_eq!(a.stop(), Some(0));
 }
+
+#[test]
+fn a_newer_agent_started_beside_the_running_one_takes_over_without_losing_a_probe_packet() {
+    let arb = Arb::new("t").expect("build A - R - B");
+    let routes_before = arb.a.ip(&["route"]).unwrap();
+    let _cleanup = DetachOnDrop {
+        ns: &arb.a,
+        node: arb.a.name().to_owned(),
+    };
+    let _b = start_b(&arb);
+    let mut old = start_a(&arb, &["--no-metrics"]);
+    let (stamp_before, strip_before) = prog_ids(&old);
+    // Without --takeover a second agent of the node is refused, and changes nothing.
+    let refused = match start_a_checked(&arb, &["--no-metrics"]) {
+        Ok(_) => panic!("two agents ran for one node"),
+        Err(e) => e,
+    };
+    assert!(refused.contains("--takeover"), "{refused}");
+    let capture = Capture::start(&arb.r, &arb.r_a_if).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (sent, received, new, took) = std::thread::scope(|s| {
+        let p = s.spawn(|| probe(&arb, 10_000, Arc::clone(&stop), 5251));
+        std::thread::sleep(Duration::from_millis(700));
+        let t = Instant::now();
+        let new = start_a(&arb, &["--no-metrics", "--takeover"]);
+        let took = t.elapsed();
+        std::thread::sleep(Duration::from_millis(700));
+        stop.store(true, Ordering::Relaxed);
+        let (sent, received) = p.join().unwrap();
+        (sent, received, new, took)
+    });
+    let at_r = capture.finish().unwrap();
+    let (udp, stamped) = from_a(&at_r.frames, arb.a_addr, 17);
+    eprintln!(
+        "takeover in {took:?}; probe: {sent} sent, {received} received; at R {udp} UDP, {stamped} stamped"
+    );
+    let exited = old
+        .process
+        .try_wait()
+        .expect("the old agent exited on its own");
+    assert!(exited.success(), "the old agent exits 0 after handing over");
+    assert_eq!(received, sent, "no probe packet lost across the takeover");
+    assert_eq!(stamped, udp, "stamped all along");
+    let st = new.status().unwrap();
+    assert_eq!(st["adopted"]["how"], "kept attached", "{st:#}");
+    assert_eq!(st["adopted"]["stamp_prog_replaced"], stamp_before);
+    assert_eq!(st["adopted"]["strip_prog_replaced"], strip_before);
+    // The new agent owns everything now: a plain stop restores the host.
+    assert_eq!(new.stop(), Some(0));
+    assert_eq!(arb.a.ip(&["route"]).unwrap(), routes_before);
+    assert!(!pin_dir(arb.a.name()).exists());
+}
+
+fn start_a_checked(arb: &Arb, extra: &[&str]) -> Result<Agent, String> {
+    Agent::start(
+        &arb.a,
+        arb.a.name(),
+        &arb.a_if,
+        &Arb::path_table(B_PREFIX, sopa_testbed::resilience::PATHS),
+        extra,
+    )
+    .map_err(|e| e.to_string())
+}
