@@ -45,7 +45,7 @@ enum Command {
     Mode {
         #[command(flatten)]
         node: NodeArg,
-        /// sopa, rps, ecmp, pinned or off.
+        /// sopa, rps, ecmp, pinned, single or off.
         mode: String,
     },
     /// Remove a datapath left attached (`run --keep-attached`, or after a crash): detach the
@@ -93,7 +93,7 @@ struct RunArgs {
     #[arg(long, env = "SOPA_HOST")]
     host: Option<String>,
     /// Path selection: sopa (per-flow round-robin), rps (random per packet), ecmp (5-tuple
-    /// hash), off.
+    /// hash), pinned (Hedera: controller pins, else the hash), single (the first path), off.
     #[arg(long, env = "SOPA_MODE", default_value = "sopa")]
     mode: String,
     /// The unit of spraying: packet (gso_max_segs 1) or burst (GSO super-packets).

@@ -21,6 +21,7 @@ pub fn mode_name(m: u32) -> &'static str {
         mode::RPS => "rps",
         mode::ECMP => "ecmp",
         mode::PINNED => "pinned",
+        mode::SINGLE => "single",
         _ => "unknown",
     }
 }

@@ -19,8 +19,10 @@ pub mod mode {
     /// Hedera: a flow with a live entry in [`super::PINS_MAP`] takes its pinned path, every
     /// other flow the 5-tuple hash (the ECMP behaviour Hedera starts from).
     pub const PINNED: u32 = 4;
+    /// Every flow on the destination's first candidate path (the single-path baseline).
+    pub const SINGLE: u32 = 5;
     /// Number of modes; valid modes are below it.
-    pub const COUNT: u32 = 5;
+    pub const COUNT: u32 = 6;
 }
 
 /// Runtime configuration, a one-entry array. Userspace rewrites it to switch modes without

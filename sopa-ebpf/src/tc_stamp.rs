@@ -116,6 +116,7 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
             }
             flow_hash(&key, config.hash_seed) % n
         }
+        mode::SINGLE => 0,
         _ => flow_hash(&key, config.hash_seed) % n,
     };
     // `choice < n <= MAX_PATHS`, but the verifier does not follow `%` and LLVM drops a check it

@@ -1,5 +1,6 @@
-//! `cargo xtask bench fabric --experiment sec4.2|permutation --modes sopa,rps,ecmp,hedera --repeat N
-//! [--topo fat-tree:4] [--rate 100] [--mb 10] [--seed S]`: the SOPA paper's experiments on the
+//! `cargo xtask bench fabric --experiment sec4.2|permutation|production|failure --modes
+//! sopa,rps,ecmp,hedera,single --repeat N [--topo fat-tree:4] [--rate 100] [--mb 10] [--seed S]
+//! [--flows-per-host 20]`: the SOPA paper's experiments on the
 //! namespace fabric, the modes measured side by side in one run on one fabric.
 //!
 //! Modes: `sopa` (per-flow round-robin source routing), `rps` (a random path per packet),
@@ -25,6 +26,7 @@ struct Args {
     rate: u32,
     mb: u64,
     seed: u64,
+    flows_per_host: u32,
 }
 
 fn args() -> Args {
@@ -36,6 +38,7 @@ fn args() -> Args {
         rate: 100,
         mb: 10,
         seed: 1,
+        flows_per_host: 20,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -53,6 +56,7 @@ fn args() -> Args {
             }
             "--mb" => a.mb = value().parse().expect("--mb N"),
             "--seed" => a.seed = value().parse().expect("--seed N"),
+            "--flows-per-host" => a.flows_per_host = value().parse().expect("--flows-per-host N"),
             "--bench" => {}
             other => panic!("unknown flag {other}"),
         }
@@ -84,6 +88,7 @@ fn main() {
         rate_mbit: a.rate,
         mb: a.mb,
         seed: a.seed,
+        flows_per_host: a.flows_per_host,
     };
     let report = experiment::run(&f, &plan);
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../results");
@@ -105,8 +110,19 @@ fn main() {
 
     println!();
     println!(
-        "{} on {} at {} Mbit/s, {} MB flows, {} round(s), cubic",
-        a.experiment, a.topo, a.rate, a.mb, a.repeat
+        "{} on {} at {} Mbit/s, {}, {} round(s), cubic",
+        a.experiment,
+        a.topo,
+        a.rate,
+        if matches!(a.experiment.as_str(), "production" | "failure") {
+            format!(
+                "{} sequential VL2-like flows per host (95% under 1 MB)",
+                a.flows_per_host
+            )
+        } else {
+            format!("{} MB flows", a.mb)
+        },
+        a.repeat
     );
     println!(
         "fidelity: one flow alone reached {:.3} of the link rate ({}); CPU idle during each mode below",
@@ -123,7 +139,7 @@ fn main() {
         );
     }
     println!(
-        "{:<6} {:>5} {:>6} {:>6} {:>6} {:>6} {:>8} {:>8} {:>9} {:>8} {:>8} {:>10} {:>6}",
+        "{:<8} {:>5} {:>6} {:>6} {:>6} {:>6} {:>8} {:>8} {:>9} {:>8} {:>8} {:>8} {:>10} {:>6}",
         "mode",
         "flows",
         "mean",
@@ -135,12 +151,13 @@ fn main() {
         "reord %",
         "fastRTX",
         "RTOs",
+        "drops",
         "core max/min",
         "idle%"
     );
     for r in &results {
         println!(
-            "{:<6} {:>5} {:>6.3} {:>6.3} {:>6.3} {:>6.3} {:>8.2} {:>8.2} {:>9.3} {:>8} {:>8} {:>10.2} {:>6.1}",
+            "{:<8} {:>5} {:>6.3} {:>6.3} {:>6.3} {:>6.3} {:>8.2} {:>8.2} {:>9.3} {:>8} {:>8} {:>8} {:>10.2} {:>6.1}",
             r.mode,
             r.flows,
             r.mean,
@@ -152,6 +169,7 @@ fn main() {
             r.reordered_pct,
             r.fast_retransmits,
             r.timeouts,
+            r.queue_drops,
             r.core_links_max_over_min,
             r.idle_cpu_pct
         );
@@ -159,6 +177,7 @@ fn main() {
     println!(
         "(throughput as a fraction of the link rate; a flow's ceiling is 1444/1514 = 0.954 with the option;"
     );
+    println!(" drops: packets the links' drop-tail queues dropped, every switch and host;");
     println!(
         " core max/min: the busiest over the idlest loaded core link, inf when one carried nothing)"
     );

@@ -20,6 +20,8 @@ pub struct Plan {
     pub rate_mbit: u32,
     pub mb: u64,
     pub seed: u64,
+    /// Sequential flows per host of the production and failure workloads.
+    pub flows_per_host: u32,
 }
 
 /// Everything one run measured.
@@ -36,16 +38,41 @@ pub fn run(f: &Fabric, plan: &Plan) -> Report {
     // Fidelity: one flow alone on the idle fabric, between two pods or containers.
     set_mode(f, "sopa");
     let alone = flows(f, "permutation", a.seed).into_iter().next().unwrap();
-    let t = &run_round(f, std::slice::from_ref(&alone), a.mb, 9000)[0];
+    let t = &run_round(f, std::slice::from_ref(&alone), a.mb, 9000, false)[0];
     let alone_fraction = t.mbit_per_s() / f64::from(a.rate_mbit);
 
     let mut results = Vec::new();
+    let sequential = matches!(a.experiment.as_str(), "production" | "failure");
     for (mi, mode) in a.modes.iter().enumerate() {
         set_mode(f, mode);
+        let mptcp = mode.starts_with("mptcp");
         let mut transfers = Vec::new();
         let mut names = Vec::new();
+        let failed = (a.experiment == "failure").then(|| fail_switch(f, FAILED_SWITCH));
         let (c0, l0, cpu0) = (host_counters(f), core_link_bytes(f, &a.experiment), cpu());
+        let drops0 = queue_drops(f);
         for r in 0..a.repeat {
+            let port = 10_000 + (mi as u16) * 1000 + (r as u16) * 50;
+            if sequential {
+                let sched = production(f, a.seed + u64::from(r), a.flows_per_host);
+                let total: u64 = sched
+                    .iter()
+                    .flat_map(|(_, fl)| fl.iter().map(|x| x.1))
+                    .sum();
+                eprintln!(
+                    "{mode}: round {} of {}, {} hosts x {} sequential flows, {:.1} MB in all",
+                    r + 1,
+                    a.repeat,
+                    sched.len(),
+                    a.flows_per_host,
+                    total as f64 / 1e6
+                );
+                for (src, dst, t) in run_sequential(f, &sched, 20_000 + (mi as u16) * 2000, mptcp) {
+                    names.push((src, dst));
+                    transfers.push(t);
+                }
+                continue;
+            }
             let fl = flows(f, &a.experiment, a.seed + u64::from(r));
             eprintln!(
                 "{mode}: round {} of {}, {} flows of {} MB",
@@ -54,11 +81,14 @@ pub fn run(f: &Fabric, plan: &Plan) -> Report {
                 fl.len(),
                 a.mb
             );
-            let port = 10_000 + (mi as u16) * 1000 + (r as u16) * 50;
-            transfers.extend(run_round(f, &fl, a.mb, port));
+            transfers.extend(run_round(f, &fl, a.mb, port, mptcp));
             names.extend(fl);
         }
         let (c1, l1, cpu1) = (host_counters(f), core_link_bytes(f, &a.experiment), cpu());
+        let drops = queue_drops(f) - drops0;
+        if let Some(links) = failed {
+            restore_switch(f, FAILED_SWITCH, &links);
+        }
         assert!(
             transfers.iter().all(Transfer::intact),
             "a flow arrived corrupted"
@@ -89,6 +119,7 @@ pub fn run(f: &Fabric, plan: &Plan) -> Report {
             fast_retransmits: d("fast_retransmits"),
             timeouts: d("timeouts"),
             retrans_segs: d("retrans_segs"),
+            queue_drops: drops,
             core_links_max_over_min: if lmin == 0 {
                 f64::INFINITY
             } else {
@@ -166,11 +197,198 @@ pub fn flows(f: &Fabric, experiment: &str, seed: u64) -> Vec<(String, String)> {
                 .map(|i| (hosts[i].clone(), hosts[perm[i]].clone()))
                 .collect()
         }
-        other => panic!("experiment {other:?}: sec4.2 or permutation"),
+        "modric-1to1" | "modric-all" => {
+            // The MODRIC paper's experiment set 3 on its container grid: one-to-one pairs each
+            // container with the one diagonally across (every flow crosses a row and a column);
+            // all-to-all sends host i of a container to host i of another container, the
+            // containers taken in turn, so every container talks to every other.
+            let crate::fabric::TopoKind::Modric { containers } = topo_kind(f) else {
+                panic!("{experiment} is defined on MODRIC");
+            };
+            let at = |h: &str| {
+                let r = f.topo.rack_of(g.find(h).unwrap()).unwrap();
+                r.at.0
+            };
+            let mut by_container: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+            for h in &hosts {
+                by_container.entry(at(h)).or_default().push(h.clone());
+            }
+            let mut out = Vec::new();
+            for (c, members) in &by_container {
+                for (i, h) in members.iter().enumerate() {
+                    let to = if experiment == "modric-1to1" {
+                        containers - 1 - c
+                    } else {
+                        (c + 1 + (i as u32) % (containers - 1)) % containers
+                    };
+                    out.push((h.clone(), by_container[&to][i].clone()));
+                }
+            }
+            out
+        }
+        other => panic!(
+            "experiment {other:?}: sec4.2, permutation, production, failure, modric-1to1 or modric-all"
+        ),
     }
 }
 
-pub fn run_round(f: &Fabric, flows: &[(String, String)], mb: u64, port: u16) -> Vec<Transfer> {
+/// What kind of fabric `f` is, for the experiments defined on one.
+fn topo_kind(f: &Fabric) -> crate::fabric::TopoKind {
+    match f.topo.spec() {
+        sopa_topology::topology::TopologySpec::FatTree { k } => {
+            crate::fabric::TopoKind::FatTree { k }
+        }
+        sopa_topology::topology::TopologySpec::Modric(p) => crate::fabric::TopoKind::Modric {
+            containers: p.m * p.n,
+        },
+    }
+}
+
+/// The switch the failure experiment takes down: the leftmost aggregation switch of pod 0.
+pub const FAILED_SWITCH: &str = "a0";
+
+/// A flow size from a VL2-like distribution: 95% under 1 MB (10 KB to 1 MB), 3.5% from 1 to
+/// 10 MB, 1.5% from 10 to 30 MB, each log-uniform.
+pub fn vl2_size(next: &mut impl FnMut() -> u64) -> u64 {
+    let u = (next() % 1_000_000) as f64 / 1e6;
+    let v = (next() % 1_000_000) as f64 / 1e6;
+    let (lo, hi): (f64, f64) = if u < 0.95 {
+        (10e3, 1e6)
+    } else if u < 0.985 {
+        (1e6, 10e6)
+    } else {
+        (10e6, 30e6)
+    };
+    (lo * (hi / lo).powf(v)) as u64
+}
+
+/// The production workload: every host sends `per_host` flows one after the other, each to a
+/// random other host, sizes from [`vl2_size`].
+pub fn production(f: &Fabric, seed: u64, per_host: u32) -> Vec<(String, Vec<(String, u64)>)> {
+    let g = f.topo.graph();
+    let hosts: Vec<String> = g
+        .nodes
+        .iter()
+        .filter(|n| n.kind == NodeKind::Host)
+        .map(|n| n.name.clone())
+        .collect();
+    let mut next = rng(seed ^ 0x5052_4f44);
+    hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let flows = (0..per_host)
+                .map(|_| {
+                    let mut d = (next() % (hosts.len() as u64 - 1)) as usize;
+                    if d >= i {
+                        d += 1;
+                    }
+                    (hosts[d].clone(), vl2_size(&mut next))
+                })
+                .collect();
+            (h.clone(), flows)
+        })
+        .collect()
+}
+
+/// Runs every host's flows one after the other, all hosts at once; returns (source,
+/// destination, transfer) of every flow.
+pub fn run_sequential(
+    f: &Fabric,
+    sched: &[(String, Vec<(String, u64)>)],
+    port: u16,
+    mptcp: bool,
+) -> Vec<(String, String, Transfer)> {
+    let g = f.topo.graph();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = sched
+            .iter()
+            .enumerate()
+            .map(|(i, (a, flows))| {
+                s.spawn(move || {
+                    let mut out = Vec::new();
+                    for (k, (b, bytes)) in flows.iter().enumerate() {
+                        let addr = g.node(g.find(b).unwrap()).addr.unwrap();
+                        let opts = SendOptions {
+                            stall_timeout: Duration::from_secs(30),
+                            mptcp,
+                            ..SendOptions::default()
+                        };
+                        let p = port + (i * flows.len() + k) as u16;
+                        let t = tcp_transfer(f.ns(a), f.ns(b), addr, p, *bytes, &opts)
+                            .unwrap_or_else(|e| panic!("flow {a} -> {b}: {e}"));
+                        out.push((a.clone(), b.clone(), t));
+                    }
+                    out
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("a host's flows"))
+            .collect()
+    })
+}
+
+/// Takes switch `name` down for real: every one of its interfaces down, so its neighbours'
+/// switch agents see the ports go and report them; waits until the controller knows and the
+/// hosts' path tables have dropped the paths through it. Returns the interfaces.
+pub fn fail_switch(f: &Fabric, name: &str) -> Vec<String> {
+    let g = f.topo.graph();
+    let n = g.find(name).expect("a switch");
+    let ifaces: Vec<String> = g
+        .ports(n)
+        .iter()
+        .map(|(_, peer)| f.link_iface(name, g.name(*peer)))
+        .collect();
+    for i in &ifaces {
+        f.ns(name)
+            .ip(&["link", "set", i, "down"])
+            .expect("link down");
+    }
+    let ports = ifaces.len();
+    wait_controller(f, |down| down >= ports, "the failure");
+    eprintln!("{name} down: {ports} links reported down by its neighbours");
+    ifaces
+}
+
+pub fn restore_switch(f: &Fabric, name: &str, ifaces: &[String]) {
+    for i in ifaces {
+        f.ns(name).ip(&["link", "set", i, "up"]).expect("link up");
+    }
+    wait_controller(f, |down| down == 0, "the restore");
+}
+
+fn wait_controller(f: &Fabric, done: impl Fn(usize) -> bool, what: &str) {
+    let start = std::time::Instant::now();
+    loop {
+        let st: serde_json::Value =
+            serde_json::from_str(&f.sopactl(&["status", "--json"]).expect("sopactl status"))
+                .expect("status JSON");
+        let down = st["down_links"].as_array().map_or(0, Vec::len);
+        let applied = st["agents"].as_array().is_some_and(|agents| {
+            agents
+                .iter()
+                .all(|a| a["connected"] == false || a["applied_version"] == st["version"])
+        });
+        if done(down) && applied {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{what} did not reach the controller and every agent within 30 s: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+pub fn run_round(
+    f: &Fabric,
+    flows: &[(String, String)],
+    mb: u64,
+    port: u16,
+    mptcp: bool,
+) -> Vec<Transfer> {
     let g = f.topo.graph();
     std::thread::scope(|s| {
         let handles: Vec<_> = flows
@@ -182,6 +400,7 @@ pub fn run_round(f: &Fabric, flows: &[(String, String)], mb: u64, port: u16) -> 
                 s.spawn(move || {
                     let opts = SendOptions {
                         stall_timeout: Duration::from_secs(30),
+                        mptcp,
                         ..SendOptions::default()
                     };
                     tcp_transfer(sa, sb, addr, port + i as u16, mb * 1_000_000, &opts)
@@ -231,6 +450,35 @@ pub fn host_counters(f: &Fabric) -> BTreeMap<&'static str, u64> {
     out
 }
 
+/// Packets dropped by the links' drop-tail queues in every namespace of the fabric.
+pub fn queue_drops(f: &Fabric) -> u64 {
+    f.topo
+        .graph()
+        .nodes
+        .iter()
+        .map(|n| {
+            let out = f
+                .ns(&n.name)
+                .tc(&["-s", "-j", "qdisc", "show"])
+                .unwrap_or_default();
+            serde_json::from_str::<serde_json::Value>(&out)
+                .ok()
+                .and_then(|v| {
+                    v.as_array().map(|qdiscs| {
+                        qdiscs
+                            .iter()
+                            // The links' drop-tail queues: HTB's root counts its leaf's
+                            // drops again, so only the leaves are summed.
+                            .filter(|q| q["kind"] == "bfifo")
+                            .filter_map(|q| q["drops"].as_u64())
+                            .sum::<u64>()
+                    })
+                })
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
 /// Bytes sent upward on the aggregation-to-core (Fat-Tree) or inter-container (MODRIC) links
 /// the experiment loads: for sec4.2 the four uplinks of pod 0, otherwise all of them.
 pub fn core_link_bytes(f: &Fabric, experiment: &str) -> Vec<u64> {
@@ -276,13 +524,16 @@ pub struct ModeResult {
     pub fast_retransmits: u64,
     pub timeouts: u64,
     pub retrans_segs: u64,
+    /// Packets dropped by the links' queues (every switch and host interface).
+    pub queue_drops: u64,
     pub core_links_max_over_min: f64,
     pub idle_cpu_pct: f64,
     pub per_flow: Vec<(String, String, f64, f64, u32)>,
 }
 
-/// A mode of a run: a datapath mode (`sopa`, `rps`, or `ecmp` for the switches' kernel
-/// multipath with no option), optionally with ablations after `+`: `r3` (`tcp_reordering` 3
+/// A mode of a run: a datapath mode (`sopa`, `rps`, `single` for every flow on its first path,
+/// `hedera` for the Hedera baseline, `ecmp` for the switches' kernel multipath with no option,
+/// `mptcp` for MPTCP over that with 1 + 4 subflows), optionally with ablations after `+`: `r3` (`tcp_reordering` 3
 /// instead of 10), `norack` (`tcp_recovery` 0: no RACK), `burst` (GSO bursts instead of packets).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ModeSpec {
@@ -298,9 +549,9 @@ impl std::str::FromStr for ModeSpec {
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         let mut parts = s.split('+');
         let base = parts.next().unwrap_or_default().to_owned();
-        if !["sopa", "rps", "ecmp", "hedera"].contains(&base.as_str()) {
+        if !["sopa", "rps", "ecmp", "hedera", "single", "mptcp"].contains(&base.as_str()) {
             return Err(format!(
-                "mode {s:?}: sopa, rps, ecmp or hedera (mptcp and single path are not built yet), optionally +r3, +norack, +burst"
+                "mode {s:?}: sopa, rps, ecmp, hedera, single or mptcp, optionally +r3, +norack, +burst"
             ));
         }
         let mut m = Self {
@@ -330,7 +581,8 @@ impl std::str::FromStr for ModeSpec {
 pub fn set_mode(f: &Fabric, mode: &str) {
     let m: ModeSpec = mode.parse().unwrap_or_else(|e| panic!("{e}"));
     let host_mode = match m.base.as_str() {
-        "ecmp" => "off",
+        // No option: the switches' kernel multipath (MPTCP's subflows are spread by it too).
+        "ecmp" | "mptcp" => "off",
         "hedera" => "pinned",
         other => other,
     };
@@ -352,8 +604,39 @@ pub fn set_mode(f: &Fabric, mode: &str) {
         let segs = if m.burst { "65535" } else { "1" };
         ns.ip(&["link", "set", &f.host_ifaces[id], "gso_max_segs", segs])
             .expect("gso_max_segs");
+        ns.ip(&["mptcp", "endpoint", "flush"])
+            .expect("ip mptcp endpoint flush");
+        if m.base == "mptcp" {
+            // fabric.md: 1 + 4 subflows, the server announcing four more ports of its address.
+            ns.ip(&[
+                "mptcp",
+                "limits",
+                "set",
+                "subflow",
+                "4",
+                "add_addr_accepted",
+                "4",
+            ])
+            .expect("ip mptcp limits");
+            let addr = f.topo.graph().node(*id).addr.expect("a host").to_string();
+            for port in MPTCP_PORTS {
+                ns.ip(&[
+                    "mptcp",
+                    "endpoint",
+                    "add",
+                    &addr,
+                    "port",
+                    &port.to_string(),
+                    "signal",
+                ])
+                .expect("ip mptcp endpoint add");
+            }
+        }
     }
 }
+
+/// The extra ports every host announces in `mptcp` mode (one subflow each).
+pub const MPTCP_PORTS: [u16; 4] = [40_001, 40_002, 40_003, 40_004];
 
 #[cfg(test)]
 mod tests {
@@ -369,11 +652,13 @@ mod tests {
         let m: ModeSpec = "rps+burst".parse().unwrap();
         assert!(m.burst && m.rack && m.reordering == 10);
         assert_eq!("hedera".parse::<ModeSpec>().unwrap().base, "hedera");
+        assert_eq!("mptcp".parse::<ModeSpec>().unwrap().base, "mptcp");
+        assert_eq!("single".parse::<ModeSpec>().unwrap().base, "single");
         assert!(
-            "mptcp"
+            "quic"
                 .parse::<ModeSpec>()
                 .unwrap_err()
-                .contains("not built yet")
+                .contains("sopa, rps, ecmp, hedera, single or mptcp")
         );
         assert!(
             "sopa+fast"

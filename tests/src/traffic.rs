@@ -22,6 +22,8 @@ pub struct SendOptions {
     pub stall_timeout: Duration,
     /// Bind the client to this source port (to choose the flow's 5-tuple, and so its hash).
     pub source_port: Option<u16>,
+    /// MPTCP sockets (`IPPROTO_MPTCP`) on both ends instead of TCP.
+    pub mptcp: bool,
 }
 
 impl Default for SendOptions {
@@ -31,6 +33,7 @@ impl Default for SendOptions {
             dont_fragment: true,
             stall_timeout: Duration::from_secs(10),
             source_port: None,
+            mptcp: false,
         }
     }
 }
@@ -147,6 +150,100 @@ fn fill(buf: &mut [u8], state: &mut u64) {
     }
 }
 
+const IPPROTO_MPTCP: i32 = 262;
+
+/// A listening socket on `at`, TCP or MPTCP.
+fn listen_on(at: SocketAddr, mptcp: bool) -> std::io::Result<TcpListener> {
+    use std::os::fd::FromRawFd as _;
+    if !mptcp {
+        return TcpListener::bind(at);
+    }
+    let SocketAddr::V4(at) = at else {
+        return Err(std::io::Error::other("IPv4 only"));
+    };
+    let addr = sockaddr_in(*at.ip(), at.port());
+    // SAFETY: a fresh socket owned by the listener built from it; a valid sockaddr_in.
+    unsafe {
+        let fd = libc::socket(
+            libc::AF_INET,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            IPPROTO_MPTCP,
+        );
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let listener = TcpListener::from_raw_fd(fd);
+        setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, &1i32)?;
+        if libc::bind(fd, (&addr as *const libc::sockaddr_in).cast(), SOCKADDR_LEN) != 0
+            || libc::listen(fd, 64) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(listener)
+    }
+}
+
+const SOCKADDR_LEN: libc::socklen_t = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+
+fn sockaddr_in(ip: Ipv4Addr, port: u16) -> libc::sockaddr_in {
+    libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(ip.octets()),
+        },
+        sin_zero: [0; 8],
+    }
+}
+
+/// A connection to `to`, TCP or MPTCP, from local port `port` when given.
+fn connect(port: Option<u16>, to: SocketAddr, mptcp: bool) -> std::io::Result<TcpStream> {
+    if !mptcp {
+        return match port {
+            None => TcpStream::connect_timeout(&to, Duration::from_secs(5)),
+            Some(p) => connect_from(p, to),
+        };
+    }
+    use std::os::fd::FromRawFd as _;
+    let SocketAddr::V4(to) = to else {
+        return Err(std::io::Error::other("IPv4 only"));
+    };
+    // SAFETY: a fresh socket owned by the stream built from it; valid sockaddr_in values.
+    unsafe {
+        let fd = libc::socket(
+            libc::AF_INET,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            IPPROTO_MPTCP,
+        );
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let stream = TcpStream::from_raw_fd(fd);
+        if let Some(p) = port {
+            setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, &1i32)?;
+            let local = sockaddr_in(Ipv4Addr::UNSPECIFIED, p);
+            if libc::bind(
+                fd,
+                (&local as *const libc::sockaddr_in).cast(),
+                SOCKADDR_LEN,
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        let remote = sockaddr_in(*to.ip(), to.port());
+        if libc::connect(
+            fd,
+            (&remote as *const libc::sockaddr_in).cast(),
+            SOCKADDR_LEN,
+        ) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(stream)
+    }
+}
+
 /// A TCP connection to `to` from local port `port` (any local address).
 fn connect_from(port: u16, to: SocketAddr) -> std::io::Result<TcpStream> {
     use std::os::fd::FromRawFd as _;
@@ -197,9 +294,10 @@ pub fn tcp_transfer(
     let listen = SocketAddr::from((addr, port));
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let stall = opts.stall_timeout;
+    let mptcp = opts.mptcp;
     let server = dst.spawn(move || -> Result<[u8; 32]> {
         let listener =
-            TcpListener::bind(listen).map_err(|e| Error::io(format!("binding {listen}"), e))?;
+            listen_on(listen, mptcp).map_err(|e| Error::io(format!("binding {listen}"), e))?;
         let _ = ready_tx.send(());
         let (mut conn, _) = listener.accept().map_err(|e| Error::io("accepting", e))?;
         conn.set_read_timeout(Some(stall))
@@ -226,11 +324,8 @@ pub fn tcp_transfer(
     let opts = opts.clone();
     let sent = src.run(move || -> Result<([u8; 32], [u8; 32], f64, TcpStats)> {
         let start = Instant::now();
-        let mut conn = match opts.source_port {
-            None => TcpStream::connect_timeout(&listen, Duration::from_secs(5)),
-            Some(port) => connect_from(port, listen),
-        }
-        .map_err(|e| Error::io(format!("connecting to {listen}"), e))?;
+        let mut conn = connect(opts.source_port, listen, opts.mptcp)
+            .map_err(|e| Error::io(format!("connecting to {listen}"), e))?;
         let fd = conn.as_raw_fd();
         let cc = opts.congestion.as_bytes();
         // SAFETY: TCP_CONGESTION takes the name's bytes.
@@ -249,7 +344,8 @@ pub fn tcp_transfer(
                 std::io::Error::last_os_error(),
             ));
         }
-        if opts.dont_fragment {
+        // MPTCP sockets take no IP_MTU_DISCOVER (the subflows do PMTU discovery themselves).
+        if opts.dont_fragment && !opts.mptcp {
             setsockopt(
                 fd,
                 libc::IPPROTO_IP,

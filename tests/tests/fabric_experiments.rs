@@ -11,23 +11,37 @@ use sopa_testbed::{
 use sopa_topology::topology::TopologySpec;
 
 #[test]
-fn sec42_and_permutation_yield_a_row_per_mode() {
+fn every_experiment_yields_a_row_per_mode() {
     let opts = FabricOptions::default();
     let mut f = Fabric::build(&TopologySpec::FatTree { k: 4 }, &opts).unwrap();
     f.start(&opts).unwrap();
     f.wait_ready(Duration::from_secs(60)).unwrap();
-    for (experiment, flows) in [("sec4.2", 4), ("permutation", 16)] {
+    let all: Vec<String> = ["sopa", "rps", "ecmp", "hedera", "single"]
+        .map(String::from)
+        .to_vec();
+    let two: Vec<String> = ["sopa", "rps"].map(String::from).to_vec();
+    for (experiment, flows, modes) in [
+        ("sec4.2", 4, &all),
+        ("permutation", 16, &all),
+        ("production", 16 * 3, &two),
+        ("failure", 16 * 3, &two),
+    ] {
         let plan = Plan {
             experiment: experiment.into(),
-            modes: vec!["sopa".into(), "rps".into(), "ecmp".into(), "hedera".into()],
+            modes: modes.clone(),
             repeat: 1,
             rate_mbit: 100,
             mb: 1,
             seed: 7,
+            flows_per_host: 3,
         };
         let report = experiment::run(&f, &plan);
         assert!(report.alone_fraction > 0.0);
-        assert_eq!(report.results.len(), 4, "{experiment}: one row per mode");
+        assert_eq!(
+            report.results.len(),
+            modes.len(),
+            "{experiment}: one row per mode"
+        );
         for r in &report.results {
             assert_eq!(r.flows, flows, "{experiment} {}", r.mode);
             assert_eq!(r.per_flow.len(), flows);
@@ -38,14 +52,14 @@ fn sec42_and_permutation_yield_a_row_per_mode() {
         for fig in &figures {
             let svg = std::fs::read_to_string(fig).unwrap();
             assert!(
-                svg.starts_with("<svg") && svg.contains("sopa") && svg.contains("ecmp"),
-                "{}",
+                svg.starts_with("<svg") && modes.iter().all(|m| svg.contains(m.as_str())),
+                "{}: a curve per mode",
                 fig.display()
             );
         }
         let _ = std::fs::remove_dir_all(&dir);
         let json = serde_json::to_string(&report).unwrap();
         let back: serde_json::Value = serde_json::from_str(&json).unwrap();
-        assert_eq!(back["results"].as_array().unwrap().len(), 4);
+        assert_eq!(back["results"].as_array().unwrap().len(), modes.len());
     }
 }

@@ -73,7 +73,7 @@ pub fn run(rate: u32, mb: u64) -> Result<()> {
         ));
         let flows = experiment::flows(&f, "sec4.2", 0);
         let (p0, b0) = (core_paths(&f)?, experiment::core_link_bytes(&f, "sec4.2"));
-        let transfers = experiment::run_round(&f, &flows, mb, 7500 + 10 * i as u16);
+        let transfers = experiment::run_round(&f, &flows, mb, 7500 + 10 * i as u16, false);
         let (p1, b1) = (core_paths(&f)?, experiment::core_link_bytes(&f, "sec4.2"));
         if let Some(t) = transfers.iter().find(|t| !t.intact()) {
             bail!("a flow arrived corrupted ({} bytes)", t.bytes);
