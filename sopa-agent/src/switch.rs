@@ -5,7 +5,11 @@
 //! packets without the option by 5-tuple with a seed of this switch's own, as independent
 //! hardware switches would (notes/fabric.md: policy 1, or one seed everywhere, is polarized).
 
-use std::{collections::HashMap, net::Ipv4Addr, path::PathBuf};
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::Ipv4Addr,
+    path::PathBuf,
+};
 
 use sopa_common::maps::{FwdEntry, MAX_UPLINKS, Uplink};
 use sopa_controller::{
@@ -14,8 +18,9 @@ use sopa_controller::{
     view::FabricView,
 };
 use sopa_topology::{
-    LinkId, NodeKind, Topology,
+    LinkId, NodeKind, Prefix, Topology,
     forwarding::{self, SwitchPlan},
+    paths::Failures,
 };
 use tracing::{info, warn};
 
@@ -142,8 +147,9 @@ impl Switch {
         }
     }
 
-    /// Installs the plan of `node` in `topo`: routes, decisions, and `tc_forward` on each port.
-    pub async fn apply(&mut self, topo: &Topology, node: &str) -> Result<()> {
+    /// Installs the plan of `node` in `topo` under `failures`: routes, decisions, and
+    /// `tc_forward` on each port.
+    pub async fn apply(&mut self, topo: &Topology, node: &str, failures: &Failures) -> Result<()> {
         let g = topo.graph();
         let me = g
             .find(node)
@@ -154,38 +160,9 @@ impl Switch {
                     topo.name()
                 ))
             })?;
-        let plan: SwitchPlan = forwarding::plan(topo, me);
+        let plan: SwitchPlan = forwarding::plan_under(topo, me, failures);
         let ports = self.ports(topo, me).await?;
-        let journal = self.journal.as_mut().expect("running");
-        for route in &plan.routes {
-            if route.prefix.len == 32 {
-                // A host behind a point-to-point port: the kernel routes to the peer already.
-                continue;
-            }
-            let hops: Vec<(Ipv4Addr, u32)> = route
-                .links
-                .iter()
-                .filter_map(|l| ports.get(l).map(|p| (p.neighbour, p.ifindex)))
-                .collect();
-            if hops.is_empty() {
-                warn!(prefix = %route.prefix, "no port up towards this prefix");
-                continue;
-            }
-            let r = Route {
-                prefix: route.prefix,
-                gateway: (hops.len() == 1).then(|| hops[0].0),
-                oif: (hops.len() == 1).then(|| hops[0].1),
-                priority: None,
-                protocol: 4,
-                scope: 0,
-                mtu: None,
-                mtu_locked: false,
-                multipath: hops.len() > 1,
-                nexthops: if hops.len() > 1 { hops } else { Vec::new() },
-            };
-            self.netlink.add_route(&r, true).await?;
-            journal.push(Change::RouteAdded { route: r })?;
-        }
+        self.install_routes(&plan.routes, &ports).await?;
         for d in &plan.decisions {
             let mut e = FwdEntry::PASS;
             e.hop_byte = d.hop_byte;
@@ -234,6 +211,103 @@ impl Switch {
             ports = self.attached.len(),
             "switch plan installed"
         );
+        Ok(())
+    }
+
+    /// Recomputes the kernel routes under `failures` (after a pushed change) and installs the
+    /// difference: changed routes replaced, racks no longer reachable from here unrouted.
+    pub async fn update_routes(
+        &mut self,
+        topo: &Topology,
+        node: &str,
+        failures: &Failures,
+    ) -> Result<()> {
+        let me = topo
+            .graph()
+            .find(node)
+            .ok_or_else(|| Error::Config(format!("node {node:?} is not in the topology")))?;
+        let routes = forwarding::routes(topo, me, failures);
+        let ports = self.ports(topo, me).await?;
+        self.install_routes(&routes, &ports).await
+    }
+
+    /// Makes this switch's fabric routes exactly `routes` (host /32s excepted: the kernel routes
+    /// a point-to-point peer already), each replaced atomically, and keeps the journal's
+    /// record of them current so that undo removes what is installed.
+    async fn install_routes(
+        &mut self,
+        routes: &[forwarding::KernelRoute],
+        ports: &HashMap<LinkId, Port>,
+    ) -> Result<()> {
+        let journal = self.journal.as_mut().expect("running");
+        let mut wanted = BTreeMap::new();
+        for route in routes {
+            if route.prefix.len == 32 {
+                continue;
+            }
+            let hops: Vec<(Ipv4Addr, u32)> = route
+                .links
+                .iter()
+                .filter_map(|l| ports.get(l).map(|p| (p.neighbour, p.ifindex)))
+                .collect();
+            if hops.is_empty() {
+                warn!(prefix = %route.prefix, "no port up towards this prefix");
+                continue;
+            }
+            wanted.insert(
+                route.prefix,
+                Route {
+                    prefix: route.prefix,
+                    gateway: (hops.len() == 1).then(|| hops[0].0),
+                    oif: (hops.len() == 1).then(|| hops[0].1),
+                    priority: None,
+                    protocol: 4,
+                    scope: 0,
+                    mtu: None,
+                    mtu_locked: false,
+                    multipath: hops.len() > 1,
+                    nexthops: if hops.len() > 1 { hops } else { Vec::new() },
+                },
+            );
+        }
+        let current: BTreeMap<Prefix, (usize, Route)> = journal
+            .record
+            .changes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| match c {
+                Change::RouteAdded { route } => Some((route.prefix, (i, route.clone()))),
+                _ => None,
+            })
+            .collect();
+        let mut unrouted = Vec::new();
+        for (prefix, (i, old)) in &current {
+            if !wanted.contains_key(prefix) {
+                self.netlink.delete_route(old).await?;
+                unrouted.push(*i);
+            }
+        }
+        for (prefix, r) in &wanted {
+            match current.get(prefix) {
+                Some((_, old)) if old == r => {}
+                Some((i, _)) => {
+                    self.netlink.add_route(r, true).await?;
+                    journal.record.changes[*i] = Change::RouteAdded { route: r.clone() };
+                }
+                None => {
+                    self.netlink.add_route(r, true).await?;
+                    journal
+                        .record
+                        .changes
+                        .push(Change::RouteAdded { route: r.clone() });
+                }
+            }
+        }
+        unrouted.sort_unstable();
+        for i in unrouted.into_iter().rev() {
+            journal.record.changes.remove(i);
+        }
+        journal.save()?;
         Ok(())
     }
 
@@ -383,7 +457,7 @@ impl Applier for SwitchApplier<'_> {
     async fn snapshot(&mut self, s: &Snapshot) -> std::result::Result<(), String> {
         let view = FabricView::from_snapshot(s).map_err(|e| e.to_string())?;
         self.switch
-            .apply(&view.topology, &self.node)
+            .apply(&view.topology, &self.node, &view.failures)
             .await
             .map_err(|e| e.to_string())?;
         if let Some(tx) = self.reports.take() {
@@ -397,13 +471,23 @@ impl Applier for SwitchApplier<'_> {
     }
 
     async fn delta(&mut self, d: &Delta) -> std::result::Result<(), (String, bool)> {
-        // Hosts steer around failures; the switch keeps its decisions and routes.
+        // Hosts steer source-routed packets around failures; the kernel routes (packets
+        // without the option, the ecmp baseline) follow the live shortest paths.
         let view = self
             .view
             .as_mut()
             .ok_or(("a delta before any snapshot".to_owned(), true))?;
         view.apply_delta(d)
             .map_err(|e| (e.to_string(), e.needs_resync()))?;
+        if let Err(e) = self
+            .switch
+            .update_routes(&view.topology, &self.node, &view.failures)
+            .await
+        {
+            // The view moved on but the routes may not have: start over from a snapshot.
+            self.view = None;
+            return Err((format!("updating the routes: {e}"), true));
+        }
         self.state.version = d.version;
         self.switch.set_controller_state(self.state.clone());
         Ok(())

@@ -11,8 +11,8 @@ use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use crate::{
     graph::{LinkId, NodeId, NodeKind},
+    paths::Failures,
     prefix::Prefix,
-    properties::bfs,
     topology::{Rack, Topology},
 };
 
@@ -58,19 +58,51 @@ pub fn gateway(topo: &Topology, rack: &Rack) -> Ipv4Addr {
     }
 }
 
-/// The plan of switch `node`.
+/// The plan of switch `node` with everything up.
 pub fn plan(topo: &Topology, node: NodeId) -> SwitchPlan {
+    plan_under(topo, node, &Failures::none(topo.graph()))
+}
+
+/// The plan of switch `node` under `failures`: the decisions stay (hosts steer source-routed
+/// packets around failures), the kernel routes follow the shortest paths that are still alive,
+/// so packets without the option (and the `ecmp` baseline) avoid every next hop that can no
+/// longer reach the destination, not only the dead links at this switch.
+pub fn plan_under(topo: &Topology, node: NodeId, failures: &Failures) -> SwitchPlan {
+    SwitchPlan {
+        routes: routes(topo, node, failures),
+        decisions: decisions(topo, node, &topo.racks()),
+    }
+}
+
+/// Hop counts to `src` over usable links (`u32::MAX`: unreachable).
+fn bfs_alive(topo: &Topology, src: NodeId, failures: &Failures) -> Vec<u32> {
     let g = topo.graph();
-    let racks = topo.racks();
-    let mut plan = SwitchPlan::default();
-    // Kernel routes: per rack, every neighbour on a shortest path to the rack's switch; the
-    // rack's own switch routes each host out of its port.
-    for rack in &racks {
+    let mut dist = vec![u32::MAX; g.nodes.len()];
+    let mut queue = std::collections::VecDeque::from([src]);
+    dist[src as usize] = 0;
+    while let Some(n) = queue.pop_front() {
+        for &(link, next) in g.ports(n) {
+            if dist[next as usize] == u32::MAX && failures.usable(g, link) {
+                dist[next as usize] = dist[n as usize] + 1;
+                queue.push_back(next);
+            }
+        }
+    }
+    dist
+}
+
+/// Switch `node`'s kernel routes under `failures`: per rack, every neighbour on a live shortest
+/// path to the rack's switch; the rack's own switch routes each host out of its port. A rack
+/// this switch cannot reach has no route.
+pub fn routes(topo: &Topology, node: NodeId, failures: &Failures) -> Vec<KernelRoute> {
+    let g = topo.graph();
+    let mut out = Vec::new();
+    for rack in &topo.racks() {
         if rack.tor == node {
             for &(link, host) in g.ports(node) {
                 if g.node(host).kind == NodeKind::Host {
                     let addr = g.node(host).addr.expect("hosts have addresses");
-                    plan.routes.push(KernelRoute {
+                    out.push(KernelRoute {
                         prefix: Prefix::of(addr, 32),
                         links: vec![link],
                     });
@@ -78,25 +110,29 @@ pub fn plan(topo: &Topology, node: NodeId) -> SwitchPlan {
             }
             continue;
         }
-        let dist = bfs(g, &[rack.tor]);
+        let dist = bfs_alive(topo, rack.tor, failures);
         let here = dist[node as usize];
+        if here == u32::MAX {
+            continue;
+        }
         let links: Vec<LinkId> = g
             .ports(node)
             .iter()
-            .filter(|(_, n)| {
-                g.node(*n).kind.is_switch() && dist[*n as usize].checked_add(1) == Some(here)
+            .filter(|(l, n)| {
+                g.node(*n).kind.is_switch()
+                    && failures.usable(g, *l)
+                    && dist[*n as usize].checked_add(1) == Some(here)
             })
             .map(|(l, _)| *l)
             .collect();
         if !links.is_empty() {
-            plan.routes.push(KernelRoute {
+            out.push(KernelRoute {
                 prefix: rack.prefix,
                 links,
             });
         }
     }
-    plan.decisions = decisions(topo, node, &racks);
-    plan
+    out
 }
 
 fn decisions(topo: &Topology, node: NodeId, racks: &[Rack]) -> Vec<Decision> {

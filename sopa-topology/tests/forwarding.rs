@@ -128,3 +128,70 @@ fn link_addresses_and_gateways() {
     assert_eq!(rack.prefix.to_string(), "10.0.0.0/26");
     assert_eq!(forwarding::gateway(&md, &rack).to_string(), "10.0.0.63");
 }
+
+/// With pod 0's leftmost aggregation switch down, kernel routes avoid not only its dead links
+/// but every next hop that can no longer reach pod 0: pod 1's edges send pod-0 traffic only to
+/// the aggregation switch whose cores still reach it, and no route anywhere uses a dead link.
+#[test]
+fn kernel_routes_follow_the_live_shortest_paths() {
+    let topo = Topology::build(&TopologySpec::FatTree { k: 4 }).unwrap();
+    let g = topo.graph();
+    let a0 = g.find("a0").unwrap();
+    let mut failures = sopa_topology::paths::Failures::none(g);
+    failures.set_node(g, a0, true);
+    let pod0: Vec<_> = topo.racks().into_iter().filter(|r| r.at.0 == 0).collect();
+    let e2 = g.find("e2").unwrap();
+    let before = sopa_topology::forwarding::plan(&topo, e2);
+    let after = sopa_topology::forwarding::plan_under(&topo, e2, &failures);
+    for rack in &pod0 {
+        let route = |p: &SwitchPlan| {
+            p.routes
+                .iter()
+                .find(|r| r.prefix == rack.prefix)
+                .unwrap()
+                .links
+                .iter()
+                .map(|l| g.name(g.links[*l as usize].other(e2)).to_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            route(&before),
+            ["a2", "a3"],
+            "both aggregation switches, all up"
+        );
+        assert_eq!(
+            route(&after),
+            ["a3"],
+            "a2's cores (c0, c1) lost pod 0 with a0"
+        );
+    }
+    assert_eq!(
+        after.decisions, before.decisions,
+        "decisions stay: hosts steer"
+    );
+    for node in g.nodes_of(sopa_topology::NodeKind::Core) {
+        for r in sopa_topology::forwarding::routes(&topo, node, &failures) {
+            for l in &r.links {
+                assert!(
+                    failures.usable(g, *l),
+                    "{} routes over a dead link",
+                    g.name(node)
+                );
+            }
+        }
+    }
+    // c0's only way into pod 0 was a0: it now goes round through another pod (a valley),
+    // which no edge switch uses since none of them routes pod-0 traffic to c0 any more.
+    let c0 = g.find("c0").unwrap();
+    let c0_routes = sopa_topology::forwarding::routes(&topo, c0, &failures);
+    let to_pod0 = c0_routes
+        .iter()
+        .find(|r| r.prefix == pod0[0].prefix)
+        .expect("still reachable the long way");
+    assert!(
+        to_pod0
+            .links
+            .iter()
+            .all(|l| g.links[*l as usize].other(c0) != a0)
+    );
+}

@@ -22,6 +22,11 @@ pub fn sopactl() -> PathBuf {
     std::env::var_os("SOPACTL_BIN").map_or_else(|| beside_tests("sopactl"), PathBuf::from)
 }
 
+/// `sopa-traffic`, the testbed's traffic tool, found like [`sopa_agent`] (`$SOPA_TRAFFIC_BIN`).
+pub fn sopa_traffic() -> PathBuf {
+    std::env::var_os("SOPA_TRAFFIC_BIN").map_or_else(|| beside_tests("sopa-traffic"), PathBuf::from)
+}
+
 fn beside_tests(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the test knows its own path");
     let mut dir = exe

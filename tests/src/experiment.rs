@@ -43,6 +43,13 @@ pub fn run(f: &Fabric, plan: &Plan) -> Report {
 
     let mut results = Vec::new();
     let sequential = matches!(a.experiment.as_str(), "production" | "failure");
+    let progress = indicatif::ProgressBar::new(u64::from(a.repeat) * a.modes.len() as u64);
+    progress.set_style(
+        indicatif::ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} rounds {msg}")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    progress.set_prefix(a.experiment.clone());
     for (mi, mode) in a.modes.iter().enumerate() {
         set_mode(f, mode);
         let mptcp = mode.starts_with("mptcp");
@@ -52,6 +59,8 @@ pub fn run(f: &Fabric, plan: &Plan) -> Report {
         let (c0, l0, cpu0) = (host_counters(f), core_link_bytes(f, &a.experiment), cpu());
         let drops0 = queue_drops(f);
         for r in 0..a.repeat {
+            progress.set_message(mode.clone());
+            progress.inc(1);
             let port = 10_000 + (mi as u16) * 1000 + (r as u16) * 50;
             if sequential {
                 let sched = production(f, a.seed + u64::from(r), a.flows_per_host);
@@ -120,6 +129,10 @@ pub fn run(f: &Fabric, plan: &Plan) -> Report {
             timeouts: d("timeouts"),
             retrans_segs: d("retrans_segs"),
             queue_drops: drops,
+            core_links: core_link_names(f, &a.experiment)
+                .into_iter()
+                .zip(link.iter().copied())
+                .collect(),
             core_links_max_over_min: if lmin == 0 {
                 f64::INFINITY
             } else {
@@ -141,6 +154,7 @@ pub fn run(f: &Fabric, plan: &Plan) -> Report {
                 .collect(),
         });
     }
+    progress.finish_and_clear();
     Report {
         alone_fraction,
         rate_mbit: f64::from(a.rate_mbit),
@@ -291,8 +305,10 @@ pub fn production(f: &Fabric, seed: u64, per_host: u32) -> Vec<(String, Vec<(Str
         .collect()
 }
 
-/// Runs every host's flows one after the other, all hosts at once; returns (source,
-/// destination, transfer) of every flow.
+/// Runs every host's flows one after the other, all hosts at once, with the traffic tool
+/// (`sopa-traffic`): a server in every destination's namespace, a client running its host's
+/// schedule in every source's. Returns (source, destination, transfer) of every flow; each
+/// flow's hashes were compared by the tool.
 pub fn run_sequential(
     f: &Fabric,
     sched: &[(String, Vec<(String, u64)>)],
@@ -300,34 +316,110 @@ pub fn run_sequential(
     mptcp: bool,
 ) -> Vec<(String, String, Transfer)> {
     let g = f.topo.graph();
-    std::thread::scope(|s| {
-        let handles: Vec<_> = sched
+    let dir = std::env::temp_dir().join(format!("sopa-traffic-{}-{port}", f.prefix));
+    std::fs::create_dir_all(&dir).expect("a folder for the schedules");
+    let tool = crate::bins::sopa_traffic();
+    let addr = |h: &str| g.node(g.find(h).unwrap()).addr.unwrap();
+    let mut dsts: Vec<&String> = sched
+        .iter()
+        .flat_map(|(_, fl)| fl.iter().map(|x| &x.0))
+        .collect();
+    dsts.sort();
+    dsts.dedup();
+    let mut servers = Vec::new();
+    for d in &dsts {
+        let listen = format!("{}:{port}", addr(d));
+        let mut args = vec!["serve", "--listen", listen.as_str()];
+        if mptcp {
+            args.push("--mptcp");
+        }
+        let log = dir.join(format!("serve-{d}.log"));
+        servers.push((
+            log.clone(),
+            crate::Process::spawn(Some(f.ns(d)), &tool, &args, &log).expect("sopa-traffic serve"),
+        ));
+    }
+    let start = std::time::Instant::now();
+    while !servers
+        .iter()
+        .all(|(log, _)| std::fs::read_to_string(log).is_ok_and(|t| t.contains("serving on")))
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the traffic servers did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut clients = Vec::new();
+    for (src, flows) in sched {
+        let schedule: Vec<serde_json::Value> = flows
             .iter()
             .enumerate()
-            .map(|(i, (a, flows))| {
-                s.spawn(move || {
-                    let mut out = Vec::new();
-                    for (k, (b, bytes)) in flows.iter().enumerate() {
-                        let addr = g.node(g.find(b).unwrap()).addr.unwrap();
-                        let opts = SendOptions {
-                            stall_timeout: Duration::from_secs(30),
-                            mptcp,
-                            ..SendOptions::default()
-                        };
-                        let p = port + (i * flows.len() + k) as u16;
-                        let t = tcp_transfer(f.ns(a), f.ns(b), addr, p, *bytes, &opts)
-                            .unwrap_or_else(|e| panic!("flow {a} -> {b}: {e}"));
-                        out.push((a.clone(), b.clone(), t));
-                    }
-                    out
+            .map(|(k, (d, bytes))| {
+                serde_json::json!({
+                    "to": format!("{}:{port}", addr(d)), "bytes": bytes, "after_previous": k > 0,
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().expect("a host's flows"))
-            .collect()
-    })
+        let file = dir.join(format!("schedule-{src}.json"));
+        std::fs::write(&file, serde_json::to_string(&schedule).unwrap()).unwrap();
+        let file = file.display().to_string();
+        let mut args = vec!["run", "--schedule", file.as_str()];
+        if mptcp {
+            args.push("--mptcp");
+        }
+        let log = dir.join(format!("run-{src}.log"));
+        let p =
+            crate::Process::spawn(Some(f.ns(src)), &tool, &args, &log).expect("sopa-traffic run");
+        clients.push((src, flows, log, p));
+    }
+    let mut out = Vec::new();
+    for (src, flows, log, mut p) in clients {
+        let status = loop {
+            if let Some(st) = p.try_wait() {
+                break st;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(1800),
+                "{src}'s flows did not finish in 30 minutes"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(status.success(), "{src}'s flows failed ({status}):\n{text}");
+        let mut lines: Vec<serde_json::Value> = text
+            .lines()
+            .filter(|l| l.starts_with('{'))
+            .map(|l| serde_json::from_str(l).expect("a JSON line"))
+            .collect();
+        lines.sort_by_key(|l| l["index"].as_u64());
+        assert_eq!(lines.len(), flows.len(), "{src}: a line per flow:\n{text}");
+        for (l, (d, bytes)) in lines.iter().zip(flows) {
+            assert_eq!(l["intact"], true, "{src} -> {d}: {l}");
+            let tcp = crate::traffic::TcpStats {
+                total_retrans: l["total_retrans"].as_u64().unwrap_or(0) as u32,
+                reord_seen: l["reord_seen"].as_u64().unwrap_or(0) as u32,
+                reordering: l["reordering"].as_u64().unwrap_or(0) as u32,
+                segs_out: 0,
+                rtos: l["rtos"].as_u64().unwrap_or(0) as u16,
+            };
+            out.push((
+                src.clone(),
+                d.clone(),
+                Transfer {
+                    bytes: *bytes,
+                    seconds: l["fct_s"].as_f64().unwrap(),
+                    // The tool compared the two hashes; equal values record that it did.
+                    sent_sha256: [0; 32],
+                    received_sha256: [0; 32],
+                    tcp,
+                },
+            ));
+        }
+    }
+    drop(servers);
+    let _ = std::fs::remove_dir_all(&dir);
+    out
 }
 
 /// Takes switch `name` down for real: every one of its interfaces down, so its neighbours'
@@ -479,9 +571,15 @@ pub fn queue_drops(f: &Fabric) -> u64 {
         .sum()
 }
 
-/// Bytes sent upward on the aggregation-to-core (Fat-Tree) or inter-container (MODRIC) links
-/// the experiment loads: for sec4.2 the four uplinks of pod 0, otherwise all of them.
-pub fn core_link_bytes(f: &Fabric, experiment: &str) -> Vec<u64> {
+/// The names (`a0-c0`) of the links [`core_link_bytes`] measures, in its order.
+pub fn core_link_names(f: &Fabric, experiment: &str) -> Vec<String> {
+    core_links(f, experiment)
+        .into_iter()
+        .map(|(_, a, b)| format!("{a}-{b}"))
+        .collect()
+}
+
+fn core_links(f: &Fabric, experiment: &str) -> Vec<(usize, String, String)> {
     let g = f.topo.graph();
     g.links
         .iter()
@@ -492,11 +590,16 @@ pub fn core_link_bytes(f: &Fabric, experiment: &str) -> Vec<u64> {
                 || (ka == NodeKind::Eps && kb == NodeKind::Eps)
         })
         .filter(|(_, link)| experiment != "sec4.2" || ["a0", "a1"].contains(&g.name(link.a)))
-        .map(|(l, link)| {
-            f.ns(g.name(link.a))
-                .tx_bytes(&format!("{}{l}a", f.prefix))
-                .unwrap_or(0)
-        })
+        .map(|(l, link)| (l, g.name(link.a).to_owned(), g.name(link.b).to_owned()))
+        .collect()
+}
+
+/// Bytes sent upward on the aggregation-to-core (Fat-Tree) or inter-container (MODRIC) links
+/// the experiment loads: for sec4.2 the four uplinks of pod 0, otherwise all of them.
+pub fn core_link_bytes(f: &Fabric, experiment: &str) -> Vec<u64> {
+    core_links(f, experiment)
+        .into_iter()
+        .map(|(l, a, _)| f.ns(&a).tx_bytes(&format!("{}{l}a", f.prefix)).unwrap_or(0))
         .collect()
 }
 
@@ -526,6 +629,8 @@ pub struct ModeResult {
     pub retrans_segs: u64,
     /// Packets dropped by the links' queues (every switch and host interface).
     pub queue_drops: u64,
+    /// Bytes each measured core link carried upward during the mode (packets per path).
+    pub core_links: Vec<(String, u64)>,
     pub core_links_max_over_min: f64,
     pub idle_cpu_pct: f64,
     pub per_flow: Vec<(String, String, f64, f64, u32)>,

@@ -64,7 +64,67 @@ fn cdf(path: &Path, title: &str, x_label: &str, series: &[(String, Vec<f64>)]) -
     Ok(())
 }
 
-/// Writes `<name>-throughput-cdf.svg` and `<name>-fct-cdf.svg` into `dir`; returns their paths.
+/// Draws grouped bars: one group per label, one bar per series.
+fn bars(
+    path: &Path,
+    title: &str,
+    y_label: &str,
+    labels: &[String],
+    series: &[(String, Vec<f64>)],
+) -> Result<()> {
+    let fail =
+        |e: &dyn std::fmt::Display| Error::Failed(format!("drawing {}: {e}", path.display()));
+    let y_max = series
+        .iter()
+        .flat_map(|(_, v)| v.iter().copied())
+        .fold(0.0f64, f64::max)
+        .max(1e-9)
+        * 1.1;
+    let n = labels.len().max(1);
+    let root = SVGBackend::new(path, (960, 480)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| fail(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(60)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..n as f64, 0.0..y_max)
+        .map_err(|e| fail(&e))?;
+    let names = labels.to_vec();
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n)
+        .x_label_formatter(&|x| names.get(x.floor() as usize).cloned().unwrap_or_default())
+        .x_desc("core link")
+        .y_desc(y_label)
+        .draw()
+        .map_err(|e| fail(&e))?;
+    let width = 0.8 / series.len().max(1) as f64;
+    for (i, (name, values)) in series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        chart
+            .draw_series(values.iter().enumerate().map(|(k, v)| {
+                let x0 = k as f64 + 0.1 + i as f64 * width;
+                Rectangle::new([(x0, 0.0), (x0 + width, *v)], color.filled())
+            }))
+            .map_err(|e| fail(&e))?
+            .label(name.clone())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(|e| fail(&e))?;
+    root.present().map_err(|e| fail(&e))?;
+    Ok(())
+}
+
+/// Writes `<name>-throughput-cdf.svg`, `<name>-fct-cdf.svg` and `<name>-packets-per-path.svg`
+/// into `dir`; returns their paths.
 pub fn write(report: &Report, dir: &Path, name: &str) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
@@ -99,5 +159,28 @@ pub fn write(report: &Report, dir: &Path, name: &str) -> Result<Vec<PathBuf>> {
         "seconds",
         &fct,
     )?;
+    let mut paths = paths;
+    if let Some(first) = report.results.iter().find(|r| !r.core_links.is_empty()) {
+        let labels: Vec<String> = first.core_links.iter().map(|(n, _)| n.clone()).collect();
+        let series: Vec<(String, Vec<f64>)> = report
+            .results
+            .iter()
+            .map(|r| {
+                (
+                    r.mode.clone(),
+                    r.core_links.iter().map(|(_, b)| *b as f64 / 1e6).collect(),
+                )
+            })
+            .collect();
+        let path = dir.join(format!("{name}-packets-per-path.svg"));
+        bars(
+            &path,
+            &format!("{name}: bytes on each core link, per mode"),
+            "MB sent upward",
+            &labels,
+            &series,
+        )?;
+        paths.push(path);
+    }
     Ok(paths)
 }

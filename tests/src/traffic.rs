@@ -58,6 +58,8 @@ pub struct TcpStats {
     /// The connection's reordering threshold at the end (`tcpi_reordering`).
     pub reordering: u32,
     pub segs_out: u32,
+    /// Retransmission timeouts over the connection's life (`tcpi_total_rto`, Linux 6.7+).
+    pub rtos: u16,
 }
 
 fn tcp_stats(fd: i32) -> TcpStats {
@@ -81,6 +83,7 @@ fn tcp_stats(fd: i32) -> TcpStats {
         reord_seen: info.tcpi_reord_seen,
         reordering: info.tcpi_reordering,
         segs_out: info.tcpi_segs_out,
+        rtos: info.tcpi_total_rto,
     }
 }
 
@@ -280,6 +283,117 @@ fn connect_from(port: u16, to: SocketAddr) -> std::io::Result<TcpStream> {
     }
 }
 
+/// The receiving end of one transfer: reads until EOF, hashing, then replies with the hash.
+pub fn receive(mut conn: TcpStream, stall: Duration) -> Result<[u8; 32]> {
+    conn.set_read_timeout(Some(stall))
+        .map_err(|e| Error::io("setting a timeout", e))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        let n = conn
+            .read(&mut buf)
+            .map_err(|e| Error::io("receiving (stalled?)", e))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    let digest: [u8; 32] = hasher.finalize().into();
+    conn.write_all(&digest)
+        .map_err(|e| Error::io("replying", e))?;
+    Ok(digest)
+}
+
+/// A server for any number of transfers at once on `at` (TCP or MPTCP), one thread each, until
+/// the process ends. Calls `ready` once it listens.
+pub fn serve(at: SocketAddr, mptcp: bool, stall: Duration, ready: impl FnOnce()) -> Result<()> {
+    let listener = listen_on(at, mptcp).map_err(|e| Error::io(format!("binding {at}"), e))?;
+    ready();
+    loop {
+        let (conn, _) = listener.accept().map_err(|e| Error::io("accepting", e))?;
+        std::thread::spawn(move || {
+            // A failed transfer shows at its sender; the server goes on.
+            let _ = receive(conn, stall);
+        });
+    }
+}
+
+/// What the sending end saw of one transfer.
+#[derive(Clone, Debug)]
+pub struct Sent {
+    pub sent_sha256: [u8; 32],
+    pub echoed_sha256: [u8; 32],
+    pub seconds: f64,
+    pub tcp: TcpStats,
+}
+
+/// Sends `bytes` of reproducible pseudo-random data to `to` and waits for the receiver's hash.
+/// Runs in the calling thread's network namespace.
+pub fn send(to: SocketAddr, bytes: u64, opts: &SendOptions) -> Result<Sent> {
+    let start = Instant::now();
+    let mut conn = connect(opts.source_port, to, opts.mptcp)
+        .map_err(|e| Error::io(format!("connecting to {to}"), e))?;
+    let fd = conn.as_raw_fd();
+    let cc = opts.congestion.as_bytes();
+    // SAFETY: TCP_CONGESTION takes the name's bytes.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            cc.as_ptr().cast(),
+            cc.len() as u32,
+        )
+    };
+    if rc != 0 {
+        return Err(Error::io(
+            format!("TCP_CONGESTION {}", opts.congestion),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // MPTCP sockets take no IP_MTU_DISCOVER (the subflows do PMTU discovery themselves).
+    if opts.dont_fragment && !opts.mptcp {
+        setsockopt(
+            fd,
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            &libc::IP_PMTUDISC_DO,
+        )
+        .map_err(|e| Error::io("IP_MTU_DISCOVER", e))?;
+    }
+    conn.set_write_timeout(Some(opts.stall_timeout))
+        .map_err(|e| Error::io("timeout", e))?;
+    conn.set_read_timeout(Some(opts.stall_timeout))
+        .map_err(|e| Error::io("timeout", e))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ bytes;
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(buf.len() as u64) as usize;
+        fill(&mut buf[..n], &mut state);
+        hasher.update(&buf[..n]);
+        conn.write_all(&buf[..n]).map_err(|e| {
+            Error::io(
+                format!("sending ({} of {bytes} bytes sent)", bytes - left),
+                e,
+            )
+        })?;
+        left -= n as u64;
+    }
+    conn.shutdown(std::net::Shutdown::Write)
+        .map_err(|e| Error::io("shutdown", e))?;
+    let mut echoed = [0u8; 32];
+    conn.read_exact(&mut echoed)
+        .map_err(|e| Error::io("waiting for the receiver's hash (stalled?)", e))?;
+    Ok(Sent {
+        sent_sha256: hasher.finalize().into(),
+        echoed_sha256: echoed,
+        seconds: start.elapsed().as_secs_f64(),
+        tcp: tcp_stats(conn.as_raw_fd()),
+    })
+}
+
 /// Sends `bytes` from `src` to a server in `dst` listening on `addr:port`, and returns what both
 /// ends hashed. The server replies with its hash after the sender's EOF, so a returned transfer
 /// has fully arrived.
@@ -299,108 +413,27 @@ pub fn tcp_transfer(
         let listener =
             listen_on(listen, mptcp).map_err(|e| Error::io(format!("binding {listen}"), e))?;
         let _ = ready_tx.send(());
-        let (mut conn, _) = listener.accept().map_err(|e| Error::io("accepting", e))?;
-        conn.set_read_timeout(Some(stall))
-            .map_err(|e| Error::io("setting a timeout", e))?;
-        let mut hasher = Sha256::new();
-        let mut buf = vec![0u8; 256 * 1024];
-        loop {
-            let n = conn
-                .read(&mut buf)
-                .map_err(|e| Error::io("receiving (stalled?)", e))?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buf[..n]);
-        }
-        let digest: [u8; 32] = hasher.finalize().into();
-        conn.write_all(&digest)
-            .map_err(|e| Error::io("replying", e))?;
-        Ok(digest)
+        let (conn, _) = listener.accept().map_err(|e| Error::io("accepting", e))?;
+        receive(conn, stall)
     });
     ready_rx
         .recv_timeout(Duration::from_secs(5))
         .map_err(|_| Error::Failed(format!("the server on {listen} did not start")))?;
     let opts = opts.clone();
-    let sent = src.run(move || -> Result<([u8; 32], [u8; 32], f64, TcpStats)> {
-        let start = Instant::now();
-        let mut conn = connect(opts.source_port, listen, opts.mptcp)
-            .map_err(|e| Error::io(format!("connecting to {listen}"), e))?;
-        let fd = conn.as_raw_fd();
-        let cc = opts.congestion.as_bytes();
-        // SAFETY: TCP_CONGESTION takes the name's bytes.
-        let rc = unsafe {
-            libc::setsockopt(
-                fd,
-                libc::IPPROTO_TCP,
-                libc::TCP_CONGESTION,
-                cc.as_ptr().cast(),
-                cc.len() as u32,
-            )
-        };
-        if rc != 0 {
-            return Err(Error::io(
-                format!("TCP_CONGESTION {}", opts.congestion),
-                std::io::Error::last_os_error(),
-            ));
-        }
-        // MPTCP sockets take no IP_MTU_DISCOVER (the subflows do PMTU discovery themselves).
-        if opts.dont_fragment && !opts.mptcp {
-            setsockopt(
-                fd,
-                libc::IPPROTO_IP,
-                libc::IP_MTU_DISCOVER,
-                &libc::IP_PMTUDISC_DO,
-            )
-            .map_err(|e| Error::io("IP_MTU_DISCOVER", e))?;
-        }
-        conn.set_write_timeout(Some(opts.stall_timeout))
-            .map_err(|e| Error::io("timeout", e))?;
-        conn.set_read_timeout(Some(opts.stall_timeout))
-            .map_err(|e| Error::io("timeout", e))?;
-        let mut hasher = Sha256::new();
-        let mut buf = vec![0u8; 256 * 1024];
-        let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ bytes;
-        let mut left = bytes;
-        while left > 0 {
-            let n = left.min(buf.len() as u64) as usize;
-            fill(&mut buf[..n], &mut state);
-            hasher.update(&buf[..n]);
-            conn.write_all(&buf[..n]).map_err(|e| {
-                Error::io(
-                    format!("sending ({} of {bytes} bytes sent)", bytes - left),
-                    e,
-                )
-            })?;
-            left -= n as u64;
-        }
-        conn.shutdown(std::net::Shutdown::Write)
-            .map_err(|e| Error::io("shutdown", e))?;
-        let mut echoed = [0u8; 32];
-        conn.read_exact(&mut echoed)
-            .map_err(|e| Error::io("waiting for the receiver's hash (stalled?)", e))?;
-        let seconds = start.elapsed().as_secs_f64();
-        Ok((
-            hasher.finalize().into(),
-            echoed,
-            seconds,
-            tcp_stats(conn.as_raw_fd()),
-        ))
-    })??;
+    let sent = src.run(move || send(listen, bytes, &opts))??;
     let received = server
         .join()
         .map_err(|_| Error::Failed("the server thread panicked".into()))???;
-    let (sent_sha256, echoed, seconds, tcp) = sent;
-    if echoed != received {
+    if sent.echoed_sha256 != received {
         return Err(Error::Failed(
             "the receiver's reply does not match its own hash".into(),
         ));
     }
     Ok(Transfer {
         bytes,
-        seconds,
-        sent_sha256,
+        seconds: sent.seconds,
+        sent_sha256: sent.sent_sha256,
         received_sha256: received,
-        tcp,
+        tcp: sent.tcp,
     })
 }

@@ -45,12 +45,15 @@ pub fn build_release() -> Result<()> {
         "sopa-agent",
         "-p",
         "sopa-controller",
+        "-p",
+        "sopa-testbed",
         "--bins",
     ])?;
     let dir = setup::workspace_root().join("target/release");
     // SAFETY: single-threaded here; the testbed reads these to find the binaries.
     unsafe {
         std::env::set_var("SOPA_AGENT_BIN", dir.join("sopa-agent"));
+        std::env::set_var("SOPA_TRAFFIC_BIN", dir.join("sopa-traffic"));
         std::env::set_var("SOPA_CONTROLLER_BIN", dir.join("sopa-controller"));
         std::env::set_var("SOPACTL_BIN", dir.join("sopactl"));
     }

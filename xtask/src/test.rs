@@ -18,11 +18,16 @@ pub fn run(extra: &[String]) -> Result<()> {
         "sopa-agent",
         "-p",
         "sopa-controller",
+        "-p",
+        "sopa-testbed",
         "--bins",
     ])?;
-    let agent = setup::workspace_root().join("target/debug/sopa-agent");
-    // SAFETY: single-threaded at this point; the variable is read by the test processes.
-    unsafe { std::env::set_var("SOPA_AGENT_BIN", &agent) };
+    let dir = setup::workspace_root().join("target/debug");
+    // SAFETY: single-threaded at this point; the variables are read by the test processes.
+    unsafe {
+        std::env::set_var("SOPA_AGENT_BIN", dir.join("sopa-agent"));
+        std::env::set_var("SOPA_TRAFFIC_BIN", dir.join("sopa-traffic"));
+    }
     let mut args = vec!["test", "--workspace", "--exclude", "sopa-ebpf"];
     if !extra.is_empty() {
         args.push("--");
