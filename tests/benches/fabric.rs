@@ -69,7 +69,28 @@ fn args() -> Args {
     a
 }
 
+/// `--replot FILE`: draws the figures of a JSON this benchmark wrote, without running anything.
+fn replot(path: &str) {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let v: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let report = Report {
+        alone_fraction: v["fidelity"]["alone_fraction"].as_f64().unwrap_or(0.0),
+        rate_mbit: v["rate_mbit"].as_f64().expect("rate_mbit"),
+        results: serde_json::from_value(v["modes"].clone()).expect("modes"),
+    };
+    let name = format!("fabric-{}", v["experiment"].as_str().expect("experiment"));
+    let dir = std::path::Path::new(path).parent().expect("a folder");
+    for f in sopa_testbed::figures::write(&report, dir, &name).expect("writing the figures") {
+        println!("figure: {}", f.display());
+    }
+}
+
 fn main() {
+    if let Some(i) = std::env::args().position(|a| a == "--replot") {
+        let path = std::env::args().nth(i + 1).expect("--replot FILE");
+        return replot(&path);
+    }
     let a = args();
     let spec = parse_topo(&a.topo).unwrap_or_else(|e| panic!("{e}"));
     let opts = FabricOptions {

@@ -25,7 +25,7 @@ pub struct Plan {
 }
 
 /// Everything one run measured.
-#[derive(Serialize)]
+#[derive(Serialize, serde::Deserialize)]
 pub struct Report {
     pub alone_fraction: f64,
     pub rate_mbit: f64,
@@ -613,7 +613,7 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[(((sorted.len() - 1) as f64) * p).round() as usize]
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, serde::Deserialize)]
 pub struct ModeResult {
     pub mode: String,
     pub flows: usize,
@@ -631,9 +631,16 @@ pub struct ModeResult {
     pub queue_drops: u64,
     /// Bytes each measured core link carried upward during the mode (packets per path).
     pub core_links: Vec<(String, u64)>,
+    /// Infinite when a link carried nothing (JSON writes it as null).
+    #[serde(deserialize_with = "null_is_infinite")]
     pub core_links_max_over_min: f64,
     pub idle_cpu_pct: f64,
     pub per_flow: Vec<(String, String, f64, f64, u32)>,
+}
+
+fn null_is_infinite<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
+    use serde::Deserialize as _;
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::INFINITY))
 }
 
 /// A mode of a run: a datapath mode (`sopa`, `rps`, `single` for every flow on its first path,

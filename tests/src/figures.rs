@@ -88,14 +88,20 @@ fn bars(
         .margin(12)
         .x_label_area_size(60)
         .y_label_area_size(60)
-        .build_cartesian_2d(0.0..n as f64, 0.0..y_max)
+        // Group k is centred on x = k, so the integer ticks name the groups.
+        .build_cartesian_2d(-0.5..n as f64 - 0.5, 0.0..y_max)
         .map_err(|e| fail(&e))?;
     let names = labels.to_vec();
     chart
         .configure_mesh()
         .disable_x_mesh()
-        .x_labels(n)
-        .x_label_formatter(&|x| names.get(x.floor() as usize).cloned().unwrap_or_default())
+        .x_labels(n + 1)
+        .x_label_formatter(&|x| {
+            if (x - x.round()).abs() > 1e-6 || *x < 0.0 {
+                return String::new();
+            }
+            names.get(x.round() as usize).cloned().unwrap_or_default()
+        })
         .x_desc("core link")
         .y_desc(y_label)
         .draw()
@@ -105,7 +111,7 @@ fn bars(
         let color = COLORS[i % COLORS.len()];
         chart
             .draw_series(values.iter().enumerate().map(|(k, v)| {
-                let x0 = k as f64 + 0.1 + i as f64 * width;
+                let x0 = k as f64 - 0.4 + i as f64 * width;
                 Rectangle::new([(x0, 0.0), (x0 + width, *v)], color.filled())
             }))
             .map_err(|e| fail(&e))?
