@@ -97,14 +97,7 @@ impl Drop for Fixture {
     }
 }
 
-const TABLE: &str = r#"
-[[destination]]
-prefix = "10.2.0.0/24"
-paths = [[0], [1], [2]]
-[[destination]]
-prefix = "10.3.0.0/16"
-paths = [[0, 0], [0, 1], [1, 0], [1, 1]]
-"#;
+use common::TABLE;
 
 const SRC: [u8; 4] = [10, 1, 0, 2];
 const DST: [u8; 4] = [10, 2, 0, 2];

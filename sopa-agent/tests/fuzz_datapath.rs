@@ -19,14 +19,7 @@ use sopa_common::maps::{Config, mode, stamp_reason, strip_reason};
 const TC_ACT_OK: u32 = 0;
 const XDP_PASS: u32 = 2;
 
-const TABLE: &str = r#"
-[[destination]]
-prefix = "10.2.0.0/24"
-paths = [[0], [1], [2]]
-[[destination]]
-prefix = "10.3.0.0/16"
-paths = [[0, 0], [0, 1], [1, 0], [1, 1]]
-"#;
+use common::TABLE;
 
 fn packets() -> usize {
     std::env::var("SOPA_FUZZ_PACKETS")

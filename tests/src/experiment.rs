@@ -173,15 +173,21 @@ pub fn rng(seed: u64) -> impl FnMut() -> u64 {
     }
 }
 
-/// (source, destination) host names of one round of the experiment.
-pub fn flows(f: &Fabric, experiment: &str, seed: u64) -> Vec<(String, String)> {
-    let g = f.topo.graph();
-    let hosts: Vec<String> = g
+/// Every host of the fabric, by name, in node order.
+fn host_names(f: &Fabric) -> Vec<String> {
+    f.topo
+        .graph()
         .nodes
         .iter()
         .filter(|n| n.kind == NodeKind::Host)
         .map(|n| n.name.clone())
-        .collect();
+        .collect()
+}
+
+/// (source, destination) host names of one round of the experiment.
+pub fn flows(f: &Fabric, experiment: &str, seed: u64) -> Vec<(String, String)> {
+    let g = f.topo.graph();
+    let hosts = host_names(f);
     match experiment {
         "sec4.2" => {
             assert!(
@@ -216,9 +222,10 @@ pub fn flows(f: &Fabric, experiment: &str, seed: u64) -> Vec<(String, String)> {
             // container with the one diagonally across (every flow crosses a row and a column);
             // all-to-all sends host i of a container to host i of another container, the
             // containers taken in turn, so every container talks to every other.
-            let crate::fabric::TopoKind::Modric { containers } = topo_kind(f) else {
+            let sopa_topology::topology::TopologySpec::Modric(p) = f.topo.spec() else {
                 panic!("{experiment} is defined on MODRIC");
             };
+            let containers = p.m * p.n;
             let at = |h: &str| {
                 let r = f.topo.rack_of(g.find(h).unwrap()).unwrap();
                 r.at.0
@@ -246,18 +253,6 @@ pub fn flows(f: &Fabric, experiment: &str, seed: u64) -> Vec<(String, String)> {
     }
 }
 
-/// What kind of fabric `f` is, for the experiments defined on one.
-fn topo_kind(f: &Fabric) -> crate::fabric::TopoKind {
-    match f.topo.spec() {
-        sopa_topology::topology::TopologySpec::FatTree { k } => {
-            crate::fabric::TopoKind::FatTree { k }
-        }
-        sopa_topology::topology::TopologySpec::Modric(p) => crate::fabric::TopoKind::Modric {
-            containers: p.m * p.n,
-        },
-    }
-}
-
 /// The switch the failure experiment takes down: the leftmost aggregation switch of pod 0.
 pub const FAILED_SWITCH: &str = "a0";
 
@@ -279,13 +274,7 @@ pub fn vl2_size(next: &mut impl FnMut() -> u64) -> u64 {
 /// The production workload: every host sends `per_host` flows one after the other, each to a
 /// random other host, sizes from [`vl2_size`].
 pub fn production(f: &Fabric, seed: u64, per_host: u32) -> Vec<(String, Vec<(String, u64)>)> {
-    let g = f.topo.graph();
-    let hosts: Vec<String> = g
-        .nodes
-        .iter()
-        .filter(|n| n.kind == NodeKind::Host)
-        .map(|n| n.name.clone())
-        .collect();
+    let hosts = host_names(f);
     let mut next = rng(seed ^ 0x5052_4f44);
     hosts
         .iter()

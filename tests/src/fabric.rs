@@ -54,13 +54,6 @@ pub fn parse_topo(s: &str) -> std::result::Result<TopologySpec, String> {
     }
 }
 
-/// The fabric's family and size, as experiments need it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TopoKind {
-    FatTree { k: u32 },
-    Modric { containers: u32 },
-}
-
 #[derive(Clone, Debug)]
 pub struct FabricOptions {
     /// Link rate in Mbit/s; `None` leaves links unshaped.

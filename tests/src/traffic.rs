@@ -201,23 +201,18 @@ fn sockaddr_in(ip: Ipv4Addr, port: u16) -> libc::sockaddr_in {
 
 /// A connection to `to`, TCP or MPTCP, from local port `port` when given.
 fn connect(port: Option<u16>, to: SocketAddr, mptcp: bool) -> std::io::Result<TcpStream> {
-    if !mptcp {
-        return match port {
-            None => TcpStream::connect_timeout(&to, Duration::from_secs(5)),
-            Some(p) => connect_from(p, to),
-        };
-    }
     use std::os::fd::FromRawFd as _;
+    if !mptcp && port.is_none() {
+        return TcpStream::connect_timeout(&to, Duration::from_secs(5));
+    }
     let SocketAddr::V4(to) = to else {
         return Err(std::io::Error::other("IPv4 only"));
     };
-    // SAFETY: a fresh socket owned by the stream built from it; valid sockaddr_in values.
+    let proto = if mptcp { IPPROTO_MPTCP } else { 0 };
+    // SAFETY: a fresh socket owned by the stream built from it (closed on every error path by
+    // that stream's drop); valid sockaddr_in values of SOCKADDR_LEN bytes.
     unsafe {
-        let fd = libc::socket(
-            libc::AF_INET,
-            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
-            IPPROTO_MPTCP,
-        );
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, proto);
         if fd < 0 {
             return Err(std::io::Error::last_os_error());
         }
@@ -241,42 +236,6 @@ fn connect(port: Option<u16>, to: SocketAddr, mptcp: bool) -> std::io::Result<Tc
             SOCKADDR_LEN,
         ) != 0
         {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(stream)
-    }
-}
-
-/// A TCP connection to `to` from local port `port` (any local address).
-fn connect_from(port: u16, to: SocketAddr) -> std::io::Result<TcpStream> {
-    use std::os::fd::FromRawFd as _;
-    let SocketAddr::V4(to) = to else {
-        return Err(std::io::Error::other("IPv4 only"));
-    };
-    let sockaddr = |ip: Ipv4Addr, port: u16| libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: port.to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from_ne_bytes(ip.octets()),
-        },
-        sin_zero: [0; 8],
-    };
-    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    // SAFETY: a fresh socket owned by the TcpStream built from it (closed on every error path
-    // by that stream's drop); the addresses are valid sockaddr_in values of the given length.
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let stream = TcpStream::from_raw_fd(fd);
-        setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, &1i32)?;
-        let local = sockaddr(Ipv4Addr::UNSPECIFIED, port);
-        if libc::bind(fd, (&local as *const libc::sockaddr_in).cast(), len) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let remote = sockaddr(*to.ip(), to.port());
-        if libc::connect(fd, (&remote as *const libc::sockaddr_in).cast(), len) != 0 {
             return Err(std::io::Error::last_os_error());
         }
         Ok(stream)

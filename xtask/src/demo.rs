@@ -9,7 +9,7 @@ use sopa_testbed::{
     traffic::{SendOptions, tcp_transfer},
 };
 
-use crate::setup::{self, cargo};
+use crate::setup;
 
 #[derive(clap::Args)]
 pub struct DemoArgs {
@@ -36,28 +36,10 @@ pub struct DemoArgs {
     granularity: String,
 }
 
-/// Builds the agent, the controller and sopactl in release and points the testbed at them.
+/// Builds the agent, the controller, sopactl and sopa-traffic in release and points the
+/// testbed at them.
 pub fn build_release() -> Result<()> {
-    cargo(&[
-        "build",
-        "--release",
-        "-p",
-        "sopa-agent",
-        "-p",
-        "sopa-controller",
-        "-p",
-        "sopa-testbed",
-        "--bins",
-    ])?;
-    let dir = setup::workspace_root().join("target/release");
-    // SAFETY: single-threaded here; the testbed reads these to find the binaries.
-    unsafe {
-        std::env::set_var("SOPA_AGENT_BIN", dir.join("sopa-agent"));
-        std::env::set_var("SOPA_TRAFFIC_BIN", dir.join("sopa-traffic"));
-        std::env::set_var("SOPA_CONTROLLER_BIN", dir.join("sopa-controller"));
-        std::env::set_var("SOPACTL_BIN", dir.join("sopactl"));
-    }
-    Ok(())
+    setup::build_bins(true)
 }
 
 fn step(msg: &str) {

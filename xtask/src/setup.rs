@@ -66,6 +66,36 @@ fn status(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// Builds every binary the testbed starts (the agent, the controller, sopactl, sopa-traffic)
+/// in the release or the debug profile, and points the testbed at them (`SOPA_*_BIN`).
+pub fn build_bins(release: bool) -> Result<()> {
+    let mut args = vec!["build"];
+    if release {
+        args.push("--release");
+    }
+    args.extend([
+        "-p",
+        "sopa-agent",
+        "-p",
+        "sopa-controller",
+        "-p",
+        "sopa-testbed",
+        "--bins",
+    ]);
+    cargo(&args)?;
+    let dir = workspace_root()
+        .join("target")
+        .join(if release { "release" } else { "debug" });
+    // SAFETY: single-threaded here; the testbed and the test processes read these.
+    unsafe {
+        std::env::set_var("SOPA_AGENT_BIN", dir.join("sopa-agent"));
+        std::env::set_var("SOPA_TRAFFIC_BIN", dir.join("sopa-traffic"));
+        std::env::set_var("SOPA_CONTROLLER_BIN", dir.join("sopa-controller"));
+        std::env::set_var("SOPACTL_BIN", dir.join("sopactl"));
+    }
+    Ok(())
+}
+
 /// Runs cargo with `args` in the workspace root.
 pub fn cargo(args: &[&str]) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());

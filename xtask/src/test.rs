@@ -11,23 +11,8 @@ pub fn run(extra: &[String]) -> Result<()> {
             "the datapath and namespace tests load eBPF programs and create namespaces: run as root"
         );
     }
-    // The namespace suites start the agent binary; build it first, in the test profile's folder.
-    cargo(&[
-        "build",
-        "-p",
-        "sopa-agent",
-        "-p",
-        "sopa-controller",
-        "-p",
-        "sopa-testbed",
-        "--bins",
-    ])?;
-    let dir = setup::workspace_root().join("target/debug");
-    // SAFETY: single-threaded at this point; the variables are read by the test processes.
-    unsafe {
-        std::env::set_var("SOPA_AGENT_BIN", dir.join("sopa-agent"));
-        std::env::set_var("SOPA_TRAFFIC_BIN", dir.join("sopa-traffic"));
-    }
+    // The namespace suites start the binaries; build them first, in the test profile's folder.
+    setup::build_bins(false)?;
     let mut args = vec!["test", "--workspace", "--exclude", "sopa-ebpf"];
     if !extra.is_empty() {
         args.push("--");

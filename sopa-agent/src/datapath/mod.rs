@@ -102,6 +102,17 @@ fn link_err<E: std::fmt::Display>(pin: &Path) -> impl Fn(E) -> Error + '_ {
     }
 }
 
+/// The link a previous agent pinned at `pin`, with the id of the program it runs; `None` when
+/// nothing is pinned there.
+fn adopt_link(pin: &Path) -> Result<Option<(FdLink, u32)>> {
+    if !pin.exists() {
+        return Ok(None);
+    }
+    let fd = FdLink::from(PinnedLink::from_pin(pin).map_err(link_err(pin))?);
+    let replaced = fd.info().map_err(link_err(pin))?.program_id();
+    Ok(Some((fd, replaced)))
+}
+
 /// The program ids behind the host links pinned in `pin_dir` (stamp, strip), for status.
 pub fn pinned_program_ids(pin_dir: &Path) -> (Option<u32>, Option<u32>) {
     let id = |name: &str| {
@@ -267,10 +278,7 @@ impl Datapath {
             .try_into()
             .map_err(Error::program(name))?;
         let prog_id = program.info().map_err(Error::program(name))?.id();
-        let (link, replaced) = if pin.exists() {
-            let old = PinnedLink::from_pin(&pin).map_err(link_err(&pin))?;
-            let fd = FdLink::from(old);
-            let replaced = fd.info().map_err(link_err(&pin))?.program_id();
+        let (link, replaced) = if let Some((fd, replaced)) = adopt_link(&pin)? {
             let link = SchedClassifierLink::try_from(fd).map_err(link_err(&pin))?;
             let id = program.attach_to_link(link).map_err(Error::program(name))?;
             (
@@ -298,10 +306,7 @@ impl Datapath {
             .try_into()
             .map_err(Error::program(name))?;
         let prog_id = program.info().map_err(Error::program(name))?.id();
-        let (link, replaced) = if pin.exists() {
-            let old = PinnedLink::from_pin(&pin).map_err(link_err(&pin))?;
-            let fd = FdLink::from(old);
-            let replaced = fd.info().map_err(link_err(&pin))?.program_id();
+        let (link, replaced) = if let Some((fd, replaced)) = adopt_link(&pin)? {
             let link = XdpLink::try_from(fd).map_err(link_err(&pin))?;
             let id = program.attach_to_link(link).map_err(Error::program(name))?;
             (

@@ -3,6 +3,16 @@
 
 use sopa_common::wire::ipv4_header_checksum;
 
+/// The fixtures' path table: a single-decision prefix with 3 paths, a two-decision one with 4.
+pub const TABLE: &str = r#"
+[[destination]]
+prefix = "10.2.0.0/24"
+paths = [[0], [1], [2]]
+[[destination]]
+prefix = "10.3.0.0/16"
+paths = [[0, 0], [0, 1], [1, 0], [1, 1]]
+"#;
+
 /// Recomputes the IPv4 header checksum of an Ethernet frame in place.
 pub fn fix_ipv4_checksum(frame: &mut [u8]) {
     let ihl = usize::from(frame[14] & 0x0f).max(5) * 4;
