@@ -116,7 +116,13 @@ fn main() {
         "{:<14} {:>6} {:>8} {:>10} {:>10} {:>10} {:>12} {:>12}",
         "fabric", "agents", "rounds", "p50 ms", "p99 ms", "max ms", "ctl RSS MiB", "ctl peak MiB"
     );
-    for k in [4u32, 12, 24] {
+    // `--smoke`: the smallest fabric only, to check the benchmark runs.
+    let sizes: &[u32] = if std::env::args().any(|a| a == "--smoke") {
+        &[4]
+    } else {
+        &[4, 12, 24]
+    };
+    for &k in sizes {
         runtime.block_on(run(&bin, k, rounds));
     }
     println!(

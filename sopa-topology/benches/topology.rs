@@ -51,14 +51,23 @@ fn measure<T>(f: impl FnOnce() -> T) -> (T, f64, usize) {
 }
 
 fn main() {
-    let specs = [
-        TopologySpec::FatTree { k: 16 },
-        TopologySpec::FatTree { k: 32 },
-        TopologySpec::FatTree { k: 48 },
-        TopologySpec::FatTree { k: 64 },
-        TopologySpec::Modric(ModricParams::new(10, 10, 2, 18, 40)),
-        TopologySpec::Modric(ModricParams::new(25, 25, 6, 48, 40)),
-    ];
+    // `--smoke`: the smallest fabrics only, to check the benchmark runs.
+    let smoke = std::env::args().any(|a| a == "--smoke");
+    let specs = if smoke {
+        vec![
+            TopologySpec::FatTree { k: 4 },
+            TopologySpec::Modric(ModricParams::new(2, 2, 1, 2, 2)),
+        ]
+    } else {
+        vec![
+            TopologySpec::FatTree { k: 16 },
+            TopologySpec::FatTree { k: 32 },
+            TopologySpec::FatTree { k: 48 },
+            TopologySpec::FatTree { k: 64 },
+            TopologySpec::Modric(ModricParams::new(10, 10, 2, 18, 40)),
+            TopologySpec::Modric(ModricParams::new(25, 25, 6, 48, 40)),
+        ]
+    };
     println!(
         "{:<34} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9} {:>10} {:>10} {:>9} {:>8}",
         "topology",

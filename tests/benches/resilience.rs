@@ -27,16 +27,22 @@ use sopa_testbed::{
 
 struct Args {
     rounds: u32,
+    /// Toy size (20 MiB, 5,000 short flows), to check the benchmark runs.
+    smoke: bool,
 }
 
 fn args() -> Args {
-    let mut a = Args { rounds: 5 };
+    let mut a = Args {
+        rounds: 5,
+        smoke: false,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         match flag.as_str() {
             "--rounds" => a.rounds = it.next().and_then(|v| v.parse().ok()).expect("--rounds N"),
+            "--smoke" => a.smoke = true,
             "--bench" => {}
-            other => panic!("unknown argument {other:?} (--rounds N)"),
+            other => panic!("unknown argument {other:?} (--rounds N, --smoke)"),
         }
     }
     a
@@ -108,6 +114,11 @@ fn main() {
     let takeover = restarts(Restart::Takeover, a.rounds);
     let plain = restarts(Restart::Plain, a.rounds);
 
+    let (transfer_bytes, short_flow_count) = if a.smoke {
+        (20u64 << 20, 5_000)
+    } else {
+        (200 << 20, 100_000)
+    };
     // SIGKILL during 200 MiB.
     let arb = Arb::new("rkill").expect("A - R - B");
     let cleanup = DetachOnDrop {
@@ -122,7 +133,7 @@ fn main() {
                 stall_timeout: Duration::from_secs(20),
                 ..SendOptions::default()
             };
-            tcp_transfer(&arb.a, &arb.b, arb.b_addr, 5601, 200 << 20, &opts)
+            tcp_transfer(&arb.a, &arb.b, arb.b_addr, 5601, transfer_bytes, &opts)
         });
         std::thread::sleep(Duration::from_millis(800));
         victim.kill();
@@ -153,7 +164,7 @@ fn main() {
     let stripped = |st: &serde_json::Value| st["strip"]["stripped"].as_u64().unwrap();
     let before = stripped(&b2.status().unwrap());
     let start = Instant::now();
-    let sent = short_flows(&arb2, 100_000, 2, 25_000);
+    let sent = short_flows(&arb2, short_flow_count, 2, 25_000);
     let flows_s = start.elapsed().as_secs_f64();
     let mut delivered = 0;
     for _ in 0..50 {
@@ -202,7 +213,8 @@ fn main() {
     );
     println!();
     println!(
-        "SIGKILL during 200 MiB: intact {}, {:.0} Mbit/s, {} retransmitted segments; while no agent ran {stamped_tcp} of {tcp} TCP packets stamped ({:.2}%); next agent adopted ({}) in {adopt_ms:.0} ms",
+        "SIGKILL during {} MiB: intact {}, {:.0} Mbit/s, {} retransmitted segments; while no agent ran {stamped_tcp} of {tcp} TCP packets stamped ({:.2}%); next agent adopted ({}) in {adopt_ms:.0} ms",
+        transfer_bytes >> 20,
         transfer.intact(),
         transfer.mbit_per_s(),
         transfer.tcp.total_retrans,
@@ -210,7 +222,7 @@ fn main() {
         if adopted { "crashed" } else { "NOT ADOPTED" },
     );
     println!(
-        "100,000 two-packet flows in {flows_s:.1} s: {sent} sent, {delivered} delivered ({:.3}%), flow table {}, agent RSS {} -> {} KiB",
+        "{short_flow_count} two-packet flows in {flows_s:.1} s: {sent} sent, {delivered} delivered ({:.3}%), flow table {}, agent RSS {} -> {} KiB",
         pct64(delivered, sent),
         st["flow_table"],
         rss_before,

@@ -9,6 +9,7 @@ pub mod capture;
 pub mod experiment;
 pub mod fabric;
 pub mod figures;
+pub mod leftovers;
 pub mod netns;
 pub mod process;
 pub mod reach;

@@ -5,7 +5,10 @@ use std::{path::Path, process::Command, time::Instant};
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::setup::{self, workspace_root};
+use crate::{
+    setup::{self, workspace_root},
+    test::Outcome,
+};
 
 /// The targets and what they cover.
 pub const TARGETS: [(&str, &str); 3] = [
@@ -21,14 +24,38 @@ pub const TARGETS: [(&str, &str); 3] = [
 ];
 
 pub fn run(seconds: u64) -> Result<()> {
+    let failed: Vec<_> = run_all(seconds)?
+        .into_iter()
+        .filter_map(|o| o.note)
+        .collect();
+    if !failed.is_empty() {
+        bail!("{}", failed.join("\n"));
+    }
+    Ok(())
+}
+
+/// Every target for `seconds`, one after the other even when one fails; a row each for the
+/// summary of `cargo xtask test`.
+pub fn run_all(seconds: u64) -> Result<Vec<Outcome>> {
     setup::cargo_fuzz()?;
     let fuzz = workspace_root().join("fuzz");
     let scratch = std::env::temp_dir().join(format!("sopa-fuzz-{}", std::process::id()));
-    let result = TARGETS
+    let outcomes = TARGETS
         .iter()
-        .try_for_each(|(target, what)| one(&fuzz, &scratch, target, what, seconds));
+        .map(|(target, what)| {
+            let start = Instant::now();
+            let result = one(&fuzz, &scratch, target, what, seconds);
+            Outcome {
+                name: format!("fuzz {target}"),
+                passed: u64::from(result.is_ok()),
+                failed: u64::from(result.is_err()),
+                seconds: start.elapsed().as_secs_f64(),
+                note: result.err().map(|e| format!("{e:#}")),
+            }
+        })
+        .collect();
     let _ = std::fs::remove_dir_all(&scratch);
-    result
+    Ok(outcomes)
 }
 
 fn one(fuzz: &Path, scratch: &Path, target: &str, what: &str, seconds: u64) -> Result<()> {

@@ -8,6 +8,7 @@ mod demo;
 mod fabric_demo;
 mod fuzz;
 mod setup;
+mod smoke;
 mod test;
 mod testbed;
 
@@ -28,16 +29,10 @@ enum Command {
     Setup,
     /// Build the agent (release) with its embedded eBPF object.
     Build,
-    /// Run the whole test suite (unit, BPF_PROG_TEST_RUN fixtures, namespace suites, then the
-    /// fuzz targets for a bounded time). Needs root.
-    Test {
-        /// Seconds per fuzz target (0 skips fuzzing).
-        #[arg(long, env = "SOPA_FUZZ_SECONDS", default_value_t = 20)]
-        fuzz_seconds: u64,
-        /// Extra arguments for `cargo test` (after `--`), e.g. a test name filter.
-        #[arg(last = true)]
-        args: Vec<String>,
-    },
+    /// Run the whole test suite (unit, BPF_PROG_TEST_RUN fixtures, namespace suites, a smoke
+    /// pass of every benchmark, then the fuzz targets for a bounded time), each suite under a
+    /// time limit, with a summary table. Needs root.
+    Test(test::TestArgs),
     /// Run every cargo-fuzz target (fuzz/) for a bounded time.
     Fuzz {
         /// Seconds per target.
@@ -67,14 +62,9 @@ fn main() -> Result<()> {
             setup::run()?;
             setup::cargo(&["build", "--release", "-p", "sopa-agent", "--bins"])
         }
-        Command::Test { fuzz_seconds, args } => {
+        Command::Test(args) => {
             setup::run()?;
-            test::run(&args)?;
-            // A filtered run is someone iterating on a few tests: no fuzzing then.
-            if fuzz_seconds > 0 && args.is_empty() {
-                fuzz::run(fuzz_seconds)?;
-            }
-            Ok(())
+            test::run(&args)
         }
         Command::Fuzz { seconds } => fuzz::run(seconds),
         Command::Demo(args) => {

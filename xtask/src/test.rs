@@ -1,22 +1,464 @@
-//! `cargo xtask test`: the whole suite. The namespace suites and the BPF_PROG_TEST_RUN fixtures
-//! need root; they create only namespaces and pins of their own.
+//! `cargo xtask test`: the whole suite, one test executable at a time, each under a time limit,
+//! every one run even when another fails, then a summary table and a closing line
+//! `N passed, N failed`. The namespace suites and the BPF_PROG_TEST_RUN fixtures need root; they
+//! create only namespaces and pins of their own, and whatever an interrupted earlier run left
+//! (namespaces, pins, run folders of the testbed's names) is removed before the first suite.
 
-use anyhow::{Result, bail};
+use std::{
+    io::{BufRead as _, BufReader},
+    os::unix::process::CommandExt as _,
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
 
-use crate::setup::{self, cargo};
+use anyhow::{Context as _, Result, bail};
+use clap::Args;
 
-pub fn run(extra: &[String]) -> Result<()> {
+use crate::setup::{self, workspace_root};
+
+#[derive(Args)]
+pub struct TestArgs {
+    /// Seconds per fuzz target (0 skips fuzzing).
+    #[arg(long, env = "SOPA_FUZZ_SECONDS", default_value_t = 20)]
+    pub fuzz_seconds: u64,
+    /// Run every suite this many times (one build), stopping at nothing; the summary counts
+    /// the rounds that passed whole.
+    #[arg(long, env = "SOPA_TEST_REPEAT", default_value_t = 1)]
+    pub repeat: u32,
+    /// Seconds one test executable may run before it is killed (with every process it started)
+    /// and counted as failed.
+    #[arg(long, env = "SOPA_SUITE_TIMEOUT", default_value_t = 900)]
+    pub suite_timeout: u64,
+    /// Keep this many cores busy with a spinning thread each while the suites run: the suite
+    /// must pass on a busy machine too.
+    #[arg(long, env = "SOPA_BUSY_CORES", default_value_t = 0)]
+    pub busy_cores: u32,
+    /// Skip the smoke pass of the benchmarks and experiments at toy size.
+    #[arg(long, env = "SOPA_NO_BENCH_SMOKE")]
+    pub no_bench_smoke: bool,
+    /// Extra arguments for every test executable, e.g. a test name filter (`-- fabric_`).
+    #[arg(last = true)]
+    pub args: Vec<String>,
+}
+
+/// One test executable, as cargo built it.
+struct Suite {
+    /// `package/target`, e.g. `sopa-testbed/host_resilience`.
+    name: String,
+    exe: PathBuf,
+    /// The package's folder: cargo runs tests there.
+    dir: PathBuf,
+}
+
+/// What one run of a suite counted.
+pub struct Outcome {
+    pub name: String,
+    pub passed: u64,
+    pub failed: u64,
+    pub seconds: f64,
+    /// Why the run failed beyond its failed tests: a time-out, a crash, an exit code.
+    pub note: Option<String>,
+}
+
+impl Outcome {
+    fn ok(&self) -> bool {
+        self.failed == 0 && self.note.is_none()
+    }
+
+    /// Failed tests, or 1 for a run that failed without a failed test (a time-out, a crash).
+    fn failures(&self) -> u64 {
+        self.failed + u64::from(self.failed == 0 && self.note.is_some())
+    }
+}
+
+pub fn run(args: &TestArgs) -> Result<()> {
     if !setup::is_root() {
         bail!(
             "the datapath and namespace tests load eBPF programs and create namespaces: run as root"
         );
     }
+    if args.repeat == 0 {
+        bail!("--repeat 0 runs nothing: give 1 or more");
+    }
+    report_leftovers(sopa_testbed::leftovers::clean()?);
     // The namespace suites start the binaries; build them first, in the test profile's folder.
     setup::build_bins(false)?;
-    let mut args = vec!["test", "--workspace", "--exclude", "sopa-ebpf"];
-    if !extra.is_empty() {
-        args.push("--");
-        args.extend(extra.iter().map(String::as_str));
+    let suites = build_suites()?;
+    let busy = Busy::start(args.busy_cores);
+    let filtered = !args.args.is_empty();
+    let mut rounds = Vec::new();
+    for round in 1..=args.repeat {
+        if args.repeat > 1 {
+            println!("\n===== round {round} of {} =====", args.repeat);
+        }
+        let mut outcomes: Vec<Outcome> = suites
+            .iter()
+            .map(|s| run_suite(s, &args.args, Duration::from_secs(args.suite_timeout)))
+            .collect::<Result<_>>()?;
+        // A filtered run is someone iterating on a few tests: no smoke pass, no fuzzing then.
+        if !filtered && !args.no_bench_smoke {
+            outcomes.extend(crate::smoke::run(Duration::from_secs(args.suite_timeout))?);
+        }
+        if !filtered && args.fuzz_seconds > 0 && round == 1 {
+            outcomes.extend(crate::fuzz::run_all(args.fuzz_seconds)?);
+        }
+        print_table(&format!("round {round}"), &outcomes);
+        rounds.push(outcomes);
     }
-    cargo(&args)
+    drop(busy);
+    let clean = rounds.iter().filter(|r| r.iter().all(Outcome::ok)).count();
+    let passed: u64 = rounds.iter().flatten().map(|o| o.passed).sum();
+    let failed: u64 = rounds.iter().flatten().map(Outcome::failures).sum();
+    if args.repeat > 1 {
+        println!(
+            "\n{clean} of {} rounds passed whole{}",
+            args.repeat,
+            if args.busy_cores > 0 {
+                format!(" with {} core(s) kept busy", args.busy_cores)
+            } else {
+                String::new()
+            }
+        );
+    }
+    println!("\n{passed} passed, {failed} failed");
+    if failed > 0 {
+        // The closing line above is the verdict; the table names what failed.
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+fn report_leftovers(r: sopa_testbed::leftovers::Removed) {
+    if r.namespaces + r.folders + r.processes > 0 {
+        println!(
+            "removed what an interrupted earlier run left: {} namespaces, {} processes in them, \
+             {} pin, run and temporary folders",
+            r.namespaces, r.processes, r.folders
+        );
+    }
+}
+
+/// Builds every test executable of the workspace (one `cargo test --no-run`) and lists them.
+fn build_suites() -> Result<Vec<Suite>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args([
+            "test",
+            "--workspace",
+            "--exclude",
+            "sopa-ebpf",
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ])
+        .current_dir(workspace_root())
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo test --no-run")?;
+    if !out.status.success() {
+        bail!("building the test executables failed (cargo's messages above)");
+    }
+    let mut suites = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if msg["reason"] != "compiler-artifact" || msg["profile"]["test"] != true {
+            continue;
+        }
+        let Some(exe) = msg["executable"].as_str() else {
+            continue;
+        };
+        let package = msg["package_id"]
+            .as_str()
+            .and_then(package_name)
+            .unwrap_or("?");
+        let target = msg["target"]["name"].as_str().unwrap_or("?");
+        let kind = msg["target"]["kind"][0].as_str().unwrap_or("");
+        let dir = PathBuf::from(msg["manifest_path"].as_str().unwrap_or("."))
+            .parent()
+            .map(PathBuf::from)
+            .unwrap_or_else(workspace_root);
+        let name = match kind {
+            "lib" => format!("{package} (unit)"),
+            "bin" => format!("{package} bin {target}"),
+            _ => format!("{package}/{target}"),
+        };
+        suites.push(Suite {
+            name,
+            exe: PathBuf::from(exe),
+            dir,
+        });
+    }
+    if suites.is_empty() {
+        bail!("cargo built no test executable");
+    }
+    suites.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(suites)
+}
+
+/// `path+file:///…/tests#sopa-testbed@0.1.0` or `registry…#name@1.0` -> the package name.
+fn package_name(id: &str) -> Option<&str> {
+    let (path, tail) = id.rsplit_once('#')?;
+    match tail.split_once('@') {
+        Some((name, _)) => Some(name),
+        // The name is left out where it is the folder's.
+        None => path.rsplit('/').next(),
+    }
+}
+
+/// Runs one test executable as `cargo test` would (in its package's folder), killing it and
+/// everything it started at `timeout`, and counts its results from libtest's summary lines.
+fn run_suite(suite: &Suite, extra: &[String], timeout: Duration) -> Result<Outcome> {
+    println!("\n----- {} -----", suite.name);
+    let mut cmd = Command::new(&suite.exe);
+    cmd.args(extra)
+        .current_dir(&suite.dir)
+        .env("CARGO_MANIFEST_DIR", &suite.dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        // Its own process group, so a time-out ends the agents and tools it started too.
+        .process_group(0);
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("starting {}", suite.exe.display()))?;
+    let result = watch(child, timeout, |line| println!("{line}"))?;
+    let mut passed = 0;
+    let mut failed = 0;
+    for line in &result.lines {
+        if let Some((p, f)) = libtest_counts(line) {
+            passed += p;
+            failed += f;
+        }
+    }
+    let note = if result.timed_out {
+        Some(format!(
+            "killed after {} s (--suite-timeout)",
+            timeout.as_secs()
+        ))
+    } else if !result.success && failed == 0 {
+        Some(format!("exited with {}", result.status))
+    } else {
+        None
+    };
+    if result.timed_out {
+        // What the killed suite left (namespaces, pins, agents in them) must not disturb the
+        // next one.
+        report_leftovers(sopa_testbed::leftovers::clean()?);
+    }
+    Ok(Outcome {
+        name: suite.name.clone(),
+        passed,
+        failed,
+        seconds: result.seconds,
+        note,
+    })
+}
+
+pub struct Watched {
+    pub lines: Vec<String>,
+    pub success: bool,
+    pub status: String,
+    pub timed_out: bool,
+    pub seconds: f64,
+}
+
+/// Echoes and collects a child's stdout until it exits or `timeout` passes; then its whole
+/// process group is killed (SIGTERM, SIGKILL 5 s later).
+pub fn watch(mut child: Child, timeout: Duration, echo: impl Fn(&str)) -> Result<Watched> {
+    let start = Instant::now();
+    let stdout = child.stdout.take().context("the child's stdout is piped")?;
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut lines = Vec::new();
+    let mut timed_out = false;
+    let deadline = start + timeout;
+    loop {
+        match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(line) => {
+                echo(&line);
+                lines.push(line);
+                continue;
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        if child.try_wait()?.is_some() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            timed_out = true;
+            let group = format!("-{}", child.id());
+            for (signal, grace) in [("-TERM", 5), ("-KILL", 5)] {
+                let _ = Command::new("kill").args([signal, "--", &group]).status();
+                let until = Instant::now() + Duration::from_secs(grace);
+                while Instant::now() < until && child.try_wait()?.is_none() {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+            break;
+        }
+    }
+    let status = child.wait()?;
+    // A grandchild that kept the pipe open must not hold us: the group was killed on time-out;
+    // otherwise drain what is left.
+    if !timed_out {
+        for line in rx.iter() {
+            echo(&line);
+            lines.push(line);
+        }
+        let _ = reader.join();
+    }
+    Ok(Watched {
+        lines,
+        success: status.success() && !timed_out,
+        status: status.to_string(),
+        timed_out,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// libtest's `test result: ok. 3 passed; 1 failed; 0 ignored; …` -> (3, 1).
+fn libtest_counts(line: &str) -> Option<(u64, u64)> {
+    let rest = line.strip_prefix("test result: ")?;
+    let count = |word: &str| {
+        rest.split(';').find_map(|part| {
+            let mut it = part.split_whitespace().rev();
+            (it.next()? == word)
+                .then(|| it.next()?.parse::<u64>().ok())
+                .flatten()
+        })
+    };
+    Some((count("passed")?, count("failed")?))
+}
+
+fn print_table(title: &str, outcomes: &[Outcome]) {
+    let width = outcomes
+        .iter()
+        .map(|o| o.name.len())
+        .max()
+        .unwrap_or(5)
+        .max(5);
+    println!("\n{title}");
+    println!(
+        "{:<width$}  {:>6}  {:>6}  {:>8}",
+        "suite", "passed", "failed", "seconds"
+    );
+    for o in outcomes {
+        println!(
+            "{:<width$}  {:>6}  {:>6}  {:>8.1}{}",
+            o.name,
+            o.passed,
+            o.failures(),
+            o.seconds,
+            o.note
+                .as_deref()
+                .map(|n| format!("  {n}"))
+                .unwrap_or_default()
+        );
+    }
+    let passed: u64 = outcomes.iter().map(|o| o.passed).sum();
+    let failed: u64 = outcomes.iter().map(Outcome::failures).sum();
+    let seconds: f64 = outcomes.iter().map(|o| o.seconds).sum();
+    println!(
+        "{:<width$}  {passed:>6}  {failed:>6}  {seconds:>8.1}",
+        "total"
+    );
+}
+
+/// Spinning threads that keep cores busy until dropped.
+struct Busy {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Busy {
+    fn start(cores: u32) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..cores)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut x = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        x = std::hint::black_box(
+                            x.wrapping_mul(6364136223846793005).wrapping_add(1),
+                        );
+                    }
+                })
+            })
+            .collect();
+        if cores > 0 {
+            println!("keeping {cores} core(s) busy while the suites run");
+        }
+        Self { stop, threads }
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_libtest_summaries() {
+        assert_eq!(
+            libtest_counts(
+                "test result: ok. 12 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s"
+            ),
+            Some((12, 0))
+        );
+        assert_eq!(
+            libtest_counts("test result: FAILED. 3 passed; 2 failed; 0 ignored"),
+            Some((3, 2))
+        );
+        assert_eq!(libtest_counts("test foo ... ok"), None);
+    }
+
+    #[test]
+    fn names_packages_from_ids() {
+        assert_eq!(
+            package_name("path+file:///x/tests#sopa-testbed@0.1.0"),
+            Some("sopa-testbed")
+        );
+        assert_eq!(
+            package_name("path+file:///x/sopa-agent#0.1.0"),
+            Some("sopa-agent")
+        );
+    }
+
+    #[test]
+    fn a_suite_past_its_time_is_killed_with_its_children() {
+        let child = Command::new("sh")
+            .args(["-c", "echo started; sleep 30 & sleep 30; echo never"])
+            .stdout(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let w = watch(child, Duration::from_millis(500), |_| {}).unwrap();
+        assert!(w.timed_out);
+        assert!(!w.success);
+        assert_eq!(w.lines, ["started"]);
+        assert!(w.seconds < 10.0, "killed in {} s", w.seconds);
+    }
 }

@@ -52,7 +52,7 @@ pub enum TestbedCommand {
 }
 
 fn state_file() -> PathBuf {
-    PathBuf::from("/run/sopa-testbed/state.json")
+    PathBuf::from(sopa_testbed::leftovers::TESTBED_STATE)
 }
 
 fn load() -> Result<Detached> {
@@ -197,33 +197,10 @@ fn clean() -> Result<()> {
         d.teardown();
         let _ = std::fs::remove_file(state_file());
     }
-    // Testbed names: st<pid><tag><n>-...
-    let is_ours = |name: &str| {
-        name.strip_prefix("st")
-            .is_some_and(|rest| rest.chars().next().is_some_and(|c| c.is_ascii_digit()))
-    };
-    let listing = std::process::Command::new("ip")
-        .args(["netns", "list"])
-        .output()?;
-    let mut removed = 0;
-    for line in String::from_utf8_lossy(&listing.stdout).lines() {
-        let name = line.split_whitespace().next().unwrap_or_default();
-        if is_ours(name) {
-            let _ = std::process::Command::new("ip")
-                .args(["netns", "del", name])
-                .status();
-            removed += 1;
-        }
-    }
-    for dir in ["/sys/fs/bpf/sopa", "/run/sopa"] {
-        if let Ok(entries) = std::fs::read_dir(dir) {
-            for e in entries.flatten() {
-                if is_ours(&e.file_name().to_string_lossy()) {
-                    let _ = std::fs::remove_dir_all(e.path());
-                }
-            }
-        }
-    }
-    println!("removed {removed} testbed namespaces and their pins and state");
+    let r = sopa_testbed::leftovers::clean_except(None)?;
+    println!(
+        "removed {} testbed namespaces ({} processes in them) and {} pin, run and temporary folders",
+        r.namespaces, r.processes, r.folders
+    );
     Ok(())
 }

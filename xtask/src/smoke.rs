@@ -1,0 +1,161 @@
+//! The smoke pass of `cargo xtask test`: every benchmark and experiment run end to end at toy
+//! size (one round, 1 MB flows), so a benchmark that nothing else runs cannot rot unnoticed.
+//! A smoke row checks that the run completes and writes what it writes, not its figures: a
+//! toy-size run says nothing about speed.
+
+use std::{
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result};
+
+use crate::{
+    setup::workspace_root,
+    test::{Outcome, watch},
+};
+
+/// The fabric modes the smoke pass runs, every baseline and every ablation.
+const FABRIC_MODES: &str = "sopa,rps,ecmp,hedera,single,mptcp,sopa+r3,sopa+norack,sopa+burst";
+/// Every experiment of `bench fabric`, with the topology it runs on.
+const EXPERIMENTS: [(&str, &str); 6] = [
+    ("sec4.2", "fat-tree:4"),
+    ("permutation", "fat-tree:4"),
+    ("production", "fat-tree:4"),
+    ("failure", "fat-tree:4"),
+    ("modric-1to1", "modric:2x2"),
+    ("modric-all", "modric:2x2"),
+];
+
+pub fn run(timeout: Duration) -> Result<Vec<Outcome>> {
+    crate::demo::build_release()?;
+    let out = std::env::temp_dir().join(format!("sopa-smoke-{}", std::process::id()));
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let out_s = out.display().to_string();
+    let mut rows = vec![
+        bench(
+            "datapath",
+            &["--runs", "2000", "--iperf-seconds", "1", "--rounds", "1"],
+            timeout,
+        )?,
+        bench("topology", &["--smoke"], timeout)?,
+        bench("channel", &["--rounds", "1", "--smoke"], timeout)?,
+        bench("resilience", &["--rounds", "1", "--smoke"], timeout)?,
+    ];
+    for (experiment, topo) in EXPERIMENTS {
+        let modes = if topo.starts_with("modric") {
+            "sopa,rps,ecmp,single"
+        } else {
+            FABRIC_MODES
+        };
+        let mut row = bench(
+            "fabric",
+            &[
+                "--smoke",
+                "--experiment",
+                experiment,
+                "--topo",
+                topo,
+                "--modes",
+                modes,
+                "--rate",
+                "10",
+                "--mb",
+                "1",
+                "--flows-per-host",
+                "2",
+                "--out",
+                &out_s,
+            ],
+            timeout,
+        )?;
+        // Written either way; marked invalid where the toy run failed the fidelity check.
+        let written = [
+            format!("fabric-{experiment}.json"),
+            format!("fabric-{experiment}-INVALID.json"),
+        ]
+        .iter()
+        .any(|n| out.join(n).exists());
+        if row.note.is_none() && !written {
+            row.note = Some(format!("wrote no fabric-{experiment}.json in {out_s}"));
+        }
+        row.name = format!("smoke bench fabric {experiment}");
+        rows.push(row);
+    }
+    let sec42 = ["fabric-sec4.2.json", "fabric-sec4.2-INVALID.json"]
+        .map(|n| out.join(n))
+        .into_iter()
+        .find(|p| p.exists())
+        .unwrap_or_else(|| out.join("fabric-sec4.2.json"));
+    let mut replot = bench(
+        "fabric",
+        &["--replot", &sec42.display().to_string()],
+        timeout,
+    )?;
+    replot.name = "smoke bench fabric --replot".into();
+    rows.push(replot);
+    rows.push(step(
+        "smoke demo --arb",
+        xtask_command(&["demo", "--arb"]),
+        timeout,
+    )?);
+    for r in &mut rows {
+        // A smoke row is one check.
+        r.passed = u64::from(r.note.is_none());
+        r.failed = u64::from(r.note.is_some());
+    }
+    let _ = std::fs::remove_dir_all(&out);
+    Ok(rows)
+}
+
+fn bench(name: &str, args: &[&str], timeout: Duration) -> Result<Outcome> {
+    let (package, bench) = match name {
+        "datapath" => ("sopa-agent", "datapath"),
+        "topology" => ("sopa-topology", "topology"),
+        "channel" => ("sopa-controller", "channel"),
+        _ => ("sopa-testbed", name),
+    };
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args(["bench", "-p", package, "--bench", bench, "--"])
+        .args(args)
+        .current_dir(workspace_root());
+    step(&format!("smoke bench {name}"), cmd, timeout)
+}
+
+fn xtask_command(args: &[&str]) -> Command {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.arg("xtask").args(args).current_dir(workspace_root());
+    cmd
+}
+
+fn step(name: &str, mut cmd: Command, timeout: Duration) -> Result<Outcome> {
+    use std::os::unix::process::CommandExt as _;
+    println!("\n----- {name} -----");
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("starting {name}"))?;
+    let w = watch(child, timeout, |line| println!("{line}"))?;
+    let note = if w.timed_out {
+        Some(format!("killed after {} s", timeout.as_secs()))
+    } else if !w.success {
+        Some(format!("exited with {}", w.status))
+    } else {
+        None
+    };
+    if w.timed_out {
+        let _ = sopa_testbed::leftovers::clean();
+    }
+    Ok(Outcome {
+        name: name.to_owned(),
+        passed: 0,
+        failed: 0,
+        seconds: w.seconds,
+        note,
+    })
+}
