@@ -571,3 +571,47 @@ fn strip_counts_reordered_tcp_arrivals() {
     assert_eq!(strip[strip_reason::TCP_REORDERED as usize], 2);
     let _ = Ipv4Addr::LOCALHOST;
 }
+
+#[test]
+fn single_mode_puts_every_flow_on_the_first_path() {
+    let mut f = Fixture::new(TABLE, mode::SINGLE);
+    for sport in 1..=12u16 {
+        for seq in 0..3 {
+            let p = tcp(DST_INTER_POD, sport, seq, b"x");
+            assert_eq!(f.stamp(&p), stamped(&p, 0, 0), "flow {sport}, packet {seq}");
+        }
+        let p = tcp(DST, sport, 1, b"x");
+        assert_eq!(f.stamp(&p), stamped(&p, 0, HOP_NONE), "flow {sport}");
+    }
+    assert_eq!(counters(&f).0[stamp_reason::STAMPED as usize], 12 * 4);
+}
+
+#[test]
+fn a_mode_value_out_of_range_stamps_nothing() {
+    // A config written by a newer agent, or damaged: the program treats it as off.
+    for bad in [mode::COUNT, mode::COUNT + 1, u32::MAX] {
+        let mut f = Fixture::new(TABLE, bad);
+        let p = tcp(DST, 1, 1, b"x");
+        assert_eq!(f.stamp(&p), p, "mode {bad}: untouched");
+        assert_eq!(
+            counters(&f).0[stamp_reason::MODE_OFF as usize],
+            1,
+            "mode {bad}: counted as mode off"
+        );
+    }
+}
+
+#[test]
+fn a_destination_whose_paths_all_failed_passes_unstamped() {
+    let mut f = Fixture::new(TABLE, mode::SOPA);
+    // Every path to 10.3/16 failed: the agent writes an empty path set.
+    f.maps
+        .set_paths(&"10.3.0.0/16".parse().unwrap(), &[])
+        .unwrap();
+    let p = tcp(DST_INTER_POD, 1, 1, b"x");
+    assert_eq!(f.stamp(&p), p, "left to the kernel's routing");
+    assert_eq!(counters(&f).0[stamp_reason::NO_PATH as usize], 1);
+    // The other destination is untouched by that.
+    let q = tcp(DST, 1, 1, b"x");
+    assert_eq!(f.stamp(&q), stamped(&q, 0, HOP_NONE));
+}

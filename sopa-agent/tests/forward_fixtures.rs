@@ -48,6 +48,9 @@ fn entry(hop_byte: u8, uplinks: &[(u32, [u8; 4])]) -> FwdEntry {
 
 /// An edge switch of pod 0 (its rack 10.0.0.0/24): decides by hop0 for everything else, with
 /// two uplinks; a second entry decides by hop1 (as an aggregation switch would) for 10.2/16.
+/// Every uplink has an ifindex of its own. BPF_PROG_TEST_RUN returns the redirect verdict
+/// without performing it, so the port a hop value really leaves by is checked on the wire, by
+/// the fabric suites (packets out of each port, `fabric_fat_tree.rs`, `fabric_modric.rs`).
 fn switch() -> Switch {
     static N: AtomicU32 = AtomicU32::new(0);
     let pins = PathBuf::from(format!(
@@ -61,13 +64,13 @@ fn switch() -> Switch {
     let p = |s: &str| s.parse::<Prefix>().unwrap();
     maps.set(
         &p("10.0.0.0/8"),
-        &entry(1, &[(1, [10, 0, 2, 1]), (1, [10, 0, 3, 1])]),
+        &entry(1, &[(11, [10, 0, 2, 1]), (12, [10, 0, 3, 1])]),
     )
     .unwrap();
     maps.set(&p("10.0.0.0/24"), &FwdEntry::PASS).unwrap();
     maps.set(
         &p("10.2.0.0/16"),
-        &entry(2, &[(1, [10, 2, 4, 1]), (1, [10, 2, 5, 1])]),
+        &entry(2, &[(21, [10, 2, 4, 1]), (22, [10, 2, 5, 1])]),
     )
     .unwrap();
     Switch {

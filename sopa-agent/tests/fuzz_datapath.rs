@@ -143,6 +143,33 @@ fn mutate(r: &mut Rng, p: &mut Vec<u8>) {
     }
 }
 
+/// The modes the stamp run rotates through, with a value out of range (treated as off).
+const MODES: [u32; 7] = [
+    mode::SOPA,
+    mode::RPS,
+    mode::ECMP,
+    mode::PINNED,
+    mode::SINGLE,
+    mode::OFF,
+    mode::COUNT + 3,
+];
+
+/// Whether `frame` must leave stamped in `m`, from the README's rule alone: an unfragmented
+/// IHL-5 IPv4 TCP or UDP packet (its ports present) to a prefix of the path table, in a mode
+/// that stamps.
+fn should_stamp(frame: &[u8], m: u32) -> bool {
+    if !(mode::SOPA..mode::COUNT).contains(&m) || frame.len() < 14 + 20 + 4 {
+        return false;
+    }
+    let ip = &frame[14..];
+    let fragment = u16::from_be_bytes([ip[6], ip[7]]) & 0x3FFF != 0;
+    frame[12..14] == [0x08, 0x00]
+        && ip[0] == 0x45
+        && !fragment
+        && matches!(ip[9], 6 | 17)
+        && !paths_of(frame).is_empty()
+}
+
 /// Whether BPF_PROG_TEST_RUN refuses `frame` as an skb before the program runs: shorter than
 /// an Ethernet header, or than the IPv4 / IPv6 header its EtherType announces.
 fn kernel_refuses_skb(frame: &[u8]) -> bool {
@@ -210,12 +237,13 @@ fn tc_stamp_survives_generated_packets() {
             .sum()
     };
     let before = verdicts(&maps);
+    let mut current = mode::SOPA;
     for i in 0..packets() {
-        // Every mode, switched as the run goes.
+        // Every mode, and a value out of range, switched as the run goes.
         if i % 10_000 == 0 {
-            let m = [mode::SOPA, mode::RPS, mode::ECMP, mode::PINNED, mode::OFF][i / 10_000 % 5];
+            current = MODES[i / 10_000 % MODES.len()];
             maps.set_config(Config {
-                mode: m,
+                mode: current,
                 hash_seed: 1,
             })
             .unwrap();
@@ -243,10 +271,20 @@ fn tc_stamp_survives_generated_packets() {
         };
         assert_eq!(result.return_value, TC_ACT_OK, "packet {i}: {input:02x?}");
         out.truncate(result.data_size_out as usize);
+        // Decided from the packet and the mode alone, not from what the program did.
+        let expected = should_stamp(&input, current);
         if out == input {
+            assert!(
+                !expected,
+                "packet {i} (mode {current}): a stampable packet left unstamped: {input:02x?}"
+            );
             untouched += 1;
             continue;
         }
+        assert!(
+            expected,
+            "packet {i} (mode {current}): stamped a packet that must pass untouched: {input:02x?}"
+        );
         assert_eq!(out.len(), input.len() + 4, "packet {i}: {input:02x?}");
         let hops = [out[36], out[37]];
         assert!(

@@ -32,6 +32,9 @@ pub trait Applier: Send {
     fn position(&self) -> (u64, u64);
     /// The channel came up or went down.
     fn connected(&mut self, _up: bool) {}
+    /// A session ended or could not start (the controller unreachable, a refused handshake, a
+    /// stream broken), with the reason; the next attempt follows after the backoff.
+    fn lost(&mut self, _why: &str) {}
 }
 
 #[derive(Clone, Debug)]
@@ -118,6 +121,7 @@ pub async fn run_with_reports<A: Applier, R: Into<agent_message::Kind> + Send>(
             End::Shutdown => return,
             End::Lost(why) => {
                 applier.connected(false);
+                applier.lost(&why);
                 // A session that lived a while resets the backoff.
                 if started.elapsed() > cfg.max_backoff {
                     attempt = 0;

@@ -5,9 +5,9 @@
 
 mod common;
 
-use std::{path::PathBuf, time::Duration};
+use std::path::PathBuf;
 
-use common::{last_version, spawn_agent_with, start_controller_tls, until};
+use common::{Log, Lost, last_version, spawn_agent_watched, start_controller_tls, until};
 use sopa_controller::tls::{self, InitOptions};
 use tonic::transport::{Certificate, ClientTlsConfig};
 
@@ -54,7 +54,7 @@ async fn only_agents_of_the_fabric_ca_get_through() {
     let endpoint = format!("https://{}", c.addr);
 
     let client = |dir: &PathBuf| tls::client_config(dir, "localhost").unwrap();
-    let (ok, _a) = spawn_agent_with(&endpoint, "h0", Some(client(&good.0)), vec![], vec![]);
+    let (ok, _, _a) = spawn_agent_watched(&endpoint, "h0", Some(client(&good.0)), vec![], vec![]);
     until("the authenticated agent's snapshot", || {
         last_version(&ok) == 1
     })
@@ -82,10 +82,10 @@ async fn only_agents_of_the_fabric_ca_get_through() {
         ))
         .domain_name("localhost");
     let refused = [
-        spawn_agent_with(&endpoint, "other-ca", Some(other_ca_agent), vec![], vec![]),
-        spawn_agent_with(&endpoint, "expired", Some(expired_agent), vec![], vec![]),
-        spawn_agent_with(&endpoint, "no-cert", Some(no_cert), vec![], vec![]),
-        spawn_agent_with(
+        spawn_agent_watched(&endpoint, "other-ca", Some(other_ca_agent), vec![], vec![]),
+        spawn_agent_watched(&endpoint, "expired", Some(expired_agent), vec![], vec![]),
+        spawn_agent_watched(&endpoint, "no-cert", Some(no_cert), vec![], vec![]),
+        spawn_agent_watched(
             &format!("http://{}", c.addr),
             "plaintext",
             None,
@@ -93,12 +93,13 @@ async fn only_agents_of_the_fabric_ca_get_through() {
             vec![],
         ),
     ];
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    for (log, _) in &refused {
-        assert!(
-            log.lock().unwrap().is_empty(),
-            "an unauthenticated client got a snapshot"
-        );
+    // Each client tried and was turned away twice (the second attempt after its backoff):
+    // only then does "nothing received" say something.
+    for (name, (log, lost, _)) in ["other-ca", "expired", "no-cert", "plaintext"]
+        .iter()
+        .zip(&refused)
+    {
+        refused_twice(name, log, lost).await;
     }
     let agents = c.controller.agents();
     assert_eq!(
@@ -121,20 +122,34 @@ async fn agents_refuse_a_controller_they_cannot_verify() {
         Some(tls::server_config(&impostor.0).unwrap()),
     )
     .await;
-    let (log, _a) = spawn_agent_with(
+    let (log, lost, _a) = spawn_agent_watched(
         &format!("https://{}", c.addr),
         "h1",
         Some(tls::client_config(&good.0, "localhost").unwrap()),
         vec![],
         vec![],
     );
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    refused_twice("the agent of an impostor controller", &log, &lost).await;
     assert!(
-        log.lock().unwrap().is_empty(),
-        "the agent accepted an unverifiable controller"
+        lost.lock().unwrap()[0].contains("certificate"),
+        "the agent names the certificate it could not verify: {:?}",
+        lost.lock().unwrap()
     );
     assert!(c.controller.agents().is_empty());
     c.stop().await;
+}
+
+/// Waits until `name`'s client has had two sessions end without a single message applied.
+async fn refused_twice(name: &str, log: &Log, lost: &Lost) {
+    until(&format!("{name}: two refused attempts"), || {
+        lost.lock().unwrap().len() >= 2 || !log.lock().unwrap().is_empty()
+    })
+    .await;
+    assert!(
+        log.lock().unwrap().is_empty(),
+        "{name} got through: {:?}",
+        log.lock().unwrap()
+    );
 }
 
 #[test]

@@ -305,8 +305,8 @@ pub fn run_sequential(
     mptcp: bool,
 ) -> Vec<(String, String, Transfer)> {
     let g = f.topo.graph();
-    let dir = std::env::temp_dir().join(format!("sopa-traffic-{}-{port}", f.prefix));
-    std::fs::create_dir_all(&dir).expect("a folder for the schedules");
+    let tmp = crate::temp_dir(&format!("traffic-{}-{port}", f.prefix));
+    let dir = tmp.path().to_path_buf();
     let tool = crate::bins::sopa_traffic();
     let addr = |h: &str| g.node(g.find(h).unwrap()).addr.unwrap();
     let mut dsts: Vec<&String> = sched
@@ -384,31 +384,50 @@ pub fn run_sequential(
         lines.sort_by_key(|l| l["index"].as_u64());
         assert_eq!(lines.len(), flows.len(), "{src}: a line per flow:\n{text}");
         for (l, (d, bytes)) in lines.iter().zip(flows) {
-            assert_eq!(l["intact"], true, "{src} -> {d}: {l}");
-            let tcp = crate::traffic::TcpStats {
-                total_retrans: l["total_retrans"].as_u64().unwrap_or(0) as u32,
-                reord_seen: l["reord_seen"].as_u64().unwrap_or(0) as u32,
-                reordering: l["reordering"].as_u64().unwrap_or(0) as u32,
-                segs_out: 0,
-                rtos: l["rtos"].as_u64().unwrap_or(0) as u16,
-            };
-            out.push((
-                src.clone(),
-                d.clone(),
-                Transfer {
-                    bytes: *bytes,
-                    seconds: l["fct_s"].as_f64().unwrap(),
-                    // The tool compared the two hashes; equal values record that it did.
-                    sent_sha256: [0; 32],
-                    received_sha256: [0; 32],
-                    tcp,
-                },
-            ));
+            let t = flow_line(l, *bytes).unwrap_or_else(|e| panic!("{src} -> {d}: {e}: {l}"));
+            assert!(
+                t.intact(),
+                "{src} -> {d}: the receiver's sha256 differs from the sender's: {l}"
+            );
+            out.push((src.clone(), d.clone(), t));
         }
     }
     drop(servers);
-    let _ = std::fs::remove_dir_all(&dir);
     out
+}
+
+/// One flow of `sopa-traffic run`'s output (a JSON line) as a [`Transfer`], with the sha256 of
+/// what the sender sent and of what the receiver received, as the tool printed them.
+pub fn flow_line(l: &serde_json::Value, bytes: u64) -> Result<Transfer, String> {
+    if let Some(e) = l["error"].as_str() {
+        return Err(format!("the flow failed: {e}"));
+    }
+    let hash = |key: &str| -> Result<[u8; 32], String> {
+        let text = l[key].as_str().ok_or(format!("no {key}"))?;
+        let v: Vec<u8> = (0..text.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(text.get(i..i + 2).unwrap_or("?"), 16))
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("{key} is not hex: {e}"))?;
+        v.try_into().map_err(|_| format!("{key} is not 32 bytes"))
+    };
+    if l["bytes"].as_u64() != Some(bytes) {
+        return Err(format!("{} bytes, not the {bytes} scheduled", l["bytes"]));
+    }
+    let n = |key: &str| l[key].as_u64().unwrap_or(0);
+    Ok(Transfer {
+        bytes,
+        seconds: l["fct_s"].as_f64().ok_or("no fct_s")?,
+        sent_sha256: hash("sent_sha256")?,
+        received_sha256: hash("received_sha256")?,
+        tcp: crate::traffic::TcpStats {
+            total_retrans: n("total_retrans") as u32,
+            reord_seen: n("reord_seen") as u32,
+            reordering: n("reordering") as u32,
+            segs_out: 0,
+            rtos: n("rtos") as u16,
+        },
+    })
 }
 
 /// Takes switch `name` down for real: every one of its interfaces down, so its neighbours'
@@ -741,7 +760,28 @@ pub const MPTCP_PORTS: [u16; 4] = [40_001, 40_002, 40_003, 40_004];
 
 #[cfg(test)]
 mod tests {
-    use super::ModeSpec;
+    use super::{ModeSpec, flow_line};
+
+    #[test]
+    fn a_flow_line_carries_both_hashes() {
+        let a = "ab".repeat(32);
+        let line = |sent: &str, received: &str| {
+            serde_json::json!({
+                "index": 0, "bytes": 1000, "fct_s": 0.5, "intact": true,
+                "sent_sha256": sent, "received_sha256": received, "total_retrans": 3,
+            })
+        };
+        let t = flow_line(&line(&a, &a), 1000).unwrap();
+        assert!(t.intact());
+        assert_eq!(t.tcp.total_retrans, 3);
+        // One byte changed on the way: not intact, whatever the tool's own verdict said.
+        let mut b = a.clone();
+        b.replace_range(0..2, "ac");
+        assert!(!flow_line(&line(&a, &b), 1000).unwrap().intact());
+        assert!(flow_line(&line(&a, "zz"), 1000).is_err());
+        assert!(flow_line(&line(&a, &a), 999).is_err());
+        assert!(flow_line(&serde_json::json!({"error": "refused"}), 1000).is_err());
+    }
 
     #[test]
     fn modes_and_ablations_parse() {

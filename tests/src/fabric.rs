@@ -247,6 +247,29 @@ impl Fabric {
         Ok(())
     }
 
+    /// Packets that left `switch` by the port each hop value names for destination `dst`
+    /// (`tc_forward`'s decision for it, from the topology's forwarding plan), as the
+    /// interfaces counted them: element `h` is hop value `h`'s port.
+    pub fn hop_ports_tx(&self, switch: &str, dst: std::net::Ipv4Addr) -> Vec<u64> {
+        let g = self.topo.graph();
+        let n = g.find(switch).expect("a switch");
+        let plan = sopa_topology::forwarding::plan(&self.topo, n);
+        let decision = plan
+            .decisions
+            .iter()
+            .find(|d| d.prefix.contains_addr(dst))
+            .unwrap_or_else(|| panic!("{switch} has no decision for {dst}"));
+        decision
+            .uplinks
+            .iter()
+            .map(|&l| {
+                let side = if g.links[l as usize].a == n { "a" } else { "b" };
+                let dev = format!("{}{l}{side}", self.prefix);
+                self.ns(switch).tx_packets(&dev).expect("tx packets")
+            })
+            .collect()
+    }
+
     /// The interface of the link between `node` and `peer`, on `node`'s side.
     pub fn link_iface(&self, node: &str, peer: &str) -> String {
         let g = self.topo.graph();

@@ -30,6 +30,14 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A connected transfer where no byte moved for the stall time-out.
+    #[error("{what} stalled: nothing moved for {stall:?} after {moved} of {total} bytes")]
+    Stalled {
+        what: String,
+        moved: u64,
+        total: u64,
+        stall: std::time::Duration,
+    },
     #[error("{0}")]
     Failed(String),
 }
@@ -44,3 +52,11 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A temporary folder `sopa-NAME-…`, removed when the guard drops, on failure too.
+pub fn temp_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("sopa-{name}-"))
+        .tempdir()
+        .expect("a temporary folder")
+}

@@ -88,6 +88,14 @@ impl NetNs {
         Ok(v[0]["stats64"]["tx"]["bytes"].as_u64().unwrap_or(0))
     }
 
+    /// Packets interface `dev` of this namespace has sent.
+    pub fn tx_packets(&self, dev: &str) -> Result<u64> {
+        let out = self.ip(&["-s", "-j", "link", "show", dev])?;
+        let v: serde_json::Value = serde_json::from_str(&out)
+            .map_err(|e| Error::Failed(format!("ip -s -j link show {dev}: {e}")))?;
+        Ok(v[0]["stats64"]["tx"]["packets"].as_u64().unwrap_or(0))
+    }
+
     /// `tc ARGS` inside the namespace.
     pub fn tc(&self, args: &[&str]) -> Result<String> {
         let mut full = vec!["netns", "exec", self.name.as_str(), "tc"];

@@ -3,11 +3,12 @@
 //! captures, and an agent's memory.
 
 use std::{
+    collections::HashSet,
     net::{Ipv4Addr, SocketAddr, UdpSocket},
     process::Command,
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -61,70 +62,157 @@ pub fn from_a(frames: &[Vec<u8>], src: Ipv4Addr, proto: u8) -> (usize, usize) {
 
 /// A steady UDP probe from A to B at `pps`; returns (sent, received distinct).
 pub fn probe(arb: &Arb, pps: u64, stop: Arc<AtomicBool>, port: u16) -> (u64, u64) {
-    let to = SocketAddr::from((arb.b_addr, port));
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let stop_rx = Arc::clone(&stop);
-    let receiver = arb.b.spawn(move || {
-        let sock = UdpSocket::bind(to).unwrap();
-        sock.set_read_timeout(Some(Duration::from_millis(200)))
-            .unwrap();
-        // A deep buffer, so a receiver thread that the machine's other work delays for a while
-        // does not drop what the datapath delivered.
-        let bytes: libc::c_int = 64 << 20;
-        // SAFETY: setsockopt with a valid fd and an int of the given size.
-        let rc = unsafe {
-            libc::setsockopt(
-                std::os::fd::AsRawFd::as_raw_fd(&sock),
-                libc::SOL_SOCKET,
-                libc::SO_RCVBUFFORCE,
-                (&bytes as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(rc, 0, "SO_RCVBUFFORCE");
-        ready_tx.send(()).unwrap();
-        let mut seen = std::collections::HashSet::new();
-        let mut buf = [0u8; 64];
-        let mut quiet_since: Option<Instant> = None;
-        loop {
-            match sock.recv(&mut buf) {
-                Ok(n) if n >= 8 => {
-                    seen.insert(u64::from_be_bytes(buf[..8].try_into().unwrap()));
-                    quiet_since = None;
-                }
-                _ => {
-                    if stop_rx.load(Ordering::Relaxed) {
-                        let q = *quiet_since.get_or_insert_with(Instant::now);
-                        if q.elapsed() > Duration::from_millis(500) {
-                            break;
+    let p = Probe::start(arb, pps, port);
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let r = p.finish();
+    (r.sent, r.received.len() as u64)
+}
+
+/// A steady UDP probe from A to B, each packet numbered, so that the packets sent during a
+/// window (a restart) can be told from the others: [`Probe::mark`] before and after the window,
+/// then [`ProbeResult::lost_in`].
+pub struct Probe {
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicU64>,
+    received: Arc<AtomicU64>,
+    sender: std::thread::JoinHandle<crate::Result<()>>,
+    receiver: std::thread::JoinHandle<crate::Result<HashSet<u64>>>,
+}
+
+/// What a [`Probe`] sent and which of its packets arrived.
+pub struct ProbeResult {
+    pub sent: u64,
+    pub received: HashSet<u64>,
+}
+
+impl ProbeResult {
+    /// Packets numbered in `window` that did not arrive.
+    pub fn lost_in(&self, window: std::ops::Range<u64>) -> u64 {
+        window.filter(|seq| !self.received.contains(seq)).count() as u64
+    }
+}
+
+impl Probe {
+    /// Starts the receiver in B and the sender in A; returns once the receiver listens.
+    pub fn start(arb: &Arb, pps: u64, port: u16) -> Self {
+        let to = SocketAddr::from((arb.b_addr, port));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(AtomicU64::new(0));
+        let received = Arc::new(AtomicU64::new(0));
+        let (stop_rx, count) = (Arc::clone(&stop), Arc::clone(&received));
+        let receiver = arb.b.spawn(move || {
+            let sock = UdpSocket::bind(to).unwrap();
+            sock.set_read_timeout(Some(Duration::from_millis(200)))
+                .unwrap();
+            // A deep buffer, so a receiver thread that the machine's other work delays for a
+            // while does not drop what the datapath delivered.
+            let bytes: libc::c_int = 64 << 20;
+            // SAFETY: setsockopt with a valid fd and an int of the given size.
+            let rc = unsafe {
+                libc::setsockopt(
+                    std::os::fd::AsRawFd::as_raw_fd(&sock),
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVBUFFORCE,
+                    (&bytes as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            assert_eq!(rc, 0, "SO_RCVBUFFORCE");
+            ready_tx.send(()).unwrap();
+            let mut seen = HashSet::new();
+            let mut buf = [0u8; 64];
+            let mut quiet_since: Option<Instant> = None;
+            loop {
+                match sock.recv(&mut buf) {
+                    Ok(n) if n >= 8 => {
+                        seen.insert(u64::from_be_bytes(buf[..8].try_into().unwrap()));
+                        count.store(seen.len() as u64, Ordering::Relaxed);
+                        quiet_since = None;
+                    }
+                    _ => {
+                        if stop_rx.load(Ordering::Relaxed) {
+                            let q = *quiet_since.get_or_insert_with(Instant::now);
+                            if q.elapsed() > Duration::from_millis(500) {
+                                break;
+                            }
                         }
                     }
                 }
             }
-        }
-        seen.len() as u64
-    });
-    ready_rx.recv_timeout(Duration::from_secs(5)).unwrap();
-    let sent = arb
-        .a
-        .run(move || {
+            seen
+        });
+        ready_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the probe's receiver starts");
+        let (stop_tx, sent_tx) = (Arc::clone(&stop), Arc::clone(&sent));
+        let sender = arb.a.spawn(move || {
             let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
             let start = Instant::now();
             let mut seq = 0u64;
-            while !stop.load(Ordering::Relaxed) {
+            while !stop_tx.load(Ordering::Relaxed) {
                 let due = (start.elapsed().as_secs_f64() * pps as f64) as u64;
-                while seq < due {
+                // A sender the machine delayed catches up at most 32 packets at a time: a
+                // burst of thousands would overflow the veth's backlog, a loss that is the
+                // machine's, not the datapath's.
+                let mut burst = 0;
+                while seq < due && burst < 32 {
                     let mut msg = [0u8; 32];
                     msg[..8].copy_from_slice(&seq.to_be_bytes());
                     sock.send_to(&msg, to).unwrap();
                     seq += 1;
+                    burst += 1;
+                    sent_tx.store(seq, Ordering::Relaxed);
                 }
                 std::thread::sleep(Duration::from_micros(200));
             }
-            seq
-        })
-        .unwrap();
-    (sent, receiver.join().unwrap().unwrap())
+        });
+        Self {
+            stop,
+            sent,
+            received,
+            sender,
+            receiver,
+        }
+    }
+
+    /// Packets sent so far: the number the next packet will carry.
+    pub fn mark(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    /// Waits until `n` more packets than now have arrived at B (at most 30 s).
+    pub fn wait_received(&self, n: u64) {
+        let target = self.received.load(Ordering::Relaxed) + n;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.received.load(Ordering::Relaxed) < target {
+            assert!(
+                Instant::now() < deadline,
+                "the probe's packets stopped arriving at B"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Stops the sender, waits for the last packets, and returns what arrived.
+    pub fn finish(self) -> ProbeResult {
+        self.stop.store(true, Ordering::Relaxed);
+        self.sender
+            .join()
+            .expect("the probe's sender")
+            .expect("in A");
+        let received = self
+            .receiver
+            .join()
+            .expect("the probe's receiver")
+            .expect("in B");
+        ProbeResult {
+            sent: self.sent.load(Ordering::Relaxed),
+            received,
+        }
+    }
 }
 
 pub fn rss_kib(pid: u64) -> u64 {

@@ -277,6 +277,57 @@ pub fn serve(at: SocketAddr, mptcp: bool, stall: Duration, ready: impl FnOnce())
     }
 }
 
+/// A socket time-out (EAGAIN or ETIMEDOUT) as [`Error::Stalled`], any other error as I/O.
+fn stalled_or(
+    e: std::io::Error,
+    what: &str,
+    moved: u64,
+    total: u64,
+    stall: Duration,
+    context: impl FnOnce() -> String,
+) -> Error {
+    if matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    ) {
+        Error::Stalled {
+            what: what.into(),
+            moved,
+            total,
+            stall,
+        }
+    } else {
+        Error::io(context(), e)
+    }
+}
+
+/// Waits for one connection on `listener` for at most `within`, so a sender that never comes
+/// cannot leave the server's thread blocked.
+pub fn accept_within(listener: &TcpListener, within: Duration) -> Result<TcpStream> {
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::io("setting the listener non-blocking", e))?;
+    let deadline = Instant::now() + within;
+    loop {
+        match listener.accept() {
+            Ok((conn, _)) => {
+                conn.set_nonblocking(false)
+                    .map_err(|e| Error::io("setting the connection blocking", e))?;
+                return Ok(conn);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    return Err(Error::Failed(format!(
+                        "no sender connected within {within:?}"
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(Error::io("accepting", e)),
+        }
+    }
+}
+
 /// What the sending end saw of one transfer.
 #[derive(Clone, Debug)]
 pub struct Sent {
@@ -333,9 +384,13 @@ pub fn send(to: SocketAddr, bytes: u64, opts: &SendOptions) -> Result<Sent> {
         fill(&mut buf[..n], &mut state);
         hasher.update(&buf[..n]);
         conn.write_all(&buf[..n]).map_err(|e| {
-            Error::io(
-                format!("sending ({} of {bytes} bytes sent)", bytes - left),
+            stalled_or(
                 e,
+                "sending",
+                bytes - left,
+                bytes,
+                opts.stall_timeout,
+                || format!("sending ({} of {bytes} bytes sent)", bytes - left),
             )
         })?;
         left -= n as u64;
@@ -343,8 +398,16 @@ pub fn send(to: SocketAddr, bytes: u64, opts: &SendOptions) -> Result<Sent> {
     conn.shutdown(std::net::Shutdown::Write)
         .map_err(|e| Error::io("shutdown", e))?;
     let mut echoed = [0u8; 32];
-    conn.read_exact(&mut echoed)
-        .map_err(|e| Error::io("waiting for the receiver's hash (stalled?)", e))?;
+    conn.read_exact(&mut echoed).map_err(|e| {
+        stalled_or(
+            e,
+            "waiting for the receiver's hash",
+            bytes,
+            bytes,
+            opts.stall_timeout,
+            || "waiting for the receiver's hash".into(),
+        )
+    })?;
     Ok(Sent {
         sent_sha256: hasher.finalize().into(),
         echoed_sha256: echoed,
@@ -372,7 +435,8 @@ pub fn tcp_transfer(
         let listener =
             listen_on(listen, mptcp).map_err(|e| Error::io(format!("binding {listen}"), e))?;
         let _ = ready_tx.send(());
-        let (conn, _) = listener.accept().map_err(|e| Error::io("accepting", e))?;
+        // The sender connects within its 5 s connect time-out, or never.
+        let conn = accept_within(&listener, Duration::from_secs(10))?;
         receive(conn, stall)
     });
     ready_rx

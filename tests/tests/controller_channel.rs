@@ -101,8 +101,8 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) -> Duration {
 #[test]
 fn pushed_failures_change_exactly_the_affected_paths() {
     let f = fabric();
-    let dir = std::env::temp_dir().join(format!("sopa-ctl-{}", f.c.name()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = sopa_testbed::temp_dir(&format!("ctl-{}", f.c.name()));
+    let dir = tmp.path().to_path_buf();
     let _controller = spawn_controller(&f, &dir, "controller.log");
     let url = "http://10.200.0.2:7470";
     let agent_a = Agent::start_with_controller(&f.a, f.a.name(), "h0", &f.a_if, url, &[]).unwrap();
@@ -194,7 +194,6 @@ fn pushed_failures_change_exactly_the_affected_paths() {
     }
     assert_eq!(agent_a.stop(), Some(0));
     assert_eq!(agent_b.stop(), Some(0));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn spawn_controller(f: &Fabric, dir: &std::path::Path, log: &str) -> Process {
@@ -267,8 +266,8 @@ fn traffic(
 #[test]
 fn a_controller_gone_for_ten_heartbeats_changes_nothing_and_the_agents_resync() {
     let f = fabric();
-    let dir = std::env::temp_dir().join(format!("sopa-ctl-{}", f.c.name()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = sopa_testbed::temp_dir(&format!("ctl-{}", f.c.name()));
+    let dir = tmp.path().to_path_buf();
     let mut controller = spawn_controller(&f, &dir, "controller.log");
     let url = "http://10.200.0.2:7470";
     let agent_a = Agent::start_with_controller(&f.a, f.a.name(), "h0", &f.a_if, url, &[]).unwrap();
@@ -324,14 +323,13 @@ fn a_controller_gone_for_ten_heartbeats_changes_nothing_and_the_agents_resync() 
     assert!(metrics(&f.a).contains("sopa_controller_connected 1"));
     assert_eq!(agent_a.stop(), Some(0));
     assert_eq!(agent_b.stop(), Some(0));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_destination_without_its_agent_still_receives_and_the_sender_raises_the_alarm() {
     let f = fabric();
-    let dir = std::env::temp_dir().join(format!("sopa-ctl-{}", f.c.name()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = sopa_testbed::temp_dir(&format!("ctl-{}", f.c.name()));
+    let dir = tmp.path().to_path_buf();
     let _controller = spawn_controller(&f, &dir, "controller.log");
     let url = "http://10.200.0.2:7470";
     let agent_a = Agent::start_with_controller(&f.a, f.a.name(), "h0", &f.a_if, url, &[]).unwrap();
@@ -387,5 +385,4 @@ fn a_destination_without_its_agent_still_receives_and_the_sender_raises_the_alar
     assert!(metrics(&f.a).contains("sopa_peer_agents_down 0"));
     assert_eq!(agent_a.stop(), Some(0));
     assert_eq!(agent_b.stop(), Some(0));
-    let _ = std::fs::remove_dir_all(&dir);
 }

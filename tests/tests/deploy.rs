@@ -59,8 +59,8 @@ fn agent_variables() -> Vec<String> {
 
 #[test]
 fn the_systemd_unit_verifies() {
-    let dir = std::env::temp_dir().join(format!("sopa-unit-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = sopa_testbed::temp_dir(&format!("unit-{}", std::process::id()));
+    let dir = tmp.path().to_path_buf();
     // The unit as installed, pointing at this build and at the example environment.
     let unit = read("deploy/systemd/sopa-agent.service")
         .replace(
@@ -81,7 +81,6 @@ fn the_systemd_unit_verifies() {
         .arg(&path)
         .output()
         .expect("systemd-analyze (cargo xtask setup installs systemd)");
-    let _ = std::fs::remove_dir_all(&dir);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let ours: Vec<&str> = stderr
         .lines()
@@ -253,8 +252,8 @@ fn agent_with_caps(arb: &Arb, caps: &[String], log: &Path, paths: &Path) -> Proc
 #[test]
 fn the_agent_runs_with_exactly_the_units_capabilities() {
     let arb = Arb::new("cap").expect("build A - R - B");
-    let dir = std::env::temp_dir().join(format!("sopa-caps-{}", arb.a.name()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = sopa_testbed::temp_dir(&format!("caps-{}", arb.a.name()));
+    let dir = tmp.path().to_path_buf();
     let paths = dir.join("paths.toml");
     std::fs::write(&paths, Arb::path_table(B_PREFIX, 3)).unwrap();
     let _b = sopa_testbed::agent::Agent::start(
@@ -331,5 +330,4 @@ fn the_agent_runs_with_exactly_the_units_capabilities() {
         routes_before,
         "restored on exit"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,6 +1,8 @@
-//! Short versions of the paper's experiments (1 MB flows) on Fat-Tree k=4: the machinery, not
-//! the figures — every flow completes with equal sha256 (checked inside), every mode yields a
-//! row, the report serializes to JSON that parses back. Needs root.
+//! Short versions of the paper's experiments (1 MB flows) on Fat-Tree k=4 at 10 Mbit/s, where
+//! `bench fabric` is valid: the machinery, not the figures. The fidelity check passes (one flow
+//! alone reaches 0.90 of the link rate), every flow completes with equal sha256 at both ends
+//! (checked inside), no bulk flow beats the link's shaper, every mode yields a row, the report
+//! serializes to JSON that parses back. Needs root.
 
 use std::time::Duration;
 
@@ -12,7 +14,11 @@ use sopa_topology::topology::TopologySpec;
 
 #[test]
 fn every_experiment_yields_a_row_per_mode() {
-    let opts = FabricOptions::default();
+    let rate = 10;
+    let opts = FabricOptions {
+        rate_mbit: Some(rate),
+        ..FabricOptions::default()
+    };
     let mut f = Fabric::build(&TopologySpec::FatTree { k: 4 }, &opts).unwrap();
     f.start(&opts).unwrap();
     f.wait_ready(Duration::from_secs(60)).unwrap();
@@ -32,13 +38,18 @@ fn every_experiment_yields_a_row_per_mode() {
             experiment: experiment.into(),
             modes: modes.clone(),
             repeat: 1,
-            rate_mbit: 100,
+            rate_mbit: rate,
             mb: 1,
             seed: 7,
             flows_per_host: 3,
         };
         let report = experiment::run(&f, &plan);
-        assert!(report.alone_fraction > 0.0);
+        // The bench's fidelity check: what it refuses, the suite refuses.
+        assert!(
+            report.alone_fraction >= 0.90,
+            "{experiment}: one flow alone reached only {:.3} of the link rate",
+            report.alone_fraction
+        );
         assert_eq!(
             report.results.len(),
             modes.len(),
@@ -47,10 +58,24 @@ fn every_experiment_yields_a_row_per_mode() {
         for r in &report.results {
             assert_eq!(r.flows, flows, "{experiment} {}", r.mode);
             assert_eq!(r.per_flow.len(), flows);
-            assert!(r.mean > 0.0 && r.min > 0.0 && r.min <= r.mean);
+            // Bulk flows share shaped links: none can beat the link rate (1444/1514 of it with
+            // the option). Production flows are small enough to ride HTB's burst allowance.
+            if matches!(experiment, "sec4.2" | "permutation") {
+                let fastest = r.per_flow.iter().map(|f| f.2).fold(0.0, f64::max);
+                assert!(
+                    fastest <= f64::from(rate) * 1.0,
+                    "{experiment} {}: a flow at {fastest:.2} Mbit/s beat the {rate} Mbit/s shaper",
+                    r.mode
+                );
+            }
+            assert!(
+                r.per_flow.iter().all(|f| f.2 > 0.0 && f.3 > 0.0),
+                "{experiment} {}: every flow moved its bytes in a measured time",
+                r.mode
+            );
         }
-        let dir = std::env::temp_dir().join(format!("sopa-figures-{}", std::process::id()));
-        let figures = sopa_testbed::figures::write(&report, &dir, experiment).unwrap();
+        let tmp = sopa_testbed::temp_dir("figures");
+        let figures = sopa_testbed::figures::write(&report, tmp.path(), experiment).unwrap();
         for fig in &figures {
             let svg = std::fs::read_to_string(fig).unwrap();
             assert!(
@@ -59,7 +84,6 @@ fn every_experiment_yields_a_row_per_mode() {
                 fig.display()
             );
         }
-        let _ = std::fs::remove_dir_all(&dir);
         let json = serde_json::to_string(&report).unwrap();
         let back: serde_json::Value = serde_json::from_str(&json).unwrap();
         assert_eq!(back["results"].as_array().unwrap().len(), modes.len());

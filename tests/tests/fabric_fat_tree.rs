@@ -11,6 +11,37 @@ use sopa_testbed::{
 };
 use sopa_topology::topology::TopologySpec;
 
+/// Packets that left a0 and a1 by the port of each hop1 value towards h4 (10.1.0.2), as the
+/// interfaces counted them.
+fn core_tx(f: &Fabric) -> Vec<(String, u64)> {
+    ["a0", "a1"]
+        .iter()
+        .flat_map(|a| {
+            f.hop_ports_tx(a, "10.1.0.2".parse().unwrap())
+                .into_iter()
+                .enumerate()
+                .map(move |(h, n)| (format!("{a} hop1={h}"), n))
+        })
+        .collect()
+}
+
+/// Packets per core link since `before`.
+fn core_tx_since(f: &Fabric, before: &[(String, u64)]) -> Vec<(String, u64)> {
+    core_tx(f)
+        .into_iter()
+        .zip(before)
+        .map(|((link, now), (_, then))| (link, now - then))
+        .collect()
+}
+
+/// Equal within `slack` packets, and more than `least` on every link.
+fn balanced(per_link: &[(String, u64)], least: u64, slack: u64) -> bool {
+    let counts = per_link.iter().map(|(_, n)| *n);
+    let (lo, hi) = (counts.clone().min().unwrap(), counts.max().unwrap());
+    lo > least && hi - lo <= slack
+}
+
+/// What `tc_forward` on `switch` counted for uplink decision `i`.
 fn up(f: &Fabric, switch: &str, i: usize) -> u64 {
     f.switch_status(switch).unwrap()["uplinks"][i]
         .as_u64()
@@ -49,6 +80,7 @@ fn fat_tree_k4_forwards_by_source_route() {
         ]
     };
     let before = paths(&f);
+    let wire_before = core_tx(&f);
     let at_h4 = Capture::start(f.ns("h4"), &f.host_ifaces[&g.find("h4").unwrap()]).unwrap();
     let t = tcp_transfer(
         f.ns("h0"),
@@ -81,6 +113,15 @@ fn fat_tree_k4_forwards_by_source_route() {
     assert!(
         hi - lo <= 1,
         "packets per path equal within one: {per_path:?}"
+    );
+    // What left each core port: the four hop values went out of four different interfaces,
+    // equally (the interfaces also count the kernel's own few IPv6 neighbour messages).
+    let on_wire = core_tx_since(&f, &wire_before);
+    eprintln!("packets out of each core port of a0 and a1: {on_wire:?}");
+    assert_eq!(on_wire.len(), 4, "a0 and a1 have two core links each");
+    assert!(
+        balanced(&on_wire, 1000, 4),
+        "packets out of each core port equal: {on_wire:?}"
     );
 
     // e0 - a0 down: the hosts drop its paths, no packet crosses it, the transfer arrives intact.
@@ -129,6 +170,7 @@ fn fat_tree_k4_forwards_by_source_route() {
     // Killing a switch agent leaves its forwarding as it was.
     f.kill_switch("a0");
     let before = paths(&f);
+    let wire_before = core_tx(&f);
     let t = tcp_transfer(
         f.ns("h0"),
         f.ns("h4"),
@@ -147,6 +189,11 @@ fn fat_tree_k4_forwards_by_source_route() {
     assert!(
         *lo > 500 && hi - lo <= 1,
         "a0 still forwards by hop1 without its agent: {per_path:?}"
+    );
+    let on_wire = core_tx_since(&f, &wire_before);
+    assert!(
+        balanced(&on_wire, 500, 4),
+        "a0 still sends each hop value out of its own port without its agent: {on_wire:?}"
     );
     // Restarted, it adopts the pinned forwarding and resyncs with the controller.
     f.start_switch("a0").unwrap();

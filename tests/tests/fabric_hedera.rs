@@ -1,7 +1,9 @@
 //! Hedera on Fat-Tree k=4 (needs root): two long flows that the 5-tuple hash puts on the same
-//! core share it at about half the link rate each; once the hosts report them, Global First
-//! Fit separates them within two scheduling intervals and both run at 80% of the link rate or
-//! more.
+//! core link leave pod 0 by that one link; once the hosts report them, Global First Fit places
+//! each in the scheduling round that first lists it as an elephant, on disjoint cores, and
+//! their packets then leave pod 0 by two different core links. Everything is counted in
+//! packets and rounds, not in time, so a busy machine changes no verdict; the rates are
+//! printed (`cargo xtask bench fabric` measures them).
 
 use std::{
     net::Ipv4Addr,
@@ -19,8 +21,6 @@ use sopa_topology::topology::TopologySpec;
 /// The agents' default hash seed (`sopa-agent run --hash-seed`).
 const SEED: u32 = 0x5eed;
 const PORT: u16 = 5301;
-/// The controller's default scheduling interval.
-const INTERVAL: Duration = Duration::from_secs(1);
 
 fn addr(f: &Fabric, host: &str) -> Ipv4Addr {
     let g = f.topo.graph();
@@ -57,7 +57,7 @@ fn set_host_mode(f: &Fabric, host: &str, mode: &str) {
     );
 }
 
-/// Each host's wire rate over `window`, as a fraction of `rate_mbit`.
+/// Each host's wire rate over `window`, as a fraction of `rate_mbit` (printed, not asserted).
 fn rates(f: &Fabric, hosts: &[&str], window: Duration, rate_mbit: u32) -> Vec<f64> {
     let g = f.topo.graph();
     let read = || -> Vec<u64> {
@@ -77,6 +77,31 @@ fn rates(f: &Fabric, hosts: &[&str], window: Duration, rate_mbit: u32) -> Vec<f6
         .zip(&after)
         .map(|(b, a)| (a - b) as f64 * 8.0 / window.as_secs_f64() / (f64::from(rate_mbit) * 1e6))
         .collect()
+}
+
+/// Packets out of pod 0's four core links (a0 and a1, each hop1 port towards pod 1) while the
+/// next `packets` packets leave by them: a window counted in packets, not in seconds.
+fn core_share(f: &Fabric, dst: Ipv4Addr, packets: u64) -> Vec<u64> {
+    let read = || -> Vec<u64> {
+        ["a0", "a1"]
+            .iter()
+            .flat_map(|a| f.hop_ports_tx(a, dst))
+            .collect()
+    };
+    let before = read();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let now = read();
+        let d: Vec<u64> = now.iter().zip(&before).map(|(n, b)| n - b).collect();
+        if d.iter().sum::<u64>() >= packets {
+            return d;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the flows stopped sending: {d:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
@@ -113,8 +138,9 @@ fn hedera_separates_two_elephants_that_collide_under_hashing() {
                 s.spawn(move || tcp_transfer(sa, sb, to, PORT + i as u16, 150_000_000, &opts))
             })
             .collect();
-        std::thread::sleep(Duration::from_secs(2));
-        let collided = rates(&f, &["h0", "h2"], Duration::from_secs(2), rate);
+        let dst = addr(&f, "h4");
+        let collided = core_share(&f, dst, 4_000);
+        let collided_rates = rates(&f, &["h0", "h2"], Duration::from_secs(1), rate);
         let hashed: Vec<String> = ["h0", "h2"]
             .iter()
             .map(|h| {
@@ -125,7 +151,7 @@ fn hedera_separates_two_elephants_that_collide_under_hashing() {
                 )
             })
             .collect();
-        eprintln!("under hashing: {hashed:?}");
+        eprintln!("under hashing: {hashed:?}, rates {collided_rates:.3?}");
         // Hedera takes over: pinned mode reports the elephants, the controller places them.
         let start = Instant::now();
         for h in ["h0", "h2"] {
@@ -134,40 +160,60 @@ fn hedera_separates_two_elephants_that_collide_under_hashing() {
         let status = loop {
             let st: serde_json::Value =
                 serde_json::from_str(&f.sopactl(&["hedera", "status", "--json"]).unwrap()).unwrap();
-            let placed: Vec<&serde_json::Value> = st["elephants"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|e| e["placed"].as_bool() == Some(true))
-                .collect();
-            if placed.len() == 2 {
+            let elephants = st["elephants"].as_array().unwrap();
+            // GFF places an elephant in the round that first lists it (the links have room).
+            assert!(
+                elephants.iter().all(|e| e["placed"] == true),
+                "an elephant listed but not placed: {st:#}"
+            );
+            if elephants.len() == 2 {
                 break st;
             }
             assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "not placed within 10 s: {st:#}"
+                start.elapsed() < Duration::from_secs(60),
+                "the two elephants were not reported within 60 s: {st:#}"
             );
             std::thread::sleep(Duration::from_millis(50));
         };
         let elapsed = start.elapsed();
-        // The moved flow reorders once at the move and cubic regrows its window: let it settle
-        // before measuring the separated rates.
-        std::thread::sleep(Duration::from_secs(3));
-        let separated = rates(&f, &["h0", "h2"], Duration::from_secs(2), rate);
+        // Pins reach the hosts with the round's push: wait until both datapaths use them.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let pinned = |h: &str| {
+            f.host(h).status().unwrap()["stamp"]["pinned"]
+                .as_u64()
+                .unwrap_or(0)
+        };
+        let pinned_before = [pinned("h0"), pinned("h2")];
+        while pinned("h0") <= pinned_before[0] || pinned("h2") <= pinned_before[1] {
+            assert!(Instant::now() < deadline, "the pins were not applied");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let separated = core_share(&f, dst, 4_000);
+        let separated_rates = rates(&f, &["h0", "h2"], Duration::from_secs(1), rate);
+        eprintln!("separated rates {separated_rates:.3?}");
         let transfers: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
         (collided, elapsed, separated, status, transfers)
     });
     eprintln!(
-        "collided {collided:.3?}, placed after {elapsed:?}, separated {separated:.3?}\n{status:#}"
+        "packets per core link: collided {collided:?}, placed after {elapsed:?}, separated {separated:?}\n{status:#}"
     );
-
+    let total = |v: &[u64]| v.iter().sum::<u64>();
+    let busiest = |v: &[u64]| *v.iter().max().unwrap();
+    let second = |v: &[u64]| {
+        let mut s = v.to_vec();
+        s.sort_unstable();
+        s[s.len() - 2]
+    };
     assert!(
-        collided.iter().sum::<f64>() < 1.1 && collided.iter().all(|r| *r < 0.65),
-        "hashing must put both flows on one core (about half the link each): {collided:?}"
+        busiest(&collided) * 100 >= total(&collided) * 95,
+        "hashing puts both flows on one core link: {collided:?}"
     );
+    // Both flows on links of their own: the two busiest links carry nearly everything, each a
+    // good part of it.
     assert!(
-        elapsed <= 2 * INTERVAL + Duration::from_millis(500),
-        "placed after {elapsed:?}: more than two scheduling intervals"
+        (busiest(&separated) + second(&separated)) * 100 >= total(&separated) * 95
+            && second(&separated) * 100 >= total(&separated) * 25,
+        "after placement the flows leave by two core links: {separated:?}"
     );
     let paths: Vec<&str> = status["elephants"]
         .as_array()
@@ -177,20 +223,8 @@ fn hedera_separates_two_elephants_that_collide_under_hashing() {
         .collect();
     let cores: Vec<&str> = paths.iter().map(|p| p.split(' ').nth(2).unwrap()).collect();
     assert_ne!(cores[0], cores[1], "placed on disjoint cores: {paths:?}");
-    assert!(
-        separated.iter().all(|r| *r >= 0.8),
-        "after placement both flows reach 80% of the link rate: {separated:?}"
-    );
     for t in transfers {
         let t = t.unwrap();
         assert!(t.intact(), "sha256 equal end to end");
-    }
-    // The pins are in the datapath and the packets took them.
-    for h in ["h0", "h2"] {
-        let st = f.host(h).status().unwrap();
-        assert!(
-            st["stamp"]["pinned"].as_u64().unwrap_or(0) > 0,
-            "{h}: {st:#}"
-        );
     }
 }

@@ -52,6 +52,8 @@ fn modric_2x2_uses_8_diagonal_and_4_row_paths_equally() {
     // Diagonal: container (0,0) to (1,1): rank at the AS, row- or column-first at the EPSC.
     let eps: Vec<String> = (0..4).map(|r| format!("eps.0.0.{r}.0")).collect();
     let before: Vec<Vec<u64>> = eps.iter().map(|e| uplinks(&f, e)).collect();
+    let dst = addr("h.1.1.0.0");
+    let wire_before: Vec<Vec<u64>> = eps.iter().map(|e| f.hop_ports_tx(e, dst)).collect();
     let t = tcp_transfer(
         f.ns("h.0.0.0.0"),
         f.ns("h.1.1.0.0"),
@@ -76,9 +78,23 @@ fn modric_2x2_uses_8_diagonal_and_4_row_paths_equally() {
         lo > 200 && hi - lo <= 1,
         "8 paths, equal within one: {per_path:?}"
     );
+    // What left each port (the interfaces also count the kernel's few IPv6 messages).
+    let on_wire: Vec<u64> = eps
+        .iter()
+        .zip(&wire_before)
+        .flat_map(|(e, b)| spread(b, &f.hop_ports_tx(e, dst)))
+        .collect();
+    eprintln!("diagonal: packets out of each hop port {on_wire:?}");
+    assert_eq!(on_wire.len(), 8, "two hop ports at each of 4 EPS");
+    assert!(
+        equal_within(&on_wire, 200, 4),
+        "8 ports, equal: {on_wire:?}"
+    );
 
     // Same row: container (0,0) to (0,1): 4 paths by rank at the AS.
     let before = uplinks(&f, "as.0.0.0");
+    let row_dst = addr("h.0.1.0.0");
+    let wire_before = f.hop_ports_tx("as.0.0.0", row_dst);
     let t = tcp_transfer(
         f.ns("h.0.0.0.0"),
         f.ns("h.0.1.0.0"),
@@ -99,4 +115,17 @@ fn modric_2x2_uses_8_diagonal_and_4_row_paths_equally() {
         lo > 200 && hi - lo <= 1,
         "4 paths, equal within one: {per_path:?}"
     );
+    let on_wire = spread(&wire_before, &f.hop_ports_tx("as.0.0.0", row_dst));
+    eprintln!("row: packets out of each hop port {on_wire:?}");
+    assert_eq!(on_wire.len(), 4, "four hop ports at the AS");
+    assert!(
+        equal_within(&on_wire, 200, 4),
+        "4 ports, equal: {on_wire:?}"
+    );
+}
+
+/// More than `least` on each, and equal within `slack`.
+fn equal_within(counts: &[u64], least: u64, slack: u64) -> bool {
+    let (lo, hi) = (*counts.iter().min().unwrap(), *counts.iter().max().unwrap());
+    lo > least && hi - lo <= slack
 }

@@ -19,10 +19,13 @@ use tonic::transport::{ClientTlsConfig, ServerTlsConfig};
 
 /// What a test agent saw: ("snapshot" | "delta", epoch, version).
 pub type Log = Arc<Mutex<Vec<(&'static str, u64, u64)>>>;
+/// Why each of a test agent's sessions ended or could not start.
+pub type Lost = Arc<Mutex<Vec<String>>>;
 
 pub struct TestAgent {
     view: Option<FabricView>,
     log: Log,
+    lost: Lost,
     /// Versions to refuse once (a failed apply), and to swallow without applying (a lost message).
     refuse: Vec<u64>,
     swallow: Vec<u64>,
@@ -60,6 +63,10 @@ impl Applier for TestAgent {
 
     fn position(&self) -> (u64, u64) {
         self.view.as_ref().map_or((0, 0), |v| (v.epoch, v.version))
+    }
+
+    fn lost(&mut self, why: &str) {
+        self.lost.lock().unwrap().push(why.to_owned());
     }
 }
 
@@ -143,10 +150,24 @@ pub fn spawn_agent_with(
     refuse: Vec<u64>,
     swallow: Vec<u64>,
 ) -> (Log, watch::Sender<bool>) {
+    let (log, _, tx) = spawn_agent_watched(endpoint, node, tls, refuse, swallow);
+    (log, tx)
+}
+
+/// Like [`spawn_agent_with`], also recording why each session ended or could not start.
+pub fn spawn_agent_watched(
+    endpoint: &str,
+    node: &str,
+    tls: Option<ClientTlsConfig>,
+    refuse: Vec<u64>,
+    swallow: Vec<u64>,
+) -> (Log, Lost, watch::Sender<bool>) {
     let log: Log = Arc::default();
+    let lost: Lost = Arc::default();
     let mut agent = TestAgent {
         view: None,
         log: Arc::clone(&log),
+        lost: Arc::clone(&lost),
         refuse,
         swallow,
     };
@@ -157,7 +178,7 @@ pub fn spawn_agent_with(
     cfg.max_backoff = Duration::from_millis(400);
     let (tx, rx) = watch::channel(false);
     tokio::spawn(async move { client::run(cfg, &mut agent, rx).await });
-    (log, tx)
+    (log, lost, tx)
 }
 
 pub async fn until(what: &str, mut f: impl FnMut() -> bool) {

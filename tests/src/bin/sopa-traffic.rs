@@ -129,6 +129,10 @@ fn main() -> ExitCode {
     }
 }
 
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Runs the schedule: each chain (a flow and the flows after it) on its own thread.
 fn run(flows: &[Flow], opts: &SendOptions) -> bool {
     let mut chains: Vec<(u64, Vec<usize>)> = Vec::new();
@@ -163,6 +167,8 @@ fn run(flows: &[Flow], opts: &SendOptions) -> bool {
                                     "start_s": start_s, "fct_s": r.seconds,
                                     "mbit_per_s": f.bytes as f64 * 8.0 / r.seconds / 1e6,
                                     "intact": intact,
+                                    "sent_sha256": hex(&r.sent_sha256),
+                                    "received_sha256": hex(&r.echoed_sha256),
                                     "total_retrans": r.tcp.total_retrans,
                                     "reord_seen": r.tcp.reord_seen,
                                     "reordering": r.tcp.reordering,
