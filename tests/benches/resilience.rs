@@ -120,7 +120,7 @@ fn main() {
         (200 << 20, 100_000)
     };
     // SIGKILL during 200 MiB.
-    let arb = Arb::new("rkill").expect("A - R - B");
+    let arb = Arb::new("rx").expect("A - R - B");
     let cleanup = DetachOnDrop {
         ns: &arb.a,
         node: arb.a.name().to_owned(),
@@ -152,7 +152,7 @@ fn main() {
     drop(cleanup);
 
     // 100,000 short flows.
-    let arb2 = Arb::new("rflows").expect("A - R - B");
+    let arb2 = Arb::new("rf").expect("A - R - B");
     let cleanup2 = DetachOnDrop {
         ns: &arb2.a,
         node: arb2.a.name().to_owned(),

@@ -2,7 +2,7 @@
 
 use std::net::Ipv4Addr;
 
-use crate::{NetNs, Result, netns::veth, run_name};
+use crate::{Error, NetNs, Result, netns::veth, run_name};
 
 pub struct Arb {
     pub a: NetNs,
@@ -27,6 +27,14 @@ impl Arb {
     /// default routes on both hosts via R. Everything goes away on drop.
     pub fn new(tag: &str) -> Result<Self> {
         let p = run_name(tag);
+        // Interface names are `<p>r0`-like and the kernel takes at most 15 bytes.
+        if p.len() + 2 > 15 {
+            return Err(Error::Failed(format!(
+                "the tag {tag:?} makes interface names like {p}r0 longer than the kernel's 15 \
+                 bytes: use a tag of at most {} characters",
+                tag.len().saturating_sub(p.len() + 2 - 15)
+            )));
+        }
         let a = NetNs::new(&format!("{p}-a"))?;
         let r = NetNs::new(&format!("{p}-r"))?;
         let b = NetNs::new(&format!("{p}-b"))?;

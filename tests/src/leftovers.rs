@@ -1,8 +1,9 @@
 //! What an interrupted run of the suites or of a testbed left behind, found by the testbed's
-//! names (`st<digits>…`, see [`crate::run_name`]) and removed: processes inside those
+//! names (`st<pid><tag><n>…`, see [`crate::run_name`]) and removed: processes inside those
 //! namespaces (every one of them was started by a testbed), the namespaces, the agents' pin and
-//! run folders, and the testbed's temporary folders. A fabric left running on purpose by
-//! `cargo xtask testbed up` is spared.
+//! run folders, and the testbed's temporary folders. Names whose PID is still running (a test
+//! or a benchmark going on beside) and a fabric left running on purpose by
+//! `cargo xtask testbed up` are spared.
 
 use std::path::Path;
 
@@ -19,10 +20,43 @@ pub struct Removed {
     pub folders: usize,
 }
 
-/// A name the testbed gives: `st` then a digit (the run's PID).
+/// The PID part of a name the testbed gives ([`crate::run_name`]: `st`, the PID modulo
+/// 100,000, a tag of letters, a counter, then anything after a `-`), if `name` is one.
+pub fn testbed_pid(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("st")?;
+    let head = rest.split('-').next().unwrap_or(rest);
+    let digits = head.bytes().take_while(u8::is_ascii_digit).count();
+    let letters = head[digits..]
+        .bytes()
+        .take_while(u8::is_ascii_lowercase)
+        .count();
+    let counter = head[digits + letters..]
+        .bytes()
+        .take_while(u8::is_ascii_digit)
+        .count();
+    // Namespace, pin and folder names go on after a `-`, if at all.
+    (digits > 0 && letters > 0 && counter > 0 && digits + letters + counter == head.len())
+        .then(|| head[..digits].parse().ok())
+        .flatten()
+}
+
+/// A name the testbed gives.
 pub fn is_testbed_name(name: &str) -> bool {
-    name.strip_prefix("st")
-        .is_some_and(|rest| rest.chars().next().is_some_and(|c| c.is_ascii_digit()))
+    testbed_pid(name).is_some()
+}
+
+/// Whether a running process could have made names with `pid` (the PID modulo 100,000): such
+/// names may belong to a run still going, and are left alone.
+fn maybe_live(pid: u32) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    entries.flatten().any(|e| {
+        e.file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+            .is_some_and(|p| p % 100_000 == pid && p != std::process::id())
+    })
 }
 
 /// The name prefix of a fabric `cargo xtask testbed up` keeps running, if any.
@@ -39,7 +73,10 @@ pub fn clean() -> Result<Removed> {
 
 /// Removes every leftover of the testbed's names except those starting with `keep`.
 pub fn clean_except(keep: Option<&str>) -> Result<Removed> {
-    let ours = |name: &str| is_testbed_name(name) && !keep.is_some_and(|k| name.starts_with(k));
+    let ours = |name: &str| {
+        testbed_pid(name).is_some_and(|pid| !maybe_live(pid))
+            && !keep.is_some_and(|k| name.starts_with(k))
+    };
     let mut removed = Removed::default();
     let listing = crate::netns::ip(&["netns", "list"])?;
     for line in listing.lines() {
@@ -96,10 +133,18 @@ mod tests {
 
     #[test]
     fn knows_the_testbed_names() {
-        assert!(is_testbed_name("st4242f0-h0"));
-        assert!(is_testbed_name("st12ctl3"));
-        assert!(!is_testbed_name("stage"));
-        assert!(!is_testbed_name("cilium"));
-        assert!(!is_testbed_name("st"));
+        assert_eq!(testbed_pid("st4242f0-h0"), Some(4242));
+        assert_eq!(testbed_pid("st12ctl3"), Some(12));
+        assert_eq!(testbed_pid("st12ctl3-a"), Some(12));
+        assert_eq!(testbed_pid("st31883f0-e0"), Some(31883));
+        for other in ["stage", "cilium", "st", "st12", "st12ab", "st3x9a", "stx1"] {
+            assert!(!is_testbed_name(other), "{other}");
+        }
+    }
+
+    #[test]
+    fn names_of_a_running_process_are_spared() {
+        // PID 1 always runs.
+        assert!(maybe_live(1));
     }
 }

@@ -118,8 +118,8 @@ pub fn run(rate: u32, mb: u64) -> Result<()> {
     }
     println!("{:-<96}", "");
     println!(
-        "throughput in Mbit/s per flow; each host's uplink carries two flows, so the fair share is about {:.0}.",
-        f64::from(rate) * 0.956 / 2.0
+        "throughput in Mbit/s per flow; each host's uplink carries two flows, so the fair share is about {:.0} (a flow's ceiling is 1444/1514 of the link with the option).",
+        f64::from(rate) * 1444.0 / 1514.0 / 2.0
     );
     println!(
         "sopa: every flow round-robins its packets over the 4 core paths; ecmp: the hosts stamp nothing (mode off) and the switches' kernel multipath picks one path per flow."

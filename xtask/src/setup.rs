@@ -83,17 +83,23 @@ pub fn build_bins(release: bool) -> Result<()> {
         "--bins",
     ]);
     cargo(&args)?;
+    point_bins(release);
+    Ok(())
+}
+
+/// Points the testbed at the binaries of the release or the debug profile (`SOPA_*_BIN`).
+pub fn point_bins(release: bool) {
     let dir = workspace_root()
         .join("target")
         .join(if release { "release" } else { "debug" });
-    // SAFETY: single-threaded here; the testbed and the test processes read these.
+    // SAFETY: no other thread of xtask reads or writes the environment; the testbed and the
+    // test processes read these.
     unsafe {
         std::env::set_var("SOPA_AGENT_BIN", dir.join("sopa-agent"));
         std::env::set_var("SOPA_TRAFFIC_BIN", dir.join("sopa-traffic"));
         std::env::set_var("SOPA_CONTROLLER_BIN", dir.join("sopa-controller"));
         std::env::set_var("SOPACTL_BIN", dir.join("sopactl"));
     }
-    Ok(())
 }
 
 /// Runs cargo with `args` in the workspace root.

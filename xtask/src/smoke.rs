@@ -4,6 +4,8 @@
 //! toy-size run says nothing about speed.
 
 use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
     process::{Command, Stdio},
     time::Duration,
 };
@@ -16,7 +18,7 @@ use crate::{
 };
 
 /// The fabric modes the smoke pass runs, every baseline and every ablation.
-const FABRIC_MODES: &str = "sopa,rps,ecmp,hedera,single,mptcp,sopa+r3,sopa+norack,sopa+burst";
+const FABRIC_MODES: &str = "sopa,rps,ecmp,hedera,single,mptcp,ideal,sopa+r3,sopa+norack,sopa+burst";
 /// Every experiment of `bench fabric`, with the topology it runs on.
 const EXPERIMENTS: [(&str, &str); 6] = [
     ("sec4.2", "fat-tree:4"),
@@ -29,26 +31,36 @@ const EXPERIMENTS: [(&str, &str); 6] = [
 
 pub fn run(timeout: Duration) -> Result<Vec<Outcome>> {
     crate::demo::build_release()?;
+    let benches = build_benches()?;
     let out = std::env::temp_dir().join(format!("sopa-smoke-{}", std::process::id()));
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let out_s = out.display().to_string();
     let mut rows = vec![
         bench(
+            &benches,
             "datapath",
             &["--runs", "2000", "--iperf-seconds", "1", "--rounds", "1"],
             timeout,
         )?,
-        bench("topology", &["--smoke"], timeout)?,
-        bench("channel", &["--rounds", "1", "--smoke"], timeout)?,
-        bench("resilience", &["--rounds", "1", "--smoke"], timeout)?,
+        bench(&benches, "topology", &["--smoke"], timeout)?,
+        bench(&benches, "channel", &["--rounds", "1", "--smoke"], timeout)?,
+        bench(
+            &benches,
+            "resilience",
+            &["--rounds", "1", "--smoke"],
+            timeout,
+        )?,
     ];
     for (experiment, topo) in EXPERIMENTS {
-        let modes = if topo.starts_with("modric") {
-            "sopa,rps,ecmp,single"
-        } else {
-            FABRIC_MODES
+        // Every mode and ablation on the concurrent experiments; the sequential ones (a few
+        // seconds per flow at 10 Mbit/s) with every base mode and one flow per host.
+        let (modes, per_host) = match (topo.starts_with("modric"), experiment) {
+            (true, _) => ("sopa,rps,ecmp,single,ideal", "2"),
+            (false, "production" | "failure") => ("sopa,rps,ecmp,hedera,single,mptcp,ideal", "1"),
+            _ => (FABRIC_MODES, "2"),
         };
         let mut row = bench(
+            &benches,
             "fabric",
             &[
                 "--smoke",
@@ -63,7 +75,7 @@ pub fn run(timeout: Duration) -> Result<Vec<Outcome>> {
                 "--mb",
                 "1",
                 "--flows-per-host",
-                "2",
+                per_host,
                 "--out",
                 &out_s,
             ],
@@ -88,6 +100,7 @@ pub fn run(timeout: Duration) -> Result<Vec<Outcome>> {
         .find(|p| p.exists())
         .unwrap_or_else(|| out.join("fabric-sec4.2.json"));
     let mut replot = bench(
+        &benches,
         "fabric",
         &["--replot", &sec42.display().to_string()],
         timeout,
@@ -108,18 +121,61 @@ pub fn run(timeout: Duration) -> Result<Vec<Outcome>> {
     Ok(rows)
 }
 
-fn bench(name: &str, args: &[&str], timeout: Duration) -> Result<Outcome> {
-    let (package, bench) = match name {
-        "datapath" => ("sopa-agent", "datapath"),
-        "topology" => ("sopa-topology", "topology"),
-        "channel" => ("sopa-controller", "channel"),
-        _ => ("sopa-testbed", name),
-    };
+/// Every benchmark executable of the workspace, built once (`cargo bench --no-run`): name ->
+/// (executable, package folder).
+fn build_benches() -> Result<HashMap<String, (PathBuf, PathBuf)>> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.args(["bench", "-p", package, "--bench", bench, "--"])
-        .args(args)
-        .current_dir(workspace_root());
+    let out = Command::new(cargo)
+        .args([
+            "bench",
+            "--workspace",
+            "--exclude",
+            "sopa-ebpf",
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ])
+        .current_dir(workspace_root())
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo bench --no-run")?;
+    if !out.status.success() {
+        anyhow::bail!("building the benchmarks failed (cargo's messages above)");
+    }
+    let mut benches = HashMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if msg["reason"] != "compiler-artifact" || msg["target"]["kind"][0] != "bench" {
+            continue;
+        }
+        if let (Some(name), Some(exe), Some(manifest)) = (
+            msg["target"]["name"].as_str(),
+            msg["executable"].as_str(),
+            msg["manifest_path"].as_str(),
+        ) {
+            let dir = Path::new(manifest)
+                .parent()
+                .unwrap_or(Path::new("."))
+                .to_owned();
+            benches.insert(name.to_owned(), (PathBuf::from(exe), dir));
+        }
+    }
+    Ok(benches)
+}
+
+fn bench(
+    benches: &HashMap<String, (PathBuf, PathBuf)>,
+    name: &str,
+    args: &[&str],
+    timeout: Duration,
+) -> Result<Outcome> {
+    let (exe, dir) = benches
+        .get(name)
+        .with_context(|| format!("cargo built no benchmark named {name}"))?;
+    let mut cmd = Command::new(exe);
+    // `--bench`, as cargo passes it to a benchmark.
+    cmd.arg("--bench").args(args).current_dir(dir);
     step(&format!("smoke bench {name}"), cmd, timeout)
 }
 

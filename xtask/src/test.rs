@@ -11,7 +11,8 @@ use std::{
     process::{Child, Command, Stdio},
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicI32, Ordering},
+        mpsc::RecvTimeoutError,
     },
     time::{Duration, Instant},
 };
@@ -27,7 +28,7 @@ pub struct TestArgs {
     #[arg(long, env = "SOPA_FUZZ_SECONDS", default_value_t = 20)]
     pub fuzz_seconds: u64,
     /// Run every suite this many times (one build), stopping at nothing; the summary counts
-    /// the rounds that passed whole.
+    /// the rounds that passed whole. The smoke pass and the fuzz targets run with the first.
     #[arg(long, env = "SOPA_TEST_REPEAT", default_value_t = 1)]
     pub repeat: u32,
     /// Seconds one test executable may run before it is killed (with every process it started)
@@ -70,6 +71,17 @@ impl Outcome {
         self.failed == 0 && self.note.is_none()
     }
 
+    /// A run that could not happen at all (a spawn or a build failed).
+    pub fn error(name: &str, e: &anyhow::Error) -> Self {
+        Self {
+            name: name.to_owned(),
+            passed: 0,
+            failed: 1,
+            seconds: 0.0,
+            note: Some(format!("{e:#}")),
+        }
+    }
+
     /// Failed tests, or 1 for a run that failed without a failed test (a time-out, a crash).
     fn failures(&self) -> u64 {
         self.failed + u64::from(self.failed == 0 && self.note.is_some())
@@ -85,6 +97,7 @@ pub fn run(args: &TestArgs) -> Result<()> {
     if args.repeat == 0 {
         bail!("--repeat 0 runs nothing: give 1 or more");
     }
+    forward_signals();
     report_leftovers(sopa_testbed::leftovers::clean()?);
     // The namespace suites start the binaries; build them first, in the test profile's folder.
     setup::build_bins(false)?;
@@ -98,14 +111,26 @@ pub fn run(args: &TestArgs) -> Result<()> {
         }
         let mut outcomes: Vec<Outcome> = suites
             .iter()
-            .map(|s| run_suite(s, &args.args, Duration::from_secs(args.suite_timeout)))
-            .collect::<Result<_>>()?;
+            .map(|s| {
+                run_suite(s, &args.args, Duration::from_secs(args.suite_timeout))
+                    .unwrap_or_else(|e| Outcome::error(&s.name, &e))
+            })
+            .collect();
         // A filtered run is someone iterating on a few tests: no smoke pass, no fuzzing then.
-        if !filtered && !args.no_bench_smoke {
-            outcomes.extend(crate::smoke::run(Duration::from_secs(args.suite_timeout))?);
+        // Both run once, with the first round: `--repeat` is about the suites.
+        if !filtered && !args.no_bench_smoke && round == 1 {
+            match crate::smoke::run(Duration::from_secs(args.suite_timeout)) {
+                Ok(rows) => outcomes.extend(rows),
+                Err(e) => outcomes.push(Outcome::error("smoke pass", &e)),
+            }
+            // The smoke pass runs the release binaries; the suites of later rounds run these.
+            setup::point_bins(false);
         }
         if !filtered && args.fuzz_seconds > 0 && round == 1 {
-            outcomes.extend(crate::fuzz::run_all(args.fuzz_seconds)?);
+            match crate::fuzz::run_all(args.fuzz_seconds) {
+                Ok(rows) => outcomes.extend(rows),
+                Err(e) => outcomes.push(Outcome::error("fuzz targets", &e)),
+            }
         }
         print_table(&format!("round {round}"), &outcomes);
         rounds.push(outcomes);
@@ -249,7 +274,10 @@ fn run_suite(suite: &Suite, extra: &[String], timeout: Duration) -> Result<Outco
     if result.timed_out {
         // What the killed suite left (namespaces, pins, agents in them) must not disturb the
         // next one.
-        report_leftovers(sopa_testbed::leftovers::clean()?);
+        match sopa_testbed::leftovers::clean() {
+            Ok(r) => report_leftovers(r),
+            Err(e) => eprintln!("removing what the killed suite left: {e}"),
+        }
     }
     Ok(Outcome {
         name: suite.name.clone(),
@@ -268,63 +296,112 @@ pub struct Watched {
     pub seconds: f64,
 }
 
-/// Echoes and collects a child's stdout until it exits or `timeout` passes; then its whole
-/// process group is killed (SIGTERM, SIGKILL 5 s later).
+/// The process group of the suite running now, for [`forward_signals`].
+static CURRENT_GROUP: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(signal: libc::c_int) {
+    let group = CURRENT_GROUP.load(Ordering::SeqCst);
+    // SAFETY: kill, signal and raise are async-signal-safe.
+    unsafe {
+        if group > 0 {
+            libc::kill(-group, signal);
+        }
+        libc::signal(signal, libc::SIG_DFL);
+        libc::raise(signal);
+    }
+}
+
+/// Ctrl-C and SIGTERM reach the suite running in its own process group too (and everything it
+/// started), then end this process as they would have.
+pub fn forward_signals() {
+    for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: installing a handler that only makes async-signal-safe calls.
+        unsafe { libc::signal(signal, on_signal as *const () as libc::sighandler_t) };
+    }
+}
+
+/// Sends `signal` to the process group `group`.
+fn kill_group(group: u32, signal: libc::c_int) {
+    // SAFETY: signalling a process group this runner created for its child.
+    unsafe { libc::kill(-(group as i32), signal) };
+}
+
+/// Waits up to `grace` for `child` to exit.
+fn exited_within(child: &mut Child, grace: Duration) -> Result<Option<std::process::ExitStatus>> {
+    let until = Instant::now() + grace;
+    loop {
+        if let Some(st) = child.try_wait()? {
+            return Ok(Some(st));
+        }
+        if Instant::now() >= until {
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Echoes and collects a child's stdout (the leader of its own process group) until it exits
+/// or `timeout` passes; then its whole process group is killed (SIGTERM, SIGKILL 5 s later).
+/// Whatever the leader left running in its group is killed once it has exited, so nothing can
+/// hold the pipe, or this runner, open.
 pub fn watch(mut child: Child, timeout: Duration, echo: impl Fn(&str)) -> Result<Watched> {
     let start = Instant::now();
+    let group = child.id();
+    CURRENT_GROUP.store(group as i32, Ordering::SeqCst);
     let stdout = child.stdout.take().context("the child's stdout is piped")?;
     let (tx, rx) = std::sync::mpsc::channel::<String>();
-    let reader = std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(stdout);
+        let mut buf = Vec::new();
+        // Bytes, not `lines()`: a line that is not UTF-8 must not stop the reading.
+        while matches!(reader.read_until(b'\n', &mut buf), Ok(n) if n > 0) {
+            let line = String::from_utf8_lossy(&buf)
+                .trim_end_matches('\n')
+                .to_owned();
+            buf.clear();
             if tx.send(line).is_err() {
                 break;
             }
         }
     });
     let mut lines = Vec::new();
-    let mut timed_out = false;
+    let take = |line: String, lines: &mut Vec<String>| {
+        echo(&line);
+        lines.push(line);
+    };
     let deadline = start + timeout;
-    loop {
+    let mut timed_out = false;
+    let status = loop {
         match rx.recv_timeout(Duration::from_millis(200)) {
-            Ok(line) => {
-                echo(&line);
-                lines.push(line);
-                continue;
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {}
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Ok(line) => take(line, &mut lines),
+            Err(RecvTimeoutError::Disconnected) => std::thread::sleep(Duration::from_millis(50)),
+            Err(RecvTimeoutError::Timeout) => {}
         }
-        if child.try_wait()?.is_some() {
-            break;
+        if let Some(st) = child.try_wait()? {
+            break Some(st);
         }
         if Instant::now() >= deadline {
             timed_out = true;
-            let group = format!("-{}", child.id());
-            for (signal, grace) in [("-TERM", 5), ("-KILL", 5)] {
-                let _ = Command::new("kill").args([signal, "--", &group]).status();
-                let until = Instant::now() + Duration::from_secs(grace);
-                while Instant::now() < until && child.try_wait()?.is_none() {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
+            kill_group(group, libc::SIGTERM);
+            if let Some(st) = exited_within(&mut child, Duration::from_secs(5))? {
+                break Some(st);
             }
-            break;
+            kill_group(group, libc::SIGKILL);
+            break exited_within(&mut child, Duration::from_secs(5))?;
         }
+    };
+    // The leader is gone: what it left in its group goes too, then the pipe drains.
+    kill_group(group, libc::SIGKILL);
+    CURRENT_GROUP.store(0, Ordering::SeqCst);
+    let drain_until = Instant::now() + Duration::from_secs(5);
+    while let Ok(line) = rx.recv_timeout(drain_until.saturating_duration_since(Instant::now())) {
+        take(line, &mut lines);
     }
-    let status = child.wait()?;
-    // A grandchild that kept the pipe open must not hold us: the group was killed on time-out;
-    // otherwise drain what is left.
-    if !timed_out {
-        for line in rx.iter() {
-            echo(&line);
-            lines.push(line);
-        }
-        let _ = reader.join();
-    }
+    let success = !timed_out && status.is_some_and(|s| s.success());
     Ok(Watched {
         lines,
-        success: status.success() && !timed_out,
-        status: status.to_string(),
+        success,
+        status: status.map_or_else(|| "no exit after SIGKILL".to_owned(), |s| s.to_string()),
         timed_out,
         seconds: start.elapsed().as_secs_f64(),
     })
@@ -344,7 +421,8 @@ fn libtest_counts(line: &str) -> Option<(u64, u64)> {
     Some((count("passed")?, count("failed")?))
 }
 
-fn print_table(title: &str, outcomes: &[Outcome]) {
+/// Prints the summary table; returns the failures it counts.
+pub fn print_table(title: &str, outcomes: &[Outcome]) -> u64 {
     let width = outcomes
         .iter()
         .map(|o| o.name.len())
@@ -376,6 +454,7 @@ fn print_table(title: &str, outcomes: &[Outcome]) {
         "{:<width$}  {passed:>6}  {failed:>6}  {seconds:>8.1}",
         "total"
     );
+    failed
 }
 
 /// Spinning threads that keep cores busy until dropped.
@@ -445,6 +524,20 @@ mod tests {
             package_name("path+file:///x/sopa-agent#0.1.0"),
             Some("sopa-agent")
         );
+    }
+
+    #[test]
+    fn a_leader_that_exits_leaving_a_child_on_the_pipe_does_not_hold_the_runner() {
+        let child = Command::new("sh")
+            .args(["-c", "echo done; sleep 30 & exit 0"])
+            .stdout(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let w = watch(child, Duration::from_secs(60), |_| {}).unwrap();
+        assert!(w.success && !w.timed_out, "{}", w.status);
+        assert_eq!(w.lines, ["done"]);
+        assert!(w.seconds < 10.0, "held for {} s", w.seconds);
     }
 
     #[test]

@@ -102,6 +102,7 @@ pub fn run(cmd: TestbedCommand) -> Result<()> {
                 rate_mbit: (rate > 0).then_some(rate),
                 host_args: vec!["--mode".into(), mode.clone()],
                 queue_packets: queue,
+                ideal: false,
             };
             eprintln!(
                 "==> building {topo} at {} in namespaces",
