@@ -37,7 +37,13 @@ struct Args {
 fn args() -> Args {
     let mut a = Args {
         experiment: "sec4.2".into(),
-        modes: vec!["sopa".into(), "rps".into(), "ecmp".into(), "hedera".into()],
+        modes: vec![
+            "sopa".into(),
+            "rps".into(),
+            "ecmp".into(),
+            "hedera".into(),
+            "ideal".into(),
+        ],
         repeat: 1,
         topo: "fat-tree:4".into(),
         rate: 100,
@@ -104,6 +110,8 @@ fn main() {
     let spec = parse_topo(&a.topo).unwrap_or_else(|e| panic!("{e}"));
     let opts = FabricOptions {
         rate_mbit: Some(a.rate),
+        // The non-blocking ideal is a mode of the run: its big switch is built beside the fabric.
+        ideal: a.modes.iter().any(|m| m.starts_with("ideal")),
         ..FabricOptions::default()
     };
     eprintln!("building {} at {} Mbit/s", a.topo, a.rate);
@@ -176,13 +184,15 @@ fn main() {
         );
     }
     println!(
-        "{:<8} {:>5} {:>6} {:>6} {:>6} {:>6} {:>8} {:>8} {:>9} {:>8} {:>8} {:>8} {:>10} {:>6}",
+        "{:<12} {:>5} {:>6} {:>13} {:>6} {:>6} {:>6} {:>5} {:>8} {:>8} {:>9} {:>8} {:>6} {:>7} {:>10} {:>6}",
         "mode",
         "flows",
         "mean",
+        "rounds min-max",
         "min",
         "p5",
         "p99",
+        "Jain",
         "FCT s",
         "p99 s",
         "reord %",
@@ -193,14 +203,19 @@ fn main() {
         "idle%"
     );
     for r in &results {
+        let lo = r.round_means.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = r.round_means.iter().copied().fold(0.0, f64::max);
         println!(
-            "{:<8} {:>5} {:>6.3} {:>6.3} {:>6.3} {:>6.3} {:>8.2} {:>8.2} {:>9.3} {:>8} {:>8} {:>8} {:>10.2} {:>6.1}",
+            "{:<12} {:>5} {:>6.3} {:>6.3}-{:<6.3} {:>6.3} {:>6.3} {:>6.3} {:>5.3} {:>8.2} {:>8.2} {:>9.3} {:>8} {:>6} {:>7} {:>10.2} {:>6.1}",
             r.mode,
             r.flows,
             r.mean,
+            lo,
+            hi,
             r.min,
             r.p5,
             r.p99,
+            r.jain,
             r.fct_mean_s,
             r.fct_p99_s,
             r.reordered_pct,
@@ -210,11 +225,57 @@ fn main() {
             r.core_links_max_over_min,
             r.idle_cpu_pct
         );
+        if let Some(sub) = r.mptcp_subflows_mean {
+            println!(
+                "{:<12} (MPTCP: {sub:.2} subflows beside the first, per flow)",
+                ""
+            );
+        }
+    }
+    // Every mode over the non-blocking ideal, measured in the same run.
+    if let Some(ideal) = results.iter().find(|r| r.mode == "ideal" && r.mean > 0.0) {
+        let ratios: Vec<String> = results
+            .iter()
+            .filter(|r| r.mode != "ideal")
+            .map(|r| format!("{}/ideal {:.3}", r.mode, r.mean / ideal.mean))
+            .collect();
+        println!("over the non-blocking ideal: {}", ratios.join(", "));
+    }
+    // The ratios the results page quotes, measured here side by side.
+    if let Some(sopa) = results.iter().find(|r| r.mode == "sopa") {
+        let ratios: Vec<String> = results
+            .iter()
+            .filter(|r| r.mode != "sopa" && r.mean > 0.0)
+            .map(|r| format!("sopa/{} {:.2}", r.mode, sopa.mean / r.mean))
+            .collect();
+        println!("ratios of means: {}", ratios.join(", "));
+        let overlapping: Vec<&str> = results
+            .iter()
+            .filter(|r| r.mode != "sopa" && r.round_means.len() > 1)
+            .filter(|r| {
+                let max_r = r.round_means.iter().copied().fold(0.0, f64::max);
+                let min_s = sopa
+                    .round_means
+                    .iter()
+                    .copied()
+                    .fold(f64::INFINITY, f64::min);
+                max_r >= min_s
+            })
+            .map(|r| r.mode.as_str())
+            .collect();
+        if !overlapping.is_empty() {
+            println!(
+                "(round means of sopa and {} overlap: that difference is within the spread)",
+                overlapping.join(", ")
+            );
+        }
     }
     println!(
         "(throughput as a fraction of the link rate; a flow's ceiling is 1444/1514 = 0.954 with the option;"
     );
-    println!(" drops: packets the links' drop-tail queues dropped, every switch and host;");
+    println!(
+        " rounds min-max: the lowest and highest round mean (one seed each, modes interleaved per round);\n Jain: Jain's fairness index over every flow (1 when all are equal);\n drops: packets the links' drop-tail queues dropped, every switch and host;"
+    );
     println!(
         " core max/min: the busiest over the idlest loaded core link, inf when one carried nothing)"
     );

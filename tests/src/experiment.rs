@@ -32,7 +32,23 @@ pub struct Report {
     pub results: Vec<ModeResult>,
 }
 
-/// Runs the fidelity check and then every mode of `plan` on `f`.
+/// What one mode accumulated over the rounds.
+#[derive(Default)]
+struct Acc {
+    transfers: Vec<Transfer>,
+    names: Vec<(String, String)>,
+    counters: BTreeMap<&'static str, u64>,
+    links: Vec<u64>,
+    idle: u64,
+    total: u64,
+    drops: u64,
+    /// Mean throughput (fraction of R) of each round.
+    round_means: Vec<f64>,
+}
+
+/// Runs the fidelity check and then every mode of `plan` on `f`, the modes interleaved per
+/// round (round 1: every mode, round 2: every mode, ...), so that whatever drifts on the
+/// machine during a run weighs on every mode alike.
 pub fn run(f: &Fabric, plan: &Plan) -> Report {
     let a = plan;
     // Fidelity: one flow alone on the idle fabric, between two pods or containers.
@@ -41,7 +57,6 @@ pub fn run(f: &Fabric, plan: &Plan) -> Report {
     let t = &run_round(f, std::slice::from_ref(&alone), a.mb, 9000, false)[0];
     let alone_fraction = t.mbit_per_s() / f64::from(a.rate_mbit);
 
-    let mut results = Vec::new();
     let sequential = matches!(a.experiment.as_str(), "production" | "failure");
     let progress = indicatif::ProgressBar::new(u64::from(a.repeat) * a.modes.len() as u64);
     progress.set_style(
@@ -50,18 +65,17 @@ pub fn run(f: &Fabric, plan: &Plan) -> Report {
             .progress_chars("=> "),
     );
     progress.set_prefix(a.experiment.clone());
-    for (mi, mode) in a.modes.iter().enumerate() {
-        set_mode(f, mode);
-        let mptcp = mode.starts_with("mptcp");
-        let mut transfers = Vec::new();
-        let mut names = Vec::new();
-        let failed = (a.experiment == "failure").then(|| fail_switch(f, FAILED_SWITCH));
-        let (c0, l0, cpu0) = (host_counters(f), core_link_bytes(f, &a.experiment), cpu());
-        let drops0 = queue_drops(f);
-        for r in 0..a.repeat {
+    let mut acc: Vec<Acc> = a.modes.iter().map(|_| Acc::default()).collect();
+    for r in 0..a.repeat {
+        for (mi, mode) in a.modes.iter().enumerate() {
             progress.set_message(mode.clone());
             progress.inc(1);
-            let port = 10_000 + (mi as u16) * 1000 + (r as u16) * 50;
+            set_mode(f, mode);
+            let mptcp = mode.starts_with("mptcp");
+            let failed = (a.experiment == "failure").then(|| fail_switch(f, FAILED_SWITCH));
+            let (c0, l0, cpu0) = (host_counters(f), core_link_bytes(f, &a.experiment), cpu());
+            let drops0 = queue_drops(f);
+            let mut round: Vec<(String, String, Transfer)> = Vec::new();
             if sequential {
                 let sched = production(f, a.seed + u64::from(r), a.flows_per_host);
                 let total: u64 = sched
@@ -76,89 +90,160 @@ pub fn run(f: &Fabric, plan: &Plan) -> Report {
                     a.flows_per_host,
                     total as f64 / 1e6
                 );
-                for (src, dst, t) in run_sequential(f, &sched, 20_000 + (mi as u16) * 2000, mptcp) {
-                    names.push((src, dst));
-                    transfers.push(t);
-                }
-                continue;
-            }
-            let fl = flows(f, &a.experiment, a.seed + u64::from(r));
-            eprintln!(
-                "{mode}: round {} of {}, {} flows of {} MB",
-                r + 1,
-                a.repeat,
-                fl.len(),
-                a.mb
-            );
-            transfers.extend(run_round(f, &fl, a.mb, port, mptcp));
-            names.extend(fl);
-        }
-        let (c1, l1, cpu1) = (host_counters(f), core_link_bytes(f, &a.experiment), cpu());
-        let drops = queue_drops(f) - drops0;
-        if let Some(links) = failed {
-            restore_switch(f, FAILED_SWITCH, &links);
-        }
-        assert!(
-            transfers.iter().all(Transfer::intact),
-            "a flow arrived corrupted"
-        );
-        let mut frac: Vec<f64> = transfers
-            .iter()
-            .map(|t| t.mbit_per_s() / f64::from(a.rate_mbit))
-            .collect();
-        frac.sort_by(f64::total_cmp);
-        let mut fct: Vec<f64> = transfers.iter().map(|t| t.seconds).collect();
-        fct.sort_by(f64::total_cmp);
-        let d = |k: &str| c1[k] - c0[k];
-        let link: Vec<u64> = l1.iter().zip(&l0).map(|(x, y)| x - y).collect();
-        let (lmax, lmin) = (
-            link.iter().max().copied().unwrap_or(0),
-            link.iter().min().copied().unwrap_or(0),
-        );
-        results.push(ModeResult {
-            mode: mode.clone(),
-            flows: transfers.len(),
-            mean: frac.iter().sum::<f64>() / frac.len() as f64,
-            min: frac[0],
-            p5: percentile(&frac, 0.05),
-            p99: percentile(&frac, 0.99),
-            fct_mean_s: fct.iter().sum::<f64>() / fct.len() as f64,
-            fct_p99_s: percentile(&fct, 0.99),
-            reordered_pct: 100.0 * d("tcp_reordered") as f64 / d("tcp_data").max(1) as f64,
-            fast_retransmits: d("fast_retransmits"),
-            timeouts: d("timeouts"),
-            retrans_segs: d("retrans_segs"),
-            queue_drops: drops,
-            core_links: core_link_names(f, &a.experiment)
-                .into_iter()
-                .zip(link.iter().copied())
-                .collect(),
-            core_links_max_over_min: if lmin == 0 {
-                f64::INFINITY
+                let port = 20_000 + (mi as u16) * 2000 + (r as u16) * 10;
+                round = run_sequential(f, &sched, port, mptcp);
             } else {
-                lmax as f64 / lmin as f64
-            },
-            idle_cpu_pct: 100.0 * (cpu1.0 - cpu0.0) as f64 / (cpu1.1 - cpu0.1).max(1) as f64,
-            per_flow: names
+                let fl = flows(f, &a.experiment, a.seed + u64::from(r));
+                eprintln!(
+                    "{mode}: round {} of {}, {} flows of {} MB",
+                    r + 1,
+                    a.repeat,
+                    fl.len(),
+                    a.mb
+                );
+                let port = 10_000 + (mi as u16) * 1000 + (r as u16) * 50;
+                let ts = run_round(f, &fl, a.mb, port, mptcp);
+                round.extend(fl.into_iter().zip(ts).map(|((s, d), t)| (s, d, t)));
+            }
+            let (c1, l1, cpu1) = (host_counters(f), core_link_bytes(f, &a.experiment), cpu());
+            let drops = queue_drops(f).saturating_sub(drops0);
+            if let Some(links) = failed {
+                restore_switch(f, FAILED_SWITCH, &links);
+            }
+            assert!(
+                round.iter().all(|(_, _, t)| t.intact()),
+                "{mode}: a flow arrived corrupted"
+            );
+            if mptcp {
+                check_mptcp(mode, round.iter().map(|(_, _, t)| t));
+            }
+            let m = &mut acc[mi];
+            let fracs: Vec<f64> = round
                 .iter()
-                .zip(&transfers)
-                .map(|((s, d), t)| {
-                    (
-                        s.clone(),
-                        d.clone(),
-                        t.mbit_per_s(),
-                        t.seconds,
-                        t.tcp.total_retrans,
-                    )
-                })
-                .collect(),
-        });
+                .map(|(_, _, t)| t.mbit_per_s() / f64::from(a.rate_mbit))
+                .collect();
+            m.round_means
+                .push(fracs.iter().sum::<f64>() / fracs.len().max(1) as f64);
+            for (k, v) in &c1 {
+                *m.counters.entry(k).or_default() +=
+                    v.saturating_sub(c0.get(k).copied().unwrap_or(0));
+            }
+            if m.links.is_empty() {
+                m.links = vec![0; l1.len()];
+            }
+            for ((sum, x), y) in m.links.iter_mut().zip(&l1).zip(&l0) {
+                *sum += x.saturating_sub(*y);
+            }
+            m.idle += cpu1.0.saturating_sub(cpu0.0);
+            m.total += cpu1.1.saturating_sub(cpu0.1);
+            m.drops += drops;
+            for (s, d, t) in round {
+                m.names.push((s, d));
+                m.transfers.push(t);
+            }
+        }
     }
     progress.finish_and_clear();
+    let results = a
+        .modes
+        .iter()
+        .zip(acc)
+        .map(|(mode, m)| mode_result(f, a, mode, m))
+        .collect();
     Report {
         alone_fraction,
         rate_mbit: f64::from(a.rate_mbit),
         results,
+    }
+}
+
+/// An MPTCP column must measure MPTCP: no flow fell back to TCP, and the path manager opened
+/// every announced subflow on at least one flow (short flows may end before all are up).
+fn check_mptcp<'a>(mode: &str, transfers: impl Iterator<Item = &'a Transfer>) {
+    let (mut fell_back, mut most) = (0, 0u8);
+    for t in transfers {
+        fell_back += usize::from(t.tcp.mptcp_fallback);
+        most = most.max(t.tcp.mptcp_subflows.unwrap_or(0));
+    }
+    assert!(
+        fell_back == 0 && usize::from(most) == MPTCP_PORTS.len(),
+        "{mode}: {fell_back} flows fell back to TCP and at most {most} of {} extra subflows \
+         opened: the column would not measure MPTCP",
+        MPTCP_PORTS.len()
+    );
+}
+
+/// Jain's fairness index of `x`: 1 when every value is equal, 1/n when one takes everything.
+pub fn jain(x: &[f64]) -> f64 {
+    let sum: f64 = x.iter().sum();
+    let squares: f64 = x.iter().map(|v| v * v).sum();
+    if squares == 0.0 {
+        return 1.0;
+    }
+    sum * sum / (x.len() as f64 * squares)
+}
+
+fn mode_result(f: &Fabric, a: &Plan, mode: &str, m: Acc) -> ModeResult {
+    let mut frac: Vec<f64> = m
+        .transfers
+        .iter()
+        .map(|t| t.mbit_per_s() / f64::from(a.rate_mbit))
+        .collect();
+    frac.sort_by(f64::total_cmp);
+    let mut fct: Vec<f64> = m.transfers.iter().map(|t| t.seconds).collect();
+    fct.sort_by(f64::total_cmp);
+    let d = |k: &str| m.counters.get(k).copied().unwrap_or(0);
+    let (lmax, lmin) = (
+        m.links.iter().max().copied().unwrap_or(0),
+        m.links.iter().min().copied().unwrap_or(0),
+    );
+    let subflows: Vec<f64> = m
+        .transfers
+        .iter()
+        .filter_map(|t| t.tcp.mptcp_subflows.map(f64::from))
+        .collect();
+    ModeResult {
+        mode: mode.to_owned(),
+        flows: m.transfers.len(),
+        mean: frac.iter().sum::<f64>() / frac.len().max(1) as f64,
+        min: frac.first().copied().unwrap_or(0.0),
+        p5: percentile(&frac, 0.05),
+        p99: percentile(&frac, 0.99),
+        jain: jain(&frac),
+        round_means: m.round_means,
+        fct_mean_s: fct.iter().sum::<f64>() / fct.len().max(1) as f64,
+        fct_p99_s: percentile(&fct, 0.99),
+        reordered_pct: 100.0 * d("tcp_reordered") as f64 / d("tcp_data").max(1) as f64,
+        fast_retransmits: d("fast_retransmits"),
+        timeouts: d("timeouts"),
+        retrans_segs: d("retrans_segs"),
+        queue_drops: m.drops,
+        core_links: core_link_names(f, &a.experiment)
+            .into_iter()
+            .zip(m.links.iter().copied())
+            .collect(),
+        core_links_max_over_min: if lmin == 0 {
+            f64::INFINITY
+        } else {
+            lmax as f64 / lmin as f64
+        },
+        idle_cpu_pct: 100.0 * m.idle as f64 / m.total.max(1) as f64,
+        mptcp_subflows_mean: (!subflows.is_empty())
+            .then(|| subflows.iter().sum::<f64>() / subflows.len() as f64),
+        per_flow: m
+            .names
+            .iter()
+            .zip(&m.transfers)
+            .map(|((s, d), t)| {
+                (
+                    s.clone(),
+                    d.clone(),
+                    t.mbit_per_s(),
+                    t.seconds,
+                    t.tcp.total_retrans,
+                )
+            })
+            .collect(),
     }
 }
 
@@ -426,6 +511,8 @@ pub fn flow_line(l: &serde_json::Value, bytes: u64) -> Result<Transfer, String> 
             reordering: n("reordering") as u32,
             segs_out: 0,
             rtos: n("rtos") as u16,
+            mptcp_subflows: l["mptcp_subflows"].as_u64().map(|v| v as u8),
+            mptcp_fallback: l["mptcp_fallback"] == true,
         },
     })
 }
@@ -552,31 +639,32 @@ pub fn host_counters(f: &Fabric) -> BTreeMap<&'static str, u64> {
 
 /// Packets dropped by the links' drop-tail queues in every namespace of the fabric.
 pub fn queue_drops(f: &Fabric) -> u64 {
-    f.topo
+    let drops = |ns: &crate::NetNs| -> u64 {
+        let out = ns.tc(&["-s", "-j", "qdisc", "show"]).unwrap_or_default();
+        serde_json::from_str::<serde_json::Value>(&out)
+            .ok()
+            .and_then(|v| {
+                v.as_array().map(|qdiscs| {
+                    qdiscs
+                        .iter()
+                        // The links' drop-tail queues: HTB's root counts its leaf's drops
+                        // again, so only the leaves are summed.
+                        .filter(|q| q["kind"] == "bfifo")
+                        .filter_map(|q| q["drops"].as_u64())
+                        .sum::<u64>()
+                })
+            })
+            .unwrap_or(0)
+    };
+    let nodes: u64 = f
+        .topo
         .graph()
         .nodes
         .iter()
-        .map(|n| {
-            let out = f
-                .ns(&n.name)
-                .tc(&["-s", "-j", "qdisc", "show"])
-                .unwrap_or_default();
-            serde_json::from_str::<serde_json::Value>(&out)
-                .ok()
-                .and_then(|v| {
-                    v.as_array().map(|qdiscs| {
-                        qdiscs
-                            .iter()
-                            // The links' drop-tail queues: HTB's root counts its leaf's
-                            // drops again, so only the leaves are summed.
-                            .filter(|q| q["kind"] == "bfifo")
-                            .filter_map(|q| q["drops"].as_u64())
-                            .sum::<u64>()
-                    })
-                })
-                .unwrap_or(0)
-        })
-        .sum()
+        .map(|n| drops(f.ns(&n.name)))
+        .sum();
+    // The big switch of the ideal, when the fabric has one.
+    nodes + f.ideal_ns().map_or(0, drops)
 }
 
 /// The names (`a0-c0`) of the links [`core_link_bytes`] measures, in its order.
@@ -629,6 +717,12 @@ pub struct ModeResult {
     pub min: f64,
     pub p5: f64,
     pub p99: f64,
+    /// Jain's fairness index over every flow's throughput (1: all equal).
+    #[serde(default)]
+    pub jain: f64,
+    /// The mean of each round (seed): their spread says which differences are noise.
+    #[serde(default)]
+    pub round_means: Vec<f64>,
     pub fct_mean_s: f64,
     pub fct_p99_s: f64,
     pub reordered_pct: f64,
@@ -643,6 +737,9 @@ pub struct ModeResult {
     #[serde(deserialize_with = "null_is_infinite")]
     pub core_links_max_over_min: f64,
     pub idle_cpu_pct: f64,
+    /// MPTCP modes: the mean number of subflows added beside the first, per flow.
+    #[serde(default)]
+    pub mptcp_subflows_mean: Option<f64>,
     pub per_flow: Vec<(String, String, f64, f64, u32)>,
 }
 
@@ -669,9 +766,9 @@ impl std::str::FromStr for ModeSpec {
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         let mut parts = s.split('+');
         let base = parts.next().unwrap_or_default().to_owned();
-        if !["sopa", "rps", "ecmp", "hedera", "single", "mptcp"].contains(&base.as_str()) {
+        if !["sopa", "rps", "ecmp", "hedera", "single", "mptcp", "ideal"].contains(&base.as_str()) {
             return Err(format!(
-                "mode {s:?}: sopa, rps, ecmp, hedera, single or mptcp, optionally +r3, +norack, +burst"
+                "mode {s:?}: sopa, rps, ecmp, hedera, single, mptcp or ideal, optionally +r3, +norack, +burst"
             ));
         }
         let mut m = Self {
@@ -704,8 +801,12 @@ pub fn set_mode(f: &Fabric, mode: &str) {
         // No option: the switches' kernel multipath (MPTCP's subflows are spread by it too).
         "ecmp" | "mptcp" => "off",
         "hedera" => "pinned",
+        // The big switch of the non-blocking ideal: nothing to stamp.
+        "ideal" => "off",
         other => other,
     };
+    f.use_ideal(m.base == "ideal")
+        .unwrap_or_else(|e| panic!("{e}"));
     for (id, agent) in &f.hosts {
         let out = std::process::Command::new(crate::bins::sopa_agent())
             .args(["mode", "--node", &agent.node, host_mode])
@@ -755,12 +856,21 @@ pub fn set_mode(f: &Fabric, mode: &str) {
     }
 }
 
-/// The extra ports every host announces in `mptcp` mode (one subflow each).
-pub const MPTCP_PORTS: [u16; 4] = [40_001, 40_002, 40_003, 40_004];
+/// The extra ports every host announces in `mptcp` mode (one subflow each). Below the
+/// ephemeral range (32768-60999): an earlier connection's local port there would make the
+/// announcement's listening socket fail with EADDRINUSE.
+pub const MPTCP_PORTS: [u16; 4] = [31_001, 31_002, 31_003, 31_004];
 
 #[cfg(test)]
 mod tests {
     use super::{ModeSpec, flow_line};
+
+    #[test]
+    fn jain_is_one_for_equal_shares_and_one_over_n_for_a_hog() {
+        assert!((super::jain(&[0.5, 0.5, 0.5, 0.5]) - 1.0).abs() < 1e-12);
+        assert!((super::jain(&[1.0, 0.0, 0.0, 0.0]) - 0.25).abs() < 1e-12);
+        assert!((super::jain(&[0.6, 0.2]) - 0.8).abs() < 1e-12);
+    }
 
     #[test]
     fn a_flow_line_carries_both_hashes() {
@@ -799,7 +909,7 @@ mod tests {
             "quic"
                 .parse::<ModeSpec>()
                 .unwrap_err()
-                .contains("sopa, rps, ecmp, hedera, single or mptcp")
+                .contains("sopa, rps, ecmp, hedera, single, mptcp or ideal")
         );
         assert!(
             "sopa+fast"

@@ -62,6 +62,9 @@ pub struct FabricOptions {
     pub queue_packets: u32,
     /// Extra flags for every host agent (mode, granularity, ...).
     pub host_args: Vec<String>,
+    /// Also wire every host to one big switch (the non-blocking ideal), with links shaped like
+    /// the fabric's: the `ideal` mode of the experiments routes the hosts through it.
+    pub ideal: bool,
 }
 
 impl Default for FabricOptions {
@@ -70,6 +73,7 @@ impl Default for FabricOptions {
             rate_mbit: Some(100),
             queue_packets: 100,
             host_args: Vec::new(),
+            ideal: false,
         }
     }
 }
@@ -85,8 +89,16 @@ pub struct Fabric {
     namespaces: BTreeMap<NodeId, NetNs>,
     /// Each host's fabric interface.
     pub host_ifaces: BTreeMap<NodeId, String>,
+    /// The big switch of the non-blocking ideal ([`FabricOptions::ideal`]).
+    ideal: Option<NetNs>,
     dir: PathBuf,
 }
+
+/// The big switch's address on every host link of the ideal, and the routing table and rule
+/// preference that send a host's fabric traffic through it.
+const IDEAL_GW: &str = "172.31.255.254";
+const IDEAL_TABLE: &str = "100";
+const IDEAL_PREF: &str = "100";
 
 impl Fabric {
     /// Builds the namespaces and links of `spec` (no processes yet).
@@ -102,6 +114,7 @@ impl Fabric {
             socket: dir.join("controller.sock"),
             namespaces: BTreeMap::new(),
             host_ifaces: BTreeMap::new(),
+            ideal: None,
             topo,
             prefix,
             dir,
@@ -170,7 +183,106 @@ impl Fabric {
                 }
             }
         }
+        if opts.ideal {
+            fabric.build_ideal(opts)?;
+        }
         Ok(fabric)
+    }
+
+    /// One big switch with a link to every host, shaped like the fabric's links: the
+    /// non-blocking ideal. Each host gets its address on its ideal link too, and a routing table
+    /// through the big switch that [`Fabric::use_ideal`] turns on.
+    fn build_ideal(&mut self, opts: &FabricOptions) -> Result<()> {
+        let big = NetNs::new(&format!("{}-ideal", self.prefix))?;
+        big.sysctl("net.ipv4.ip_forward", "1")?;
+        let g = self.topo.graph().clone();
+        for (id, node) in g.nodes.iter().enumerate() {
+            if node.kind != NodeKind::Host {
+                continue;
+            }
+            let host = &self.namespaces[&(id as NodeId)];
+            let h = node.addr.expect("hosts have addresses").to_string();
+            let (hif, sif) = (
+                format!("{}i{id}h", self.prefix),
+                format!("{}i{id}s", self.prefix),
+            );
+            veth(host, &hif, &big, &sif)?;
+            host.ip(&[
+                "addr",
+                "add",
+                &h,
+                "peer",
+                &format!("{IDEAL_GW}/32"),
+                "dev",
+                &hif,
+            ])?;
+            host.ip(&[
+                "route",
+                "add",
+                "10.0.0.0/8",
+                "via",
+                IDEAL_GW,
+                "dev",
+                &hif,
+                "table",
+                IDEAL_TABLE,
+            ])?;
+            big.ip(&[
+                "addr",
+                "add",
+                IDEAL_GW,
+                "peer",
+                &format!("{h}/32"),
+                "dev",
+                &sif,
+            ])?;
+            if let Some(rate) = opts.rate_mbit {
+                let limit = (opts.queue_packets * 1514).to_string();
+                shape(host, &hif, rate, &limit)?;
+                shape(&big, &sif, rate, &limit)?;
+            }
+        }
+        self.ideal = Some(big);
+        Ok(())
+    }
+
+    /// The big switch's namespace, on a fabric built with the ideal.
+    pub fn ideal_ns(&self) -> Option<&NetNs> {
+        self.ideal.as_ref()
+    }
+
+    /// Routes every host's fabric traffic through the big switch (`true`) or the fabric
+    /// (`false`), by a policy rule in each host. Refused on a fabric built without the ideal.
+    pub fn use_ideal(&self, on: bool) -> Result<()> {
+        if self.ideal.is_none() {
+            if on {
+                return Err(Error::Failed(
+                    "the ideal mode needs the fabric built with the big switch \
+                     (FabricOptions::ideal; bench fabric does it when --modes has ideal)"
+                        .into(),
+                ));
+            }
+            return Ok(());
+        }
+        let g = self.topo.graph();
+        for (id, ns) in &self.namespaces {
+            if g.node(*id).kind != NodeKind::Host {
+                continue;
+            }
+            let has = ns
+                .ip(&["rule", "show", "pref", IDEAL_PREF])?
+                .contains("lookup");
+            match (on, has) {
+                (true, false) => {
+                    ns.ip(&["rule", "add", "pref", IDEAL_PREF, "table", IDEAL_TABLE])?;
+                }
+                (false, true) => {
+                    ns.ip(&["rule", "del", "pref", IDEAL_PREF])?;
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     pub fn ns(&self, name: &str) -> &NetNs {
@@ -449,10 +561,13 @@ impl Fabric {
                 .map(Process::leak),
         );
         pids.extend(self.controller.take().map(Process::leak));
-        let namespaces = std::mem::take(&mut self.namespaces)
+        let mut namespaces: BTreeMap<String, String> = std::mem::take(&mut self.namespaces)
             .into_iter()
             .map(|(id, ns)| (g.name(id).to_owned(), ns.leak()))
             .collect();
+        if let Some(big) = self.ideal.take() {
+            namespaces.insert("ideal".into(), big.leak());
+        }
         let agents = g
             .nodes
             .iter()
@@ -514,6 +629,7 @@ impl Drop for Fabric {
         self.switches.clear();
         self.controller = None;
         self.namespaces.clear();
+        self.ideal = None;
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -60,6 +60,38 @@ pub struct TcpStats {
     pub segs_out: u32,
     /// Retransmission timeouts over the connection's life (`tcpi_total_rto`, Linux 6.7+).
     pub rtos: u16,
+    /// MPTCP sockets: the subflows the path manager added beside the first (MPTCP_INFO), at the
+    /// end of the transfer; `None` for TCP.
+    pub mptcp_subflows: Option<u8>,
+    /// MPTCP sockets: the connection fell back to plain TCP (the peer did not speak MPTCP).
+    pub mptcp_fallback: bool,
+}
+
+/// `SOL_MPTCP` and its `MPTCP_INFO` option (linux/mptcp.h).
+const SOL_MPTCP: libc::c_int = 284;
+const MPTCP_INFO: libc::c_int = 1;
+const MPTCP_INFO_FLAG_FALLBACK: u32 = 1;
+
+/// (additional subflows, fallen back to TCP) of an MPTCP socket, from `struct mptcp_info`:
+/// `mptcpi_subflows` is its first byte, `mptcpi_flags` the u32 at offset 8.
+fn mptcp_info(fd: i32) -> Option<(u8, bool)> {
+    let mut info = [0u8; 12];
+    let mut len = info.len() as libc::socklen_t;
+    // SAFETY: getsockopt into a buffer of the length we pass.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            SOL_MPTCP,
+            MPTCP_INFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 || len < 12 {
+        return None;
+    }
+    let flags = u32::from_ne_bytes(info[8..12].try_into().expect("4 bytes"));
+    Some((info[0], flags & MPTCP_INFO_FLAG_FALLBACK != 0))
 }
 
 fn tcp_stats(fd: i32) -> TcpStats {
@@ -84,6 +116,8 @@ fn tcp_stats(fd: i32) -> TcpStats {
         reordering: info.tcpi_reordering,
         segs_out: info.tcpi_segs_out,
         rtos: info.tcpi_total_rto,
+        mptcp_subflows: None,
+        mptcp_fallback: false,
     }
 }
 
@@ -395,6 +429,8 @@ pub fn send(to: SocketAddr, bytes: u64, opts: &SendOptions) -> Result<Sent> {
         })?;
         left -= n as u64;
     }
+    // MPTCP subflows close once the data is acknowledged: count them while the data flows.
+    let mptcp_before = opts.mptcp.then(|| mptcp_info(conn.as_raw_fd()));
     conn.shutdown(std::net::Shutdown::Write)
         .map_err(|e| Error::io("shutdown", e))?;
     let mut echoed = [0u8; 32];
@@ -408,11 +444,21 @@ pub fn send(to: SocketAddr, bytes: u64, opts: &SendOptions) -> Result<Sent> {
             || "waiting for the receiver's hash".into(),
         )
     })?;
+    let mut tcp = tcp_stats(conn.as_raw_fd());
+    if let Some(before) = mptcp_before {
+        // A socket whose MPTCP_INFO cannot be read counts as fallen back: the column must not
+        // silently measure TCP. The most subflows seen, before the end or at it.
+        let after = mptcp_info(conn.as_raw_fd());
+        let subflows = before.into_iter().chain(after).map(|i| i.0).max();
+        let fallback = before.is_none_or(|i| i.1) && after.is_none_or(|i| i.1);
+        tcp.mptcp_subflows = Some(subflows.unwrap_or(0));
+        tcp.mptcp_fallback = fallback;
+    }
     Ok(Sent {
         sent_sha256: hasher.finalize().into(),
         echoed_sha256: echoed,
         seconds: start.elapsed().as_secs_f64(),
-        tcp: tcp_stats(conn.as_raw_fd()),
+        tcp,
     })
 }
 
@@ -435,8 +481,9 @@ pub fn tcp_transfer(
         let listener =
             listen_on(listen, mptcp).map_err(|e| Error::io(format!("binding {listen}"), e))?;
         let _ = ready_tx.send(());
-        // The sender connects within its 5 s connect time-out, or never.
-        let conn = accept_within(&listener, Duration::from_secs(10))?;
+        // The sender connects within its connect time-out (5 s; a blocking connect from a
+        // chosen port or over MPTCP gives up after the kernel's SYN retries, about 2 min).
+        let conn = accept_within(&listener, Duration::from_secs(150))?;
         receive(conn, stall)
     });
     ready_rx

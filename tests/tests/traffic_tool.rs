@@ -76,6 +76,13 @@ fn a_schedule_runs_as_written_and_reports_every_flow() {
             for k in ["total_retrans", "reord_seen", "reordering", "rtos"] {
                 assert!(l[k].is_u64(), "{k} in {l}");
             }
+            // An MPTCP flow is MPTCP end to end, not a TCP fallback; a TCP flow says it is not.
+            if mptcp {
+                assert_eq!(l["mptcp_fallback"], false, "MPTCP negotiated: {l}");
+                assert!(l["mptcp_subflows"].is_u64(), "{l}");
+            } else {
+                assert!(l["mptcp_subflows"].is_null(), "{l}");
+            }
         }
         let start = |i: usize| lines[i]["start_s"].as_f64().unwrap();
         let end = |i: usize| start(i) + lines[i]["fct_s"].as_f64().unwrap();

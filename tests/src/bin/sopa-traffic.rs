@@ -173,6 +173,8 @@ fn run(flows: &[Flow], opts: &SendOptions) -> bool {
                                     "reord_seen": r.tcp.reord_seen,
                                     "reordering": r.tcp.reordering,
                                     "rtos": r.tcp.rtos,
+                                    "mptcp_subflows": r.tcp.mptcp_subflows,
+                                    "mptcp_fallback": r.tcp.mptcp_fallback,
                                 })
                             }
                             Err(e) => {
