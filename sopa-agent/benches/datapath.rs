@@ -343,7 +343,7 @@ fn throughput_table(args: &Args) {
     let (segs_median, segs_best) = (median(&results[2]), best(&results[2]));
     println!();
     println!(
-        "single-stream TCP A -> R -> B (iperf3, cubic, client and server on core 0, {} s, {} rounds)",
+        "single-stream TCP A -> R -> B (iperf3, cubic, client and server not pinned to a core, {} s, {} rounds)",
         args.iperf_seconds, args.rounds
     );
     println!(

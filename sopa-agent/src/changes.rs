@@ -232,3 +232,112 @@ async fn undo_one(change: &Change, netlink: &Netlink) -> Result<()> {
         Change::RouteReplaced { old, .. } => netlink.add_route(old, true).await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(node: &str) -> Record {
+        Record {
+            node: node.into(),
+            pid: std::process::id(),
+            iface: "eth0".into(),
+            ifindex: 2,
+            paths_file: None,
+            granularity: "packet".into(),
+            xdp_mode: "generic".into(),
+            started_unix: 0,
+            changes: Vec::new(),
+            controller: None,
+            netns: None,
+            kept_attached: false,
+            adopted: None,
+            programs: None,
+        }
+    }
+
+    fn scratch() -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix("sopa-journal-")
+            .tempdir()
+            .unwrap()
+    }
+
+    #[test]
+    fn every_change_is_on_disk_before_the_next() {
+        let tmp = scratch();
+        let dir = tmp.path().join("h0");
+        let mut j = Journal::create(&dir, record("h0")).unwrap();
+        assert_eq!(Journal::read(&dir).unwrap().unwrap().changes, []);
+        let sysctl = Change::Sysctl {
+            key: "net.ipv4.tcp_reordering".into(),
+            old: "3".into(),
+            new: "10".into(),
+        };
+        j.push(sysctl.clone()).unwrap();
+        // A crash now leaves exactly this change for the next agent to undo.
+        assert_eq!(
+            Journal::read(&dir).unwrap().unwrap().changes,
+            std::slice::from_ref(&sysctl)
+        );
+        let pins = Change::Pins {
+            dir: tmp.path().join("pins"),
+        };
+        j.push(pins.clone()).unwrap();
+        let back = Journal::read(&dir).unwrap().unwrap();
+        assert_eq!(back.changes, [sysctl, pins]);
+        assert_eq!(back.node, "h0");
+        // No temporary file is left behind by the atomic rewrite.
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [JOURNAL_FILE]);
+    }
+
+    #[test]
+    fn no_record_is_none_and_a_damaged_one_is_refused_by_name() {
+        let tmp = scratch();
+        assert!(Journal::read(tmp.path()).unwrap().is_none());
+        std::fs::write(Journal::path_in(tmp.path()), b"{\"node\": ").unwrap();
+        let err = Journal::read(tmp.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("state.json") && err.contains("remove it if no agent runs"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_record_of_a_dead_process_is_not_live() {
+        let mut r = record("h1");
+        // PID 1 runs, but it is not an agent.
+        r.pid = 1;
+        assert!(!r.is_live());
+        r.pid = u32::MAX;
+        assert!(!r.is_live());
+    }
+
+    #[tokio::test]
+    async fn undo_goes_on_past_a_failure_and_removes_the_journal() {
+        let tmp = scratch();
+        let dir = tmp.path().join("run");
+        let (older, newer) = (tmp.path().join("older"), tmp.path().join("older/newer"));
+        std::fs::create_dir_all(&newer).unwrap();
+        std::fs::write(newer.join("map"), b"x").unwrap();
+        // A change that cannot be undone: "unpinning" a path that is a file.
+        let blocked = tmp.path().join("not-a-folder");
+        std::fs::write(&blocked, b"x").unwrap();
+        let mut j = Journal::create(&dir, record("h2")).unwrap();
+        for d in [&older, &blocked, &newer] {
+            j.push(Change::Pins { dir: d.clone() }).unwrap();
+        }
+        let netlink = Netlink::connect().unwrap();
+        let errors = j.undo(&netlink).await;
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].to_string().contains("not-a-folder"), "{errors:?}");
+        assert!(!older.exists() && !newer.exists(), "the rest was undone");
+        assert!(blocked.exists());
+        assert!(!Journal::path_in(&dir).exists(), "the journal is removed");
+        assert!(!dir.exists(), "and its empty folder");
+    }
+}

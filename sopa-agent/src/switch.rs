@@ -49,10 +49,58 @@ pub struct Switch {
 }
 
 /// One port of this switch: the interface and the neighbour behind it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Port {
     ifindex: u32,
     neighbour: Ipv4Addr,
+}
+
+/// Switch `me`'s ports, by link, from the interface addresses it has: a host link by the
+/// rack's gateway address with the host as peer, a switch link by this end's /31 address of
+/// the link. A link no interface carries is left out (and logged).
+fn ports_from(
+    topo: &Topology,
+    me: u32,
+    addrs: &[crate::netlink::Address],
+) -> Result<HashMap<LinkId, Port>> {
+    let g = topo.graph();
+    let mut ports = HashMap::new();
+    for &(link, other) in g.ports(me) {
+        let found = if g.node(other).kind == NodeKind::Host {
+            let host = g.node(other).addr.expect("hosts have addresses");
+            let rack = topo
+                .rack_of(other)
+                .map_err(|e| Error::Config(e.to_string()))?;
+            let gw = forwarding::gateway(topo, &rack);
+            addrs
+                .iter()
+                .find(|a| a.local == gw && a.peer == Some(host))
+                .map(|a| Port {
+                    ifindex: a.ifindex,
+                    neighbour: host,
+                })
+        } else {
+            let (a, b) = forwarding::link_addresses(link);
+            let (mine, theirs) = if g.links[link as usize].a == me {
+                (a, b)
+            } else {
+                (b, a)
+            };
+            addrs.iter().find(|x| x.local == mine).map(|x| Port {
+                ifindex: x.ifindex,
+                neighbour: theirs,
+            })
+        };
+        match found {
+            Some(p) => {
+                ports.insert(link, p);
+            }
+            None => {
+                warn!(link = %g.link_name(link), "no interface carries this link's address; leaving it out")
+            }
+        }
+    }
+    Ok(ports)
 }
 
 impl Switch {
@@ -313,45 +361,8 @@ impl Switch {
 
     /// This switch's ports, by link: found by the address each link gives this end.
     async fn ports(&self, topo: &Topology, me: u32) -> Result<HashMap<LinkId, Port>> {
-        let g = topo.graph();
         let addrs = self.netlink.addresses().await?;
-        let mut ports = HashMap::new();
-        for &(link, other) in g.ports(me) {
-            let found = if g.node(other).kind == NodeKind::Host {
-                let host = g.node(other).addr.expect("hosts have addresses");
-                let rack = topo
-                    .rack_of(other)
-                    .map_err(|e| Error::Config(e.to_string()))?;
-                let gw = forwarding::gateway(topo, &rack);
-                addrs
-                    .iter()
-                    .find(|a| a.local == gw && a.peer == Some(host))
-                    .map(|a| Port {
-                        ifindex: a.ifindex,
-                        neighbour: host,
-                    })
-            } else {
-                let (a, b) = forwarding::link_addresses(link);
-                let (mine, theirs) = if g.links[link as usize].a == me {
-                    (a, b)
-                } else {
-                    (b, a)
-                };
-                addrs.iter().find(|x| x.local == mine).map(|x| Port {
-                    ifindex: x.ifindex,
-                    neighbour: theirs,
-                })
-            };
-            match found {
-                Some(p) => {
-                    ports.insert(link, p);
-                }
-                None => {
-                    warn!(link = %g.link_name(link), "no interface carries this link's address; leaving it out")
-                }
-            }
-        }
-        Ok(ports)
+        ports_from(topo, me, &addrs)
     }
 
     /// Watches this switch's ports with rtnetlink link events and sends a report for every
@@ -501,5 +512,103 @@ impl Applier for SwitchApplier<'_> {
         self.state.connected = up;
         self.state.endpoint = self.endpoint.clone();
         self.switch.set_controller_state(self.state.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sopa_topology::topology::TopologySpec;
+
+    use super::*;
+    use crate::netlink::Address;
+
+    /// The addresses the testbed gives switch `name`'s interfaces, ifindex 10 + port number.
+    fn addresses(topo: &Topology, name: &str) -> Vec<Address> {
+        let g = topo.graph();
+        let me = g.find(name).unwrap();
+        g.ports(me)
+            .iter()
+            .enumerate()
+            .map(|(i, &(link, other))| {
+                let ifindex = 10 + i as u32;
+                if g.node(other).kind == NodeKind::Host {
+                    let rack = topo.rack_of(other).unwrap();
+                    Address {
+                        ifindex,
+                        local: forwarding::gateway(topo, &rack),
+                        peer: g.node(other).addr,
+                    }
+                } else {
+                    let (a, b) = forwarding::link_addresses(link);
+                    let mine = if g.links[link as usize].a == me { a } else { b };
+                    Address {
+                        ifindex,
+                        local: mine,
+                        peer: None,
+                    }
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_link_maps_to_the_interface_that_carries_its_address() {
+        let topo = Topology::build(&TopologySpec::FatTree { k: 4 }).unwrap();
+        let g = topo.graph();
+        for name in ["e0", "a0", "c0", "e7"] {
+            let me = g.find(name).unwrap();
+            let ports = ports_from(&topo, me, &addresses(&topo, name)).unwrap();
+            assert_eq!(ports.len(), g.ports(me).len(), "{name}: every port found");
+            let mut ifindexes: Vec<u32> = ports.values().map(|p| p.ifindex).collect();
+            ifindexes.sort_unstable();
+            ifindexes.dedup();
+            assert_eq!(
+                ifindexes.len(),
+                ports.len(),
+                "{name}: one interface per link"
+            );
+            for (i, &(link, other)) in g.ports(me).iter().enumerate() {
+                let p = ports[&link];
+                assert_eq!(p.ifindex, 10 + i as u32, "{name}: {}", g.link_name(link));
+                let neighbour = if g.node(other).kind == NodeKind::Host {
+                    g.node(other).addr.unwrap()
+                } else {
+                    let (a, b) = forwarding::link_addresses(link);
+                    if g.links[link as usize].a == me { b } else { a }
+                };
+                assert_eq!(
+                    p.neighbour, neighbour,
+                    "{name}: the next hop is the far end"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_link_without_its_address_is_left_out_and_others_are_not_confused() {
+        let topo = Topology::build(&TopologySpec::FatTree { k: 4 }).unwrap();
+        let g = topo.graph();
+        let me = g.find("a0").unwrap();
+        let mut addrs = addresses(&topo, "a0");
+        let (gone_link, _) = g.ports(me)[0];
+        addrs.remove(0);
+        // The far end's address of another link on some interface of ours is not our port.
+        let (other_link, _) = g.ports(me)[1];
+        let (a, b) = forwarding::link_addresses(other_link);
+        let theirs = if g.links[other_link as usize].a == me {
+            b
+        } else {
+            a
+        };
+        addrs.retain(|x| x.ifindex != 11);
+        addrs.push(Address {
+            ifindex: 99,
+            local: theirs,
+            peer: None,
+        });
+        let ports = ports_from(&topo, me, &addrs).unwrap();
+        assert!(!ports.contains_key(&gone_link));
+        assert!(!ports.contains_key(&other_link), "{ports:?}");
+        assert_eq!(ports.len(), g.ports(me).len() - 2);
     }
 }

@@ -39,7 +39,11 @@ impl Fixture {
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
         ));
-        let mut datapath = Datapath::load(&pins).expect("the programs load and pass the verifier");
+        let datapath = Datapath::load(&pins).expect("the programs load and pass the verifier");
+        Self::from_loaded(datapath, pins, table, mode)
+    }
+
+    fn from_loaded(mut datapath: Datapath, pins: PathBuf, table: &str, mode: u32) -> Self {
         let mut maps = datapath.take_maps().unwrap();
         maps.set_config(Config { mode, hash_seed: 7 }).unwrap();
         maps.apply_paths(&PathTable::parse(table).unwrap()).unwrap();
@@ -614,4 +618,41 @@ fn a_destination_whose_paths_all_failed_passes_unstamped() {
     // The other destination is untouched by that.
     let q = tcp(DST, 1, 1, b"x");
     assert_eq!(f.stamp(&q), stamped(&q, 0, HOP_NONE));
+}
+
+#[test]
+fn a_one_entry_flow_table_evicts_and_every_flow_is_still_stamped() {
+    // FLOW_TABLE_FULL (the stateless fallback) is counted when an insert fails; on this
+    // kernel an LRU map evicts instead, even at one entry, so the fallback is not reached here:
+    // the test holds the table to its size and every flow to a path.
+    static N: AtomicU32 = AtomicU32::new(0);
+    let pins = PathBuf::from(format!(
+        "/sys/fs/bpf/sopa-test-fixtures-tiny-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let datapath = Datapath::load_with_flow_capacity(&pins, 1).expect("a one-entry flow table");
+    let mut f = Fixture::from_loaded(datapath, pins, TABLE, mode::SOPA);
+    let flows = 64u16;
+    for sport in 1..=flows {
+        let p = tcp(DST_INTER_POD, sport, 1, b"x");
+        let out = f.stamp(&p);
+        assert_ne!(
+            out, p,
+            "flow {sport}: stamped whether or not the table took it"
+        );
+    }
+    let c = counters(&f).0;
+    eprintln!(
+        "one-entry LRU table, {flows} flows: {} created, {} refused (stateless hash)",
+        c[stamp_reason::FLOWS_CREATED as usize],
+        c[stamp_reason::FLOW_TABLE_FULL as usize]
+    );
+    assert_eq!(c[stamp_reason::STAMPED as usize], u64::from(flows));
+    assert_eq!(
+        c[stamp_reason::FLOWS_CREATED as usize] + c[stamp_reason::FLOW_TABLE_FULL as usize],
+        u64::from(flows),
+        "every flow either entered the table or fell back to the hash"
+    );
+    assert!(f.maps.flow_entries() <= 1, "the table holds its one entry");
 }

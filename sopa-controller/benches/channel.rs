@@ -1,8 +1,9 @@
 //! `cargo xtask bench channel`: one `sopa-controller` process and N simulated agents on
 //! loopback, each on its own connection (N = 16, 432, 3456: the hosts of Fat-Tree k = 4, 12,
 //! 24). A link failure is pushed through the operator API; the table gives p50 / p99 / max of
-//! the time from that call until each agent has the new version and has sent its ACK, over
-//! several rounds, and the controller's memory.
+//! the time from that call until each agent has applied the new version (the moment before it
+//! sends its ACK), over several rounds, and the controller's memory. Every ACK is then
+//! confirmed at the controller, untimed.
 
 use std::{
     process::{Child, Command, Stdio},
@@ -126,7 +127,7 @@ fn main() {
         runtime.block_on(run(&bin, k, rounds));
     }
     println!(
-        "(time from the operator's link-down call until each agent applied the delta and sent its ACK; ACKs then confirmed by the controller)"
+        "(time from the operator's link-down call until each agent had applied the delta, just before its ACK; every ACK then confirmed at the controller, untimed)"
     );
 }
 

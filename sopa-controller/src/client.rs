@@ -304,3 +304,33 @@ pub fn source_chain(e: &dyn std::error::Error) -> String {
     }
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_the_minimum_up_to_the_maximum_jittered() {
+        let cfg = ClientConfig::new("http://x", "h0", Role::Host);
+        let ms = |attempt, jitter| backoff(&cfg, attempt, jitter).as_millis();
+        assert_eq!(
+            (0..8).map(|a| ms(a, 1.0)).collect::<Vec<_>>(),
+            [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000]
+        );
+        // Far past the cap, and at the largest attempt count, still the cap.
+        assert_eq!(ms(40, 1.0), 30000);
+        assert_eq!(ms(u32::MAX, 1.0), 30000);
+        assert_eq!(ms(0, 0.5), 250);
+        assert_eq!(ms(10, 0.5), 15000);
+    }
+
+    #[test]
+    fn jitter_stays_in_its_range_and_varies() {
+        let mut j = Jitter::new();
+        let v: Vec<f64> = (0..1000).map(|_| j.factor()).collect();
+        assert!(v.iter().all(|f| (0.5..1.0).contains(f)), "{v:?}");
+        let distinct: std::collections::BTreeSet<u64> =
+            v.iter().map(|f| (f * 1e6) as u64).collect();
+        assert!(distinct.len() > 900, "agents must not retry in lockstep");
+    }
+}

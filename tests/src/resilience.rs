@@ -77,8 +77,15 @@ pub struct Probe {
     stop: Arc<AtomicBool>,
     sent: Arc<AtomicU64>,
     received: Arc<AtomicU64>,
-    sender: std::thread::JoinHandle<crate::Result<()>>,
-    receiver: std::thread::JoinHandle<crate::Result<HashSet<u64>>>,
+    sender: Option<std::thread::JoinHandle<crate::Result<()>>>,
+    receiver: Option<std::thread::JoinHandle<crate::Result<HashSet<u64>>>>,
+}
+
+impl Drop for Probe {
+    /// A test that fails half-way stops the probe's threads too.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
 }
 
 /// What a [`Probe`] sent and which of its packets arrived.
@@ -173,8 +180,8 @@ impl Probe {
             stop,
             sent,
             received,
-            sender,
-            receiver,
+            sender: Some(sender),
+            receiver: Some(receiver),
         }
     }
 
@@ -197,14 +204,18 @@ impl Probe {
     }
 
     /// Stops the sender, waits for the last packets, and returns what arrived.
-    pub fn finish(self) -> ProbeResult {
+    pub fn finish(mut self) -> ProbeResult {
         self.stop.store(true, Ordering::Relaxed);
         self.sender
+            .take()
+            .expect("running")
             .join()
             .expect("the probe's sender")
             .expect("in A");
         let received = self
             .receiver
+            .take()
+            .expect("running")
             .join()
             .expect("the probe's receiver")
             .expect("in B");

@@ -34,11 +34,13 @@ fn core_tx_since(f: &Fabric, before: &[(String, u64)]) -> Vec<(String, u64)> {
         .collect()
 }
 
-/// Equal within `slack` packets, and more than `least` on every link.
-fn balanced(per_link: &[(String, u64)], least: u64, slack: u64) -> bool {
+/// More than `least` on every link, and equal within 1% (the interfaces also count the
+/// kernel's own few ARP and IPv6 messages): a port that carried two hop values, or none,
+/// is off by half.
+fn balanced(per_link: &[(String, u64)], least: u64) -> bool {
     let counts = per_link.iter().map(|(_, n)| *n);
     let (lo, hi) = (counts.clone().min().unwrap(), counts.max().unwrap());
-    lo > least && hi - lo <= slack
+    lo > least && hi - lo <= (lo / 100).max(4)
 }
 
 /// What `tc_forward` on `switch` counted for uplink decision `i`.
@@ -115,12 +117,12 @@ fn fat_tree_k4_forwards_by_source_route() {
         "packets per path equal within one: {per_path:?}"
     );
     // What left each core port: the four hop values went out of four different interfaces,
-    // equally (the interfaces also count the kernel's own few IPv6 neighbour messages).
+    // equally.
     let on_wire = core_tx_since(&f, &wire_before);
     eprintln!("packets out of each core port of a0 and a1: {on_wire:?}");
     assert_eq!(on_wire.len(), 4, "a0 and a1 have two core links each");
     assert!(
-        balanced(&on_wire, 1000, 4),
+        balanced(&on_wire, 1000),
         "packets out of each core port equal: {on_wire:?}"
     );
 
@@ -192,7 +194,7 @@ fn fat_tree_k4_forwards_by_source_route() {
     );
     let on_wire = core_tx_since(&f, &wire_before);
     assert!(
-        balanced(&on_wire, 500, 4),
+        balanced(&on_wire, 500),
         "a0 still sends each hop value out of its own port without its agent: {on_wire:?}"
     );
     // Restarted, it adopts the pinned forwarding and resyncs with the controller.

@@ -78,7 +78,7 @@ fn modric_2x2_uses_8_diagonal_and_4_row_paths_equally() {
         lo > 200 && hi - lo <= 1,
         "8 paths, equal within one: {per_path:?}"
     );
-    // What left each port (the interfaces also count the kernel's few IPv6 messages).
+    // What left each port.
     let on_wire: Vec<u64> = eps
         .iter()
         .zip(&wire_before)
@@ -86,10 +86,7 @@ fn modric_2x2_uses_8_diagonal_and_4_row_paths_equally() {
         .collect();
     eprintln!("diagonal: packets out of each hop port {on_wire:?}");
     assert_eq!(on_wire.len(), 8, "two hop ports at each of 4 EPS");
-    assert!(
-        equal_within(&on_wire, 200, 4),
-        "8 ports, equal: {on_wire:?}"
-    );
+    assert!(equal_within(&on_wire, 200), "8 ports, equal: {on_wire:?}");
 
     // Same row: container (0,0) to (0,1): 4 paths by rank at the AS.
     let before = uplinks(&f, "as.0.0.0");
@@ -118,14 +115,12 @@ fn modric_2x2_uses_8_diagonal_and_4_row_paths_equally() {
     let on_wire = spread(&wire_before, &f.hop_ports_tx("as.0.0.0", row_dst));
     eprintln!("row: packets out of each hop port {on_wire:?}");
     assert_eq!(on_wire.len(), 4, "four hop ports at the AS");
-    assert!(
-        equal_within(&on_wire, 200, 4),
-        "4 ports, equal: {on_wire:?}"
-    );
+    assert!(equal_within(&on_wire, 200), "4 ports, equal: {on_wire:?}");
 }
 
-/// More than `least` on each, and equal within `slack`.
-fn equal_within(counts: &[u64], least: u64, slack: u64) -> bool {
+/// More than `least` on each, and equal within 1% (the interfaces also count the kernel's own
+/// few ARP and IPv6 messages): a port that carried two hop values, or none, is off by half.
+fn equal_within(counts: &[u64], least: u64) -> bool {
     let (lo, hi) = (*counts.iter().min().unwrap(), *counts.iter().max().unwrap());
-    lo > least && hi - lo <= slack
+    lo > least && hi - lo <= (lo / 100).max(4)
 }

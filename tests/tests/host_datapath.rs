@@ -446,3 +446,60 @@ fn bad_input_is_refused_and_changes_nothing() {
             .contains("xdp")
     );
 }
+
+#[test]
+fn native_xdp_on_veth_strips_before_the_stack() {
+    let arb = Arb::new("n").expect("build A - R - B");
+    let _agent_a = Agent::start(
+        &arb.a,
+        arb.a.name(),
+        &arb.a_if,
+        &Arb::path_table(B_PREFIX, PATHS),
+        &["--no-metrics"],
+    )
+    .expect("agent on A");
+    let agent_b = Agent::start(
+        &arb.b,
+        arb.b.name(),
+        &arb.b_if,
+        &Arb::path_table(A_PREFIX, PATHS),
+        &["--no-metrics", "--xdp-mode", "native"],
+    )
+    .expect("agent on B with native XDP");
+    let link = arb.b.ip(&["-d", "link", "show", &arb.b_if]).unwrap();
+    assert!(
+        link.contains("prog/xdp id") && !link.contains("xdpgeneric"),
+        "native XDP attached to B's veth: {link}"
+    );
+    let stripped = |a: &Agent| a.status().unwrap()["strip"]["stripped"].as_u64().unwrap();
+    let before = stripped(&agent_b);
+    let at_b = Capture::start(&arb.b, &arb.b_if).unwrap();
+    let t = tcp_transfer(
+        &arb.a,
+        &arb.b,
+        arb.b_addr,
+        5011,
+        8 * MIB,
+        &SendOptions::default(),
+    )
+    .expect("8 MiB from A to B");
+    assert!(t.intact());
+    let at_b = at_b.finish().unwrap();
+    let seen: Vec<usize> = at_b
+        .frames
+        .iter()
+        .filter_map(|f| tcp_from(f, arb.a_addr))
+        .map(|(options, _)| options.len())
+        .collect();
+    assert!(seen.len() > 1000, "B saw {} packets", seen.len());
+    assert!(
+        seen.iter().all(|n| *n == 0),
+        "the option reached B's stack past native XDP"
+    );
+    let n = stripped(&agent_b) - before;
+    assert!(
+        n >= seen.len() as u64,
+        "B's program stripped {n} of the {} packets its stack saw",
+        seen.len()
+    );
+}

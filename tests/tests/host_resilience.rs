@@ -14,7 +14,8 @@ use sopa_testbed::{
     arb::{Arb, B_PREFIX},
     capture::Capture,
     resilience::{
-        DetachOnDrop, PATHS, Probe, from_a, pin_dir, prog_ids, short_flows, start_a, start_b,
+        DetachOnDrop, PATHS, Probe, from_a, pin_dir, prog_ids, rss_kib, short_flows, start_a,
+        start_b,
     },
     traffic::{SendOptions, tcp_transfer},
 };
@@ -209,6 +210,8 @@ fn a_hundred_thousand_short_flows_lose_nothing_and_the_flow_table_evicts() {
     let b = start_b(&arb);
     let a = start_a(&arb, &["--no-metrics"]);
     let (memlock_before, max_entries) = flow_map_memory(arb.a.name());
+    let pid = a.status().unwrap()["pid"].as_u64().unwrap();
+    let rss_before = rss_kib(pid);
     let stripped = |st: &serde_json::Value| st["strip"]["stripped"].as_u64().unwrap();
     let b_before = stripped(&b.status().unwrap());
     let start = Instant::now();
@@ -226,6 +229,7 @@ fn a_hundred_thousand_short_flows_lose_nothing_and_the_flow_table_evicts() {
     let st = a.status().unwrap();
     let ft = &st["flow_table"];
     let (memlock_after, _) = flow_map_memory(arb.a.name());
+    let rss_after = rss_kib(pid);
     eprintln!(
         "{FLOWS} flows, {sent} packets in {took:?}; B stripped {}; flow table {ft}; flow map memlock {memlock_before} -> {memlock_after} bytes",
         b_after - b_before
@@ -269,6 +273,11 @@ fn a_hundred_thousand_short_flows_lose_nothing_and_the_flow_table_evicts() {
     assert!(
         capacity < u64::from(FLOWS),
         "the table is smaller than the flows, so eviction was exercised"
+    );
+    // And the agent, which reads the table every interval, does not grow with it either.
+    assert!(
+        rss_after < rss_before + 16 * 1024,
+        "agent RSS {rss_before} -> {rss_after} KiB"
     );
 }
 
@@ -388,4 +397,127 @@ fn start_a_checked(arb: &Arb, extra: &[&str]) -> Result<Agent, String> {
         extra,
     )
     .map_err(|e| e.to_string())
+}
+
+/// `gso_max_segs` of `dev` in `ns` (`ip -d link show`).
+fn gso_max_segs(ns: &sopa_testbed::NetNs, dev: &str) -> String {
+    let out = ns.ip(&["-d", "link", "show", dev]).unwrap();
+    let mut words = out.split_whitespace();
+    words
+        .find(|w| *w == "gso_max_segs")
+        .and_then(|_| words.next())
+        .unwrap_or_else(|| panic!("no gso_max_segs in {out}"))
+        .to_owned()
+}
+
+#[test]
+fn after_a_crash_reset_and_another_interface_restore_the_host_first() {
+    let _serial = one_at_a_time();
+    let arb = Arb::new("x").expect("build A - R - B");
+    let host = |arb: &Arb| {
+        (
+            arb.a.ip(&["route"]).unwrap(),
+            arb.a.read_sysctl("net.ipv4.tcp_reordering").unwrap(),
+            gso_max_segs(&arb.a, &arb.a_if),
+        )
+    };
+    let before = host(&arb);
+    let _cleanup = DetachOnDrop {
+        ns: &arb.a,
+        node: arb.a.name().to_owned(),
+    };
+
+    // A crash leaves the datapath and the journal; `--reset` restores the host from that
+    // journal and starts clean instead of adopting.
+    start_a(&arb, &["--no-metrics"]).kill();
+    assert_ne!(
+        host(&arb),
+        before,
+        "the crashed agent's changes are still there"
+    );
+    let a = start_a(&arb, &["--no-metrics", "--reset"]);
+    let log = a.log();
+    assert!(
+        log.contains("restoring what it changed") && log.contains("--reset"),
+        "{log}"
+    );
+    assert!(a.status().unwrap()["adopted"].is_null(), "nothing adopted");
+    assert_eq!(a.stop(), Some(0));
+    assert_eq!(host(&arb), before, "routes, sysctl and GSO as before");
+    assert!(!pin_dir(arb.a.name()).exists(), "pins removed");
+
+    // A crash, then the next agent of the node runs on another interface: the previous
+    // interface's datapath and settings are restored, not adopted.
+    start_a(&arb, &["--no-metrics"]).kill();
+    // (A veth pair inside A: this kernel has no dummy interfaces.)
+    arb.a
+        .ip(&[
+            "link",
+            "add",
+            "sopa-other0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "sopa-other1",
+        ])
+        .unwrap();
+    arb.a.ip(&["link", "set", "sopa-other0", "up"]).unwrap();
+    let other = Agent::start(
+        &arb.a,
+        arb.a.name(),
+        "sopa-other0",
+        &Arb::path_table(B_PREFIX, PATHS),
+        &["--no-metrics"],
+    )
+    .expect("an agent on the other interface");
+    let log = other.log();
+    assert!(log.contains("it ran on another interface"), "{log}");
+    assert!(other.status().unwrap()["adopted"].is_null());
+    let now = host(&arb);
+    assert_eq!(
+        (&now.0, &now.2),
+        (&before.0, &before.2),
+        "the first interface's routes and GSO are restored while the new agent runs"
+    );
+    assert!(
+        !arb.a
+            .ip(&["link", "show", &arb.a_if])
+            .unwrap()
+            .contains("xdp"),
+        "the first interface's XDP program is gone"
+    );
+    assert_eq!(other.stop(), Some(0));
+    assert_eq!(host(&arb), before);
+}
+
+#[test]
+fn sigint_stops_the_agent_and_restores_the_host() {
+    let _serial = one_at_a_time();
+    let arb = Arb::new("i").expect("build A - R - B");
+    let routes = arb.a.ip(&["route"]).unwrap();
+    let reordering = arb.a.read_sysctl("net.ipv4.tcp_reordering").unwrap();
+    let _cleanup = DetachOnDrop {
+        ns: &arb.a,
+        node: arb.a.name().to_owned(),
+    };
+    let mut a = start_a(&arb, &["--no-metrics"]);
+    assert_ne!(arb.a.ip(&["route"]).unwrap(), routes);
+    let status = a
+        .process
+        .stop_with(libc::SIGINT, Duration::from_secs(20))
+        .expect("the agent exits on SIGINT");
+    assert_eq!(status.code(), Some(0), "{}", a.log());
+    assert_eq!(arb.a.ip(&["route"]).unwrap(), routes);
+    assert_eq!(
+        arb.a.read_sysctl("net.ipv4.tcp_reordering").unwrap(),
+        reordering
+    );
+    assert!(
+        !arb.a
+            .ip(&["link", "show", &arb.a_if])
+            .unwrap()
+            .contains("xdp")
+    );
+    assert!(!pin_dir(arb.a.name()).exists(), "pins removed");
 }

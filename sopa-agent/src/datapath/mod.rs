@@ -126,29 +126,41 @@ impl Datapath {
     /// Loads the object, creating (or reusing, when their layout-versioned names match) the maps
     /// pinned in `pin_dir`, and loads both programs into the kernel without attaching them.
     pub fn load(pin_dir: &Path) -> Result<Self> {
-        Self::load_programs(pin_dir, &[STAMP_PROGRAM, STRIP_PROGRAM])
+        Self::load_programs(pin_dir, &[STAMP_PROGRAM, STRIP_PROGRAM], None)
+    }
+
+    /// Like [`Datapath::load`] with a flow table of `capacity` entries instead of
+    /// [`sopa_common::maps::FLOWS_CAPACITY`] (fixtures that fill it).
+    pub fn load_with_flow_capacity(pin_dir: &Path, capacity: u32) -> Result<Self> {
+        Self::load_programs(pin_dir, &[STAMP_PROGRAM, STRIP_PROGRAM], Some(capacity))
     }
 
     /// The switch role's datapath: `tc_forward` only.
     pub fn load_switch(pin_dir: &Path) -> Result<Self> {
-        Self::load_programs(pin_dir, &[FORWARD_PROGRAM])
+        Self::load_programs(pin_dir, &[FORWARD_PROGRAM], None)
     }
 
-    fn load_programs(pin_dir: &Path, programs: &[&'static str]) -> Result<Self> {
+    fn load_programs(
+        pin_dir: &Path,
+        programs: &[&'static str],
+        flow_capacity: Option<u32>,
+    ) -> Result<Self> {
         check_bpffs()?;
         std::fs::create_dir_all(pin_dir)
             .map_err(|err| Error::io(format!("creating {}", pin_dir.display()), err))?;
-        let mut ebpf = EbpfLoader::new()
-            .default_map_pin_directory(pin_dir)
-            .load(OBJECT)
-            .map_err(|err| match &err {
-                aya::EbpfError::MapError(aya::maps::MapError::CreateError { io_error, .. })
-                    if io_error.kind() == std::io::ErrorKind::PermissionDenied =>
-                {
-                    Error::Privileges(format!("creating eBPF maps: {io_error}"))
-                }
-                _ => Error::Ebpf(Box::new(err)),
-            })?;
+        let mut loader = EbpfLoader::new();
+        loader.default_map_pin_directory(pin_dir);
+        if let Some(capacity) = flow_capacity {
+            loader.map_max_entries(sopa_common::maps::FLOWS_MAP, capacity);
+        }
+        let mut ebpf = loader.load(OBJECT).map_err(|err| match &err {
+            aya::EbpfError::MapError(aya::maps::MapError::CreateError { io_error, .. })
+                if io_error.kind() == std::io::ErrorKind::PermissionDenied =>
+            {
+                Error::Privileges(format!("creating eBPF maps: {io_error}"))
+            }
+            _ => Error::Ebpf(Box::new(err)),
+        })?;
         for &name in programs {
             let program = ebpf
                 .program_mut(name)
