@@ -207,6 +207,9 @@ impl Fabric {
                 format!("{}i{id}s", self.prefix),
             );
             veth(host, &hif, &big, &sif)?;
+            // The same unit as the fabric: one packet per skb (the agents set this on the
+            // fabric interface), not 64 KB GSO bursts.
+            host.ip(&["link", "set", &hif, "gso_max_segs", "1"])?;
             host.ip(&[
                 "addr",
                 "add",
