@@ -825,8 +825,6 @@ pub fn set_mode(f: &Fabric, mode: &str) {
         let segs = if m.burst { "65535" } else { "1" };
         ns.ip(&["link", "set", &f.host_ifaces[id], "gso_max_segs", segs])
             .expect("gso_max_segs");
-        ns.ip(&["mptcp", "endpoint", "flush"])
-            .expect("ip mptcp endpoint flush");
         if m.base == "mptcp" {
             // fabric.md: 1 + 4 subflows, the server announcing four more ports of its address.
             ns.ip(&[
@@ -840,7 +838,17 @@ pub fn set_mode(f: &Fabric, mode: &str) {
             ])
             .expect("ip mptcp limits");
             let addr = f.topo.graph().node(*id).addr.expect("a host").to_string();
+            // Announcements already in place stay: removing and re-adding one (modes are
+            // interleaved per round) fails while the last round's subflows on its port linger
+            // in TIME_WAIT (the kernel's listener does not reuse addresses). They do nothing to
+            // plain TCP in the other modes.
+            let present = ns
+                .ip(&["mptcp", "endpoint", "show"])
+                .expect("ip mptcp endpoint show");
             for port in MPTCP_PORTS {
+                if present.contains(&format!("{addr} port {port} ")) {
+                    continue;
+                }
                 ns.ip(&[
                     "mptcp",
                     "endpoint",
