@@ -102,6 +102,75 @@ pub fn point_bins(release: bool) {
     }
 }
 
+/// An executable cargo built for tests or benchmarks.
+pub struct Executable {
+    pub package: String,
+    /// The target's name and kind (`lib`, `bin`, `test`, `bench`).
+    pub target: String,
+    pub kind: String,
+    pub path: PathBuf,
+    /// The package's folder: cargo runs tests and benchmarks there.
+    pub dir: PathBuf,
+}
+
+/// Runs `cargo <command> --workspace --exclude sopa-ebpf --no-run` (`test` or `bench`) and
+/// lists the executables it built.
+pub fn build_executables(command: &str) -> Result<Vec<Executable>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args([
+            command,
+            "--workspace",
+            "--exclude",
+            "sopa-ebpf",
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ])
+        .current_dir(workspace_root())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("running cargo {command} --no-run"))?;
+    if !out.status.success() {
+        bail!("cargo {command} --no-run failed (its messages above)");
+    }
+    let mut found = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if msg["reason"] != "compiler-artifact" {
+            continue;
+        }
+        let (Some(path), Some(package)) = (
+            msg["executable"].as_str(),
+            msg["package_id"].as_str().and_then(package_name),
+        ) else {
+            continue;
+        };
+        let dir = Path::new(msg["manifest_path"].as_str().unwrap_or("."))
+            .parent()
+            .map_or_else(workspace_root, Path::to_path_buf);
+        found.push(Executable {
+            package: package.to_owned(),
+            target: msg["target"]["name"].as_str().unwrap_or("?").to_owned(),
+            kind: msg["target"]["kind"][0].as_str().unwrap_or("").to_owned(),
+            path: PathBuf::from(path),
+            dir,
+        });
+    }
+    Ok(found)
+}
+
+/// `path+file:///…/tests#sopa-testbed@0.1.0` or `registry…#name@1.0` -> the package name.
+pub fn package_name(id: &str) -> Option<&str> {
+    let (path, tail) = id.rsplit_once('#')?;
+    match tail.split_once('@') {
+        Some((name, _)) => Some(name),
+        // The name is left out where it is the folder's.
+        None => path.rsplit('/').next(),
+    }
+}
+
 /// Runs cargo with `args` in the workspace root.
 pub fn cargo(args: &[&str]) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -290,6 +359,18 @@ fn bpffs() -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_packages_from_ids() {
+        assert_eq!(
+            package_name("path+file:///x/tests#sopa-testbed@0.1.0"),
+            Some("sopa-testbed")
+        );
+        assert_eq!(
+            package_name("path+file:///x/sopa-agent#0.1.0"),
+            Some("sopa-agent")
+        );
+    }
 
     #[test]
     fn reads_the_llvm_major_version() {

@@ -5,7 +5,7 @@
 
 use std::{
     collections::HashMap,
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::{Command, Stdio},
     time::Duration,
 };
@@ -124,44 +124,11 @@ pub fn run(timeout: Duration) -> Result<Vec<Outcome>> {
 /// Every benchmark executable of the workspace, built once (`cargo bench --no-run`): name ->
 /// (executable, package folder).
 fn build_benches() -> Result<HashMap<String, (PathBuf, PathBuf)>> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
-        .args([
-            "bench",
-            "--workspace",
-            "--exclude",
-            "sopa-ebpf",
-            "--no-run",
-            "--message-format=json-render-diagnostics",
-        ])
-        .current_dir(workspace_root())
-        .stderr(Stdio::inherit())
-        .output()
-        .context("running cargo bench --no-run")?;
-    if !out.status.success() {
-        anyhow::bail!("building the benchmarks failed (cargo's messages above)");
-    }
-    let mut benches = HashMap::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        if msg["reason"] != "compiler-artifact" || msg["target"]["kind"][0] != "bench" {
-            continue;
-        }
-        if let (Some(name), Some(exe), Some(manifest)) = (
-            msg["target"]["name"].as_str(),
-            msg["executable"].as_str(),
-            msg["manifest_path"].as_str(),
-        ) {
-            let dir = Path::new(manifest)
-                .parent()
-                .unwrap_or(Path::new("."))
-                .to_owned();
-            benches.insert(name.to_owned(), (PathBuf::from(exe), dir));
-        }
-    }
-    Ok(benches)
+    Ok(crate::setup::build_executables("bench")?
+        .into_iter()
+        .filter(|e| e.kind == "bench")
+        .map(|e| (e.target, (e.path, e.dir)))
+        .collect())
 }
 
 fn bench(

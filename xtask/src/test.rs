@@ -20,7 +20,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
 
-use crate::setup::{self, workspace_root};
+use crate::setup;
 
 #[derive(Args)]
 pub struct TestArgs {
@@ -170,70 +170,23 @@ fn report_leftovers(r: sopa_testbed::leftovers::Removed) {
 
 /// Builds every test executable of the workspace (one `cargo test --no-run`) and lists them.
 fn build_suites() -> Result<Vec<Suite>> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
-        .args([
-            "test",
-            "--workspace",
-            "--exclude",
-            "sopa-ebpf",
-            "--no-run",
-            "--message-format=json-render-diagnostics",
-        ])
-        .current_dir(workspace_root())
-        .stderr(Stdio::inherit())
-        .output()
-        .context("running cargo test --no-run")?;
-    if !out.status.success() {
-        bail!("building the test executables failed (cargo's messages above)");
-    }
-    let mut suites = Vec::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        if msg["reason"] != "compiler-artifact" || msg["profile"]["test"] != true {
-            continue;
-        }
-        let Some(exe) = msg["executable"].as_str() else {
-            continue;
-        };
-        let package = msg["package_id"]
-            .as_str()
-            .and_then(package_name)
-            .unwrap_or("?");
-        let target = msg["target"]["name"].as_str().unwrap_or("?");
-        let kind = msg["target"]["kind"][0].as_str().unwrap_or("");
-        let dir = PathBuf::from(msg["manifest_path"].as_str().unwrap_or("."))
-            .parent()
-            .map(PathBuf::from)
-            .unwrap_or_else(workspace_root);
-        let name = match kind {
-            "lib" => format!("{package} (unit)"),
-            "bin" => format!("{package} bin {target}"),
-            _ => format!("{package}/{target}"),
-        };
-        suites.push(Suite {
-            name,
-            exe: PathBuf::from(exe),
-            dir,
-        });
-    }
+    let mut suites: Vec<Suite> = setup::build_executables("test")?
+        .into_iter()
+        .map(|e| Suite {
+            name: match e.kind.as_str() {
+                "lib" => format!("{} (unit)", e.package),
+                "bin" => format!("{} bin {}", e.package, e.target),
+                _ => format!("{}/{}", e.package, e.target),
+            },
+            exe: e.path,
+            dir: e.dir,
+        })
+        .collect();
     if suites.is_empty() {
         bail!("cargo built no test executable");
     }
     suites.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(suites)
-}
-
-/// `path+file:///…/tests#sopa-testbed@0.1.0` or `registry…#name@1.0` -> the package name.
-fn package_name(id: &str) -> Option<&str> {
-    let (path, tail) = id.rsplit_once('#')?;
-    match tail.split_once('@') {
-        Some((name, _)) => Some(name),
-        // The name is left out where it is the folder's.
-        None => path.rsplit('/').next(),
-    }
 }
 
 /// Runs one test executable as `cargo test` would (in its package's folder), killing it and
@@ -512,18 +465,6 @@ mod tests {
             Some((3, 2))
         );
         assert_eq!(libtest_counts("test foo ... ok"), None);
-    }
-
-    #[test]
-    fn names_packages_from_ids() {
-        assert_eq!(
-            package_name("path+file:///x/tests#sopa-testbed@0.1.0"),
-            Some("sopa-testbed")
-        );
-        assert_eq!(
-            package_name("path+file:///x/sopa-agent#0.1.0"),
-            Some("sopa-agent")
-        );
     }
 
     #[test]
