@@ -76,8 +76,25 @@ fn ecmp_mode_puts_no_option_on_the_wire_and_spreads_flows() {
         tx_bytes(&f, "e0", &if1) - before.1,
     );
     eprintln!("16 flows h0 -> h4: e0 uplink bytes {sent:?}");
+    // One failure in 16 suite runs under a busy core sent every flow up one uplink (issue 12's
+    // closing note): say what e0's kernel had, so the next one explains itself.
+    let context = || {
+        format!(
+            "e0's routes:\n{}\nhash policy {} fields {}\ncontroller:\n{}\ne0's agent:\n{}",
+            f.ns("e0").ip(&["route"]).unwrap_or_default(),
+            f.ns("e0")
+                .read_sysctl("net.ipv4.fib_multipath_hash_policy")
+                .unwrap_or_default(),
+            f.ns("e0")
+                .read_sysctl("net.ipv4.fib_multipath_hash_fields")
+                .unwrap_or_default(),
+            f.sopactl(&["status"]).unwrap_or_default(),
+            f.switch_log("e0")
+        )
+    };
     assert!(
         sent.0 > 1 << 20 && sent.1 > 1 << 20,
-        "the kernel's multipath used both uplinks: {sent:?}"
+        "the kernel's multipath used both uplinks: {sent:?}\n{}",
+        context()
     );
 }

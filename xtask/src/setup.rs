@@ -111,6 +111,8 @@ pub struct Executable {
     pub path: PathBuf,
     /// The package's folder: cargo runs tests and benchmarks there.
     pub dir: PathBuf,
+    /// Built as a test harness (not a plain binary that tests start).
+    pub harness: bool,
 }
 
 /// Runs `cargo <command> --workspace --exclude sopa-ebpf --no-run` (`test` or `bench`) and
@@ -156,6 +158,7 @@ pub fn build_executables(command: &str) -> Result<Vec<Executable>> {
             kind: msg["target"]["kind"][0].as_str().unwrap_or("").to_owned(),
             path: PathBuf::from(path),
             dir,
+            harness: msg["profile"]["test"] == true,
         });
     }
     Ok(found)

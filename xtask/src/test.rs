@@ -172,6 +172,8 @@ fn report_leftovers(r: sopa_testbed::leftovers::Removed) {
 fn build_suites() -> Result<Vec<Suite>> {
     let mut suites: Vec<Suite> = setup::build_executables("test")?
         .into_iter()
+        // The binaries the suites start are built too; only the test harnesses are suites.
+        .filter(|e| e.harness)
         .map(|e| Suite {
             name: match e.kind.as_str() {
                 "lib" => format!("{} (unit)", e.package),
