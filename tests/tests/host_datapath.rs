@@ -450,14 +450,7 @@ fn bad_input_is_refused_and_changes_nothing() {
 #[test]
 fn native_xdp_on_veth_strips_before_the_stack() {
     let arb = Arb::new("n").expect("build A - R - B");
-    let _agent_a = Agent::start(
-        &arb.a,
-        arb.a.name(),
-        &arb.a_if,
-        &Arb::path_table(B_PREFIX, PATHS),
-        &["--no-metrics"],
-    )
-    .expect("agent on A");
+    let _agent_a = sopa_testbed::resilience::start_a(&arb, &["--no-metrics"]);
     let agent_b = Agent::start(
         &arb.b,
         arb.b.name(),
