@@ -151,6 +151,14 @@ pub fn run(args: &TestArgs) -> Result<()> {
         );
     }
     println!("\n{passed} passed, {failed} failed");
+    if filtered && passed == 0 && failed == 0 {
+        // A filter that names no test would otherwise read as a clean run.
+        bail!(
+            "no test name matches {:?}: the filter is a test function's name or part of it \
+             (e.g. `-- ecmp_mode`), not a suite's file name",
+            args.args.join(" ")
+        );
+    }
     if failed > 0 {
         // The closing line above is the verdict; the table names what failed.
         std::process::exit(1);
