@@ -69,6 +69,8 @@ pub struct HostOptions {
     /// A live agent of this node hands its datapath over (SIGUSR1: it exits keeping it
     /// attached) and this one adopts it: an upgrade in place.
     pub takeover: bool,
+    /// Where `tc_stamp` goes in the interface's TCX egress chain.
+    pub tcx_order: crate::datapath::TcxOrder,
 }
 
 /// The node's pin folder. bpffs refuses names containing '.', so dots become ':' there.
@@ -127,6 +129,7 @@ pub fn enter_netns(netns: &str) -> Result<()> {
 pub fn check_privileges() -> Result<()> {
     const CAP_NET_ADMIN: u32 = 12;
     const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_PERFMON: u32 = 38;
     const CAP_BPF: u32 = 39;
     let status = std::fs::read_to_string("/proc/self/status")
         .map_err(|err| Error::io("reading /proc/self/status", err))?;
@@ -136,12 +139,27 @@ pub fn check_privileges() -> Result<()> {
         .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         .unwrap_or(0);
     let has = |cap: u32| eff & (1 << cap) != 0;
-    if has(CAP_NET_ADMIN) && (has(CAP_BPF) || has(CAP_SYS_ADMIN)) {
+    // Without CAP_SYS_ADMIN the verifier wants CAP_BPF and CAP_PERFMON both (the programs
+    // read packet pointers and call tracing-class helpers).
+    let mut missing = Vec::new();
+    if !has(CAP_NET_ADMIN) {
+        missing.push("CAP_NET_ADMIN");
+    }
+    if !has(CAP_SYS_ADMIN) {
+        if !has(CAP_BPF) {
+            missing.push("CAP_BPF");
+        }
+        if !has(CAP_PERFMON) {
+            missing.push("CAP_PERFMON");
+        }
+    }
+    if missing.is_empty() {
         Ok(())
     } else {
-        Err(Error::Privileges(
-            "missing privileges to load eBPF programs and change network settings".into(),
-        ))
+        Err(Error::Privileges(format!(
+            "missing {} to load eBPF programs and change network settings",
+            missing.join(", ")
+        )))
     }
 }
 
@@ -173,6 +191,7 @@ impl Host {
             )));
         }
         check_privileges()?;
+        crate::datapath::check_kernel()?;
         crate::datapath::check_bpffs()?;
         let netlink = Netlink::connect()?;
         let link = netlink.link(&opts.iface).await?;
@@ -379,7 +398,7 @@ impl Host {
         };
 
         // Programs last: by the time the first packet is stamped, the routes fit it.
-        let attached = datapath.attach_host(&opts.iface, xdp_mode)?;
+        let attached = datapath.attach_host(&opts.iface, xdp_mode, opts.tcx_order)?;
         journal.record.programs = Some(crate::changes::ProgramIds {
             stamp: attached.stamp.prog_id,
             strip: attached.strip.prog_id,

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 use sopa_agent::{
     Error,
     channel::HostApplier,
+    datapath::TcxOrder,
     host::{self, Granularity, Host, HostOptions, XdpAttach},
     path_table::PathTable,
     status,
@@ -136,6 +137,10 @@ struct RunArgs {
     /// the datapath attached, and this one adopts it, replacing the programs atomically.
     #[arg(long, env = "SOPA_TAKEOVER")]
     takeover: bool,
+    /// Where tc_stamp goes among the interface's other TCX egress programs: last (others see
+    /// packets as the stack sent them) or first. An adopted datapath keeps its place.
+    #[arg(long, env = "SOPA_TCX_ORDER", value_enum, default_value_t = TcxOrder::Last)]
+    tcx_order: TcxOrder,
 }
 
 #[derive(clap::Args)]
@@ -153,6 +158,9 @@ struct SwitchArgs {
     /// This switch's multipath hash seed (distinct per switch, or the fabric polarizes).
     #[arg(long, env = "SOPA_HASH_SEED")]
     hash_seed: Option<u32>,
+    /// Where tc_forward goes among each port's other TCX ingress programs: last or first.
+    #[arg(long, env = "SOPA_TCX_ORDER", value_enum, default_value_t = TcxOrder::Last)]
+    tcx_order: TcxOrder,
 }
 
 /// How to talk to the controller, for either role.
@@ -199,6 +207,7 @@ async fn switch(args: SwitchArgs) -> Result<(), Error> {
     let mut sw = sopa_agent::switch::Switch::start(&sopa_agent::switch::SwitchOptions {
         node: args.node.node.clone(),
         hash_seed: seed,
+        tcx_order: args.tcx_order,
     })
     .await?;
     let name = args.host.clone().unwrap_or_else(|| args.node.node.clone());
@@ -462,6 +471,7 @@ async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
         reset: args.reset,
         netns,
         takeover: args.takeover,
+        tcx_order: args.tcx_order,
     };
     if args.report_interval_ms == 0 || args.nic_rate_mbit == Some(0) {
         return Err(Error::Config(

@@ -32,7 +32,11 @@ pub fn parse_mode(name: &str) -> Result<u32> {
         .find(|m| mode_name(*m) == name)
         .ok_or_else(|| {
             Error::Config(format!(
-                "mode {name:?} is not one of sopa, rps, ecmp, pinned, off"
+                "mode {name:?} is not one of {}",
+                (0..mode::COUNT)
+                    .map(mode_name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ))
         })
 }

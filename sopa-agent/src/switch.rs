@@ -26,7 +26,7 @@ use tracing::{info, warn};
 
 use crate::{
     changes::{Change, ControllerState, Journal, Record},
-    datapath::{Datapath, maps::ForwardMaps},
+    datapath::{Datapath, TcxOrder, maps::ForwardMaps},
     error::{Error, Result},
     host::{check_privileges, pin_dir, run_dir, validate_node},
     netlink::{Netlink, Route},
@@ -36,6 +36,8 @@ use crate::{
 pub struct SwitchOptions {
     pub node: String,
     pub hash_seed: u32,
+    /// Where `tc_forward` goes in each port's TCX ingress chain.
+    pub tcx_order: TcxOrder,
 }
 
 pub struct Switch {
@@ -46,6 +48,7 @@ pub struct Switch {
     attached: Vec<u32>,
     /// ifindex -> the link's two node names, for link-state reports.
     port_links: HashMap<u32, (String, String)>,
+    tcx_order: TcxOrder,
 }
 
 /// One port of this switch: the interface and the neighbour behind it.
@@ -107,6 +110,7 @@ impl Switch {
     pub async fn start(opts: &SwitchOptions) -> Result<Self> {
         validate_node(&opts.node)?;
         check_privileges()?;
+        crate::datapath::check_kernel()?;
         crate::datapath::check_bpffs()?;
         let netlink = Netlink::connect()?;
         let dir = run_dir(&opts.node);
@@ -185,6 +189,7 @@ impl Switch {
                 netlink,
                 attached: Vec::new(),
                 port_links: HashMap::new(),
+                tcx_order: opts.tcx_order,
             }),
             Err(e) => {
                 if !adopting {
@@ -246,7 +251,7 @@ impl Switch {
         for ifindex in ifindexes {
             if !self.attached.contains(&ifindex) {
                 let name = self.netlink.link_name(ifindex).await?;
-                if self.datapath.attach_forward_pinned(&name)? {
+                if self.datapath.attach_forward_pinned(&name, self.tcx_order)? {
                     info!(port = %name, "kept the forwarding link a previous run pinned");
                 }
                 self.attached.push(ifindex);

@@ -21,7 +21,8 @@ use sopa_common::{
     wire::HOP_NONE,
 };
 
-const TC_ACT_OK: u32 = 0;
+/// TCX_NEXT: the packet goes on to the programs and filters attached after ours.
+const TC_ACT_UNSPEC: u32 = -1i32 as u32;
 const XDP_PASS: u32 = 2;
 
 /// A loaded datapath whose pins live in a folder of its own, removed on drop.
@@ -67,7 +68,7 @@ impl Fixture {
             .test_run(opts)
             .expect("test_run tc_stamp");
         assert_eq!(
-            result.return_value, TC_ACT_OK,
+            result.return_value, TC_ACT_UNSPEC,
             "tc_stamp always passes packets on"
         );
         out.truncate(result.data_size_out as usize);

@@ -17,7 +17,8 @@ use sopa_agent::{
 };
 use sopa_common::maps::{FwdEntry, Uplink, forward_reason as reason};
 
-const TC_ACT_OK: u32 = 0;
+/// TCX_NEXT: the packet goes on to the programs and filters attached after ours.
+const TC_ACT_UNSPEC: u32 = -1i32 as u32;
 const TC_ACT_SHOT: u32 = 2;
 const TC_ACT_REDIRECT: u32 = 7;
 
@@ -161,39 +162,39 @@ fn forward_fixture_table() {
         (
             "own rack: the kernel delivers",
             stamped([10, 0, 0, 3], 1, 0, 64),
-            TC_ACT_OK,
+            TC_ACT_UNSPEC,
             reason::NOT_DECISION,
             None,
         ),
         (
             "outside the fabric",
             stamped([192, 168, 1, 1], 1, 0, 64),
-            TC_ACT_OK,
+            TC_ACT_UNSPEC,
             reason::NOT_DECISION,
             None,
         ),
         (
             "no option: kernel ECMP",
             plain([10, 1, 0, 2]),
-            TC_ACT_OK,
+            TC_ACT_UNSPEC,
             reason::NO_OPTION,
             None,
         ),
         (
             "a foreign option",
             foreign,
-            TC_ACT_OK,
+            TC_ACT_UNSPEC,
             reason::NO_OPTION,
             None,
         ),
         (
             "TTL 1: the kernel answers",
             stamped([10, 1, 0, 2], 1, 0, 1),
-            TC_ACT_OK,
+            TC_ACT_UNSPEC,
             reason::TTL_EXPIRED,
             None,
         ),
-        ("ipv6", ipv6, TC_ACT_OK, reason::NOT_IPV4, None),
+        ("ipv6", ipv6, TC_ACT_UNSPEC, reason::NOT_IPV4, None),
     ];
     for (name, packet, action, why, uplink) in cases {
         let before = (

@@ -1,6 +1,6 @@
 //! Both programs fed generated packets through BPF_PROG_TEST_RUN (needs root): random bytes,
 //! truncations, IHL 0..15, bad option lengths, fragments, VLAN tags, IPv6, flipped bytes. Every
-//! verdict must be the documented one (TC_ACT_OK, XDP_PASS) and every output either the input
+//! verdict must be the documented one (TC_ACT_UNSPEC, XDP_PASS) and every output either the input
 //! unchanged or exactly the correctly stamped / stripped packet; every run is counted under one
 //! verdict. `SOPA_FUZZ_PACKETS` sets the number per program (default 100,000).
 
@@ -16,7 +16,8 @@ use etherparse::PacketBuilder;
 use sopa_agent::{datapath::Datapath, path_table::PathTable};
 use sopa_common::maps::{Config, mode, stamp_reason, strip_reason};
 
-const TC_ACT_OK: u32 = 0;
+/// TCX_NEXT: the packet goes on to the programs and filters attached after ours.
+const TC_ACT_UNSPEC: u32 = -1i32 as u32;
 const XDP_PASS: u32 = 2;
 
 use common::TABLE;
@@ -269,7 +270,10 @@ fn tc_stamp_survives_generated_packets() {
                 continue;
             }
         };
-        assert_eq!(result.return_value, TC_ACT_OK, "packet {i}: {input:02x?}");
+        assert_eq!(
+            result.return_value, TC_ACT_UNSPEC,
+            "packet {i}: {input:02x?}"
+        );
         out.truncate(result.data_size_out as usize);
         // Decided from the packet and the mode alone, not from what the program did.
         let expected = should_stamp(&input, current);

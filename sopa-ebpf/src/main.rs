@@ -1,6 +1,9 @@
 //! SOPA's eBPF programs. This file holds only the maps and the entry points; each program's logic
-//! lives in its own module. Both programs fail open: whatever happens, the packet goes on
-//! (TC_ACT_OK / XDP_PASS), unchanged unless it was completely rewritten, and the reason is counted.
+//! lives in its own module. The programs fail open: whatever happens, the packet goes on
+//! (TC_ACT_UNSPEC / XDP_PASS), unchanged unless it was completely rewritten, and the reason is
+//! counted. On TC they are guests among other programs: TC_ACT_UNSPEC is TCX_NEXT, which runs
+//! every program and legacy filter attached after ours, where TC_ACT_OK (TCX_PASS) would end
+//! the chain with us.
 #![no_std]
 #![no_main]
 
@@ -11,7 +14,7 @@ mod tc_stamp;
 mod xdp_strip;
 
 use aya_ebpf::{
-    bindings::{TC_ACT_OK, xdp_action::XDP_PASS},
+    bindings::{TC_ACT_UNSPEC, xdp_action::XDP_PASS},
     macros::{classifier, map, xdp},
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
     programs::{TcContext, XdpContext},
@@ -71,8 +74,9 @@ pub fn tc_stamp(ctx: TcContext) -> i32 {
         Ok(reason) | Err(reason) => reason,
     };
     packet::count(&STAMP_STATS, reason, 1);
-    // Fail open: a packet we could not stamp still leaves, carried by kernel routing.
-    TC_ACT_OK
+    // Fail open: a packet we could not stamp still leaves, carried by kernel routing, after
+    // the programs attached behind ours.
+    TC_ACT_UNSPEC
 }
 
 /// Host ingress: remove our option before the stack sees the packet; measure reordering.

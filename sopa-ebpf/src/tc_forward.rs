@@ -5,7 +5,7 @@
 //! the ECMP baseline is Linux's own).
 
 use aya_ebpf::{
-    bindings::{TC_ACT_OK, TC_ACT_SHOT, bpf_redir_neigh},
+    bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC, bpf_redir_neigh},
     helpers::bpf_redirect_neigh,
     maps::lpm_trie::Key,
     programs::TcContext,
@@ -27,8 +27,9 @@ const AF_INET: u32 = 2;
 pub fn try_forward(ctx: &TcContext) -> (i32, u32) {
     match decide(ctx) {
         Ok(v) => v,
-        // Fail open: anything we cannot read is the kernel's to route.
-        Err(r) => (TC_ACT_OK as i32, r),
+        // Fail open: anything we cannot read is the kernel's to route, after whatever else
+        // is attached to this port (TCX_NEXT; TC_ACT_OK would end the chain here).
+        Err(r) => (TC_ACT_UNSPEC, r),
     }
 }
 

@@ -267,7 +267,8 @@ fn the_agent_runs_with_exactly_the_units_capabilities() {
     let routes_before = arb.a.ip(&["route"]).unwrap();
     let caps = unit_capabilities();
 
-    // Without CAP_PERFMON the kernel refuses the programs: the unit needs all three.
+    // Without CAP_PERFMON the verifier would refuse the programs: the unit needs all three,
+    // and the agent says which one is missing before it loads anything.
     let without: Vec<String> = caps
         .iter()
         .filter(|c| *c != "CAP_PERFMON")
@@ -287,9 +288,14 @@ fn the_agent_runs_with_exactly_the_units_capabilities() {
         status.is_some_and(|s| !s.success()),
         "the agent ran without CAP_PERFMON: drop it from the unit\n{log}"
     );
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(77),
+        "a missing privilege is exit 77\n{log}"
+    );
     assert!(
-        log.contains("tc_stamp") && log.contains("Permission denied"),
-        "refused by the verifier, not for another reason:\n{log}"
+        log.contains("missing CAP_PERFMON"),
+        "the missing capability named, before the verifier refuses anything:\n{log}"
     );
     assert_eq!(
         arb.a.ip(&["route"]).unwrap(),

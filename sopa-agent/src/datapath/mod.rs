@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use aya::{
     Ebpf, EbpfLoader,
     programs::{
-        SchedClassifier, TcAttachType, Xdp, XdpMode,
+        LinkOrder, SchedClassifier, TcAttachType, Xdp, XdpMode,
         links::{FdLink, PinnedLink},
-        tc::SchedClassifierLink,
+        tc::{SchedClassifierLink, TcAttachOptions},
         xdp::XdpLink,
     },
 };
@@ -39,6 +39,58 @@ pub fn check_bpffs() -> Result<()> {
         Ok(())
     } else {
         Err(Error::NoBpffs)
+    }
+}
+
+/// The oldest kernel the datapath attaches to: its TC programs are TCX links (Linux 6.6), which
+/// is what lets them sit in a chain with other tools' programs and be replaced in place.
+pub const MIN_KERNEL: (u8, u8) = (6, 6);
+
+/// Fails, naming the running kernel, unless it has TCX.
+pub fn check_kernel() -> Result<()> {
+    let v = aya::util::KernelVersion::current().map_err(|e| {
+        Error::io(
+            "reading the kernel version",
+            std::io::Error::other(e.to_string()),
+        )
+    })?;
+    require_tcx(v)
+}
+
+fn require_tcx(v: aya::util::KernelVersion) -> Result<()> {
+    let (major, minor) = MIN_KERNEL;
+    if v >= aya::util::KernelVersion::new(major, minor, 0) {
+        return Ok(());
+    }
+    Err(Error::Config(format!(
+        "Linux {v} is too old: the datapath attaches its TC programs as TCX links, which need \
+         Linux {major}.{minor} or newer; upgrade the kernel"
+    )))
+}
+
+/// Where our TC programs go in a device's TCX chain, relative to other tools' programs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum TcxOrder {
+    /// Before every program attached so far.
+    First,
+    /// After every program attached so far: others see packets as the stack sent them.
+    #[default]
+    Last,
+}
+
+impl TcxOrder {
+    fn options(self) -> TcAttachOptions {
+        TcAttachOptions::TcxOrder(match self {
+            Self::First => LinkOrder::first(),
+            Self::Last => LinkOrder::last(),
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::First => "first",
+            Self::Last => "last",
+        }
     }
 }
 
@@ -182,7 +234,7 @@ impl Datapath {
     /// folder, so forwarding outlives this process (a crash, a restart). A pin left by a
     /// previous run is adopted as it is: that port already forwards, with the same maps.
     /// Returns whether the link was adopted.
-    pub fn attach_forward_pinned(&mut self, iface: &str) -> Result<bool> {
+    pub fn attach_forward_pinned(&mut self, iface: &str, order: TcxOrder) -> Result<bool> {
         let pin = self
             .pin_dir
             .join(format!("link_fwd_{}", iface.replace('.', ":")));
@@ -192,7 +244,7 @@ impl Datapath {
         let name = FORWARD_PROGRAM;
         let program = self.forward_program();
         let id = program
-            .attach(iface, TcAttachType::Ingress)
+            .attach_with_options(iface, TcAttachType::Ingress, order.options())
             .map_err(Error::program(name))?;
         let link = program.take_link(id).map_err(Error::program(name))?;
         let fd: aya::programs::links::FdLink =
@@ -274,13 +326,19 @@ impl Datapath {
     /// upgrade). Links a previous agent pinned are adopted: this process's programs replace
     /// theirs atomically (`bpf_link_update`), with no moment without a program. Strip first,
     /// so by the time anything is stamped the peer-facing side strips.
-    pub fn attach_host(&mut self, iface: &str, xdp_mode: XdpMode) -> Result<Attached> {
+    /// `order` places a new `tc_stamp` link in the egress chain; an adopted one keeps its place.
+    pub fn attach_host(
+        &mut self,
+        iface: &str,
+        xdp_mode: XdpMode,
+        order: TcxOrder,
+    ) -> Result<Attached> {
         let strip = self.attach_strip_pinned(iface, xdp_mode)?;
-        let stamp = self.attach_stamp_pinned(iface)?;
+        let stamp = self.attach_stamp_pinned(iface, order)?;
         Ok(Attached { stamp, strip })
     }
 
-    fn attach_stamp_pinned(&mut self, iface: &str) -> Result<LinkState> {
+    fn attach_stamp_pinned(&mut self, iface: &str, order: TcxOrder) -> Result<LinkState> {
         let name = STAMP_PROGRAM;
         let pin = self.pin_dir.join(STAMP_LINK_PIN);
         let program: &mut SchedClassifier = self
@@ -299,7 +357,7 @@ impl Datapath {
             )
         } else {
             let id = program
-                .attach(iface, TcAttachType::Egress)
+                .attach_with_options(iface, TcAttachType::Egress, order.options())
                 .map_err(Error::program(name))?;
             (program.take_link(id).map_err(Error::program(name))?, None)
         };
@@ -387,5 +445,33 @@ impl Datapath {
             .expect("defined")
             .try_into()
             .expect("xdp_strip is an XDP program")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use aya::util::KernelVersion;
+
+    use super::*;
+
+    #[test]
+    fn kernels_without_tcx_are_refused_by_version() {
+        for (v, ok) in [
+            (KernelVersion::new(5, 15, 160), false),
+            (KernelVersion::new(6, 5, 13), false),
+            (KernelVersion::new(6, 6, 0), true),
+            (KernelVersion::new(6, 18, 2), true),
+        ] {
+            let got = require_tcx(v);
+            assert_eq!(got.is_ok(), ok, "{v}: {got:?}");
+            if let Err(e) = got {
+                assert_eq!(e.exit_code(), 64);
+                let text = e.to_string();
+                assert!(
+                    text.contains(&v.to_string()) && text.contains("6.6"),
+                    "{text}"
+                );
+            }
+        }
     }
 }
