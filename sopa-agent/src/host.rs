@@ -512,8 +512,9 @@ async fn lower_route_mtus<'a>(
 ) -> Result<()> {
     let routes = netlink.routes().await?;
     let mtu = link.mtu.saturating_sub(OPTION_BYTES);
+    // A prefix is recorded as done only once its route fits stamped packets: a refused
+    // attempt (no route yet, a multipath route) is tried again with the next update.
     for prefix in prefixes {
-        done.insert(*prefix);
         let Some(route) = netlink::covering_route(&routes, prefix) else {
             return Err(Error::Config(format!(
                 "no route to fabric prefix {prefix} in the main table; add the route to the \
@@ -532,6 +533,7 @@ async fn lower_route_mtus<'a>(
             )));
         }
         if route.mtu_locked && route.mtu.is_some_and(|m| m <= mtu) {
+            done.insert(*prefix);
             continue;
         }
         let mut new = route.clone();
@@ -550,6 +552,7 @@ async fn lower_route_mtus<'a>(
             netlink.add_route(&new, false).await?;
             journal.push(Change::RouteAdded { route: new })?;
         }
+        done.insert(*prefix);
     }
     Ok(())
 }

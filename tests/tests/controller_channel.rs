@@ -386,3 +386,55 @@ fn a_destination_without_its_agent_still_receives_and_the_sender_raises_the_alar
     assert_eq!(agent_a.stop(), Some(0));
     assert_eq!(agent_b.stop(), Some(0));
 }
+
+/// A snapshot refused because a fabric prefix had no route yet leaves nothing recorded as done:
+/// once the route is there, the next version lowers every prefix's MTU.
+#[test]
+fn a_snapshot_refused_for_a_missing_route_is_applied_whole_once_the_route_is_back() {
+    let f = fabric();
+    let tmp = sopa_testbed::temp_dir(&format!("ctl-{}", f.c.name()));
+    let dir = tmp.path().to_path_buf();
+    let _controller = spawn_controller(&f, &dir, "controller.log");
+    let url = "http://10.200.0.2:7470";
+    // A reaches the controller, and nothing else of the fabric: no route to any rack.
+    f.a.ip(&["route", "add", "10.200.0.0/24", "via", "10.0.0.1"])
+        .unwrap();
+    f.a.ip(&["route", "del", "default"]).unwrap();
+    let agent_a =
+        Agent::start_with_controller(&f.a, f.a.name(), "h0", &f.a_if, url, &["--no-metrics"])
+            .unwrap();
+    let nacked = || {
+        let status: serde_json::Value =
+            serde_json::from_str(&sopactl_in(&f.c, &["status", "--json"])).unwrap();
+        status["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["last_nack"] == 1)
+    };
+    wait_for("A to refuse version 1 (no route to the fabric)", nacked);
+    assert_eq!(agent_a.status().unwrap()["prefixes"], 0, "nothing applied");
+
+    f.a.ip(&["route", "add", "default", "via", "10.0.0.1"])
+        .unwrap();
+    sopactl_in(&f.c, &["link", "down", "e2", "a2"]);
+    wait_for("version 2 in A's path map", || {
+        paths_to(&agent_a, "10.1.0.0/24") == ["1,0", "1,1"]
+    });
+    let status = agent_a.status().unwrap();
+    assert_eq!(status["prefixes"], 7);
+    let lowered = status["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["kind"] == "route_added")
+        .count();
+    assert_eq!(
+        lowered,
+        7,
+        "every pushed prefix got its lowered-MTU route, including those of the refused \
+         snapshot:\n{}",
+        f.a.ip(&["route"]).unwrap()
+    );
+    assert_eq!(agent_a.stop(), Some(0));
+}
