@@ -109,6 +109,33 @@ const DST: [u8; 4] = [10, 2, 0, 2];
 const DST_INTER_POD: [u8; 4] = [10, 3, 1, 2];
 const DST_OUTSIDE: [u8; 4] = [192, 168, 7, 1];
 
+/// The flow key tc_stamp builds for a packet from SRC.
+fn flow_key(dst: [u8; 4], sport: u16, dport: u16, proto: u8) -> FlowKey {
+    FlowKey {
+        saddr: u32::from_ne_bytes(SRC),
+        daddr: u32::from_ne_bytes(dst),
+        sport: sport.to_be(),
+        dport: dport.to_be(),
+        proto,
+        _pad: [0; 3],
+    }
+}
+
+/// The key of `tcp(dst, sport, ..)`.
+fn tcp_key(dst: [u8; 4], sport: u16) -> FlowKey {
+    flow_key(dst, sport, 5001, 6)
+}
+
+/// The path index a new flow's round robin starts at: its hash with the fixtures' seed (7).
+fn start(key: &FlowKey, paths: u32) -> u32 {
+    flow_hash(key, 7) % paths
+}
+
+/// TABLE's inter-pod path at `index`: [[0, 0], [0, 1], [1, 0], [1, 1]].
+fn inter_pod_path(index: u32) -> (u8, u8) {
+    ((index % 4 / 2) as u8, (index % 2) as u8)
+}
+
 fn tcp(dst: [u8; 4], sport: u16, seq: u32, payload: &[u8]) -> Vec<u8> {
     let builder = PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
         .ipv4(SRC, dst, 64)
@@ -211,23 +238,26 @@ fn stamp_fixture_table() {
     let truncated_ports = tcp(DST, 1, 1, b"")[..36].to_vec();
     let ihl4 = set_ip_field(tcp(DST, 9, 1, b"x"), |ip| ip[0] = 0x44);
     let version6 = set_ip_field(tcp(DST, 9, 1, b"x"), |ip| ip[0] = 0x65);
+    let in_pod = start(&tcp_key(DST, 1000), 3) as u8;
+    let udp_in_pod = start(&flow_key(DST, 4000, 4001, 17), 3) as u8;
+    let (inter0, inter1) = inter_pod_path(start(&tcp_key(DST_INTER_POD, 1000), 4));
     let cases: Vec<(&str, Vec<u8>, Expect, u32)> = vec![
         (
             "tcp in pod",
             tcp(DST, 1000, 1, b"hello"),
-            Expect::Stamped(0, HOP_NONE),
+            Expect::Stamped(in_pod, HOP_NONE),
             stamp_reason::STAMPED,
         ),
         (
             "udp in pod",
             udp(DST, b"datagram"),
-            Expect::Stamped(0, HOP_NONE),
+            Expect::Stamped(udp_in_pod, HOP_NONE),
             stamp_reason::STAMPED,
         ),
         (
             "tcp inter pod",
             tcp(DST_INTER_POD, 1000, 1, b"x"),
-            Expect::Stamped(0, 0),
+            Expect::Stamped(inter0, inter1),
             stamp_reason::STAMPED,
         ),
         (
@@ -343,32 +373,56 @@ fn round_robin_is_exact_per_flow() {
             .map(|i| f.stamp(&tcp(DST, sport, i as u32, b"data"))[36])
             .collect()
     };
-    assert_eq!(hops(&mut f, 40000, 6), [0, 1, 2, 0, 1, 2]);
+    // Each flow starts where its hash says, then takes every path in turn.
+    let cycle = |first: u32, n: u32, len: u32| -> Vec<u8> {
+        (0..len).map(|i| ((first + i) % n) as u8).collect()
+    };
+    let s = start(&tcp_key(DST, 40000), 3);
+    let t = start(&tcp_key(DST, 40001), 3);
+    assert_eq!(hops(&mut f, 40000, 6), cycle(s, 3, 6));
     // Another flow keeps its own counter; the first resumes where it was.
-    assert_eq!(hops(&mut f, 40001, 2), [0, 1]);
-    assert_eq!(hops(&mut f, 40000, 1), [0]);
+    assert_eq!(hops(&mut f, 40001, 2), cycle(t, 3, 2));
+    assert_eq!(hops(&mut f, 40000, 1), cycle(s + 6, 3, 1));
     let inter_pod: Vec<(u8, u8)> = (0..8)
         .map(|i| {
             let out = f.stamp(&tcp(DST_INTER_POD, 5, i, b"d"));
             (out[36], out[37])
         })
         .collect();
-    assert_eq!(
-        inter_pod,
-        [
-            (0, 0),
-            (0, 1),
-            (1, 0),
-            (1, 1),
-            (0, 0),
-            (0, 1),
-            (1, 0),
-            (1, 1)
-        ]
-    );
+    let u = start(&tcp_key(DST_INTER_POD, 5), 4);
+    let want: Vec<(u8, u8)> = (0..8).map(|i| inter_pod_path(u + i)).collect();
+    assert_eq!(inter_pod, want);
+    // The per-hop counters agree with what went out.
+    let mut hop0 = [0u64; 3];
+    for h in cycle(s, 3, 7).into_iter().chain(cycle(t, 3, 2)) {
+        hop0[usize::from(h)] += 1;
+    }
+    for (h, _) in &want {
+        hop0[usize::from(*h)] += 1;
+    }
     let hop_counts = f.maps.hop_counters().unwrap();
-    // hop0: flow 40000 gives 0,1,2 twice then 0; flow 40001 gives 0,1; inter-pod 0,0,1,1 twice.
-    assert_eq!(&hop_counts[..3], &[2 + 1 + 1 + 4, 2 + 1 + 4, 2]);
+    assert_eq!(&hop_counts[..3], &hop0);
+}
+
+#[test]
+fn one_packet_flows_spread_evenly_from_their_first_packet() {
+    // 10,000 flows of one packet each (a SYN, a DNS query): each starts at its hash, so the
+    // four inter-pod paths share them evenly instead of all taking path 0.
+    let mut f = Fixture::new(TABLE, mode::SOPA);
+    let flows = 10_000u32;
+    let mut per_path = [0u32; 4];
+    for sport in 0..flows {
+        let out = f.stamp(&tcp(DST_INTER_POD, 20_000 + sport as u16, 0, b""));
+        per_path[usize::from(out[36]) * 2 + usize::from(out[37])] += 1;
+    }
+    let even = flows / 4;
+    eprintln!("{flows} one-packet flows over 4 paths: {per_path:?}");
+    for (path, n) in per_path.iter().enumerate() {
+        assert!(
+            n.abs_diff(even) * 100 <= even * 3,
+            "path {path}: {n} of {flows} one-packet flows, more than 3% from {even}: {per_path:?}"
+        );
+    }
 }
 
 #[test]
@@ -408,14 +462,7 @@ fn ecmp_is_stable_and_rps_uses_every_path() {
 #[test]
 fn pinned_mode_follows_live_pins_and_hashes_the_rest() {
     let mut f = Fixture::new(TABLE, mode::PINNED);
-    let key = |dst: [u8; 4], sport: u16| FlowKey {
-        saddr: u32::from_ne_bytes(SRC),
-        daddr: u32::from_ne_bytes(dst),
-        sport: sport.to_be(),
-        dport: 5001u16.to_be(),
-        proto: 6,
-        _pad: [0; 3],
-    };
+    let key = tcp_key;
     // Without pins every flow takes the 5-tuple hash, as userspace predicts it.
     for sport in 1..40u16 {
         let hop = f.stamp(&tcp(DST, sport, 0, b"x"))[36];
@@ -480,7 +527,8 @@ fn mode_switches_at_run_time() {
             hash_seed: 0,
         })
         .unwrap();
-    assert_eq!(f.stamp(&p), stamped(&p, 0, HOP_NONE));
+    let first = (flow_hash(&tcp_key(DST, 1), 0) % 3) as u8;
+    assert_eq!(f.stamp(&p), stamped(&p, first, HOP_NONE));
     // An empty table: nothing is a fabric destination any more.
     f.maps.apply_paths(&PathTable::default()).unwrap();
     assert_eq!(f.stamp(&p), p);
@@ -618,7 +666,8 @@ fn a_destination_whose_paths_all_failed_passes_unstamped() {
     assert_eq!(counters(&f).0[stamp_reason::NO_PATH as usize], 1);
     // The other destination is untouched by that.
     let q = tcp(DST, 1, 1, b"x");
-    assert_eq!(f.stamp(&q), stamped(&q, 0, HOP_NONE));
+    let first = start(&tcp_key(DST, 1), 3) as u8;
+    assert_eq!(f.stamp(&q), stamped(&q, first, HOP_NONE));
 }
 
 #[test]

@@ -83,7 +83,8 @@ const _: () = assert!(size_of::<FlowKey>() == 16);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FlowState {
-    /// Round-robin position: the next packet takes path `next % count`.
+    /// Round-robin position: the next packet takes path `next % count`. A new flow starts at
+    /// its 5-tuple hash ([`crate::hash::flow_hash`] with the configured seed).
     pub next: u32,
     pub _pad: u32,
     /// Packets (GSO segments) and bytes sent by the flow.

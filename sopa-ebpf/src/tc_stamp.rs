@@ -77,7 +77,7 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
     let mut fallback = false;
     let mut pin: Option<[u8; 2]> = None;
     let choice = match config.mode {
-        mode::SOPA => match flow_state(&key) {
+        mode::SOPA => match flow_state(&key, config.hash_seed) {
             Some(state) => {
                 // SAFETY: a pointer from a successful map lookup. Two CPUs sending the same
                 // flow at once may both read one `next`: a rare repeat, never a wrong path.
@@ -98,7 +98,7 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
         mode::RPS => (unsafe { bpf_get_prandom_u32() }) % n,
         mode::PINNED => {
             // Bytes per flow are what the agent's elephant detection reads.
-            if let Some(state) = flow_state(&key) {
+            if let Some(state) = flow_state(&key, config.hash_seed) {
                 // SAFETY: a pointer from a successful map lookup.
                 let state = unsafe { &mut *state };
                 state.packets += segments(ctx);
@@ -166,17 +166,20 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
     Ok(reason::STAMPED)
 }
 
-/// The flow's state, created on its first packet.
+/// The flow's state, created on its first packet. Its round robin starts at the flow's hash,
+/// not at path 0: otherwise every host's SYNs and one-packet flows would all take the first
+/// path, and a flow evicted from the table would go back to it.
 #[inline(always)]
-fn flow_state(key: &sopa_common::maps::FlowKey) -> Option<*mut FlowState> {
+fn flow_state(key: &sopa_common::maps::FlowKey, seed: u32) -> Option<*mut FlowState> {
     if let Some(state) = FLOWS.get_ptr_mut(key) {
         return Some(state);
     }
+    let fresh = FlowState {
+        next: flow_hash(key, seed),
+        ..FlowState::default()
+    };
     // EEXIST (another CPU won the race) is fine: the lookup below finds its entry.
-    if FLOWS
-        .insert(key, &FlowState::default(), u64::from(BPF_NOEXIST))
-        .is_ok()
-    {
+    if FLOWS.insert(key, &fresh, u64::from(BPF_NOEXIST)).is_ok() {
         count(&crate::STAMP_STATS, reason::FLOWS_CREATED, 1);
     }
     FLOWS.get_ptr_mut(key)
