@@ -191,13 +191,22 @@ fn paths_of(frame: &[u8]) -> Vec<[u8; 2]> {
     }
 }
 
+/// The option removed, IHL and total length lowered, and the checksum adjusted for exactly
+/// those words (RFC 1624): a checksum that was wrong on input stays wrong by as much.
 fn stripped(input: &[u8]) -> Vec<u8> {
+    use sopa_common::wire::{checksum_adjust, word};
     let mut p = input.to_vec();
     p.drain(34..38);
     p[14] = 0x45;
     let tot = u16::from_be_bytes([p[16], p[17]]).wrapping_sub(4);
     p[16..18].copy_from_slice(&tot.to_be_bytes());
-    common::fix_ipv4_checksum(&mut p);
+    let old = word(input[14], input[15])
+        + word(input[16], input[17])
+        + word(input[34], input[35])
+        + word(input[36], input[37]);
+    let new = word(p[14], p[15]) + word(p[16], p[17]);
+    let check = checksum_adjust(u16::from_be_bytes([input[24], input[25]]), old, new);
+    p[24..26].copy_from_slice(&check.to_be_bytes());
     p
 }
 

@@ -47,9 +47,120 @@ pub fn ipv4_header_checksum(header: &[u8]) -> u16 {
     !(sum as u16)
 }
 
+/// Folds a one's-complement sum of 16-bit words to 16 bits (end-around carry).
+#[inline(always)]
+pub const fn fold(mut sum: u32) -> u16 {
+    sum = (sum & 0xFFFF) + (sum >> 16);
+    sum = (sum & 0xFFFF) + (sum >> 16);
+    sum as u16
+}
+
+/// RFC 1624, eqn. 3: the header checksum `check` after header words that summed to `old`
+/// (unfolded one's-complement sum) were replaced by words summing to `new` (removed words count
+/// in `old` only, added ones in `new` only). Unlike recomputing, a checksum that was wrong in
+/// transit stays wrong, so the next hop still discards the corrupted header.
+#[inline(always)]
+pub const fn checksum_adjust(check: u16, old: u32, new: u32) -> u16 {
+    let sum = (!check) as u32 + (!fold(old)) as u32 + fold(new) as u32;
+    !fold(sum)
+}
+
+/// A big-endian 16-bit word of a header, for [`checksum_adjust`] sums.
+#[inline(always)]
+pub const fn word(hi: u8, lo: u8) -> u32 {
+    ((hi as u32) << 8) | lo as u32
+}
+
 #[cfg(test)]
 mod tests {
+    extern crate std;
+    use std::{vec, vec::Vec};
+
     use super::*;
+
+    /// A header with its checksum computed, the checksum field at bytes 10-11.
+    fn with_checksum(mut h: Vec<u8>) -> Vec<u8> {
+        h[10] = 0;
+        h[11] = 0;
+        let c = ipv4_header_checksum(&h);
+        h[10..12].copy_from_slice(&c.to_be_bytes());
+        h
+    }
+
+    fn check(h: &[u8]) -> u16 {
+        u16::from_be_bytes([h[10], h[11]])
+    }
+
+    fn headers() -> impl Iterator<Item = Vec<u8>> {
+        // A spread of headers, stamped (24 bytes), with every TTL and many IDs and lengths.
+        (0u32..4096).map(|i| {
+            let mut h = vec![
+                0x46,
+                (i % 7) as u8,
+                0,
+                0,
+                0,
+                0,
+                0x40,
+                0,
+                0,
+                6,
+                0,
+                0,
+                10,
+                1,
+                0,
+                2,
+                10,
+                2,
+                0,
+                2,
+                0x9E,
+                4,
+                (i % 3) as u8,
+                0xFF,
+            ];
+            h[2..4].copy_from_slice(&((24 + i * 13) as u16).to_be_bytes());
+            h[4..6].copy_from_slice(&(i.wrapping_mul(40503) as u16).to_be_bytes());
+            h[8] = (i % 256) as u8;
+            with_checksum(h)
+        })
+    }
+
+    #[test]
+    fn adjusting_equals_recomputing_for_a_ttl_decrement_and_a_strip() {
+        for h in headers() {
+            // TTL - 1 (tc_forward).
+            let mut t = h.clone();
+            t[8] = t[8].wrapping_sub(1);
+            let adjusted = checksum_adjust(check(&h), word(h[8], h[9]), word(t[8], t[9]));
+            assert_eq!(adjusted, check(&with_checksum(t.clone())), "{h:02x?}");
+            // The option removed, IHL and total length with it (xdp_strip).
+            let mut s = h[..20].to_vec();
+            s[0] = 0x45;
+            let len = u16::from_be_bytes([h[2], h[3]]) - 4;
+            s[2..4].copy_from_slice(&len.to_be_bytes());
+            let old = word(h[0], h[1]) + word(h[2], h[3]) + word(h[20], h[21]) + word(h[22], h[23]);
+            let new = word(s[0], s[1]) + word(s[2], s[3]);
+            assert_eq!(
+                checksum_adjust(check(&h), old, new),
+                check(&with_checksum(s)),
+                "{h:02x?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_wrong_checksum_stays_wrong_by_the_same_amount() {
+        for h in headers() {
+            let mut bad = h.clone();
+            bad[10] ^= 0x10; // corrupted in transit
+            let mut t = bad.clone();
+            t[8] = t[8].wrapping_sub(1);
+            let adjusted = checksum_adjust(check(&bad), word(h[8], h[9]), word(t[8], t[9]));
+            assert_ne!(adjusted, check(&with_checksum(t)), "{h:02x?}: repaired");
+        }
+    }
 
     #[test]
     fn option_bytes() {

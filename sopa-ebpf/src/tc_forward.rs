@@ -12,12 +12,15 @@ use aya_ebpf::{
 };
 use sopa_common::{
     maps::{MAX_UPLINKS, forward_reason as reason},
-    wire::{ETH_HLEN, ETH_P_IP, IPV4_BASE_LEN, IPV4_STAMPED_LEN, OPTION_LEN, OPTION_TYPE},
+    wire::{
+        ETH_HLEN, ETH_P_IP, IPV4_BASE_LEN, IPV4_STAMPED_LEN, OPTION_LEN, OPTION_TYPE,
+        checksum_adjust, word,
+    },
 };
 
 use crate::{
     FORWARD, FORWARD_UPLINK_STATS,
-    packet::{Ipv4, count, ptr_at, set_ipv4_checksum},
+    packet::{Ipv4, count, ptr_at},
 };
 
 const AF_INET: u32 = 2;
@@ -77,8 +80,12 @@ fn decide(ctx: &TcContext) -> Result<(i32, u32), u32> {
         return Err(reason::TTL_EXPIRED);
     }
     let uplink = entry.uplinks[usize::from(hop) & (MAX_UPLINKS - 1)];
+    // TTL - 1, the checksum adjusted rather than recomputed: a header corrupted on the way
+    // here stays detectably corrupted.
+    let old = word(h[8], h[9]);
     h[8] -= 1;
-    set_ipv4_checksum(h);
+    let check = checksum_adjust(u16::from_be_bytes([h[10], h[11]]), old, word(h[8], h[9]));
+    [h[10], h[11]] = check.to_be_bytes();
     let mut params = bpf_redir_neigh {
         nh_family: AF_INET,
         __bindgen_anon_1: aya_ebpf::bindings::bpf_redir_neigh__bindgen_ty_1 {

@@ -9,7 +9,7 @@ use sopa_common::{
     maps::{ReorderState, strip_reason as reason},
     wire::{
         ETH_HLEN, ETH_P_IP, IPPROTO_TCP, IPV4_BASE_LEN, IPV4_STAMPED_LEN, OPTION_LEN,
-        OPTION_OFFSET, OPTION_TYPE,
+        OPTION_OFFSET, OPTION_TYPE, checksum_adjust, word,
     },
 };
 
@@ -65,7 +65,16 @@ pub fn try_strip(ctx: &XdpContext) -> Result<u32, u32> {
     base[0] = 0x45;
     base[2] = tot_len[0];
     base[3] = tot_len[1];
-    set_ipv4_checksum(&mut base);
+    // The checksum adjusted for the words that changed or went (RFC 1624), not recomputed: a
+    // header corrupted in transit stays corrupted, and the stack still drops it.
+    let e = ETH_HLEN;
+    let old = word(frame[e], frame[e + 1])
+        + word(frame[e + 2], frame[e + 3])
+        + word(frame[e + 20], frame[e + 21])
+        + word(frame[e + 22], frame[e + 23]);
+    let new = word(base[0], base[1]) + word(base[2], base[3]);
+    let check = checksum_adjust(u16::from_be_bytes([base[10], base[11]]), old, new);
+    [base[10], base[11]] = check.to_be_bytes();
     let shift = OPTION_LEN as usize;
     let mut i = 0;
     while i < IPV4_BASE_LEN {
