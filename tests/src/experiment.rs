@@ -553,10 +553,13 @@ fn wait_controller(f: &Fabric, done: impl Fn(usize) -> bool, what: &str) {
             serde_json::from_str(&f.sopactl(&["status", "--json"]).expect("sopactl status"))
                 .expect("status JSON");
         let down = st["down_links"].as_array().map_or(0, Vec::len);
+        // Every agent reaches the controller over the management socket, which no fabric
+        // failure touches: one that is not connected now (heartbeats missed on a starved
+        // machine) has not applied the change yet, and its host still sends on the old paths.
         let applied = st["agents"].as_array().is_some_and(|agents| {
             agents
                 .iter()
-                .all(|a| a["connected"] == false || a["applied_version"] == st["version"])
+                .all(|a| a["connected"] == true && a["applied_version"] == st["version"])
         });
         if done(down) && applied {
             return;

@@ -233,11 +233,16 @@ fn sockaddr_in(ip: Ipv4Addr, port: u16) -> libc::sockaddr_in {
     }
 }
 
+/// How long a connect may take. SYNs dropped at a congested 10 Mbit/s queue are TCP's to
+/// retry (1, 3, 7, 15 s ...), and the flow's completion time includes them, as it would for
+/// an application: the bound only guards against a fabric that never answers.
+const CONNECT_WITHIN: Duration = Duration::from_secs(60);
+
 /// A connection to `to`, TCP or MPTCP, from local port `port` when given.
 fn connect(port: Option<u16>, to: SocketAddr, mptcp: bool) -> std::io::Result<TcpStream> {
     use std::os::fd::FromRawFd as _;
     if !mptcp && port.is_none() {
-        return TcpStream::connect_timeout(&to, Duration::from_secs(5));
+        return TcpStream::connect_timeout(&to, CONNECT_WITHIN);
     }
     let SocketAddr::V4(to) = to else {
         return Err(std::io::Error::other("IPv4 only"));
