@@ -1,0 +1,66 @@
+//! The controller channel's settings from either role's flags.
+
+use std::time::Duration;
+
+use sopa_agent::Error;
+use sopa_controller::{client::ClientConfig, proto::Role};
+use tracing::warn;
+
+use crate::cli::ChannelFlags;
+
+/// What the channel needs from either role's flags.
+pub struct ChannelArgs<'a> {
+    pub node: &'a str,
+    /// The node's name in the controller's topology (`--host`), when given.
+    pub topology_name: Option<&'a str>,
+    pub role: Role,
+    pub flags: &'a ChannelFlags,
+}
+
+/// The channel settings of `--controller URL`; configuration errors before anything runs.
+pub fn channel_config(args: &ChannelArgs, url: &str) -> Result<ClientConfig, Error> {
+    let mut cfg = ClientConfig::new(url, args.node, args.role);
+    cfg.topology_name = args.topology_name.map(str::to_owned);
+    if args.flags.heartbeat_ms == 0 {
+        return Err(Error::Config("--heartbeat-ms must be at least 1".into()));
+    }
+    cfg.heartbeat = Duration::from_millis(args.flags.heartbeat_ms);
+    if url.starts_with("unix:") {
+        // A local socket: who may connect is decided by the socket file's permissions.
+        if args.flags.certs.is_some() {
+            return Err(Error::Config(format!(
+                "--certs does not apply to the local socket {url}"
+            )));
+        }
+        return Ok(cfg);
+    }
+    match (
+        url.split_once("://").map(|(s, _)| s),
+        args.flags.certs.as_ref(),
+        args.flags.insecure,
+    ) {
+        (Some("https"), Some(dir), false) => {
+            cfg.tls = Some(
+                sopa_controller::tls::client_config(dir, &args.flags.controller_name)
+                    .map_err(|e| Error::Config(format!("--certs {}: {e}", dir.display())))?,
+            );
+        }
+        (Some("https"), None, _) => {
+            return Err(Error::Config(format!(
+                "--controller {url} needs --certs DIR (ca.pem, agent.pem, agent.key from `sopactl certs init`)"
+            )));
+        }
+        (Some("http"), _, true) => warn!("--insecure: talking to the controller in plaintext"),
+        (Some("http"), _, false) => {
+            return Err(Error::Config(format!(
+                "--controller {url} is plaintext; use https:// with --certs, or pass --insecure for tests"
+            )));
+        }
+        _ => {
+            return Err(Error::Config(format!(
+                "--controller {url:?} is not an https://, http:// or unix: address"
+            )));
+        }
+    }
+    Ok(cfg)
+}

@@ -1,0 +1,180 @@
+//! The command line: every subcommand and flag, each with its `SOPA_*` variable.
+
+use std::{net::SocketAddr, path::PathBuf};
+
+use clap::{Parser, Subcommand};
+use sopa_agent::{
+    datapath::TcxOrder,
+    host::{Granularity, XdpAttach},
+};
+
+/// SOPA host agent: spreads every TCP/UDP flow over all equal-cost fabric paths in strict
+/// round-robin, written into a 4-byte IPv4 source-route option.
+#[derive(Parser)]
+#[command(version, about)]
+pub struct Cli {
+    /// Enter this network namespace (a name under /run/netns, or a path) first. Unlike
+    /// `ip netns exec`, this keeps the mount namespace, so the bpffs pins stay shared.
+    #[arg(long, global = true, env = "SOPA_NETNS")]
+    pub netns: Option<String>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Attach the datapath to the fabric interface and run until SIGINT/SIGTERM.
+    Run(RunArgs),
+    /// The switch role: forward by the controller's topology until SIGINT/SIGTERM.
+    Switch(SwitchArgs),
+    /// Show a running agent's mode, path table and counters.
+    Status {
+        #[command(flatten)]
+        node: NodeArg,
+        /// Print JSON instead of the report for people.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Switch a running agent's path-selection mode, without reloading its programs.
+    Mode {
+        #[command(flatten)]
+        node: NodeArg,
+        /// sopa, rps, ecmp, pinned, single or off.
+        mode: String,
+    },
+    /// Remove a datapath left attached (`run --keep-attached`, or after a crash): detach the
+    /// programs, unpin the maps and restore every host setting the agent changed.
+    Detach {
+        #[command(flatten)]
+        node: NodeArg,
+    },
+    /// Validate a path table file and print it.
+    CheckPaths {
+        /// The TOML path table.
+        file: PathBuf,
+    },
+}
+
+#[derive(clap::Args)]
+pub struct NodeArg {
+    /// This node's name: the folder of its pins and state (/sys/fs/bpf/sopa/NODE, /run/sopa/NODE).
+    #[arg(long, env = "SOPA_NODE", default_value_t = default_node())]
+    pub node: String,
+}
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub node: NodeArg,
+    /// The host's fabric interface.
+    #[arg(long, env = "SOPA_IFACE")]
+    pub iface: String,
+    /// TOML path table: destination prefix -> candidate paths (offline mode).
+    #[arg(
+        long,
+        env = "SOPA_PATHS",
+        required_unless_present = "controller",
+        conflicts_with = "controller"
+    )]
+    pub paths: Option<PathBuf>,
+    /// The controller (https://HOST:7470): paths come from the topology it pushes, and this
+    /// agent's --node must be a host of that topology.
+    #[arg(long, env = "SOPA_CONTROLLER")]
+    pub controller: Option<String>,
+    #[command(flatten)]
+    pub channel: ChannelFlags,
+    /// This host's name in the controller's topology (e.g. h0); defaults to --node.
+    #[arg(long, env = "SOPA_HOST")]
+    pub host: Option<String>,
+    /// Path selection: sopa (per-flow round-robin), rps (random per packet), ecmp (5-tuple
+    /// hash), pinned (Hedera: controller pins, else the hash), single (the first path), off.
+    #[arg(long, env = "SOPA_MODE", default_value = "sopa")]
+    pub mode: String,
+    /// The unit of spraying: packet (gso_max_segs 1) or burst (GSO super-packets).
+    #[arg(long, env = "SOPA_GRANULARITY", value_enum, default_value_t = Granularity::Packet)]
+    pub granularity: Granularity,
+    /// How xdp_strip attaches: auto (generic on veth, native elsewhere), generic, native.
+    #[arg(long, env = "SOPA_XDP_MODE", value_enum, default_value_t = XdpAttach::Auto)]
+    pub xdp_mode: XdpAttach,
+    /// net.ipv4.tcp_reordering while the agent runs (restored on exit).
+    #[arg(long, env = "SOPA_TCP_REORDERING", default_value_t = 10)]
+    pub tcp_reordering: u32,
+    /// Loopback address of the Prometheus metrics endpoint (GET /metrics).
+    #[arg(long, env = "SOPA_METRICS_ADDR", default_value = "127.0.0.1:9470")]
+    pub metrics_addr: SocketAddr,
+    /// Serve no metrics.
+    #[arg(long, env = "SOPA_NO_METRICS")]
+    pub no_metrics: bool,
+    /// Leave the fabric routes' MTU alone (for fabrics whose links carry MTU + 4 bytes).
+    /// Otherwise the agent lowers it by 4 with `mtu lock`, so full-size packets fit stamped.
+    #[arg(long, env = "SOPA_KEEP_ROUTE_MTU")]
+    pub keep_route_mtu: bool,
+    /// Seed of the 5-tuple hash (ecmp mode and the stateless fallback).
+    #[arg(long, env = "SOPA_HASH_SEED", default_value_t = 0x5eed)]
+    pub hash_seed: u32,
+    /// The NIC rate elephants are measured against (pinned mode): Mbit/s. Defaults to the
+    /// interface's link speed.
+    #[arg(long, env = "SOPA_NIC_RATE_MBIT")]
+    pub nic_rate_mbit: Option<u64>,
+    /// How often pinned mode reports elephants to the controller.
+    #[arg(long, env = "SOPA_REPORT_INTERVAL_MS", default_value_t = 1000)]
+    pub report_interval_ms: u64,
+    /// On exit, leave the datapath attached and the host settings it needs in place: traffic
+    /// keeps its paths while no agent runs. The next agent adopts it; `detach` removes it.
+    #[arg(long, env = "SOPA_KEEP_ATTACHED")]
+    pub keep_attached: bool,
+    /// Do not adopt what a previous agent of this node left: restore it and start clean.
+    #[arg(long, env = "SOPA_RESET", conflicts_with = "takeover")]
+    pub reset: bool,
+    /// Take over from a running agent of this node in place (an upgrade): it exits leaving
+    /// the datapath attached, and this one adopts it, replacing the programs atomically.
+    #[arg(long, env = "SOPA_TAKEOVER")]
+    pub takeover: bool,
+    /// Where tc_stamp goes among the interface's other TCX egress programs: last (others see
+    /// packets as the stack sent them) or first. An adopted datapath keeps its place.
+    #[arg(long, env = "SOPA_TCX_ORDER", value_enum, default_value_t = TcxOrder::Last)]
+    pub tcx_order: TcxOrder,
+}
+
+#[derive(clap::Args)]
+pub struct SwitchArgs {
+    #[command(flatten)]
+    pub node: NodeArg,
+    /// This switch's name in the controller's topology (e.g. e0, eps.0.0.1.0); defaults to --node.
+    #[arg(long, env = "SOPA_HOST")]
+    pub host: Option<String>,
+    /// The controller: https://HOST:PORT (with --certs), http:// (with --insecure), or unix:PATH.
+    #[arg(long, env = "SOPA_CONTROLLER")]
+    pub controller: String,
+    #[command(flatten)]
+    pub channel: ChannelFlags,
+    /// This switch's multipath hash seed (distinct per switch, or the fabric polarizes).
+    #[arg(long, env = "SOPA_HASH_SEED")]
+    pub hash_seed: Option<u32>,
+    /// Where tc_forward goes among each port's other TCX ingress programs: last or first.
+    #[arg(long, env = "SOPA_TCX_ORDER", value_enum, default_value_t = TcxOrder::Last)]
+    pub tcx_order: TcxOrder,
+}
+
+/// How to talk to the controller, for either role.
+#[derive(clap::Args)]
+pub struct ChannelFlags {
+    /// Certificate folder (ca.pem, agent.pem, agent.key) for the controller's mutual TLS.
+    #[arg(long, env = "SOPA_CERTS", conflicts_with = "insecure")]
+    pub certs: Option<PathBuf>,
+    /// Talk to the controller in plaintext (http://). For tests only.
+    #[arg(long, env = "SOPA_INSECURE")]
+    pub insecure: bool,
+    /// The name in the controller's certificate.
+    #[arg(long, env = "SOPA_CONTROLLER_NAME", default_value = sopa_controller::tls::CONTROLLER_NAME)]
+    pub controller_name: String,
+    /// Heartbeat interval on the channel (the controller is gone after three silent ones).
+    #[arg(long, env = "SOPA_HEARTBEAT_MS", default_value_t = 1000)]
+    pub heartbeat_ms: u64,
+}
+
+fn default_node() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "localhost".into())
+}

@@ -1,0 +1,95 @@
+//! `sopa-agent`: the SOPA host agent. Parses the command line, enters the namespace, and runs
+//! one subcommand on a single-threaded runtime; each role waits for its signals itself.
+
+mod channel;
+mod cli;
+mod detach;
+mod run;
+mod switch;
+
+use std::process::ExitCode;
+
+use clap::Parser as _;
+use cli::{Cli, Command};
+use sopa_agent::{Error, host, path_table::PathTable, status};
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_env("SOPA_LOG")
+                .unwrap_or_else(|_| EnvFilter::new("info,netlink_packet_route=error")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    // Before any thread exists: threads inherit the namespace of the one that spawns them.
+    if let Some(netns) = &cli.netns
+        && let Err(err) = host::enter_netns(netns)
+    {
+        eprintln!("sopa-agent: {err}");
+        return ExitCode::from(err.exit_code());
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    match runtime.block_on(dispatch(cli.command, cli.netns)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("sopa-agent: {err}");
+            ExitCode::from(err.exit_code())
+        }
+    }
+}
+
+async fn dispatch(command: Command, netns: Option<String>) -> Result<(), Error> {
+    match command {
+        Command::Run(args) => run::run(args, netns).await,
+        Command::Detach { node } => detach::detach(&node.node, netns.as_deref()).await,
+        Command::Switch(args) => switch::switch(args).await,
+        Command::Status { node, json } => {
+            host::validate_node(&node.node)?;
+            let status = status::read(
+                &node.node,
+                &host::run_dir(&node.node),
+                &host::pin_dir(&node.node),
+            )?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&status).expect("status serializes")
+                );
+            } else {
+                print!("{}", status.render());
+            }
+            Ok(())
+        }
+        Command::Mode { node, mode } => {
+            host::validate_node(&node.node)?;
+            let mode = status::parse_mode(&mode)?;
+            let pins = host::pin_dir(&node.node);
+            if !pins.exists() {
+                return Err(Error::NotRunning {
+                    node: node.node.clone(),
+                    dir: pins,
+                });
+            }
+            let mut maps = sopa_agent::datapath::MapSet::from_pins(&pins)?;
+            let mut config = maps.config()?;
+            config.mode = mode;
+            maps.set_config(config)?;
+            println!("node {}: mode {}", node.node, status::mode_name(mode));
+            Ok(())
+        }
+        Command::CheckPaths { file } => {
+            let table = PathTable::load(&file)?;
+            println!("{}: {} prefixes", file.display(), table.len());
+            for (prefix, hops) in &table.destinations {
+                let hops: Vec<String> = hops.iter().map(ToString::to_string).collect();
+                println!("  {prefix:<18} {}", hops.join(" "));
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! `sopa-agent run`: the host role until SIGINT/SIGTERM (or SIGUSR1 from a successor).
+
+use std::time::Duration;
+
+use sopa_agent::{
+    Error,
+    channel::HostApplier,
+    host::{Host, HostOptions},
+    path_table::PathTable,
+    status,
+};
+use sopa_controller::proto::Role;
+use tracing::{info, warn};
+
+use crate::{
+    channel::{ChannelArgs, channel_config},
+    cli::RunArgs,
+};
+
+/// How long teardown may take before the agent gives up on it.
+const GRACE: Duration = Duration::from_secs(10);
+
+/// Starts the host role, runs it (offline or fed by the controller) until a signal, and stops
+/// it: detached and restored, or left attached for the next agent.
+pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
+    let channel = match &args.controller {
+        None => None,
+        Some(url) => Some(channel_config(
+            &ChannelArgs {
+                node: &args.node.node,
+                topology_name: args.host.as_deref(),
+                role: Role::Host,
+                flags: &args.channel,
+            },
+            url,
+        )?),
+    };
+    let (paths, paths_file) = match &args.paths {
+        Some(file) => (
+            PathTable::load(file)?,
+            Some(std::path::absolute(file).unwrap_or(file.clone())),
+        ),
+        None => (PathTable::default(), None),
+    };
+    let opts = HostOptions {
+        mode: status::parse_mode(&args.mode)?,
+        paths,
+        paths_file,
+        node: args.node.node.clone(),
+        iface: args.iface.clone(),
+        granularity: args.granularity,
+        xdp: args.xdp_mode,
+        tcp_reordering: args.tcp_reordering,
+        metrics_addr: (!args.no_metrics).then_some(args.metrics_addr),
+        hash_seed: args.hash_seed,
+        lower_route_mtu: !args.keep_route_mtu,
+        paths_from_controller: args.controller.is_some(),
+        reset: args.reset,
+        netns,
+        takeover: args.takeover,
+        tcx_order: args.tcx_order,
+    };
+    if args.report_interval_ms == 0 || args.nic_rate_mbit == Some(0) {
+        return Err(Error::Config(
+            "--report-interval-ms and --nic-rate-mbit must be positive".into(),
+        ));
+    }
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|err| Error::io("installing the SIGTERM handler", err))?;
+    let mut usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
+        .map_err(|err| Error::io("installing the SIGUSR1 handler", err))?;
+    let mut host = Host::start(&opts).await?;
+    let handed_over = std::sync::atomic::AtomicBool::new(false);
+    let nic_bps = match args.nic_rate_mbit {
+        Some(m) => m * 1_000_000,
+        None => match sopa_agent::netlink::link_speed_mbit(&args.iface) {
+            Some(m) => m * 1_000_000,
+            None => {
+                warn!(iface = %args.iface, "link speed unknown; pinned mode measures elephants against 10 Gbit/s (set --nic-rate-mbit)");
+                10_000_000_000
+            }
+        },
+    };
+    let signal = async {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => info!("SIGINT"),
+            _ = sigterm.recv() => info!("SIGTERM"),
+            _ = usr1.recv() => {
+                info!("SIGUSR1: a new agent takes over; exiting with the datapath attached");
+                handed_over.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    };
+    match channel {
+        None => {
+            info!("running; SIGINT or SIGTERM detaches and restores");
+            signal.await;
+        }
+        Some(cfg) => {
+            info!(controller = %cfg.endpoint, node = %cfg.node, "running with paths from the controller");
+            let endpoint = cfg.endpoint.clone();
+            let (_stop, stopped) = tokio::sync::watch::channel(false);
+            let fabric_host = args.host.clone().unwrap_or_else(|| opts.node.clone());
+            let (reports, reports_rx) = tokio::sync::mpsc::channel(2);
+            let reporter = tokio::spawn(sopa_agent::hedera::report_loop(
+                host.maps(),
+                reports,
+                std::time::Duration::from_millis(args.report_interval_ms),
+                nic_bps,
+            ));
+            let mut applier = HostApplier::new(&mut host, &fabric_host, &endpoint);
+            tokio::select! {
+                _ = sopa_controller::client::run_with_reports(cfg, &mut applier, stopped, Some(reports_rx)) => {}
+                _ = signal => {}
+            }
+            reporter.abort();
+        }
+    }
+    let keep = args.keep_attached || handed_over.load(std::sync::atomic::Ordering::Relaxed);
+    match tokio::time::timeout(GRACE, host.stop(keep)).await {
+        Ok(errors) if errors.is_empty() => {
+            if keep {
+                info!(
+                    "exiting with the datapath attached (--keep-attached); the next agent adopts it, `sopa-agent detach` removes it"
+                );
+            } else {
+                info!("detached and restored");
+            }
+            Ok(())
+        }
+        Ok(mut errors) => {
+            for err in &errors {
+                warn!(%err, "teardown");
+            }
+            Err(errors.swap_remove(0))
+        }
+        Err(_) => Err(Error::Config(format!(
+            "teardown did not finish within {} s; the next start restores what is left",
+            GRACE.as_secs()
+        ))),
+    }
+}

@@ -1,0 +1,54 @@
+//! `sopa-agent switch`: the switch role until SIGINT/SIGTERM.
+
+use sopa_agent::Error;
+use sopa_controller::proto::Role;
+use tracing::info;
+
+use crate::{
+    channel::{ChannelArgs, channel_config},
+    cli::SwitchArgs,
+};
+
+pub async fn switch(args: SwitchArgs) -> Result<(), Error> {
+    let cfg = channel_config(
+        &ChannelArgs {
+            node: &args.node.node,
+            topology_name: args.host.as_deref(),
+            role: Role::Switch,
+            flags: &args.channel,
+        },
+        &args.controller,
+    )?;
+    let seed = args.hash_seed.unwrap_or_else(|| {
+        // A stable per-switch seed from its name.
+        args.node.node.bytes().fold(0x811c_9dc5u32, |h, b| {
+            (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+        })
+    });
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|err| Error::io("installing the SIGTERM handler", err))?;
+    let mut sw = sopa_agent::switch::Switch::start(&sopa_agent::switch::SwitchOptions {
+        node: args.node.node.clone(),
+        hash_seed: seed,
+        tcx_order: args.tcx_order,
+    })
+    .await?;
+    let name = args.host.clone().unwrap_or_else(|| args.node.node.clone());
+    info!(node = %args.node.node, topology_name = %name, controller = %args.controller, "switch running");
+    {
+        let (_stop, stopped) = tokio::sync::watch::channel(false);
+        let (reports, reports_rx) = tokio::sync::mpsc::channel(256);
+        let mut applier =
+            sopa_agent::switch::SwitchApplier::new(&mut sw, &name, &args.controller, reports);
+        tokio::select! {
+            _ = sopa_controller::client::run_with_reports(cfg, &mut applier, stopped, Some(reports_rx)) => {}
+            _ = tokio::signal::ctrl_c() => info!("SIGINT"),
+            _ = sigterm.recv() => info!("SIGTERM"),
+        }
+    }
+    let errors = sw.stop().await;
+    match errors.into_iter().next() {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
