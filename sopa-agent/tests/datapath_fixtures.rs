@@ -550,24 +550,18 @@ fn strip_restores_the_original_byte_for_byte() {
     assert_eq!(counters(&f).1[strip_reason::STRIPPED as usize], 3);
 }
 
-/// The IPv4 header checksum of a frame is valid.
-fn checksum_ok(frame: &[u8]) -> bool {
-    let ihl = usize::from(frame[14] & 0x0f) * 4;
-    sopa_common::wire::ipv4_header_checksum(&frame[14..14 + ihl]) == 0
-}
-
 #[test]
 fn strip_keeps_a_corrupted_header_corrupted() {
     let mut f = Fixture::new(TABLE, mode::SOPA);
     let original = tcp(DST, 1000, 77, b"payload");
     let on_wire = f.stamp(&original);
-    assert!(checksum_ok(&on_wire));
+    assert!(common::checksum_ok(&on_wire));
     let mut damaged = on_wire.clone();
     damaged[25] ^= 0x21; // the checksum's low byte, damaged in transit
     let out = f.strip(&damaged);
     assert_eq!(out.len(), original.len(), "stripped all the same");
     assert!(
-        !checksum_ok(&out),
+        !common::checksum_ok(&out),
         "stripping repaired a corrupted header: {:02x?}",
         &out[14..34]
     );

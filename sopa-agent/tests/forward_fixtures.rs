@@ -228,26 +228,20 @@ fn forward_fixture_table() {
     }
 }
 
-/// The IPv4 header checksum of a frame is valid.
-fn checksum_ok(frame: &[u8]) -> bool {
-    let ihl = usize::from(frame[14] & 0x0f) * 4;
-    sopa_common::wire::ipv4_header_checksum(&frame[14..14 + ihl]) == 0
-}
-
 #[test]
 fn a_header_corrupted_in_transit_stays_corrupted() {
     let mut s = switch();
     let good = stamped([10, 1, 0, 2], 1, 0, 64);
     let mut bad = good.clone();
     bad[24] ^= 0x5A; // the checksum, damaged on the wire
-    assert!(checksum_ok(&good) && !checksum_ok(&bad));
+    assert!(common::checksum_ok(&good) && !common::checksum_ok(&bad));
     let (got, out) = run(&mut s, &good);
     assert_eq!(got, TC_ACT_REDIRECT);
-    assert!(checksum_ok(&out), "a good header stays good");
+    assert!(common::checksum_ok(&out), "a good header stays good");
     let (got, out) = run(&mut s, &bad);
     assert_eq!(got, TC_ACT_REDIRECT);
     assert!(
-        !checksum_ok(&out),
+        !common::checksum_ok(&out),
         "the TTL decrement repaired a corrupted header: {:02x?}",
         &out[14..38]
     );

@@ -33,3 +33,9 @@ pub fn with_option(original: &[u8], hop0: u8, hop1: u8) -> Vec<u8> {
     fix_ipv4_checksum(&mut p);
     p
 }
+
+/// The IPv4 header checksum of a frame is valid.
+pub fn checksum_ok(frame: &[u8]) -> bool {
+    let ihl = usize::from(frame[14] & 0x0f) * 4;
+    sopa_common::wire::ipv4_header_checksum(&frame[14..14 + ihl]) == 0
+}
