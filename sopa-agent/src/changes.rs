@@ -1,5 +1,6 @@
-//! The journal of what a running agent changed on its host, persisted after every change so
-//! that a clean exit, a failed start and the next start after a crash can all undo it exactly.
+//! The journal of what a running agent changed on its host, persisted before every change
+//! (write-ahead) so that a clean exit, a failed start and the next start after a crash can all
+//! undo it exactly, restoring only what still holds the value the agent set.
 
 use std::{
     fs,
@@ -177,7 +178,9 @@ impl Journal {
         self.persist()
     }
 
-    /// Records a change that has just been made.
+    /// Records a change about to be made (write-ahead): a crash right after the change still
+    /// finds it in the journal, and a change that then failed or never happened is skipped at
+    /// undo, which restores only what still holds the value we set.
     pub fn push(&mut self, change: Change) -> Result<()> {
         self.record.changes.push(change);
         self.persist()
@@ -211,7 +214,16 @@ impl Journal {
     }
 }
 
+/// Undoes one change if the host still holds the value we set. Something another program or
+/// an operator changed since is theirs now: left as it is, and said so.
 async fn undo_one(change: &Change, netlink: &Netlink) -> Result<()> {
+    let not_ours = |what: &str| {
+        warn!(
+            ?change,
+            "{what} changed since the agent set it; leaving it as it is"
+        );
+        Ok(())
+    };
     match change {
         Change::Pins { dir } => match fs::remove_dir_all(dir) {
             Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
@@ -219,17 +231,49 @@ async fn undo_one(change: &Change, netlink: &Netlink) -> Result<()> {
             }
             _ => Ok(()),
         },
-        Change::Sysctl { key, old, .. } => sysctl::write(key, old),
+        Change::Sysctl { key, old, new } => match sysctl::read(key) {
+            Ok(now) if sysctl::same_value(&now, new) => sysctl::write(key, old),
+            Ok(_) => not_ours(key),
+            Err(err) => Err(err),
+        },
         Change::GsoMaxSegs {
-            ifname, index, old, ..
+            ifname,
+            index,
+            old,
+            new,
         } => match netlink.link(ifname).await {
-            Ok(link) if link.index == *index => netlink.set_gso_max_segs(*index, *old).await,
+            Ok(link) if link.index == *index && link.gso_max_segs == *new => {
+                netlink.set_gso_max_segs(*index, *old).await
+            }
+            Ok(link) if link.index == *index => not_ours("gso_max_segs"),
             // The interface is gone or is another one now: nothing of ours to restore.
             Ok(_) | Err(Error::UnknownInterface(_)) => Ok(()),
             Err(err) => Err(err),
         },
-        Change::RouteAdded { route } => netlink.delete_route(route).await,
-        Change::RouteReplaced { old, .. } => netlink.add_route(old, true).await,
+        Change::RouteAdded { route } => {
+            if netlink
+                .routes()
+                .await?
+                .iter()
+                .any(|r| route.still_installed_as(r))
+            {
+                netlink.delete_route(route).await
+            } else {
+                not_ours("the route")
+            }
+        }
+        Change::RouteReplaced { old, new } => {
+            if netlink
+                .routes()
+                .await?
+                .iter()
+                .any(|r| new.still_installed_as(r))
+            {
+                netlink.add_route(old, true).await
+            } else {
+                not_ours("the route")
+            }
+        }
     }
 }
 

@@ -358,12 +358,12 @@ impl Host {
         let old = sysctl::read(sysctl::TCP_REORDERING)?;
         let new = opts.tcp_reordering.to_string();
         if old != new {
-            sysctl::write(sysctl::TCP_REORDERING, &new)?;
             journal.push(Change::Sysctl {
                 key: sysctl::TCP_REORDERING.into(),
                 old,
-                new,
+                new: new.clone(),
             })?;
+            sysctl::write(sysctl::TCP_REORDERING, &new)?;
         }
 
         if opts.granularity == Granularity::Burst {
@@ -380,13 +380,13 @@ impl Host {
             }
         }
         if opts.granularity == Granularity::Packet && link.gso_max_segs != 1 {
-            netlink.set_gso_max_segs(link.index, 1).await?;
             journal.push(Change::GsoMaxSegs {
                 ifname: link.name.clone(),
                 index: link.index,
                 old: link.gso_max_segs,
                 new: 1,
             })?;
+            netlink.set_gso_max_segs(link.index, 1).await?;
         }
 
         let maps = Arc::new(Mutex::new(maps));
@@ -541,16 +541,16 @@ async fn lower_route_mtus<'a>(
         new.mtu = Some(mtu);
         new.mtu_locked = true;
         if route.prefix == *prefix {
-            netlink.add_route(&new, true).await?;
             journal.push(Change::RouteReplaced {
                 old: route.clone(),
-                new,
+                new: new.clone(),
             })?;
+            netlink.add_route(&new, true).await?;
         } else {
             // A more specific copy of the covering route, with the lowered MTU.
             new.protocol = 4; // RTPROT_STATIC
+            journal.push(Change::RouteAdded { route: new.clone() })?;
             netlink.add_route(&new, false).await?;
-            journal.push(Change::RouteAdded { route: new })?;
         }
         done.insert(*prefix);
     }

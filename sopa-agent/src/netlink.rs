@@ -51,6 +51,26 @@ pub struct Route {
     pub nexthops: Vec<(Ipv4Addr, u32)>,
 }
 
+impl Route {
+    /// Whether `current`, read from the kernel now, is still this route as we installed it:
+    /// the same destination, next hops and MTU (metric and origin compared as the kernel
+    /// reports them back). A route a routing daemon or an operator replaced since is not.
+    pub fn still_installed_as(&self, current: &Route) -> bool {
+        let mut a = self.nexthops.clone();
+        let mut b = current.nexthops.clone();
+        a.sort_unstable();
+        b.sort_unstable();
+        self.prefix == current.prefix
+            && self.gateway == current.gateway
+            && self.oif == current.oif
+            && self.priority.unwrap_or(0) == current.priority.unwrap_or(0)
+            && self.mtu == current.mtu
+            && self.mtu_locked == current.mtu_locked
+            && self.multipath == current.multipath
+            && a == b
+    }
+}
+
 /// An IPv4 address of an interface, and its peer on a point-to-point configuration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Address {

@@ -172,12 +172,12 @@ impl Switch {
                     warn!(key, "this kernel lacks the sysctl; leaving it");
                     continue;
                 };
-                sysctl::write(key, &value)?;
                 journal.push(Change::Sysctl {
                     key: key.into(),
                     old,
-                    new: value,
+                    new: value.clone(),
                 })?;
+                sysctl::write(key, &value)?;
             }
             Ok::<_, Error>((datapath, maps))
         };
@@ -340,19 +340,18 @@ impl Switch {
                 unrouted.push(*i);
             }
         }
+        // Write-ahead: each route is in the journal before it is in the kernel.
         for (prefix, r) in &wanted {
             match current.get(prefix) {
                 Some((_, old)) if old == r => {}
                 Some((i, _)) => {
-                    self.netlink.add_route(r, true).await?;
                     journal.record.changes[*i] = Change::RouteAdded { route: r.clone() };
+                    journal.save()?;
+                    self.netlink.add_route(r, true).await?;
                 }
                 None => {
+                    journal.push(Change::RouteAdded { route: r.clone() })?;
                     self.netlink.add_route(r, true).await?;
-                    journal
-                        .record
-                        .changes
-                        .push(Change::RouteAdded { route: r.clone() });
                 }
             }
         }

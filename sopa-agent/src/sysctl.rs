@@ -20,3 +20,46 @@ pub fn read(key: &str) -> Result<String> {
 pub fn write(key: &str, value: &str) -> Result<()> {
     std::fs::write(path(key), value).map_err(|err| Error::io(format!("setting {key}={value}"), err))
 }
+
+/// Whether two sysctl values are the same setting: numbers compare by value (the kernel reads
+/// `0x0037` back as `55`), words and whitespace-separated lists word by word.
+pub fn same_value(a: &str, b: &str) -> bool {
+    fn number(word: &str) -> Option<u64> {
+        match word.strip_prefix("0x").or_else(|| word.strip_prefix("0X")) {
+            Some(hex) => u64::from_str_radix(hex, 16).ok(),
+            None => word.parse().ok(),
+        }
+    }
+    let (mut a, mut b) = (a.split_whitespace(), b.split_whitespace());
+    loop {
+        match (a.next(), b.next()) {
+            (None, None) => return true,
+            (Some(x), Some(y)) => {
+                let same = match (number(x), number(y)) {
+                    (Some(m), Some(n)) => m == n,
+                    _ => x == y,
+                };
+                if !same {
+                    return false;
+                }
+            }
+            _ => return false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_value;
+
+    #[test]
+    fn values_compare_as_the_kernel_reads_them_back() {
+        assert!(same_value("0x0037", "55"));
+        assert!(same_value("10", " 10\n"));
+        assert!(same_value("4096\t87380\t6291456", "4096 87380 6291456"));
+        assert!(same_value("cubic", "cubic"));
+        assert!(!same_value("10", "3"));
+        assert!(!same_value("4096 87380", "4096"));
+        assert!(!same_value("cubic", "reno"));
+    }
+}

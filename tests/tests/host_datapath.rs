@@ -504,3 +504,47 @@ fn native_xdp_on_veth_strips_before_the_stack() {
         seen.len()
     );
 }
+
+#[test]
+fn a_stop_restores_only_what_still_holds_the_agents_value() {
+    let arb = Arb::new("w").expect("build A - R - B");
+    let reordering_before = arb.a.read_sysctl("net.ipv4.tcp_reordering").unwrap();
+    let agent = Agent::start(
+        &arb.a,
+        arb.a.name(),
+        &arb.a_if,
+        &Arb::path_table(B_PREFIX, PATHS),
+        &["--no-metrics"],
+    )
+    .expect("agent on A");
+    assert_eq!(arb.a.read_sysctl("net.ipv4.tcp_reordering").unwrap(), "10");
+    assert!(
+        arb.a.ip(&["route"]).unwrap().contains("mtu lock 1496"),
+        "the agent's lowered route"
+    );
+    // While it runs, an operator tunes reordering and a routing daemon rewrites the route.
+    arb.a.sysctl("net.ipv4.tcp_reordering", "42").unwrap();
+    arb.a
+        .ip(&[
+            "route",
+            "replace",
+            B_PREFIX,
+            "via",
+            "10.101.1.1",
+            "mtu",
+            "lock",
+            "1400",
+        ])
+        .unwrap();
+    assert_eq!(agent.stop(), Some(0));
+    assert_eq!(
+        arb.a.read_sysctl("net.ipv4.tcp_reordering").unwrap(),
+        "42",
+        "the operator's value was kept, not rolled back to {reordering_before}"
+    );
+    let routes = arb.a.ip(&["route"]).unwrap();
+    assert!(
+        routes.contains(&format!("{B_PREFIX} via 10.101.1.1")) && routes.contains("mtu lock 1400"),
+        "the daemon's route was kept, not deleted as the agent's:\n{routes}"
+    );
+}
