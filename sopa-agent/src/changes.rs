@@ -49,6 +49,10 @@ pub enum Change {
 pub struct Record {
     pub node: String,
     pub pid: u32,
+    /// The process's start time (clock ticks since boot, `/proc/PID/stat`): with the PID it
+    /// names one process, even after the PID is reused. Absent in records of older agents.
+    #[serde(default)]
+    pub start_time: Option<u64>,
     pub iface: String,
     pub ifindex: u32,
     pub paths_file: Option<PathBuf>,
@@ -105,12 +109,75 @@ pub struct ControllerState {
 }
 
 impl Record {
-    /// Whether the process that wrote this record is still running.
+    /// Whether the process that wrote this record is still running: the same PID with the
+    /// same start time. (A record of an older agent, without a start time, falls back to the
+    /// PID's command line naming sopa-agent.)
     pub fn is_live(&self) -> bool {
-        fs::read(format!("/proc/{}/cmdline", self.pid))
-            .map(|cmdline| String::from_utf8_lossy(&cmdline).contains("sopa-agent"))
-            .unwrap_or(false)
+        match self.start_time {
+            // A zombie (exited, not yet reaped by its parent) is not running.
+            Some(started) => {
+                process_state(self.pid).is_some_and(|s| s != 'Z' && s != 'X')
+                    && process_start_time(self.pid) == Some(started)
+            }
+            None => fs::read(format!("/proc/{}/cmdline", self.pid))
+                .map(|cmdline| String::from_utf8_lossy(&cmdline).contains("sopa-agent"))
+                .unwrap_or(false),
+        }
     }
+}
+
+/// Field 3 of `/proc/PID/stat`: the process state (R, S, D, Z for a zombie ...).
+fn process_state(pid: u32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..]
+        .split_whitespace()
+        .next()?
+        .chars()
+        .next()
+}
+
+/// Field 22 of `/proc/PID/stat`: when the process started, in clock ticks after boot.
+pub fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces or ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // `rest` starts at field 3 (state): field 22 is its 20th word.
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Sends `signal` to the agent a record names, through a pidfd: the process is checked to be
+/// that agent (PID and start time) after the pidfd pins it, so a PID reused meanwhile is never
+/// signalled.
+pub fn signal_agent(record: &Record, signal: i32) -> std::io::Result<()> {
+    use std::os::fd::{FromRawFd as _, OwnedFd};
+    // SAFETY: pidfd_open with flags 0 returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, record.pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    if !record.is_live() {
+        return Err(std::io::Error::other(format!(
+            "process {} is no longer the agent that wrote the record",
+            record.pid
+        )));
+    }
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: a pidfd we hold, a valid signal number, no siginfo, flags 0.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            fd.as_raw_fd(),
+            signal,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 pub struct Journal {
@@ -285,6 +352,7 @@ mod tests {
         Record {
             node: node.into(),
             pid: std::process::id(),
+            start_time: None,
             iface: "eth0".into(),
             ifindex: 2,
             paths_file: None,
@@ -349,6 +417,45 @@ mod tests {
             err.contains("state.json") && err.contains("remove it if no agent runs"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn liveness_is_the_pid_and_its_start_time_not_a_command_line() {
+        // An unrelated process whose command line says sopa-agent.
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 30; true", "sopa-agent"])
+            .spawn()
+            .unwrap();
+        let mut r = record("h1");
+        r.pid = child.id();
+        // Until the child has exec'd sh, its command line is this test's.
+        let cmdline = || std::fs::read(format!("/proc/{}/cmdline", r.pid)).unwrap_or_default();
+        while !String::from_utf8_lossy(&cmdline()).contains("sopa-agent") {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let started = process_start_time(r.pid).expect("a start time");
+        r.start_time = Some(started + 1);
+        assert!(
+            !r.is_live(),
+            "same PID, another start time: another process"
+        );
+        assert!(
+            signal_agent(&r, libc::SIGUSR1).is_err(),
+            "never signalled as the agent"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "still running");
+        r.start_time = Some(started);
+        assert!(r.is_live());
+        r.start_time = None;
+        assert!(r.is_live(), "an older record: the command line decides");
+        r.start_time = Some(started);
+        child.kill().unwrap();
+        // Exited but not reaped: a zombie keeps its PID and start time, and is not running.
+        while process_state(r.pid) != Some('Z') {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(!r.is_live(), "a zombie is not a live agent");
+        child.wait().unwrap();
     }
 
     #[test]

@@ -205,6 +205,7 @@ impl Host {
         let record = Record {
             node: opts.node.clone(),
             pid: std::process::id(),
+            start_time: crate::changes::process_start_time(std::process::id()),
             iface: opts.iface.clone(),
             ifindex: link.index,
             paths_file: opts.paths_file.clone(),
@@ -592,7 +593,7 @@ async fn leftovers(
                 pid: record.pid,
             });
         }
-        hand_over(&opts.node, run_dir, record.pid).await?
+        hand_over(&opts.node, run_dir, &record).await?
     } else {
         record
     };
@@ -630,18 +631,14 @@ async fn leftovers(
 
 /// Asks the live agent `pid` to exit leaving its datapath attached (SIGUSR1), waits for it,
 /// and returns the record it left.
-async fn hand_over(node: &str, run_dir: &Path, pid: u32) -> Result<Record> {
+async fn hand_over(node: &str, run_dir: &Path, live: &Record) -> Result<Record> {
+    let pid = live.pid;
     info!(
         pid,
         "--takeover: asking the running agent to hand its datapath over"
     );
-    // SAFETY: signalling the agent process the record names (checked live just before).
-    if unsafe { libc::kill(pid as i32, libc::SIGUSR1) } != 0 {
-        return Err(Error::io(
-            format!("signalling agent {pid} of node {node}"),
-            std::io::Error::last_os_error(),
-        ));
-    }
+    crate::changes::signal_agent(live, libc::SIGUSR1)
+        .map_err(|e| Error::io(format!("signalling agent {pid} of node {node}"), e))?;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
         let record = Journal::read(run_dir)?;

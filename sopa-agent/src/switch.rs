@@ -134,6 +134,7 @@ impl Switch {
         let record = Record {
             node: opts.node.clone(),
             pid: std::process::id(),
+            start_time: crate::changes::process_start_time(std::process::id()),
             iface: "(switch ports)".into(),
             ifindex: 0,
             paths_file: None::<PathBuf>,
