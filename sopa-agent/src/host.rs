@@ -127,6 +127,15 @@ pub fn enter_netns(netns: &str) -> Result<()> {
 
 /// Fails early, before anything is changed, when the process lacks the capabilities it needs.
 pub fn check_privileges() -> Result<()> {
+    check_capabilities(true)
+}
+
+/// What `detach` needs: it loads no program, so the verifier's CAP_PERFMON is not asked for.
+pub fn check_undo_privileges() -> Result<()> {
+    check_capabilities(false)
+}
+
+fn check_capabilities(load_programs: bool) -> Result<()> {
     const CAP_NET_ADMIN: u32 = 12;
     const CAP_SYS_ADMIN: u32 = 21;
     const CAP_PERFMON: u32 = 38;
@@ -149,7 +158,7 @@ pub fn check_privileges() -> Result<()> {
         if !has(CAP_BPF) {
             missing.push("CAP_BPF");
         }
-        if !has(CAP_PERFMON) {
+        if load_programs && !has(CAP_PERFMON) {
             missing.push("CAP_PERFMON");
         }
     }
@@ -522,16 +531,18 @@ async fn lower_route_mtus<'a>(
                  fabric first (the agent lowers its MTU by {OPTION_BYTES})"
             )));
         };
-        if route.oif != Some(link.index) {
-            warn!(%prefix, "fabric prefix is not routed through {iface}; packets to it leave unstamped");
-            continue;
-        }
         if route.multipath {
             return Err(Error::Config(format!(
                 "the route to fabric prefix {prefix} ({}) is multipath; the host role needs one \
                  next hop per prefix",
                 route.prefix
             )));
+        }
+        if route.oif != Some(link.index) {
+            warn!(%prefix, "fabric prefix is not routed through {iface}; packets to it leave unstamped");
+            // Said once: nothing to lower on another interface.
+            done.insert(*prefix);
+            continue;
         }
         if route.mtu_locked && route.mtu.is_some_and(|m| m <= mtu) {
             done.insert(*prefix);

@@ -268,7 +268,20 @@ impl Route {
                 RouteAttribute::Oif(oif) => route.oif = Some(*oif),
                 RouteAttribute::Priority(p) => route.priority = Some(*p),
                 RouteAttribute::Table(t) => table = *t,
-                RouteAttribute::MultiPath(_) => route.multipath = true,
+                RouteAttribute::MultiPath(hops) => {
+                    route.multipath = true;
+                    route.nexthops = hops
+                        .iter()
+                        .filter_map(|hop| {
+                            hop.attributes.iter().find_map(|a| match a {
+                                RouteAttribute::Gateway(RouteAddress::Inet(gw)) => {
+                                    Some((*gw, hop.interface_index))
+                                }
+                                _ => None,
+                            })
+                        })
+                        .collect();
+                }
                 RouteAttribute::Metrics(metrics) => {
                     for metric in metrics {
                         match metric {
@@ -454,5 +467,23 @@ mod tests {
         r.mtu = Some(1496);
         r.mtu_locked = true;
         assert_eq!(Route::from_message(&r.to_message()), Some(r));
+    }
+
+    #[test]
+    fn a_multipath_route_reads_back_with_its_next_hops() {
+        // A switch's route: read back as written, so undo finds it still installed.
+        let mut r = route("10.1.0.0/16", None);
+        r.protocol = 4;
+        r.multipath = true;
+        r.nexthops = vec![
+            (Ipv4Addr::new(172, 16, 0, 1), 7),
+            (Ipv4Addr::new(172, 16, 0, 5), 9),
+        ];
+        let back = Route::from_message(&r.to_message()).unwrap();
+        assert_eq!(back, r);
+        assert!(r.still_installed_as(&back));
+        let mut other = back.clone();
+        other.nexthops.pop();
+        assert!(!r.still_installed_as(&other), "a next hop gone: not ours");
     }
 }

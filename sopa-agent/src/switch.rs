@@ -341,18 +341,22 @@ impl Switch {
                 unrouted.push(*i);
             }
         }
-        // Write-ahead: each route is in the journal before it is in the kernel.
+        // The journal is this role's record of what is installed (an unchanged entry is not
+        // written again), so a route enters it once the kernel took it: write-ahead here needs
+        // the kernel, not the journal, to decide what is in place.
         for (prefix, r) in &wanted {
             match current.get(prefix) {
                 Some((_, old)) if old == r => {}
                 Some((i, _)) => {
-                    journal.record.changes[*i] = Change::RouteAdded { route: r.clone() };
-                    journal.save()?;
                     self.netlink.add_route(r, true).await?;
+                    journal.record.changes[*i] = Change::RouteAdded { route: r.clone() };
                 }
                 None => {
-                    journal.push(Change::RouteAdded { route: r.clone() })?;
                     self.netlink.add_route(r, true).await?;
+                    journal
+                        .record
+                        .changes
+                        .push(Change::RouteAdded { route: r.clone() });
                 }
             }
         }

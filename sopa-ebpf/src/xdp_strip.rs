@@ -15,7 +15,7 @@ use sopa_common::{
 
 use crate::{
     REORDER, STRIP_STATS,
-    packet::{Ipv4, count, ptr_at, set_ipv4_checksum},
+    packet::{Ipv4, count, ptr_at},
 };
 
 const STAMPED_FRAME_HEAD: usize = ETH_HLEN + IPV4_STAMPED_LEN;
@@ -122,6 +122,8 @@ fn restore(ctx: &XdpContext, ip: &Ipv4) {
         i += 1;
     }
     let tot_len = ip.tot_len.to_be_bytes();
+    // The base header as stripped (IHL 5, shorter), whose checksum was adjusted for that.
+    let stripped = word(h[0], h[1]) + word(h[2], h[3]);
     h[0] = 0x46;
     h[2] = tot_len[0];
     h[3] = tot_len[1];
@@ -130,7 +132,10 @@ fn restore(ctx: &XdpContext, ip: &Ipv4) {
     // The hop bytes were overwritten by the shift; they matter to nobody downstream.
     h[22] = 0;
     h[23] = 0;
-    set_ipv4_checksum(&mut h);
+    // Adjusted back, not recomputed: a header corrupted in transit stays corrupted here too.
+    let restored = word(h[0], h[1]) + word(h[2], h[3]) + word(h[20], h[21]) + word(h[22], h[23]);
+    let check = checksum_adjust(u16::from_be_bytes([h[10], h[11]]), stripped, restored);
+    [h[10], h[11]] = check.to_be_bytes();
     let mut i = 0;
     while i < IPV4_STAMPED_LEN {
         frame[ETH_HLEN + i] = h[i];

@@ -429,6 +429,14 @@ impl Fabric {
         Ok(())
     }
 
+    /// Stops the switch agent of `name` with SIGTERM (it restores what it changed) and returns
+    /// its exit code.
+    pub fn stop_switch(&mut self, name: &str) -> Option<i32> {
+        let mut p = self.switches.remove(name)?;
+        p.stop_with(libc::SIGTERM, Duration::from_secs(15))
+            .and_then(|s| s.code())
+    }
+
     /// SIGKILLs the switch agent of `name` (its forwarding state stays behind in the kernel).
     pub fn kill_switch(&mut self, name: &str) {
         if let Some(mut p) = self.switches.remove(name) {

@@ -266,3 +266,41 @@ fn fat_tree_k4_forwards_by_source_route() {
     .expect("h0 -> h4 after the restart");
     assert!(t.intact());
 }
+
+#[test]
+fn a_stopped_switch_agent_removes_every_route_it_installed() {
+    let opts = FabricOptions {
+        rate_mbit: None,
+        ..FabricOptions::default()
+    };
+    let mut f = Fabric::build(&TopologySpec::FatTree { k: 4 }, &opts).unwrap();
+    f.start(&opts).unwrap();
+    f.wait_ready(Duration::from_secs(60)).unwrap();
+    // e0 routes the other racks over both uplinks (multipath) and its own hosts directly.
+    let ours = |f: &Fabric| -> Vec<String> {
+        f.ns("e0")
+            .ip(&["route", "show", "proto", "static"])
+            .unwrap()
+            .lines()
+            .filter(|l| !l.starts_with(char::is_whitespace))
+            .map(str::to_owned)
+            .collect()
+    };
+    let installed = ours(&f);
+    let text = f
+        .ns("e0")
+        .ip(&["route", "show", "proto", "static"])
+        .unwrap();
+    assert!(
+        !installed.is_empty() && text.contains("nexthop"),
+        "e0 routes the other racks, some over both uplinks:\n{text}"
+    );
+    let exit = f.stop_switch("e0");
+    assert_eq!(exit, Some(0), "{}", f.switch_log("e0"));
+    assert_eq!(
+        ours(&f),
+        Vec::<String>::new(),
+        "routes left behind by a graceful stop:\n{}",
+        f.switch_log("e0")
+    );
+}

@@ -52,7 +52,7 @@ pub async fn detach(node: &str, netns: Option<&str>) -> Result<(), Error> {
             "node {node} ran in network namespace {ns:?}: run `sopa-agent --netns {ns} detach --node {node}`"
         )));
     }
-    host::check_privileges()?;
+    host::check_undo_privileges()?;
     let netlink = sopa_agent::netlink::Netlink::connect()?;
     let changes = record.changes.len();
     let errors = sopa_agent::changes::Journal::resume(&run_dir, record)
