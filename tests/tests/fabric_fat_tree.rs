@@ -43,6 +43,16 @@ fn balanced(per_link: &[(String, u64)], least: u64) -> bool {
     lo > least && hi - lo <= (lo / 100).max(4)
 }
 
+/// Equal within 1% (at least 4 packets): what separates an even spread with a stray packet
+/// of another connection from a path that carried nothing or twice its share.
+fn within_one_percent(per_path: &[u64]) -> bool {
+    let (lo, hi) = (
+        *per_path.iter().min().unwrap(),
+        *per_path.iter().max().unwrap(),
+    );
+    hi - lo <= (lo / 100).max(4)
+}
+
 /// What `tc_forward` on `switch` counted for uplink decision `i`.
 fn up(f: &Fabric, switch: &str, i: usize) -> u64 {
     f.switch_status(switch).unwrap()["uplinks"][i]
@@ -103,18 +113,18 @@ fn fat_tree_k4_forwards_by_source_route() {
     );
     let after = paths(&f);
     let per_path: Vec<u64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
-    let (lo, hi) = (
-        per_path.iter().min().unwrap(),
-        per_path.iter().max().unwrap(),
-    );
+    let lo = per_path.iter().min().unwrap();
     eprintln!(
         "h0 -> h4: {:.0} Mbit/s, packets per path {per_path:?}",
         t.mbit_per_s()
     );
     assert!(*lo > 1000, "{per_path:?}");
+    // One flow alone would be equal within one (the fixtures and host_datapath check the
+    // cycle itself); these counters also see a straggler of an earlier connection (a FIN
+    // or ACK from TIME_WAIT) now and then, so the same 1% as on the wire.
     assert!(
-        hi - lo <= 1,
-        "packets per path equal within one: {per_path:?}"
+        within_one_percent(&per_path),
+        "packets per path equal: {per_path:?}"
     );
     // What left each core port: the four hop values went out of four different interfaces,
     // equally.
@@ -184,12 +194,9 @@ fn fat_tree_k4_forwards_by_source_route() {
     .expect("h0 -> h4 with a0's agent dead");
     assert!(t.intact());
     let per_path: Vec<u64> = paths(&f).iter().zip(before).map(|(a, b)| a - b).collect();
-    let (lo, hi) = (
-        per_path.iter().min().unwrap(),
-        per_path.iter().max().unwrap(),
-    );
+    let lo = per_path.iter().min().unwrap();
     assert!(
-        *lo > 500 && hi - lo <= 1,
+        *lo > 500 && within_one_percent(&per_path),
         "a0 still forwards by hop1 without its agent: {per_path:?}"
     );
     let on_wire = core_tx_since(&f, &wire_before);

@@ -75,8 +75,8 @@ fn modric_2x2_uses_8_diagonal_and_4_row_paths_equally() {
         *per_path.iter().max().unwrap(),
     );
     assert!(
-        lo > 200 && hi - lo <= 1,
-        "8 paths, equal within one: {per_path:?}"
+        lo > 200 && hi - lo <= (lo / 100).max(4),
+        "8 paths, equal within 1% (a straggler of another connection counts too): {per_path:?}"
     );
     // What left each port.
     let on_wire: Vec<u64> = eps
@@ -109,8 +109,8 @@ fn modric_2x2_uses_8_diagonal_and_4_row_paths_equally() {
         *per_path.iter().max().unwrap(),
     );
     assert!(
-        lo > 200 && hi - lo <= 1,
-        "4 paths, equal within one: {per_path:?}"
+        lo > 200 && hi - lo <= (lo / 100).max(4),
+        "4 paths, equal within 1%: {per_path:?}"
     );
     let on_wire = spread(&wire_before, &f.hop_ports_tx("as.0.0.0", row_dst));
     eprintln!("row: packets out of each hop port {on_wire:?}");
