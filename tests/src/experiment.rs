@@ -158,7 +158,9 @@ pub fn run(f: &Fabric, plan: &Plan) -> Report {
 }
 
 /// An MPTCP column must measure MPTCP: no flow fell back to TCP, and the path manager opened
-/// every announced subflow on at least one flow (short flows may end before all are up).
+/// every announced subflow on at least one flow (short flows may end before all are up). A
+/// flow can count more than the announced ones: under a failure a subflow that lost its path
+/// is replaced while the old one is still being closed.
 fn check_mptcp<'a>(mode: &str, transfers: impl Iterator<Item = &'a Transfer>) {
     let (mut fell_back, mut most) = (0, 0u8);
     for t in transfers {
@@ -166,7 +168,7 @@ fn check_mptcp<'a>(mode: &str, transfers: impl Iterator<Item = &'a Transfer>) {
         most = most.max(t.tcp.mptcp_subflows.unwrap_or(0));
     }
     assert!(
-        fell_back == 0 && usize::from(most) == MPTCP_PORTS.len(),
+        fell_back == 0 && usize::from(most) >= MPTCP_PORTS.len(),
         "{mode}: {fell_back} flows fell back to TCP and at most {most} of {} extra subflows \
          opened: the column would not measure MPTCP",
         MPTCP_PORTS.len()
