@@ -115,10 +115,8 @@ impl Record {
     pub fn is_live(&self) -> bool {
         match self.start_time {
             // A zombie (exited, not yet reaped by its parent) is not running.
-            Some(started) => {
-                process_state(self.pid).is_some_and(|s| s != 'Z' && s != 'X')
-                    && process_start_time(self.pid) == Some(started)
-            }
+            Some(started) => proc_stat(self.pid)
+                .is_some_and(|(state, at)| state != 'Z' && state != 'X' && at == started),
             None => fs::read(format!("/proc/{}/cmdline", self.pid))
                 .map(|cmdline| String::from_utf8_lossy(&cmdline).contains("sopa-agent"))
                 .unwrap_or(false),
@@ -126,23 +124,25 @@ impl Record {
     }
 }
 
-/// Field 3 of `/proc/PID/stat`: the process state (R, S, D, Z for a zombie ...).
-fn process_state(pid: u32) -> Option<char> {
+/// Fields 3 (the state: R, S, D, Z for a zombie ...) and 22 (the start time, clock ticks after
+/// boot) of `/proc/PID/stat`, read once.
+fn proc_stat(pid: u32) -> Option<(char, u64)> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat[stat.rfind(')')? + 1..]
-        .split_whitespace()
-        .next()?
-        .chars()
-        .next()
+    // The command name (field 2) is in parentheses and may hold spaces or ')'; the rest
+    // starts at field 3, so field 22 is its 20th word.
+    let mut rest = stat[stat.rfind(')')? + 1..].split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    Some((state, rest.nth(18)?.parse().ok()?))
 }
 
-/// Field 22 of `/proc/PID/stat`: when the process started, in clock ticks after boot.
+#[cfg(test)]
+fn process_state(pid: u32) -> Option<char> {
+    proc_stat(pid).map(|(state, _)| state)
+}
+
+/// When the process started, in clock ticks after boot.
 pub fn process_start_time(pid: u32) -> Option<u64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) is in parentheses and may hold spaces or ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    // `rest` starts at field 3 (state): field 22 is its 20th word.
-    rest.split_whitespace().nth(19)?.parse().ok()
+    proc_stat(pid).map(|(_, started)| started)
 }
 
 /// Sends `signal` to the agent a record names, through a pidfd: the process is checked to be
