@@ -160,6 +160,21 @@ impl Agent {
     pub fn log(&self) -> String {
         self.process.log_text()
     }
+
+    /// Waits until the agent's log holds `line` (at most `within`); false if it never did.
+    /// Readiness is the record on disk, which the agent writes just before it logs what it did.
+    pub fn wait_log(&self, line: &str, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        loop {
+            if self.log().contains(line) {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 impl Drop for Agent {

@@ -124,7 +124,11 @@ fn sigkill_during_a_transfer_loses_nothing_and_the_next_agent_adopts() {
     assert_eq!(st["adopted"]["strip_prog_replaced"], strip_before);
     let (stamp_now, strip_now) = prog_ids(&restarted);
     assert_ne!((stamp_now, strip_now), (stamp_before, strip_before));
-    assert!(restarted.log().contains("adopted the attached datapath"));
+    assert!(
+        restarted.wait_log("adopted the attached datapath", Duration::from_secs(10)),
+        "{}",
+        restarted.log()
+    );
     // The adopting agent owns the first agent's changes: a clean stop restores them all.
     assert_eq!(restarted.stop(), Some(0));
     assert_eq!(arb.a.ip(&["route"]).unwrap(), routes_before);
