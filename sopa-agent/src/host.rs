@@ -409,6 +409,10 @@ impl Host {
 
         // Programs last: by the time the first packet is stamped, the routes fit it.
         let attached = datapath.attach_host(&opts.iface, xdp_mode, opts.tcx_order)?;
+        // Our programs run now: counters an agent of an older layout left are carried over.
+        if let Err(err) = crate::datapath::layout::carry_over(&pins) {
+            warn!(%err, "counters of an older datapath layout could not be carried over");
+        }
         journal.record.programs = Some(crate::changes::ProgramIds {
             stamp: attached.stamp.prog_id,
             strip: attached.strip.prog_id,
@@ -580,7 +584,7 @@ async fn leftovers(
 ) -> Result<Option<Record>> {
     let pins = pin_dir(&opts.node);
     if !opts.reset {
-        check_layout(&pins)?;
+        crate::datapath::layout::check(&pins)?;
     }
     let Some(record) = Journal::read(run_dir)? else {
         if opts.reset && pins.exists() {
@@ -674,29 +678,5 @@ async fn hand_over(node: &str, run_dir: &Path, live: &Record) -> Result<Record> 
             )));
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-}
-
-/// Refuses pins of another layout in the node's pin folder: a map of another `_Vn` would be
-/// ignored by this agent while the old programs kept using it.
-fn check_layout(pins: &Path) -> Result<()> {
-    let Ok(entries) = std::fs::read_dir(pins) else {
-        return Ok(());
-    };
-    let known = crate::datapath::MAP_NAMES;
-    let foreign: Vec<String> = entries
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("SOPA_") && !known.contains(&n.as_str()))
-        .collect();
-    if foreign.is_empty() {
-        Ok(())
-    } else {
-        Err(Error::Config(format!(
-            "{} holds maps of another datapath layout ({}); stop the agent version that made them \
-             with `sopa-agent detach`, or start this one with --reset to remove them",
-            pins.display(),
-            foreign.join(", ")
-        )))
     }
 }

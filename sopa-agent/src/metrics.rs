@@ -102,6 +102,21 @@ impl Collector for DatapathCollector {
             None,
             counter.metric_type(),
         )?)?;
+        let counter = ConstCounter::new(stamp[stamp_reason::RESTAMPED as usize]);
+        counter.encode(encoder.encode_descriptor(
+            "sopa_stamp_restamped_packets",
+            "Stamped packets that already carried the fabric's option, set by their sender; \
+             its hop bytes were replaced with the datapath's choice",
+            None,
+            counter.metric_type(),
+        )?)?;
+        let counter = ConstCounter::new(stamp[stamp_reason::FLOW_TABLE_FULL as usize]);
+        counter.encode(encoder.encode_descriptor(
+            "sopa_stamp_stateless_packets",
+            "Stamped packets whose flow could not be entered into the flow table (path by hash)",
+            None,
+            counter.metric_type(),
+        )?)?;
 
         // Flow table pressure: the LRU keeps the most recent flows; a new flow always gets a
         // path (a full table falls back to the stateless hash).

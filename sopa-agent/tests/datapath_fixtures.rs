@@ -23,6 +23,7 @@ use sopa_common::{
 
 /// TCX_NEXT: the packet goes on to the programs and filters attached after ours.
 const TC_ACT_UNSPEC: u32 = -1i32 as u32;
+const TC_ACT_SHOT: u32 = 2;
 const XDP_PASS: u32 = 2;
 
 /// A loaded datapath whose pins live in a folder of its own, removed on drop.
@@ -56,10 +57,18 @@ impl Fixture {
     }
 
     fn stamp(&mut self, packet: &[u8]) -> Vec<u8> {
+        let (action, out) = self.stamp_with(packet, None);
+        assert_eq!(action, TC_ACT_UNSPEC, "tc_stamp passes this packet on");
+        out
+    }
+
+    /// tc_stamp's action and output for `packet`, with `ctx` as its `__sk_buff`.
+    fn stamp_with(&mut self, packet: &[u8], ctx: Option<&[u8]>) -> (u32, Vec<u8>) {
         let mut out = vec![0u8; packet.len() + 64];
         let opts = TestRunOptions {
             data_in: Some(packet),
             data_out: Some(&mut out),
+            ctx_in: ctx,
             ..Default::default()
         };
         let result = self
@@ -67,12 +76,8 @@ impl Fixture {
             .stamp_program()
             .test_run(opts)
             .expect("test_run tc_stamp");
-        assert_eq!(
-            result.return_value, TC_ACT_UNSPEC,
-            "tc_stamp always passes packets on"
-        );
         out.truncate(result.data_size_out as usize);
-        out
+        (result.return_value, out)
     }
 
     fn strip(&mut self, packet: &[u8]) -> Vec<u8> {
@@ -228,7 +233,19 @@ fn counters(f: &Fixture) -> (Vec<u64>, Vec<u64>) {
 
 enum Expect {
     Stamped(u8, u8),
+    /// The sender's own option, its hop bytes replaced with ours.
+    Restamped(u8, u8),
     Untouched,
+    Dropped,
+}
+
+/// `forged` (a frame carrying our option) with its hop bytes replaced by (hop0, hop1).
+fn restamped(forged: &[u8], hop0: u8, hop1: u8) -> Vec<u8> {
+    let mut p = forged.to_vec();
+    p[36] = hop0;
+    p[37] = hop1;
+    common::fix_ipv4_checksum(&mut p);
+    p
 }
 
 #[test]
@@ -241,6 +258,9 @@ fn stamp_fixture_table() {
     let in_pod = start(&tcp_key(DST, 1000), 3) as u8;
     let udp_in_pod = start(&flow_key(DST, 4000, 4001, 17), 3) as u8;
     let (inter0, inter1) = inter_pod_path(start(&tcp_key(DST_INTER_POD, 1000), 4));
+    let forged_in_pod = start(&tcp_key(DST, 1500), 3) as u8;
+    let (forged0, forged1) = inter_pod_path(start(&tcp_key(DST_INTER_POD, 1500), 4));
+    let forged = |p: Vec<u8>| common::with_option(&p, 1, 1);
     let cases: Vec<(&str, Vec<u8>, Expect, u32)> = vec![
         (
             "tcp in pod",
@@ -283,6 +303,42 @@ fn stamp_fixture_table() {
         (
             "ipv4 with options",
             with_ip_options(&[0x94, 4, 0, 0]),
+            Expect::Untouched,
+            stamp_reason::HAS_OPTIONS,
+        ),
+        (
+            "our option set by the sender, in pod",
+            forged(tcp(DST, 1500, 1, b"x")),
+            Expect::Restamped(forged_in_pod, HOP_NONE),
+            stamp_reason::STAMPED,
+        ),
+        (
+            "our option set by the sender, inter pod",
+            forged(tcp(DST_INTER_POD, 1500, 1, b"x")),
+            Expect::Restamped(forged0, forged1),
+            stamp_reason::STAMPED,
+        ),
+        (
+            "our option on icmp",
+            forged(icmp(DST)),
+            Expect::Dropped,
+            stamp_reason::FORGED_DROPPED,
+        ),
+        (
+            "our option to a destination outside the fabric",
+            forged(tcp(DST_OUTSIDE, 1, 1, b"x")),
+            Expect::Dropped,
+            stamp_reason::FORGED_DROPPED,
+        ),
+        (
+            "our option on a fragment",
+            forged(fragment(0, true)),
+            Expect::Dropped,
+            stamp_reason::FORGED_DROPPED,
+        ),
+        (
+            "our option type with another length (tc_forward ignores it)",
+            with_ip_options(&[0x9E, 8, 1, 1, 1, 1, 0, 0]),
             Expect::Untouched,
             stamp_reason::HAS_OPTIONS,
         ),
@@ -333,7 +389,12 @@ fn stamp_fixture_table() {
     }
     for (name, packet, expect, reason) in cases {
         let (before, _) = counters(&f);
-        let out = f.stamp(&packet);
+        let (action, out) = f.stamp_with(&packet, None);
+        let want_action = match expect {
+            Expect::Dropped => TC_ACT_SHOT,
+            _ => TC_ACT_UNSPEC,
+        };
+        assert_eq!(action, want_action, "{name}: action");
         match expect {
             Expect::Stamped(h0, h1) => {
                 assert_eq!(out, stamped(&packet, h0, h1), "{name}: stamped bytes");
@@ -347,7 +408,17 @@ fn stamp_fixture_table() {
                 );
                 assert_eq!(ip.options.as_slice(), &[0x9E, 4, h0, h1], "{name}: option");
             }
+            Expect::Restamped(h0, h1) => {
+                assert_eq!(out, restamped(&packet, h0, h1), "{name}: re-stamped bytes");
+                let (after, _) = counters(&f);
+                assert_eq!(
+                    after[stamp_reason::RESTAMPED as usize],
+                    before[stamp_reason::RESTAMPED as usize] + 1,
+                    "{name}: counted as restamped"
+                );
+            }
             Expect::Untouched => assert_eq!(out, packet, "{name}: must pass untouched"),
+            Expect::Dropped => {}
         }
         let (after, _) = counters(&f);
         assert_eq!(
@@ -733,4 +804,120 @@ fn a_one_entry_flow_table_evicts_and_every_flow_is_still_stamped() {
         "every flow either entered the table or fell back to the hash"
     );
     assert!(f.maps.flow_entries() <= 1, "the table holds its one entry");
+}
+
+/// An `__sk_buff` for BPF_PROG_TEST_RUN: a GSO packet of `segs` segments carrying `gso_size`
+/// bytes of payload each (offsets of `gso_segs` and `gso_size` in the UAPI struct).
+fn gso_ctx(segs: u32, gso_size: u32) -> [u8; 192] {
+    let mut ctx = [0u8; 192];
+    ctx[164..168].copy_from_slice(&segs.to_ne_bytes());
+    ctx[176..180].copy_from_slice(&gso_size.to_ne_bytes());
+    ctx
+}
+
+#[test]
+fn a_packet_the_option_would_take_past_the_mtu_passes_unstamped() {
+    // BPF_PROG_TEST_RUN sends the packet out of the namespace's loopback: give it the MTU of
+    // a fabric link. A sender that ignores the route's lowered MTU (IP_PMTUDISC_INTERFACE or
+    // OMIT, a raw socket, an upper device) fills the link; stamped, its packet would be 4
+    // bytes too long and dropped.
+    let ns = sopa_testbed::netns::NetNs::new(&sopa_testbed::netns::run_name("mtu")).unwrap();
+    ns.ip(&["link", "set", "lo", "mtu", "1500"]).unwrap();
+    let mut f = Fixture::new(TABLE, mode::SOPA);
+    // (name, packet, __sk_buff, the reason counted)
+    type Case = (&'static str, Vec<u8>, Option<[u8; 192]>, u32);
+    let cases: Vec<Case> = vec![
+        // IP length 1500: full.
+        (
+            "a full-size tcp segment",
+            tcp(DST, 1000, 1, &[7; 1460]),
+            None,
+            stamp_reason::TOO_BIG,
+        ),
+        (
+            "a full-size udp datagram",
+            udp(DST, &[7; 1472]),
+            None,
+            stamp_reason::TOO_BIG,
+        ),
+        // IP length 1496: the option fits exactly.
+        (
+            "a segment of the route's MTU",
+            tcp(DST, 1001, 1, &[7; 1456]),
+            None,
+            stamp_reason::STAMPED,
+        ),
+        // GSO: each segment is 20 + 20 + gso_size bytes of IP.
+        (
+            "tcp gso with full-size segments",
+            tcp(DST, 1002, 1, &[7; 2914]),
+            Some(gso_ctx(2, 1457)),
+            stamp_reason::TOO_BIG,
+        ),
+        // Past the MTU check; test_run cannot give an skb a GSO type, so bpf_skb_adjust_room
+        // then refuses it (real GSO packets are stamped in host_datapath's burst runs).
+        (
+            "tcp gso with segments of the route's MTU",
+            tcp(DST, 1003, 1, &[7; 2912]),
+            Some(gso_ctx(2, 1456)),
+            stamp_reason::ADJUST_FAILED,
+        ),
+        (
+            "udp gso with full-size segments",
+            udp(DST, &[7; 2944]),
+            Some(gso_ctx(2, 1472)),
+            stamp_reason::TOO_BIG,
+        ),
+    ];
+    ns.run(|| {
+        for (name, packet, ctx, reason) in cases {
+            let (before, _) = counters(&f);
+            let (action, out) = f.stamp_with(&packet, ctx.as_ref().map(|c| &c[..]));
+            assert_eq!(action, TC_ACT_UNSPEC, "{name}: passed on");
+            let (after, _) = counters(&f);
+            let counted: Vec<&str> = (0..stamp_reason::VERDICTS)
+                .filter(|&i| after[i] > before[i])
+                .map(|i| stamp_reason::NAMES[i])
+                .collect();
+            assert_eq!(
+                counted,
+                [stamp_reason::NAMES[reason as usize]],
+                "{name}: the verdict"
+            );
+            if reason != stamp_reason::STAMPED {
+                assert_eq!(out, packet, "{name}: must pass untouched");
+            } else {
+                assert_eq!(out.len(), packet.len() + 4, "{name}: stamped");
+            }
+        }
+    })
+    .unwrap();
+}
+
+#[test]
+fn a_forged_option_never_leaves_as_its_sender_set_it() {
+    let mut f = Fixture::new(TABLE, mode::OFF);
+    // Mode off stamps nothing, but the switches still honour an option: drop it.
+    let p = common::with_option(&tcp(DST_INTER_POD, 7, 1, b"x"), 1, 1);
+    let (action, _) = f.stamp_with(&p, None);
+    assert_eq!(action, TC_ACT_SHOT, "a forged option with the mode off");
+    assert_eq!(counters(&f).0[stamp_reason::FORGED_DROPPED as usize], 1);
+    f.maps
+        .set_config(Config {
+            mode: mode::SINGLE,
+            hash_seed: 7,
+        })
+        .unwrap();
+    // Single mode takes the first path whatever the sender asked for.
+    let out = f.stamp(&p);
+    assert_eq!(out, restamped(&p, 0, 0));
+    // A header corrupted before us stays corrupted: the checksum is adjusted, not recomputed.
+    let mut bad = p.clone();
+    bad[25] ^= 0x5a;
+    let out = f.stamp(&bad);
+    assert_eq!(&out[36..38], &[0, 0]);
+    assert!(
+        !common::checksum_ok(&out),
+        "a wrong checksum must stay wrong"
+    );
 }

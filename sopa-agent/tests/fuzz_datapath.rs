@@ -1,8 +1,9 @@
 //! Both programs fed generated packets through BPF_PROG_TEST_RUN (needs root): random bytes,
 //! truncations, IHL 0..15, bad option lengths, fragments, VLAN tags, IPv6, flipped bytes. Every
-//! verdict must be the documented one (TC_ACT_UNSPEC, XDP_PASS) and every output either the input
-//! unchanged or exactly the correctly stamped / stripped packet; every run is counted under one
-//! verdict. `SOPA_FUZZ_PACKETS` sets the number per program (default 100,000).
+//! verdict must be the documented one (TC_ACT_UNSPEC, XDP_PASS; TC_ACT_SHOT for a sender's own
+//! copy of the fabric's option that tc_stamp cannot replace) and every output either the input
+//! unchanged or exactly the correctly stamped / re-stamped / stripped packet; every run is
+//! counted under one verdict. `SOPA_FUZZ_PACKETS` sets the number per program (default 100,000).
 
 mod common;
 
@@ -18,6 +19,7 @@ use sopa_common::maps::{Config, mode, stamp_reason, strip_reason};
 
 /// TCX_NEXT: the packet goes on to the programs and filters attached after ours.
 const TC_ACT_UNSPEC: u32 = -1i32 as u32;
+const TC_ACT_SHOT: u32 = 2;
 const XDP_PASS: u32 = 2;
 
 use common::TABLE;
@@ -93,6 +95,10 @@ fn stamp_input(r: &mut Rng) -> Vec<u8> {
         return (0..r.below(200)).map(|_| r.byte()).collect();
     }
     let mut p = base_packet(r);
+    if p.len() >= 34 && p[12..14] == [8, 0] && r.chance(15) {
+        // The fabric's option set by the sender itself.
+        p = common::with_option(&p, r.byte(), r.byte());
+    }
     mutate(r, &mut p);
     p
 }
@@ -157,18 +163,42 @@ const MODES: [u32; 7] = [
 
 /// Whether `frame` must leave stamped in `m`, from the README's rule alone: an unfragmented
 /// IHL-5 IPv4 TCP or UDP packet (its ports present) to a prefix of the path table, in a mode
-/// that stamps.
-fn should_stamp(frame: &[u8], m: u32) -> bool {
-    if !(mode::SOPA..mode::COUNT).contains(&m) || frame.len() < 14 + 20 + 4 {
+/// that stamps. With `forged`, the same for a packet carrying the fabric's option (IHL 6).
+fn should_stamp(frame: &[u8], m: u32, forged: bool) -> bool {
+    let header = if forged { 24 } else { 20 };
+    if !(mode::SOPA..mode::COUNT).contains(&m) || frame.len() < 14 + header + 4 {
         return false;
     }
     let ip = &frame[14..];
     let fragment = u16::from_be_bytes([ip[6], ip[7]]) & 0x3FFF != 0;
     frame[12..14] == [0x08, 0x00]
-        && ip[0] == 0x45
+        && ip[0] == if forged { 0x46 } else { 0x45 }
         && !fragment
         && matches!(ip[9], 6 | 17)
         && !paths_of(frame).is_empty()
+}
+
+/// Whether `frame` carries the fabric's option as `tc_forward` honours it: an IHL-6 IPv4
+/// header whose option is type 0x9E, length 4.
+fn carries_our_option(frame: &[u8]) -> bool {
+    frame.len() >= 14 + 22
+        && frame[12..14] == [0x08, 0x00]
+        && frame[14] == 0x46
+        && frame[34..36] == [0x9E, 4]
+}
+
+/// `forged` with its hop bytes replaced by `hops`, the checksum adjusted for that word only.
+fn restamped(forged: &[u8], hops: [u8; 2]) -> Vec<u8> {
+    use sopa_common::wire::{checksum_adjust, word};
+    let mut p = forged.to_vec();
+    p[36..38].copy_from_slice(&hops);
+    let check = checksum_adjust(
+        u16::from_be_bytes([p[24], p[25]]),
+        word(forged[36], forged[37]),
+        word(hops[0], hops[1]),
+    );
+    p[24..26].copy_from_slice(&check.to_be_bytes());
+    p
 }
 
 /// Whether BPF_PROG_TEST_RUN refuses `frame` as an skb before the program runs: shorter than
@@ -241,6 +271,7 @@ fn tc_stamp_survives_generated_packets() {
     let _rm = RemoveOnDrop(pins);
     let mut r = Rng(0x5eed_f00d);
     let (mut stamped, mut untouched, mut refused) = (0u64, 0u64, 0u64);
+    let (mut restamped_count, mut dropped) = (0u64, 0u64);
     let verdicts = |m: &sopa_agent::datapath::MapSet| -> u64 {
         m.stamp_counters().unwrap()[..stamp_reason::VERDICTS]
             .iter()
@@ -279,13 +310,40 @@ fn tc_stamp_survives_generated_packets() {
                 continue;
             }
         };
+        out.truncate(result.data_size_out as usize);
+        // Decided from the packet and the mode alone, not from what the program did.
+        if carries_our_option(&input) {
+            if !should_stamp(&input, current, true) {
+                assert_eq!(
+                    result.return_value, TC_ACT_SHOT,
+                    "packet {i} (mode {current}): a forged option we would not replace must be \
+                     dropped: {input:02x?}"
+                );
+                dropped += 1;
+                continue;
+            }
+            assert_eq!(
+                result.return_value, TC_ACT_UNSPEC,
+                "packet {i}: {input:02x?}"
+            );
+            let hops = [out[36], out[37]];
+            assert!(
+                paths_of(&input).contains(&hops),
+                "packet {i}: re-stamped with {hops:?}, not a path of its destination"
+            );
+            assert_eq!(
+                out,
+                restamped(&input, hops),
+                "packet {i}: not the correctly re-stamped packet"
+            );
+            restamped_count += 1;
+            continue;
+        }
         assert_eq!(
             result.return_value, TC_ACT_UNSPEC,
             "packet {i}: {input:02x?}"
         );
-        out.truncate(result.data_size_out as usize);
-        // Decided from the packet and the mode alone, not from what the program did.
-        let expected = should_stamp(&input, current);
+        let expected = should_stamp(&input, current, false);
         if out == input {
             assert!(
                 !expected,
@@ -313,12 +371,17 @@ fn tc_stamp_survives_generated_packets() {
     }
     let counted = verdicts(&maps) - before;
     eprintln!(
-        "tc_stamp: {stamped} stamped, {untouched} untouched, {refused} refused by the kernel"
+        "tc_stamp: {stamped} stamped, {untouched} untouched, {restamped_count} forged options \
+         re-stamped, {dropped} dropped, {refused} refused by the kernel"
     );
-    assert_eq!(counted, stamped + untouched, "one verdict per run");
+    assert_eq!(
+        counted,
+        stamped + untouched + restamped_count + dropped,
+        "one verdict per run"
+    );
     assert!(
-        stamped > 1_000 && untouched > 1_000,
-        "both outcomes exercised"
+        stamped > 1_000 && untouched > 1_000 && restamped_count > 100 && dropped > 100,
+        "every outcome exercised"
     );
 }
 

@@ -126,6 +126,10 @@ pub struct ReorderState {
 }
 const _: () = assert!(size_of::<ReorderState>() == 24);
 
+/// Slots of every per-CPU reason counter map: more than the reasons in use, so a new reason
+/// needs no new map layout (and no upgrade step). Unused slots stay 0.
+pub const REASON_SLOTS: u32 = 32;
+
 /// Why `tc_stamp` did what it did with a packet: index into [`STAMP_STATS_MAP`].
 pub mod stamp_reason {
     pub const STAMPED: u32 = 0;
@@ -138,16 +142,30 @@ pub mod stamp_reason {
     pub const NOT_FABRIC: u32 = 7;
     pub const NO_PATH: u32 = 8;
     pub const MODE_OFF: u32 = 9;
-    pub const FLOW_TABLE_FULL: u32 = 10;
-    pub const ADJUST_FAILED: u32 = 11;
-    /// Not verdicts: stamped packets of `pinned` mode that took a live pin, and those whose
-    /// pin had expired (they took the hash).
-    pub const PINNED: u32 = 12;
-    pub const PIN_EXPIRED: u32 = 13;
+    pub const ADJUST_FAILED: u32 = 10;
+    /// Passed unstamped because the option would take it past the interface's MTU: its sender
+    /// ignored the route's lowered MTU (`IP_PMTUDISC_INTERFACE`/`OMIT`, raw sockets, an upper
+    /// device's larger MTU, a prefix whose route the agent could not lower).
+    pub const TOO_BIG: u32 = 11;
+    /// Dropped: the packet already carried this fabric's option (set by the sender itself,
+    /// e.g. through `IP_OPTIONS`) and is not one `tc_stamp` would stamp, so its hop bytes
+    /// cannot be replaced with a choice of ours and the switches must not see them.
+    pub const FORGED_DROPPED: u32 = 12;
+    /// Not verdicts (from here on): stamped packets of `pinned` mode that took a live pin, and
+    /// those whose pin had expired (they took the hash).
+    pub const PINNED: u32 = 13;
+    pub const PIN_EXPIRED: u32 = 14;
     /// Not a verdict: flows entered into the flow table (the LRU evicts the least recently
     /// used one when it is full; created minus entries is the eviction count).
-    pub const FLOWS_CREATED: u32 = 14;
-    pub const COUNT: u32 = 15;
+    pub const FLOWS_CREATED: u32 = 15;
+    /// Not a verdict: stamped packets that took a stateless choice because the flow could not
+    /// be entered into the flow table.
+    pub const FLOW_TABLE_FULL: u32 = 16;
+    /// Not a verdict: stamped packets that already carried this fabric's option, whose hop
+    /// bytes were replaced with our own choice (a sender cannot pick its path).
+    pub const RESTAMPED: u32 = 17;
+    pub const COUNT: u32 = 18;
+    const _: () = assert!(COUNT <= super::REASON_SLOTS);
     /// Names in index order, for status and metrics.
     pub const NAMES: [&str; COUNT as usize] = [
         "stamped",
@@ -160,18 +178,21 @@ pub mod stamp_reason {
         "not_fabric",
         "no_path",
         "mode_off",
-        "flow_table_full",
         "adjust_failed",
+        "too_big",
+        "forged_dropped",
         "pinned",
         "pin_expired",
         "flows_created",
+        "flow_table_full",
+        "restamped",
     ];
     /// The verdicts: every packet is counted under exactly one of `NAMES[..VERDICTS]`.
     pub const VERDICTS: usize = PINNED as usize;
 }
 
-/// Per-CPU packet counters of `tc_stamp`, indexed by [`stamp_reason`].
-pub const STAMP_STATS_MAP: &str = "SOPA_STAMP_V1";
+/// Per-CPU packet counters of `tc_stamp`, indexed by [`stamp_reason`], [`REASON_SLOTS`] long.
+pub const STAMP_STATS_MAP: &str = "SOPA_STAMP_V2";
 
 /// Per-CPU counters of the chosen hop values: index `hop0` for the first byte, `256 + hop1` for
 /// the second. Counted in segments, so a GSO super-packet counts as the packets it becomes.
@@ -192,6 +213,7 @@ pub mod strip_reason {
     pub const TCP_DATA: u32 = 8;
     pub const TCP_REORDERED: u32 = 9;
     pub const COUNT: u32 = 10;
+    const _: () = assert!(COUNT <= super::REASON_SLOTS);
     pub const NAMES: [&str; COUNT as usize] = [
         "stripped",
         "no_option",
@@ -206,8 +228,8 @@ pub mod strip_reason {
     ];
 }
 
-/// Per-CPU packet counters of `xdp_strip`, indexed by [`strip_reason`].
-pub const STRIP_STATS_MAP: &str = "SOPA_STRIP_V1";
+/// Per-CPU packet counters of `xdp_strip`, indexed by [`strip_reason`], [`REASON_SLOTS`] long.
+pub const STRIP_STATS_MAP: &str = "SOPA_STRIP_V2";
 
 #[cfg(feature = "user")]
 mod pod {

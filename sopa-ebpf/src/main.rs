@@ -1,7 +1,8 @@
 //! SOPA's eBPF programs. This file holds only the maps and the entry points; each program's logic
 //! lives in its own module. The programs fail open: whatever happens, the packet goes on
 //! (TC_ACT_UNSPEC / XDP_PASS), unchanged unless it was completely rewritten, and the reason is
-//! counted. On TC they are guests among other programs: TC_ACT_UNSPEC is TCX_NEXT, which runs
+//! counted. The one exception is a packet that carries this fabric's option which `tc_stamp`
+//! cannot replace: it is dropped, so no sender steers the fabric itself. On TC they are guests among other programs: TC_ACT_UNSPEC is TCX_NEXT, which runs
 //! every program and legacy filter attached after ours, where TC_ACT_OK (TCX_PASS) would end
 //! the chain with us.
 #![no_std]
@@ -14,15 +15,15 @@ mod tc_stamp;
 mod xdp_strip;
 
 use aya_ebpf::{
-    bindings::{TC_ACT_UNSPEC, xdp_action::XDP_PASS},
+    bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC, xdp_action::XDP_PASS},
     macros::{classifier, map, xdp},
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
     programs::{TcContext, XdpContext},
 };
 use sopa_common::maps::{
     Config, FLOWS_CAPACITY, FWD_CAPACITY, FlowKey, FlowState, FwdEntry, HOP_STATS_LEN, MAX_UPLINKS,
-    PATHS_CAPACITY, PINS_CAPACITY, PathSet, Pin, REORDER_CAPACITY, ReorderState, forward_reason,
-    stamp_reason, strip_reason,
+    PATHS_CAPACITY, PINS_CAPACITY, PathSet, Pin, REASON_SLOTS, REORDER_CAPACITY, ReorderState,
+    forward_reason,
 };
 
 // Names must equal the constants of `sopa_common::maps` (checked by the agent's loader tests).
@@ -38,14 +39,14 @@ static FLOWS: LruHashMap<FlowKey, FlowState> = LruHashMap::pinned(FLOWS_CAPACITY
 #[map(name = "SOPA_PINS_V1")]
 static PINS: HashMap<FlowKey, Pin> = HashMap::pinned(PINS_CAPACITY, 0);
 
-#[map(name = "SOPA_STAMP_V1")]
-static STAMP_STATS: PerCpuArray<u64> = PerCpuArray::pinned(stamp_reason::COUNT, 0);
+#[map(name = "SOPA_STAMP_V2")]
+static STAMP_STATS: PerCpuArray<u64> = PerCpuArray::pinned(REASON_SLOTS, 0);
 
 #[map(name = "SOPA_HOPS_V1")]
 static HOP_STATS: PerCpuArray<u64> = PerCpuArray::pinned(HOP_STATS_LEN, 0);
 
-#[map(name = "SOPA_STRIP_V1")]
-static STRIP_STATS: PerCpuArray<u64> = PerCpuArray::pinned(strip_reason::COUNT, 0);
+#[map(name = "SOPA_STRIP_V2")]
+static STRIP_STATS: PerCpuArray<u64> = PerCpuArray::pinned(REASON_SLOTS, 0);
 
 #[map(name = "SOPA_REORD_V1")]
 static REORDER: LruHashMap<FlowKey, ReorderState> = LruHashMap::pinned(REORDER_CAPACITY, 0);
@@ -74,6 +75,10 @@ pub fn tc_stamp(ctx: TcContext) -> i32 {
         Ok(reason) | Err(reason) => reason,
     };
     packet::count(&STAMP_STATS, reason, 1);
+    if reason == sopa_common::maps::stamp_reason::FORGED_DROPPED {
+        // Hop bytes a sender chose itself must not reach the switches.
+        return TC_ACT_SHOT;
+    }
     // Fail open: a packet we could not stamp still leaves, carried by kernel routing, after
     // the programs attached behind ours.
     TC_ACT_UNSPEC

@@ -1,20 +1,30 @@
 //! `tc_stamp`, TC egress on the host's fabric interface: choose a path for the packet and write
 //! it into the 4-byte source-route option after the IPv4 base header.
 //!
-//! Only IHL-5, unfragmented TCP/UDP packets to a fabric prefix are stamped. A GSO super-packet
-//! gets one option, which the kernel copies into every segment (the spraying unit is then the
-//! burst; `gso_max_segs` 1 makes it the packet).
+//! Only IHL-5, unfragmented TCP/UDP packets to a fabric prefix are stamped, and only when the
+//! option still fits the interface's MTU (a packet that would not is passed unstamped: never
+//! dropped for our sake). A GSO super-packet gets one option, which the kernel copies into every
+//! segment (the spraying unit is then the burst; `gso_max_segs` 1 makes it the packet).
+//!
+//! A packet that already carries this fabric's option was given it by its sender: its hop
+//! bytes are replaced with our own choice, or, where we would stamp nothing, it is dropped.
 
 use aya_ebpf::{
-    bindings::{BPF_F_ADJ_ROOM_FIXED_GSO, BPF_NOEXIST, bpf_adj_room_mode::BPF_ADJ_ROOM_NET},
-    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
+    bindings::{
+        BPF_F_ADJ_ROOM_FIXED_GSO, BPF_NOEXIST, bpf_adj_room_mode::BPF_ADJ_ROOM_NET,
+        bpf_check_mtu_ret::BPF_MTU_CHK_RET_SUCCESS,
+    },
+    helpers::{bpf_check_mtu, bpf_get_prandom_u32, bpf_ktime_get_ns},
     maps::lpm_trie::Key,
     programs::TcContext,
 };
 use aya_log_ebpf::warn;
 use sopa_common::{
     maps::{FlowState, MAX_PATHS, mode, stamp_reason as reason},
-    wire::{ETH_HLEN, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP, IPV4_BASE_LEN, OPTION_LEN, OPTION_TYPE},
+    wire::{
+        ETH_HLEN, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP, IPV4_BASE_LEN, IPV4_STAMPED_LEN, OPTION_LEN,
+        OPTION_TYPE, checksum_adjust, word,
+    },
 };
 
 use crate::{
@@ -33,7 +43,7 @@ fn tc_ptr<T>(ctx: &TcContext, offset: usize) -> Option<*mut T> {
     ptr_at::<T>(ctx.data(), ctx.data_end(), offset)
 }
 
-/// `Ok(STAMPED)` or the reason the packet was left alone.
+/// `Ok(STAMPED)` or the reason the packet was left alone (or, for `FORGED_DROPPED`, dropped).
 #[inline(always)]
 pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
     let ether_type: *const [u8; 2] = tc_ptr(ctx, 12).ok_or(reason::TOO_SHORT)?;
@@ -46,16 +56,66 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
     if ip.version != 4 || ip.ihl < 5 {
         return Err(reason::BAD_HEADER);
     }
-    if ip.ihl > 5 {
+    // Our option, set by the sender itself (`IP_OPTIONS` needs no privilege): exactly the
+    // form `tc_forward` honours. Its hop bytes are replaced with our choice, or the packet is
+    // dropped where we make none.
+    let forged = ip.ihl == 6 && {
+        let option: *const [u8; 2] =
+            tc_ptr(ctx, ETH_HLEN + IPV4_BASE_LEN).ok_or(reason::TOO_SHORT)?;
+        // SAFETY: bounds checked by tc_ptr.
+        unsafe { *option == [OPTION_TYPE, OPTION_LEN] }
+    };
+    if ip.ihl > 5 && !forged {
         return Err(reason::HAS_OPTIONS);
     }
+    let choice = match choose(ctx, &ip, forged) {
+        Ok(choice) => choice,
+        Err(_) if forged => return Err(reason::FORGED_DROPPED),
+        Err(why) => return Err(why),
+    };
+    if forged {
+        restamp(ctx, choice.hops).map_err(|_| reason::FORGED_DROPPED)?;
+        count(&crate::STAMP_STATS, reason::RESTAMPED, 1);
+    } else {
+        stamp(ctx, &ip, choice.hops)?;
+    }
+    let segs = segments(ctx);
+    count(&HOP_STATS, u32::from(choice.hops[0]), segs);
+    count(&HOP_STATS, 256 + u32::from(choice.hops[1]), segs);
+    if choice.stateless {
+        count(&crate::STAMP_STATS, reason::FLOW_TABLE_FULL, 1);
+    }
+    if choice.pinned {
+        count(&crate::STAMP_STATS, reason::PINNED, 1);
+    }
+    Ok(reason::STAMPED)
+}
+
+/// A path chosen for a packet.
+struct Choice {
+    /// The (hop0, hop1) pair.
+    hops: [u8; 2],
+    /// Taken from a live Hedera pin.
+    pinned: bool,
+    /// Taken by hash because the flow could not be entered into the flow table.
+    stateless: bool,
+}
+
+/// The path for a stampable packet, with the flow's state updated.
+#[inline(always)]
+fn choose(ctx: &TcContext, ip: &Ipv4, forged: bool) -> Result<Choice, u32> {
     if ip.is_fragment() {
         return Err(reason::FRAGMENT);
     }
     if ip.proto != IPPROTO_TCP && ip.proto != IPPROTO_UDP {
         return Err(reason::NOT_TCP_UDP);
     }
-    let ports: *const [u8; 4] = tc_ptr(ctx, ETH_HLEN + IPV4_BASE_LEN).ok_or(reason::TOO_SHORT)?;
+    let l4 = if forged {
+        ETH_HLEN + IPV4_STAMPED_LEN
+    } else {
+        ETH_HLEN + IPV4_BASE_LEN
+    };
+    let ports: *const [u8; 4] = tc_ptr(ctx, l4).ok_or(reason::TOO_SHORT)?;
     let key = ip.flow_key(unsafe { &*ports });
 
     let config = CONFIG.get(0).copied().unwrap_or_default();
@@ -72,6 +132,9 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
     };
     if n == 0 {
         return Err(reason::NO_PATH);
+    }
+    if !forged && !fits_with_option(ctx, ip.proto) {
+        return Err(reason::TOO_BIG);
     }
 
     let mut fallback = false;
@@ -122,12 +185,16 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
     // `choice < n <= MAX_PATHS`, but the verifier does not follow `%` and LLVM drops a check it
     // can prove redundant: mask behind an opaque value so the bound survives to the verifier.
     let index = core::hint::black_box(choice) as usize & (MAX_PATHS - 1);
-    let [hop0, hop1] = match pin {
-        Some(hops) => hops,
-        None => paths.hops[index],
-    };
-    let segs = segments(ctx);
+    Ok(Choice {
+        hops: pin.unwrap_or(paths.hops[index]),
+        pinned: pin.is_some(),
+        stateless: fallback,
+    })
+}
 
+/// Inserts the option with `hops` after the base header.
+#[inline(always)]
+fn stamp(ctx: &TcContext, ip: &Ipv4, [hop0, hop1]: [u8; 2]) -> Result<(), u32> {
     // FIXED_GSO keeps gso_size: otherwise the kernel shrinks it by 4 and a full segment no longer
     // divides the payload, so every re-segmentation point emits an extra 4-byte segment per
     // GSO packet (one per packet at gso_max_segs 1). The agent lowers the route MTU by 4 so that
@@ -154,16 +221,55 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
     h[22] = hop0;
     h[23] = hop1;
     crate::packet::set_ipv4_checksum(h);
+    Ok(())
+}
 
-    count(&HOP_STATS, u32::from(hop0), segs);
-    count(&HOP_STATS, 256 + u32::from(hop1), segs);
-    if fallback {
-        count(&crate::STAMP_STATS, reason::FLOW_TABLE_FULL, 1);
+/// Replaces the hop bytes of an option the sender set itself with `hops`; the checksum is
+/// adjusted, so a header that was wrong stays wrong.
+#[inline(always)]
+fn restamp(ctx: &TcContext, [hop0, hop1]: [u8; 2]) -> Result<(), u32> {
+    let header: *mut [u8; IPV4_STAMPED_LEN] = tc_ptr(ctx, ETH_HLEN).ok_or(reason::TOO_SHORT)?;
+    // SAFETY: bounds checked by tc_ptr.
+    let h = unsafe { &mut *header };
+    let old = word(h[22], h[23]);
+    h[22] = hop0;
+    h[23] = hop1;
+    let check = checksum_adjust(u16::from_be_bytes([h[10], h[11]]), old, word(hop0, hop1));
+    [h[10], h[11]] = check.to_be_bytes();
+    Ok(())
+}
+
+/// Whether the packet still fits the interface's MTU with the option added. The agent lowers
+/// the route MTUs for this, but a sender may ignore them (`IP_PMTUDISC_INTERFACE`/`OMIT`, raw
+/// sockets, an upper device with a larger MTU): such a packet, stamped, would be dropped.
+/// A GSO packet fits when each of its segments does (the helper checks a GSO packet's
+/// segments only without a length change, so the segment is measured here).
+#[inline(always)]
+fn fits_with_option(ctx: &TcContext, proto: u8) -> bool {
+    let skb = ctx.skb.skb;
+    let mut mtu: u32 = 0;
+    // SAFETY: reading a field of the context the kernel handed us.
+    let gso_size = unsafe { (*skb).gso_size };
+    if gso_size == 0 {
+        // SAFETY: the helper reads the skb and writes the u32 it is given.
+        let ret = unsafe { bpf_check_mtu(skb.cast(), 0, &mut mtu, i32::from(OPTION_LEN), 0) };
+        return ret == i64::from(BPF_MTU_CHK_RET_SUCCESS);
     }
-    if pin.is_some() {
-        count(&crate::STAMP_STATS, reason::PINNED, 1);
+    // SAFETY: as above; without a length change the helper only reports the MTU.
+    if unsafe { bpf_check_mtu(skb.cast(), 0, &mut mtu, 0, 0) } < 0 {
+        // No MTU to compare with (cannot happen for the skb's own device): stamp as before.
+        return true;
     }
-    Ok(reason::STAMPED)
+    let l4_header = if proto == IPPROTO_TCP {
+        match tc_ptr::<u8>(ctx, ETH_HLEN + IPV4_BASE_LEN + 12) {
+            // SAFETY: bounds checked by tc_ptr. The data offset, in 32-bit words.
+            Some(doff) => u32::from(unsafe { *doff } >> 4) * 4,
+            None => return true,
+        }
+    } else {
+        8
+    };
+    IPV4_BASE_LEN as u32 + l4_header + gso_size + u32::from(OPTION_LEN) <= mtu
 }
 
 /// The flow's state, created on its first packet. Its round robin starts at the flow's hash,

@@ -1,7 +1,7 @@
 //! The host datapath on a real routed path: A - R - B, R a plain Linux router, agents on A and
 //! B. Needs root; every namespace, process and file is removed on drop, also on failure.
 
-use std::{io::Read as _, net::TcpStream, process::Command, time::Duration};
+use std::{io::Read as _, net::TcpStream, os::fd::AsRawFd as _, process::Command, time::Duration};
 
 use etherparse::{Ipv4HeaderSlice, TcpHeaderSlice};
 use sopa_testbed::{
@@ -216,6 +216,10 @@ fn option_on_the_wire_at_r_gone_at_b_transfer_intact() {
         "one flow, round-robin: per-hop counts within one packet: {hop0:?}"
     );
     assert!(a["stamp"]["stamped"].as_u64().unwrap() >= stamped.len() as u64);
+    assert_eq!(
+        a["stamp"]["too_big"], 0,
+        "with the lowered route MTU every segment fits once stamped"
+    );
     assert!(b["strip"]["stripped"].as_u64().unwrap() >= seen_at_b.len() as u64);
     assert_eq!(a["mode"], "sopa");
     assert_eq!(a["granularity"], "packet");
@@ -254,9 +258,9 @@ fn option_on_the_wire_at_r_gone_at_b_transfer_intact() {
 }
 
 #[test]
-fn without_the_route_mtu_fix_full_size_df_packets_stall() {
+fn without_the_route_mtu_fix_full_size_segments_leave_unstamped_never_dropped() {
     let arb = Arb::new("m").expect("build A - R - B");
-    let _agent_a = Agent::start(
+    let agent_a = Agent::start(
         &arb.a,
         arb.a.name(),
         &arb.a_if,
@@ -275,31 +279,22 @@ fn without_the_route_mtu_fix_full_size_df_packets_stall() {
     )
     .unwrap();
     let opts = SendOptions {
-        stall_timeout: Duration::from_secs(3),
+        stall_timeout: Duration::from_secs(10),
         ..SendOptions::default()
     };
-    let result = tcp_transfer(&arb.a, &arb.b, arb.b_addr, 5002, 4 * MIB, &opts);
-    // The connection is made (small packets pass), then the first full-size segments, 1504
-    // bytes once stamped, are dropped at R: the transfer stalls with data still to send. Any
-    // other error (no bind, no connect, a reset) is not this failure.
-    match result {
-        Err(sopa_testbed::Error::Stalled { moved, total, .. }) => assert!(
-            moved < total,
-            "stalled only after the last byte was written ({moved} of {total})"
-        ),
-        other => {
-            panic!("1504-byte DF packets must stall the connected transfer at R; got {other:?}")
-        }
-    }
-    // Small packets still pass: the path itself works.
-    let small = arb.a.run(|| {
-        Command::new("ping")
-            .args(["-q", "-c", "1", "-W", "2", "10.101.2.2"])
-            .stdout(std::process::Stdio::null())
-            .status()
-            .unwrap()
-    });
-    assert!(small.unwrap().success());
+    // Full-size segments are 1500 bytes: stamped they would be 1504 and dropped at R (DF).
+    // tc_stamp passes them unstamped instead: the transfer completes, unsprayed, which is
+    // why the agent lowers the route MTU.
+    let transfer = tcp_transfer(&arb.a, &arb.b, arb.b_addr, 5002, 4 * MIB, &opts)
+        .expect("nothing is dropped for the option's sake");
+    assert!(transfer.intact(), "sha256 equal end to end");
+    let stamp = agent_a.status().unwrap()["stamp"].clone();
+    let full_size = 4 * MIB / 1448;
+    let too_big = stamp["too_big"].as_u64().unwrap();
+    assert!(
+        too_big >= full_size,
+        "every full-size segment ({full_size}) passed unstamped as too_big: {stamp}"
+    );
 }
 
 /// Runs the agent binary with `args` and returns (exit code, stderr).
@@ -547,4 +542,232 @@ fn a_stop_restores_only_what_still_holds_the_agents_value() {
         routes.contains(&format!("{B_PREFIX} via 10.101.1.1")) && routes.contains("mtu lock 1400"),
         "the daemon's route was kept, not deleted as the agent's:\n{routes}"
     );
+}
+
+/// How a sender on A fills the link despite the route's lowered MTU.
+#[derive(Clone, Copy, Debug)]
+enum BigSender {
+    /// `IP_PMTUDISC_INTERFACE`: the interface's MTU, DF set.
+    Interface,
+    /// `IP_PMTUDISC_OMIT`: the interface's MTU, DF clear.
+    Omit,
+    /// `IP_PMTUDISC_INTERFACE` with UDP GSO (`UDP_SEGMENT`): two 1500-byte datagrams per send,
+    /// one GSO packet at `tc_stamp`. The kernel refuses to grow a single packet past the
+    /// MTU (`bpf_skb_adjust_room`), but not a GSO packet's segments.
+    UdpGso,
+    /// A raw socket writing its own IPv4 header (IP_HDRINCL) with DF, `IP_PMTUDISC_INTERFACE`.
+    /// (A raw socket left at the default obeys the route's MTU on this kernel: EMSGSIZE with
+    /// DF, fragmented before `tc_stamp` without.)
+    Raw,
+}
+
+/// Sends `count` times datagrams of 1472 bytes (1500 of IP) from A port `sport` to B:5003 the
+/// `how` way, one send at a time, each waiting for B's one-byte echoes; returns how many
+/// echoes came back.
+fn big_datagrams(arb: &Arb, how: BigSender, sport: u16, count: usize) -> usize {
+    let (a_addr, b_addr) = (arb.a_addr, arb.b_addr);
+    arb.a
+        .run(move || {
+            let echo = std::net::UdpSocket::bind((a_addr, sport)).unwrap();
+            echo.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            let raw = matches!(how, BigSender::Raw).then(|| {
+                // SAFETY: plain socket calls on a descriptor this closure owns.
+                let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW) };
+                assert!(fd >= 0, "raw socket: {}", std::io::Error::last_os_error());
+                unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) }
+            });
+            if matches!(how, BigSender::UdpGso) {
+                let size: i32 = 1472;
+                // SAFETY: setsockopt with an int option on a live socket.
+                let rc = unsafe {
+                    libc::setsockopt(
+                        echo.as_raw_fd(),
+                        libc::SOL_UDP,
+                        libc::UDP_SEGMENT,
+                        (&size as *const i32).cast(),
+                        size_of::<i32>() as u32,
+                    )
+                };
+                assert_eq!(rc, 0, "UDP_SEGMENT: {}", std::io::Error::last_os_error());
+            }
+            let (mode, sender) = match (how, &raw) {
+                (BigSender::Omit, _) => (libc::IP_PMTUDISC_OMIT, echo.as_raw_fd()),
+                (_, Some(fd)) => (libc::IP_PMTUDISC_INTERFACE, fd.as_raw_fd()),
+                _ => (libc::IP_PMTUDISC_INTERFACE, echo.as_raw_fd()),
+            };
+            {
+                // SAFETY: setsockopt with an int option on a live socket.
+                let rc = unsafe {
+                    libc::setsockopt(
+                        sender,
+                        libc::IPPROTO_IP,
+                        libc::IP_MTU_DISCOVER,
+                        (&mode as *const i32).cast(),
+                        size_of::<i32>() as u32,
+                    )
+                };
+                assert_eq!(
+                    rc,
+                    0,
+                    "IP_MTU_DISCOVER: {}",
+                    std::io::Error::last_os_error()
+                );
+            }
+            let payload = [0x5a; 2 * 1472];
+            let (payload, per_send) = match how {
+                BigSender::UdpGso => (&payload[..], 2),
+                _ => (&payload[..1472], 1),
+            };
+            let mut back = 0;
+            let mut buf = [0u8; 16];
+            for _ in 0..count {
+                match &raw {
+                    None => {
+                        echo.send_to(payload, (b_addr, 5003)).unwrap();
+                    }
+                    Some(fd) => {
+                        let mut ip = etherparse::Ipv4Header::new(
+                            0,
+                            64,
+                            etherparse::IpNumber::UDP,
+                            a_addr.octets(),
+                            b_addr.octets(),
+                        )
+                        .unwrap();
+                        ip.dont_fragment = true;
+                        let mut datagram = Vec::new();
+                        etherparse::PacketBuilder::ip(etherparse::IpHeaders::Ipv4(
+                            ip,
+                            Default::default(),
+                        ))
+                        .udp(sport, 5003)
+                        .write(&mut datagram, payload)
+                        .unwrap();
+                        assert_eq!(datagram.len(), 1500);
+                        let to = libc::sockaddr_in {
+                            sin_family: libc::AF_INET as u16,
+                            sin_port: 0,
+                            sin_addr: libc::in_addr {
+                                s_addr: u32::from_ne_bytes(b_addr.octets()),
+                            },
+                            sin_zero: [0; 8],
+                        };
+                        // SAFETY: sendto with a live buffer and address of the given sizes.
+                        let sent = unsafe {
+                            libc::sendto(
+                                fd.as_raw_fd(),
+                                datagram.as_ptr().cast(),
+                                datagram.len(),
+                                0,
+                                (&to as *const libc::sockaddr_in).cast(),
+                                size_of::<libc::sockaddr_in>() as u32,
+                            )
+                        };
+                        assert_eq!(sent, 1500, "raw send: {}", std::io::Error::last_os_error());
+                    }
+                }
+                for _ in 0..per_send {
+                    if echo.recv(&mut buf).is_ok() {
+                        back += 1;
+                    }
+                }
+            }
+            back
+        })
+        .unwrap()
+}
+
+#[test]
+fn senders_that_ignore_the_route_mtu_get_through_unstamped() {
+    let arb = Arb::new("u").expect("build A - R - B");
+    let agent_a = Agent::start(
+        &arb.a,
+        arb.a.name(),
+        &arb.a_if,
+        &Arb::path_table(B_PREFIX, PATHS),
+        &["--no-metrics"],
+    )
+    .unwrap();
+    let _agent_b = Agent::start(
+        &arb.b,
+        arb.b.name(),
+        &arb.b_if,
+        &Arb::path_table(A_PREFIX, PATHS),
+        &["--no-metrics"],
+    )
+    .unwrap();
+    // B echoes one byte for every full-size datagram, until told to stop.
+    let b_addr = arb.b_addr;
+    let echo = arb
+        .b
+        .run(|| std::net::UdpSocket::bind((b_addr, 5003)).unwrap())
+        .unwrap();
+    // A bound on a hang: the test's own stop message could be lost too.
+    echo.set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let server = std::thread::spawn(move || {
+        let mut buf = [0u8; 2048];
+        let mut full = 0usize;
+        loop {
+            let Ok((n, from)) = echo.recv_from(&mut buf) else {
+                return full;
+            };
+            if n == 1 {
+                return full;
+            }
+            if n == 1472 && buf[..n].iter().all(|&b| b == 0x5a) {
+                full += 1;
+                echo.send_to(b"k", from).unwrap();
+            }
+        }
+    });
+    let frag_creates = |ns: &sopa_testbed::NetNs| -> u64 {
+        let snmp = ns
+            .run(|| std::fs::read_to_string("/proc/net/snmp").unwrap())
+            .unwrap();
+        let mut lines = snmp.lines().filter(|l| l.starts_with("Ip:"));
+        let (names, values) = (lines.next().unwrap(), lines.next().unwrap());
+        let i = names
+            .split_whitespace()
+            .position(|n| n == "FragCreates")
+            .unwrap();
+        values.split_whitespace().nth(i).unwrap().parse().unwrap()
+    };
+    let r_frags = frag_creates(&arb.r);
+    const EACH: usize = 20;
+    let mut too_big = agent_a.status().unwrap()["stamp"]["too_big"]
+        .as_u64()
+        .unwrap();
+    let senders = [
+        (BigSender::Interface, 1),
+        (BigSender::Omit, 1),
+        (BigSender::Raw, 1),
+        (BigSender::UdpGso, 2),
+    ];
+    for (i, (how, datagrams)) in senders.into_iter().enumerate() {
+        let back = big_datagrams(&arb, how, 5010 + i as u16, EACH);
+        let stamp = agent_a.status().unwrap()["stamp"].clone();
+        let now = stamp["too_big"].as_u64().unwrap();
+        assert_eq!(
+            (back, now - too_big),
+            (EACH * datagrams, EACH as u64),
+            "{how:?}: every 1500-byte datagram must arrive, each send passed unstamped as \
+             too_big (echoes, too_big); A's tc_stamp counted {stamp}"
+        );
+        too_big = now;
+    }
+    assert_eq!(
+        frag_creates(&arb.r),
+        r_frags,
+        "R fragmented a packet: one left A 4 bytes too long"
+    );
+    arb.a
+        .run(|| {
+            std::net::UdpSocket::bind((arb.a_addr, 0))
+                .unwrap()
+                .send_to(b"q", (b_addr, 5003))
+                .unwrap()
+        })
+        .unwrap();
+    assert_eq!(server.join().unwrap(), 5 * EACH);
 }

@@ -1,6 +1,7 @@
 //! The embedded eBPF object: loading it with pinned maps, attaching its programs, and detaching
 //! exactly what was attached.
 
+pub mod layout;
 pub mod maps;
 
 use std::path::{Path, PathBuf};
@@ -103,7 +104,7 @@ pub struct Datapath {
 }
 
 /// Every map of this datapath layout, as pinned: a `SOPA_*` pin not in this list belongs to
-/// another layout.
+/// another layout (see [`layout`]).
 pub const MAP_NAMES: [&str; 11] = {
     use sopa_common::maps::*;
     [

@@ -1,0 +1,147 @@
+//! Upgrades across map layouts (needs root and bpffs): counters pinned by an agent of the
+//! previous layout are accepted and carried over by name, and a map of a layout this agent does
+//! not know is refused with its name.
+//!
+//! The previous layout's maps are made from this layout's own pins, renamed: a per-CPU array
+//! of u64 under the old name, with values written by the old layout's indices.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use aya::maps::{Map, MapData, PerCpuArray, PerCpuValues};
+use sopa_agent::datapath::{Datapath, layout};
+use sopa_common::maps::{STAMP_STATS_MAP, STRIP_STATS_MAP, stamp_reason, strip_reason};
+
+/// A pin folder of its own, removed on drop.
+struct Pins(PathBuf);
+
+impl Pins {
+    fn new() -> Self {
+        static N: AtomicU32 = AtomicU32::new(0);
+        Self(PathBuf::from(format!(
+            "/sys/fs/bpf/sopa-test-layout-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        )))
+    }
+}
+
+impl Drop for Pins {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn open(pin: &Path) -> PerCpuArray<MapData, u64> {
+    MapData::from_pin(pin)
+        .and_then(Map::from_map_data)
+        .unwrap()
+        .try_into()
+        .unwrap()
+}
+
+fn cpus() -> usize {
+    aya::util::nr_cpus().unwrap()
+}
+
+/// Writes `value` on every CPU at `index`.
+fn set(map: &mut PerCpuArray<MapData, u64>, index: u32, value: u64) {
+    let values = PerCpuValues::try_from(vec![value; cpus()]).unwrap();
+    map.set(index, values, 0).unwrap();
+}
+
+/// The counter `name` of `names`, summed over CPUs.
+fn counter(map: &PerCpuArray<MapData, u64>, names: &[&str], name: &str) -> u64 {
+    let i = names.iter().position(|n| *n == name).unwrap() as u32;
+    map.get(&i, 0).unwrap().iter().sum()
+}
+
+/// Leaves in `pins` what an agent of the previous layout would: its maps, with its counters
+/// at `value(old index)` on every CPU, under their old names.
+fn previous_layout(pins: &Path, value: impl Fn(u32) -> u64) {
+    drop(Datapath::load(pins).unwrap());
+    for p in &layout::PREDECESSORS {
+        let old = pins.join(p.old);
+        std::fs::rename(pins.join(p.new), &old).unwrap();
+        let mut map = open(&old);
+        for i in 0..32 {
+            set(
+                &mut map,
+                i,
+                if (i as usize) < p.old_names.len() {
+                    value(i)
+                } else {
+                    0
+                },
+            );
+        }
+    }
+}
+
+#[test]
+fn counters_of_the_previous_layout_are_carried_over_by_name() {
+    let pins = Pins::new();
+    // Old index i counted (i + 1) on each CPU.
+    previous_layout(&pins.0, |i| u64::from(i) + 1);
+    layout::check(&pins.0).expect("the previous layout is accepted");
+
+    let datapath = Datapath::load(&pins.0).unwrap();
+    // This layout's programs already counted something before the carry-over.
+    let mut stamp = open(&pins.0.join(STAMP_STATS_MAP));
+    let stamped = stamp_reason::STAMPED;
+    set(&mut stamp, stamped, 100);
+
+    let carried = layout::carry_over(&pins.0).unwrap();
+    assert_eq!(carried, ["SOPA_STAMP_V1", "SOPA_STRIP_V1"]);
+    for p in &layout::PREDECESSORS {
+        assert!(!pins.0.join(p.old).exists(), "{} is unpinned", p.old);
+    }
+    let n = cpus() as u64;
+    // V1 indices: stamped 0, flow_table_full 10, adjust_failed 11, pinned 12, flows_created 14.
+    assert_eq!(
+        counter(&stamp, &stamp_reason::NAMES, "stamped"),
+        100 * n + n,
+        "added to what this layout counted"
+    );
+    for (name, old_index) in [
+        ("flow_table_full", 10),
+        ("adjust_failed", 11),
+        ("pinned", 12),
+        ("flows_created", 14),
+    ] {
+        assert_eq!(
+            counter(&stamp, &stamp_reason::NAMES, name),
+            (old_index + 1) * n,
+            "{name}"
+        );
+    }
+    for name in ["too_big", "forged_dropped", "restamped"] {
+        assert_eq!(counter(&stamp, &stamp_reason::NAMES, name), 0, "{name}");
+    }
+    let strip = open(&pins.0.join(STRIP_STATS_MAP));
+    for (i, name) in strip_reason::NAMES.iter().enumerate() {
+        assert_eq!(
+            counter(&strip, &strip_reason::NAMES, name),
+            (i as u64 + 1) * n,
+            "{name}"
+        );
+    }
+    // Nothing left to carry the second time.
+    assert!(layout::carry_over(&pins.0).unwrap().is_empty());
+    drop(datapath);
+}
+
+#[test]
+fn a_map_of_an_unknown_layout_is_refused_by_name() {
+    let pins = Pins::new();
+    drop(Datapath::load(&pins.0).unwrap());
+    std::fs::rename(pins.0.join(STAMP_STATS_MAP), pins.0.join("SOPA_STAMP_V9")).unwrap();
+    let err = layout::check(&pins.0).unwrap_err().to_string();
+    assert!(err.contains("SOPA_STAMP_V9"), "{err}");
+    assert!(
+        err.contains("--reset"),
+        "the message says what to do: {err}"
+    );
+}
