@@ -343,6 +343,12 @@ impl Host {
         // Pinned maps of the same layout-versioned names are reused: an adopted datapath
         // keeps its paths, flow state and counters.
         let mut datapath = Datapath::load(&pins)?;
+        // Counters an agent of an older layout left, set into ours before anything counts there.
+        let carry = crate::datapath::layout::Carry::start(&pins)
+            .inspect_err(|err| {
+                warn!(%err, "counters of an older datapath layout could not be carried over");
+            })
+            .ok();
         datapath.start_logger();
         let mut maps = datapath.take_maps()?;
         maps.set_config(Config {
@@ -409,8 +415,10 @@ impl Host {
 
         // Programs last: by the time the first packet is stamped, the routes fit it.
         let attached = datapath.attach_host(&opts.iface, xdp_mode, opts.tcx_order)?;
-        // Our programs run now: counters an agent of an older layout left are carried over.
-        if let Err(err) = crate::datapath::layout::carry_over(&pins) {
+        // Our programs run now: what the old ones counted meanwhile is carried over too.
+        if let Some(carry) = carry
+            && let Err(err) = carry.finish()
+        {
             warn!(%err, "counters of an older datapath layout could not be carried over");
         }
         journal.record.programs = Some(crate::changes::ProgramIds {

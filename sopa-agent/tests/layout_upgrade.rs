@@ -80,31 +80,54 @@ fn previous_layout(pins: &Path, value: impl Fn(u32) -> u64) {
     }
 }
 
+/// Adds `n` on every CPU to counter `name` of a map whose slots are `names`.
+fn add(map: &mut PerCpuArray<MapData, u64>, names: &[&str], name: &str, n: u64) {
+    let i = names.iter().position(|x| *x == name).unwrap() as u32;
+    let values: Vec<u64> = map.get(&i, 0).unwrap().iter().map(|v| v + n).collect();
+    map.set(i, PerCpuValues::try_from(values).unwrap(), 0)
+        .unwrap();
+}
+
 #[test]
 fn counters_of_the_previous_layout_are_carried_over_by_name() {
     let pins = Pins::new();
     // Old index i counted (i + 1) on each CPU.
     previous_layout(&pins.0, |i| u64::from(i) + 1);
     layout::check(&pins.0).expect("the previous layout is accepted");
+    let n = cpus() as u64;
+    let v1 = &layout::PREDECESSORS[0];
+    // A new `status` reads a datapath the old agent left attached, by counter name.
+    let old = sopa_agent::datapath::MapSet::from_pins(&pins.0)
+        .unwrap()
+        .stamp_counters()
+        .unwrap();
+    assert_eq!(old[stamp_reason::PINNED as usize], 13 * n, "V1 index 12");
+    assert_eq!(old[stamp_reason::TOO_BIG as usize], 0, "not a V1 counter");
 
+    // Loaded, not attached yet: nothing counts into this layout's maps.
     let datapath = Datapath::load(&pins.0).unwrap();
-    // This layout's programs already counted something before the carry-over.
+    let carry = layout::Carry::start(&pins.0).unwrap();
     let mut stamp = open(&pins.0.join(STAMP_STATS_MAP));
-    let stamped = stamp_reason::STAMPED;
-    set(&mut stamp, stamped, 100);
+    assert_eq!(counter(&stamp, &stamp_reason::NAMES, "pinned"), 13 * n);
+    // The old programs count until ours replace them, ours from then on.
+    let mut v1_stamp = open(&pins.0.join(v1.old));
+    add(&mut v1_stamp, v1.old_names, "stamped", 5);
+    add(&mut stamp, &stamp_reason::NAMES, "stamped", 7);
+    add(&mut stamp, &stamp_reason::NAMES, "too_big", 3);
+    drop(v1_stamp);
 
-    let carried = layout::carry_over(&pins.0).unwrap();
+    let carried = carry.finish().unwrap();
     assert_eq!(carried, ["SOPA_STAMP_V1", "SOPA_STRIP_V1"]);
     for p in &layout::PREDECESSORS {
         assert!(!pins.0.join(p.old).exists(), "{} is unpinned", p.old);
     }
-    let n = cpus() as u64;
-    // V1 indices: stamped 0, flow_table_full 10, adjust_failed 11, pinned 12, flows_created 14.
     assert_eq!(
         counter(&stamp, &stamp_reason::NAMES, "stamped"),
-        100 * n + n,
-        "added to what this layout counted"
+        (1 + 5 + 7) * n,
+        "the old count, what the old programs counted meanwhile, and ours"
     );
+    assert_eq!(counter(&stamp, &stamp_reason::NAMES, "too_big"), 3 * n);
+    // V1 indices: flow_table_full 10, adjust_failed 11, pinned 12, flows_created 14.
     for (name, old_index) in [
         ("flow_table_full", 10),
         ("adjust_failed", 11),
@@ -117,7 +140,7 @@ fn counters_of_the_previous_layout_are_carried_over_by_name() {
             "{name}"
         );
     }
-    for name in ["too_big", "forged_dropped", "restamped"] {
+    for name in ["forged_dropped", "restamped"] {
         assert_eq!(counter(&stamp, &stamp_reason::NAMES, name), 0, "{name}");
     }
     let strip = open(&pins.0.join(STRIP_STATS_MAP));
@@ -129,8 +152,30 @@ fn counters_of_the_previous_layout_are_carried_over_by_name() {
         );
     }
     // Nothing left to carry the second time.
-    assert!(layout::carry_over(&pins.0).unwrap().is_empty());
+    assert!(
+        layout::Carry::start(&pins.0)
+            .unwrap()
+            .finish()
+            .unwrap()
+            .is_empty()
+    );
     drop(datapath);
+}
+
+#[test]
+fn an_agent_that_died_while_carrying_over_never_doubles_a_counter() {
+    let pins = Pins::new();
+    previous_layout(&pins.0, |i| u64::from(i) + 1);
+    let _datapath = Datapath::load(&pins.0).unwrap();
+    // Started, then the agent died before finishing: the old maps are still pinned.
+    drop(layout::Carry::start(&pins.0).unwrap());
+    layout::Carry::start(&pins.0).unwrap().finish().unwrap();
+    let stamp = open(&pins.0.join(STAMP_STATS_MAP));
+    assert_eq!(
+        counter(&stamp, &stamp_reason::NAMES, "stamped"),
+        cpus() as u64,
+        "set again, not added twice"
+    );
 }
 
 #[test]

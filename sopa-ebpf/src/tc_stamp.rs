@@ -11,8 +11,10 @@
 
 use aya_ebpf::{
     bindings::{
-        BPF_F_ADJ_ROOM_FIXED_GSO, BPF_NOEXIST, bpf_adj_room_mode::BPF_ADJ_ROOM_NET,
-        bpf_check_mtu_ret::BPF_MTU_CHK_RET_SUCCESS,
+        BPF_F_ADJ_ROOM_FIXED_GSO, BPF_NOEXIST,
+        bpf_adj_room_mode::BPF_ADJ_ROOM_NET,
+        bpf_check_mtu_flags::BPF_MTU_CHK_SEGS,
+        bpf_check_mtu_ret::{BPF_MTU_CHK_RET_FRAG_NEEDED, BPF_MTU_CHK_RET_SEGS_TOOBIG},
     },
     helpers::{bpf_check_mtu, bpf_get_prandom_u32, bpf_ktime_get_ns},
     maps::lpm_trie::Key,
@@ -56,8 +58,8 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
     if ip.version != 4 || ip.ihl < 5 {
         return Err(reason::BAD_HEADER);
     }
-    // Our option, set by the sender itself (`IP_OPTIONS` needs no privilege): exactly the
-    // form `tc_forward` honours. Its hop bytes are replaced with our choice, or the packet is
+    // Our option, set by the sender itself (`IP_OPTIONS` with CAP_NET_RAW, which root in any
+    // container has): exactly the form `tc_forward` honours. Its hop bytes are replaced with our choice, or the packet is
     // dropped where we make none.
     let forged = ip.ihl == 6 && {
         let option: *const [u8; 2] =
@@ -73,13 +75,14 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
         Err(_) if forged => return Err(reason::FORGED_DROPPED),
         Err(why) => return Err(why),
     };
+    // Before stamping: growing a GSO packet's header resets its segment count.
+    let segs = segments(ctx);
     if forged {
         restamp(ctx, choice.hops).map_err(|_| reason::FORGED_DROPPED)?;
         count(&crate::STAMP_STATS, reason::RESTAMPED, 1);
     } else {
         stamp(ctx, &ip, choice.hops)?;
     }
-    let segs = segments(ctx);
     count(&HOP_STATS, u32::from(choice.hops[0]), segs);
     count(&HOP_STATS, 256 + u32::from(choice.hops[1]), segs);
     if choice.stateless {
@@ -133,7 +136,7 @@ fn choose(ctx: &TcContext, ip: &Ipv4, forged: bool) -> Result<Choice, u32> {
     if n == 0 {
         return Err(reason::NO_PATH);
     }
-    if !forged && !fits_with_option(ctx, ip.proto) {
+    if !forged && !fits_with_option(ctx) {
         return Err(reason::TOO_BIG);
     }
 
@@ -207,6 +210,23 @@ fn stamp(ctx: &TcContext, ip: &Ipv4, [hop0, hop1]: [u8; 2]) -> Result<(), u32> {
         warn!(ctx, "tc_stamp: bpf_skb_adjust_room failed: {}", err);
         return Err(reason::ADJUST_FAILED);
     }
+    if is_gso(ctx) && !segments_fit(ctx) {
+        // Take the room back: the header in front of it is still the original one.
+        if ctx
+            .adjust_room(
+                -i32::from(OPTION_LEN),
+                BPF_ADJ_ROOM_NET,
+                u64::from(BPF_F_ADJ_ROOM_FIXED_GSO),
+            )
+            .is_ok()
+        {
+            return Err(reason::TOO_BIG);
+        }
+        warn!(
+            ctx,
+            "tc_stamp: could not take back the room of a GSO packet too big to stamp"
+        );
+    }
     // The room sits right after the base header; rewrite the header around it.
     let header: *mut [u8; IPV4_BASE_LEN + OPTION_LEN as usize] =
         ptr_at(ctx.data(), ctx.data_end(), ETH_HLEN).ok_or(reason::ADJUST_FAILED)?;
@@ -239,37 +259,45 @@ fn restamp(ctx: &TcContext, [hop0, hop1]: [u8; 2]) -> Result<(), u32> {
     Ok(())
 }
 
-/// Whether the packet still fits the interface's MTU with the option added. The agent lowers
-/// the route MTUs for this, but a sender may ignore them (`IP_PMTUDISC_INTERFACE`/`OMIT`, raw
-/// sockets, an upper device with a larger MTU): such a packet, stamped, would be dropped.
-/// A GSO packet fits when each of its segments does (the helper checks a GSO packet's
-/// segments only without a length change, so the segment is measured here).
+/// Whether a packet sent as it is (not GSO) still fits the interface's MTU with the option
+/// added. The agent lowers the route MTUs for this, but a sender may ignore them
+/// (`IP_PMTUDISC_INTERFACE`/`OMIT`, an upper device with a larger MTU): such a packet, stamped,
+/// would be dropped. A GSO packet is checked once stamped ([`segments_fit`]).
 #[inline(always)]
-fn fits_with_option(ctx: &TcContext, proto: u8) -> bool {
-    let skb = ctx.skb.skb;
-    let mut mtu: u32 = 0;
-    // SAFETY: reading a field of the context the kernel handed us.
-    let gso_size = unsafe { (*skb).gso_size };
-    if gso_size == 0 {
-        // SAFETY: the helper reads the skb and writes the u32 it is given.
-        let ret = unsafe { bpf_check_mtu(skb.cast(), 0, &mut mtu, i32::from(OPTION_LEN), 0) };
-        return ret == i64::from(BPF_MTU_CHK_RET_SUCCESS);
-    }
-    // SAFETY: as above; without a length change the helper only reports the MTU.
-    if unsafe { bpf_check_mtu(skb.cast(), 0, &mut mtu, 0, 0) } < 0 {
-        // No MTU to compare with (cannot happen for the skb's own device): stamp as before.
+fn fits_with_option(ctx: &TcContext) -> bool {
+    if is_gso(ctx) {
         return true;
     }
-    let l4_header = if proto == IPPROTO_TCP {
-        match tc_ptr::<u8>(ctx, ETH_HLEN + IPV4_BASE_LEN + 12) {
-            // SAFETY: bounds checked by tc_ptr. The data offset, in 32-bit words.
-            Some(doff) => u32::from(unsafe { *doff } >> 4) * 4,
-            None => return true,
-        }
-    } else {
-        8
+    let mut mtu: u32 = 0;
+    // SAFETY: the helper reads the skb and writes the u32 it is given.
+    let ret = unsafe { bpf_check_mtu(ctx.skb.skb.cast(), 0, &mut mtu, i32::from(OPTION_LEN), 0) };
+    // A helper error (none is possible for the skb's own device) stamps as before.
+    ret != i64::from(BPF_MTU_CHK_RET_FRAG_NEEDED)
+}
+
+/// Whether every segment of a stamped GSO packet fits the interface's MTU, measured by the
+/// kernel (which knows the inner headers of a tunnelled packet, where `gso_size` alone does not
+/// say how long a segment is).
+#[inline(always)]
+fn segments_fit(ctx: &TcContext) -> bool {
+    let mut mtu: u32 = 0;
+    // SAFETY: the helper reads the skb and writes the u32 it is given.
+    let ret = unsafe {
+        bpf_check_mtu(
+            ctx.skb.skb.cast(),
+            0,
+            &mut mtu,
+            0,
+            u64::from(BPF_MTU_CHK_SEGS),
+        )
     };
-    IPV4_BASE_LEN as u32 + l4_header + gso_size + u32::from(OPTION_LEN) <= mtu
+    ret != i64::from(BPF_MTU_CHK_RET_SEGS_TOOBIG)
+}
+
+#[inline(always)]
+fn is_gso(ctx: &TcContext) -> bool {
+    // SAFETY: reading a field of the context the kernel handed us.
+    unsafe { (*ctx.skb.skb).gso_size != 0 }
 }
 
 /// The flow's state, created on its first packet. Its round robin starts at the flow's hash,

@@ -71,7 +71,7 @@ pub const PREDECESSORS: [Predecessor; 2] = [
 
 /// Refuses pins of an unknown layout in the node's pin folder: a map of another `_Vn` would be
 /// ignored by this agent while the old programs kept using it. Maps of a predecessor layout
-/// are accepted (see [`carry_over`]).
+/// are accepted (see [`Carry`]).
 pub fn check(pins: &Path) -> Result<()> {
     let Ok(entries) = std::fs::read_dir(pins) else {
         return Ok(());
@@ -95,49 +95,107 @@ pub fn check(pins: &Path) -> Result<()> {
     }
 }
 
-/// Carries the counters of every predecessor map pinned in `pins` over into this layout's map
-/// (by counter name, CPU by CPU), and removes the old pin. Call it once this agent's programs
-/// have replaced the old ones, so nothing counts into the old map any more. The old pin goes
-/// before the counts are added: a crash in between loses those counts, never doubles them.
-/// Returns the names of the maps carried over.
-pub fn carry_over(pins: &Path) -> Result<Vec<&'static str>> {
-    let mut done = Vec::new();
-    for p in &PREDECESSORS {
-        let old_pin = pins.join(p.old);
-        if !old_pin.exists() {
-            continue;
-        }
-        let old = open(&old_pin, p.old)?;
-        let mut carried = Vec::with_capacity(p.old_names.len());
-        for (i, name) in p.old_names.iter().enumerate() {
-            let values = old.get(&(i as u32), 0).map_err(Error::map(p.old))?;
-            if let Some(j) = p.new_names.iter().position(|n| n == name) {
-                carried.push((j as u32, values.iter().copied().collect::<Vec<u64>>()));
+/// Counters of predecessor maps being carried over into this layout's maps.
+///
+/// [`Carry::start`] runs after this agent loaded its programs and before it attaches them,
+/// while nothing counts into this layout's maps yet: each carried counter is set to the old
+/// one's value. [`Carry::finish`] runs once this agent's programs replaced the old ones: what
+/// the old programs counted in between is added, and the old pins are removed. A crash in
+/// between is repaired by the next start, which sets the counters again (counts are lost, never
+/// doubled); the add can miss the increments of the few microseconds between reading and
+/// writing a slot.
+pub struct Carry {
+    pins: std::path::PathBuf,
+    /// Per predecessor present: the old values copied, per old index and CPU.
+    copied: Vec<(&'static Predecessor, Vec<Vec<u64>>)>,
+}
+
+impl Carry {
+    pub fn start(pins: &Path) -> Result<Self> {
+        let mut copied = Vec::new();
+        for p in &PREDECESSORS {
+            let old_pin = pins.join(p.old);
+            if !old_pin.exists() {
+                continue;
             }
+            let values = read_all(&open(&old_pin, p.old)?, p)?;
+            let mut new = open(&pins.join(p.new), p.new)?;
+            for (i, old_values) in values.iter().enumerate() {
+                if let Some(j) = new_index(p, i) {
+                    write(&mut new, p.new, j, old_values.clone())?;
+                }
+            }
+            copied.push((p, values));
         }
-        drop(old);
-        std::fs::remove_file(&old_pin)
-            .map_err(|e| Error::io(format!("removing {}", old_pin.display()), e))?;
-        let mut new = open(&pins.join(p.new), p.new)?;
-        for (j, old_values) in carried {
-            let current = new.get(&j, 0).map_err(Error::map(p.new))?;
-            let sum: Vec<u64> = current
-                .iter()
-                .zip(old_values.iter().chain(std::iter::repeat(&0)))
-                .map(|(a, b)| a + b)
-                .collect();
-            let sum = PerCpuValues::try_from(sum)
-                .map_err(|e| Error::io(format!("counters of {}", p.new), e))?;
-            new.set(j, sum, 0).map_err(Error::map(p.new))?;
-        }
-        info!(
-            from = p.old,
-            to = p.new,
-            "counters carried over to this layout"
-        );
-        done.push(p.old);
+        Ok(Self {
+            pins: pins.to_owned(),
+            copied,
+        })
     }
-    Ok(done)
+
+    /// Adds what the old programs counted since [`Carry::start`] and removes the old pins.
+    /// Returns the names of the maps carried over.
+    pub fn finish(self) -> Result<Vec<&'static str>> {
+        let mut done = Vec::new();
+        for (p, copied) in self.copied {
+            let old_pin = self.pins.join(p.old);
+            let now = read_all(&open(&old_pin, p.old)?, p)?;
+            std::fs::remove_file(&old_pin)
+                .map_err(|e| Error::io(format!("removing {}", old_pin.display()), e))?;
+            let mut new = open(&self.pins.join(p.new), p.new)?;
+            for (i, (now, then)) in now.iter().zip(&copied).enumerate() {
+                let Some(j) = new_index(p, i) else { continue };
+                if now == then {
+                    continue;
+                }
+                let current = new.get(&j, 0).map_err(Error::map(p.new))?;
+                let sum = current
+                    .iter()
+                    .zip(now.iter().zip(then))
+                    .map(|(c, (n, t))| c + n.saturating_sub(*t))
+                    .collect();
+                write(&mut new, p.new, j, sum)?;
+            }
+            info!(
+                from = p.old,
+                to = p.new,
+                "counters carried over to this layout"
+            );
+            done.push(p.old);
+        }
+        Ok(done)
+    }
+}
+
+/// This layout's index of the predecessor's counter `i`, by name.
+fn new_index(p: &Predecessor, i: usize) -> Option<u32> {
+    let name = p.old_names[i];
+    p.new_names
+        .iter()
+        .position(|n| *n == name)
+        .map(|j| j as u32)
+}
+
+/// Every counter of a predecessor map, per CPU.
+fn read_all(map: &PerCpuArray<MapData, u64>, p: &Predecessor) -> Result<Vec<Vec<u64>>> {
+    (0..p.old_names.len() as u32)
+        .map(|i| {
+            map.get(&i, 0)
+                .map(|v| v.iter().copied().collect())
+                .map_err(Error::map(p.old))
+        })
+        .collect()
+}
+
+fn write(
+    map: &mut PerCpuArray<MapData, u64>,
+    name: &'static str,
+    index: u32,
+    values: Vec<u64>,
+) -> Result<()> {
+    let values =
+        PerCpuValues::try_from(values).map_err(|e| Error::io(format!("counters of {name}"), e))?;
+    map.set(index, values, 0).map_err(Error::map(name))
 }
 
 fn open(pin: &Path, name: &'static str) -> Result<PerCpuArray<MapData, u64>> {

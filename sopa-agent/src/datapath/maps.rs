@@ -23,6 +23,10 @@ pub struct MapSet {
     stamp_stats: PerCpuArray<MapData, u64>,
     hop_stats: PerCpuArray<MapData, u64>,
     strip_stats: PerCpuArray<MapData, u64>,
+    /// The counter names of the stats maps' layout, in their index order: this layout's, or a
+    /// predecessor's when reading the pins of a datapath an older agent left attached.
+    stamp_names: &'static [&'static str],
+    strip_names: &'static [&'static str],
     flows: HashMap<MapData, FlowKey, FlowState>,
     pins: HashMap<MapData, FlowKey, Pin>,
 }
@@ -54,22 +58,36 @@ impl MapSet {
         )
     }
 
-    /// Opens the maps a running agent pinned in `dir`.
+    /// Opens the maps a running agent pinned in `dir`. The counters of a datapath an agent of
+    /// the previous layout left attached are read by their names.
     pub fn from_pins(dir: &Path) -> Result<Self> {
         let open = |name: &'static str| {
             MapData::from_pin(dir.join(name))
                 .and_then(Map::from_map_data)
                 .map_err(map_err(name))
         };
-        Self::from_maps(
+        let stats =
+            |name: &'static str, names: &'static [&'static str]| match super::layout::PREDECESSORS
+                .iter()
+                .find(|p| p.new == name && !dir.join(name).exists() && dir.join(p.old).exists())
+            {
+                Some(p) => Ok((open(p.old)?, p.old_names)),
+                None => Ok::<_, Error>((open(name)?, names)),
+            };
+        let (stamp, stamp_names) = stats(STAMP_STATS_MAP, &stamp_reason::NAMES)?;
+        let (strip, strip_names) = stats(STRIP_STATS_MAP, &strip_reason::NAMES)?;
+        let mut set = Self::from_maps(
             open(CONFIG_MAP)?,
             open(PATHS_MAP)?,
-            open(STAMP_STATS_MAP)?,
+            stamp,
             open(HOP_STATS_MAP)?,
-            open(STRIP_STATS_MAP)?,
+            strip,
             open(FLOWS_MAP)?,
             open(PINS_MAP)?,
-        )
+        )?;
+        set.stamp_names = stamp_names;
+        set.strip_names = strip_names;
+        Ok(set)
     }
 
     fn from_maps(
@@ -87,6 +105,8 @@ impl MapSet {
             stamp_stats: stamp.try_into().map_err(map_err(STAMP_STATS_MAP))?,
             hop_stats: hops.try_into().map_err(map_err(HOP_STATS_MAP))?,
             strip_stats: strip.try_into().map_err(map_err(STRIP_STATS_MAP))?,
+            stamp_names: &stamp_reason::NAMES,
+            strip_names: &strip_reason::NAMES,
             flows: flows.try_into().map_err(map_err(FLOWS_MAP))?,
             pins: pins.try_into().map_err(map_err(PINS_MAP))?,
         })
@@ -198,12 +218,24 @@ impl MapSet {
         Ok(table)
     }
 
+    /// `tc_stamp`'s counters, indexed by [`stamp_reason`].
     pub fn stamp_counters(&self) -> Result<Counters> {
-        sum_all(&self.stamp_stats, stamp_reason::COUNT, STAMP_STATS_MAP)
+        by_name(
+            &self.stamp_stats,
+            self.stamp_names,
+            &stamp_reason::NAMES,
+            STAMP_STATS_MAP,
+        )
     }
 
+    /// `xdp_strip`'s counters, indexed by [`strip_reason`].
     pub fn strip_counters(&self) -> Result<Counters> {
-        sum_all(&self.strip_stats, strip_reason::COUNT, STRIP_STATS_MAP)
+        by_name(
+            &self.strip_stats,
+            self.strip_names,
+            &strip_reason::NAMES,
+            STRIP_STATS_MAP,
+        )
     }
 
     /// Segments sent per hop value: `[..256]` for hop0, `[256..]` for hop1.
@@ -276,6 +308,21 @@ impl ForwardMaps {
     pub fn uplink_counters(&self) -> Result<Counters> {
         sum_all(&self.uplinks, MAX_UPLINKS as u32, FWD_UPLINK_STATS_MAP)
     }
+}
+
+/// The counters of a map whose slots are named `names`, summed over CPUs and placed by name
+/// at their index in `wanted` (a counter `names` lacks reads 0).
+fn by_name(
+    map: &PerCpuArray<MapData, u64>,
+    names: &[&str],
+    wanted: &[&str],
+    map_name: &'static str,
+) -> Result<Counters> {
+    let values = sum_all(map, names.len() as u32, map_name)?;
+    Ok(wanted
+        .iter()
+        .map(|w| names.iter().position(|n| n == w).map_or(0, |i| values[i]))
+        .collect())
 }
 
 fn sum_all(map: &PerCpuArray<MapData, u64>, len: u32, name: &'static str) -> Result<Counters> {
