@@ -57,7 +57,7 @@ pub struct HostOptions {
     pub tcp_reordering: u32,
     pub metrics_addr: Option<SocketAddr>,
     pub hash_seed: u32,
-    /// Lower the fabric routes' MTU by the option's 4 bytes (`mtu lock`).
+    /// Lower the fabric routes' MTU by the option's 4 bytes (a plain `mtu`: DF stays on).
     pub lower_route_mtu: bool,
     /// The paths come from a controller: an adopted datapath keeps its path map until the
     /// controller's snapshot replaces it (an empty start table would cut traffic).
@@ -521,9 +521,12 @@ impl Host {
     }
 }
 
-/// Makes every fabric prefix's route carry `mtu lock <dev mtu - 4>`, so a full-size packet
-/// still fits once stamped (routers drop the 1504-byte packet otherwise: DF is set and the
-/// sender's cached PMTU ignores frag-needed).
+/// Makes every fabric prefix's route carry `mtu <dev mtu - 4>`, so a full-size packet still
+/// fits once stamped (routers drop the 1504-byte packet otherwise: DF is set and the sender's
+/// cached PMTU ignores frag-needed). A plain MTU, not `mtu lock`: a locked route MTU makes the
+/// kernel clear DF on everything sent over the route (`ip_dont_fragment`), which turns path
+/// MTU discovery off. Every other attribute of the route (prefsrc, onlink, metrics, nexthop
+/// objects, encap) is kept, in the rewrite and in what a stop restores.
 async fn lower_route_mtus<'a>(
     prefixes: impl Iterator<Item = &'a Prefix>,
     iface: &str,
@@ -556,14 +559,22 @@ async fn lower_route_mtus<'a>(
             done.insert(*prefix);
             continue;
         }
-        if route.mtu_locked && route.mtu.is_some_and(|m| m <= mtu) {
+        // An older agent of this node locked the MTU (DF off): this one unlocks it.
+        let ours_locked = journal.record.changes.iter().any(|c| match c {
+            Change::RouteReplaced { new, .. } | Change::RouteAdded { route: new } => {
+                new.mtu_locked && new.still_installed_as(route)
+            }
+            _ => false,
+        });
+        if route.mtu.is_some_and(|m| m <= mtu) && !ours_locked {
             done.insert(*prefix);
             continue;
         }
         let mut new = route.clone();
         new.prefix = *prefix;
         new.mtu = Some(mtu);
-        new.mtu_locked = true;
+        // An operator's lock stays; ours goes.
+        new.mtu_locked = route.mtu_locked && !ours_locked;
         if route.prefix == *prefix {
             journal.push(Change::RouteReplaced {
                 old: route.clone(),

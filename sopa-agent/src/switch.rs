@@ -321,6 +321,8 @@ impl Switch {
                     mtu_locked: false,
                     multipath: hops.len() > 1,
                     nexthops: if hops.len() > 1 { hops } else { Vec::new() },
+                    nh_id: None,
+                    kernel: None,
                 },
             );
         }

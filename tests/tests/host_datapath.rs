@@ -93,9 +93,10 @@ fn option_on_the_wire_at_r_gone_at_b_transfer_intact() {
             .contains("10.101.2.0/24 via 10.101.1.1"),
         "fabric route added"
     );
+    let lowered = arb.a.ip(&["route"]).unwrap();
     assert!(
-        arb.a.ip(&["route"]).unwrap().contains("mtu lock 1496"),
-        "with the lowered MTU"
+        lowered.contains("mtu 1496") && !lowered.contains("mtu lock"),
+        "with the lowered MTU, not locked (a locked MTU clears DF):\n{lowered}"
     );
 
     let at_r = Capture::start(&arb.r, &arb.r_a_if).unwrap();
@@ -106,9 +107,14 @@ fn option_on_the_wire_at_r_gone_at_b_transfer_intact() {
         arb.b_addr,
         5001,
         50 * MIB,
-        &SendOptions::default(),
+        // The socket's default (IP_PMTUDISC_WANT): DF comes from the route, which the
+        // agent's MTU must leave on.
+        &SendOptions {
+            dont_fragment: false,
+            ..SendOptions::default()
+        },
     )
-    .expect("50 MiB from A to B, DF set on every packet");
+    .expect("50 MiB from A to B");
     let at_r = at_r.finish().unwrap();
     let at_b = at_b.finish().unwrap();
     assert!(transfer.intact(), "sha256 differs");
@@ -126,6 +132,7 @@ fn option_on_the_wire_at_r_gone_at_b_transfer_intact() {
     let mut stamped = Vec::new();
     let mut data_packets = 0;
     let mut full_size = 0;
+    let mut without_df = 0;
     for frame in &at_r.frames {
         let Some((options, payload)) = tcp_from(frame, arb.a_addr) else {
             continue;
@@ -145,6 +152,10 @@ fn option_on_the_wire_at_r_gone_at_b_transfer_intact() {
         ));
         if payload > 0 {
             data_packets += 1;
+            // DF (the IPv4 flags' second bit): path MTU discovery stays on over the route.
+            if frame[20] & 0x40 == 0 {
+                without_df += 1;
+            }
         }
         // 1496 (route MTU) + 4: a full-MSS packet grown by the option.
         if u16::from_be_bytes([frame[16], frame[17]]) == 1500 {
@@ -154,6 +165,10 @@ fn option_on_the_wire_at_r_gone_at_b_transfer_intact() {
     assert!(
         data_packets > 30_000,
         "saw {data_packets} data packets at R"
+    );
+    assert_eq!(
+        without_df, 0,
+        "data packets from A without DF at R (of {data_packets})"
     );
     assert!(
         full_size > data_packets / 2,
@@ -514,7 +529,7 @@ fn a_stop_restores_only_what_still_holds_the_agents_value() {
     .expect("agent on A");
     assert_eq!(arb.a.read_sysctl("net.ipv4.tcp_reordering").unwrap(), "10");
     assert!(
-        arb.a.ip(&["route"]).unwrap().contains("mtu lock 1496"),
+        arb.a.ip(&["route"]).unwrap().contains("mtu 1496"),
         "the agent's lowered route"
     );
     // While it runs, an operator tunes reordering and a routing daemon rewrites the route.

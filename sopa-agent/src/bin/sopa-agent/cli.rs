@@ -106,7 +106,8 @@ pub struct RunArgs {
     #[arg(long, env = "SOPA_NO_METRICS")]
     pub no_metrics: bool,
     /// Leave the fabric routes' MTU alone (for fabrics whose links carry MTU + 4 bytes).
-    /// Otherwise the agent lowers it by 4 with `mtu lock`, so full-size packets fit stamped.
+    /// Otherwise the agent lowers it by 4 (a plain `mtu`, DF kept), so full-size packets fit
+    /// stamped; every other attribute of the route is kept.
     #[arg(long, env = "SOPA_KEEP_ROUTE_MTU")]
     pub keep_route_mtu: bool,
     /// Seed of the 5-tuple hash (ecmp mode and the stateless fallback).

@@ -1,0 +1,176 @@
+//! The host agent and the fabric routes it lowers: every attribute a route had survives the
+//! rewrite and comes back exactly after a stop, and the MTU it sets keeps DF on. Needs root;
+//! every namespace and process is removed on drop, also on failure.
+
+use serde_json::Value;
+use sopa_testbed::{
+    agent::Agent,
+    arb::{Arb, B_PREFIX},
+};
+
+/// A route of each kind a production host has (`ip route` arguments after the prefix), and
+/// the fabric prefix the agent gets for it: each route's own prefix, or a /24 inside it (the
+/// agent then adds a more specific copy, which must carry the same attributes).
+fn routes(dev: &str) -> Vec<(&'static str, Vec<String>, &'static str)> {
+    let args = |s: &str| -> Vec<String> {
+        s.replace("DEV", dev)
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    };
+    vec![
+        (
+            B_PREFIX,
+            // A routing daemon's route (proto bgp, a metric) tuned for a data center.
+            args(
+                "via 10.101.1.1 dev DEV src 10.101.1.2 proto 186 metric 7 initcwnd 20 \
+                 initrwnd 30 advmss 1400 congctl reno quickack 1 features ecn rto_min 50ms",
+            ),
+            B_PREFIX,
+        ),
+        (
+            "10.102.0.0/24",
+            args("via 10.101.1.1 dev DEV onlink congctl lock reno"),
+            "10.102.0.0/24",
+        ),
+        ("10.103.0.0/24", args("nhid 10"), "10.103.0.0/24"),
+        (
+            "10.104.0.0/24",
+            args("encap seg6 mode encap segs fc00::1 via 10.101.1.1 dev DEV"),
+            "10.104.0.0/24",
+        ),
+        (
+            "10.105.0.0/16",
+            args("via 10.101.1.1 dev DEV src 10.101.1.2 initcwnd 15 congctl reno"),
+            "10.105.1.0/24",
+        ),
+    ]
+}
+
+/// `ip -d -j route show <prefix>` of the main table, each route's `mtu` metric taken out
+/// (returned apart), so a lowered route compares with the original.
+fn without_mtu(json: &str) -> (Value, Vec<Value>) {
+    let mut routes: Value = serde_json::from_str(json).expect("ip -j prints JSON");
+    let mut mtus = Vec::new();
+    for route in routes.as_array_mut().expect("a list of routes") {
+        let Some(metrics) = route.get_mut("metrics").and_then(Value::as_array_mut) else {
+            mtus.push(Value::Null);
+            continue;
+        };
+        for m in metrics.iter_mut() {
+            mtus.push(
+                m.as_object_mut()
+                    .and_then(|m| m.remove("mtu"))
+                    .unwrap_or(Value::Null),
+            );
+        }
+        metrics.retain(|m| m.as_object().is_some_and(|m| !m.is_empty()));
+        if metrics.is_empty() {
+            route.as_object_mut().unwrap().remove("metrics");
+        }
+    }
+    (routes, mtus)
+}
+
+#[test]
+fn every_route_attribute_survives_the_rewrite_and_a_stop_restores_it_byte_for_byte() {
+    let arb = Arb::new("ra").expect("build A - R - B");
+    let a = &arb.a;
+    a.ip(&[
+        "nexthop",
+        "add",
+        "id",
+        "10",
+        "via",
+        "10.101.1.1",
+        "dev",
+        &arb.a_if,
+    ])
+    .unwrap();
+    let routes = routes(&arb.a_if);
+    for (prefix, args, _) in &routes {
+        let mut cmd = vec!["route", "add", prefix];
+        cmd.extend(args.iter().map(String::as_str));
+        a.ip(&cmd)
+            .unwrap_or_else(|e| panic!("ip route add {prefix}: {e}"));
+    }
+    let before_json = a.ip(&["-d", "-j", "route", "show"]).unwrap();
+    let before_text = a.ip(&["-d", "route", "show"]).unwrap();
+    let nexthops = a.ip(&["-d", "nexthop", "show"]).unwrap();
+
+    let table: String = routes
+        .iter()
+        .map(|(_, _, fabric)| {
+            format!("[[destination]]\nprefix = \"{fabric}\"\npaths = [[0], [1]]\n\n")
+        })
+        .collect();
+    let agent = Agent::start(
+        a,
+        a.name(),
+        &arb.a_if,
+        &format!("version = 1\n\n{table}"),
+        &["--no-metrics"],
+    )
+    .expect("agent on A");
+
+    for (prefix, args, fabric) in &routes {
+        let now = a.ip(&["-d", "-j", "route", "show", fabric]).unwrap();
+        let (lowered, mtus) = without_mtu(&now);
+        assert_eq!(
+            mtus,
+            vec![Value::from(1496)],
+            "{fabric}: one route, a plain mtu 1496 (DF stays on):\n{now}"
+        );
+        let text = a.ip(&["-d", "route", "show", fabric]).unwrap();
+        assert!(
+            !text.contains("mtu lock"),
+            "{fabric}: the MTU is not locked:\n{text}"
+        );
+        if prefix == fabric {
+            let (original, _) = without_mtu(&a_route_before(&before_json, prefix));
+            assert_eq!(
+                lowered,
+                original,
+                "{fabric} ({}): every attribute but the MTU as it was",
+                args.join(" ")
+            );
+        } else {
+            // The more specific copy of the covering route: its attributes, the agent's origin.
+            let (mut original, _) = without_mtu(&a_route_before(&before_json, prefix));
+            original[0]["dst"] = Value::from(*fabric);
+            original[0]["protocol"] = Value::from("static");
+            assert_eq!(
+                lowered, original,
+                "{fabric}: a copy of {prefix} with its attributes"
+            );
+        }
+        if args.iter().any(|a| a == "lock") {
+            assert!(
+                text.contains("congctl lock reno"),
+                "the congctl lock kept:\n{text}"
+            );
+        }
+    }
+
+    assert_eq!(agent.stop(), Some(0));
+    assert_eq!(
+        a.ip(&["-d", "-j", "route", "show"]).unwrap(),
+        before_json,
+        "the routes after a stop, byte for byte"
+    );
+    assert_eq!(a.ip(&["-d", "route", "show"]).unwrap(), before_text);
+    assert_eq!(a.ip(&["-d", "nexthop", "show"]).unwrap(), nexthops);
+}
+
+/// The route of `prefix` in a `-j` listing of the whole table, as a one-route listing.
+fn a_route_before(all: &str, prefix: &str) -> String {
+    let routes: Value = serde_json::from_str(all).unwrap();
+    let one: Vec<&Value> = routes
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["dst"] == prefix)
+        .collect();
+    assert_eq!(one.len(), 1, "{prefix} in\n{all}");
+    serde_json::to_string(&one).unwrap()
+}
