@@ -281,6 +281,55 @@ impl Journal {
     }
 }
 
+/// A running agent's journal, shared by the role and the tasks that change the host on their
+/// own (the route keeper). The lock is never held across an await.
+#[derive(Clone)]
+pub struct SharedJournal(std::sync::Arc<std::sync::Mutex<Option<Journal>>>);
+
+impl SharedJournal {
+    pub fn new(journal: Journal) -> Self {
+        Self(std::sync::Arc::new(std::sync::Mutex::new(Some(journal))))
+    }
+
+    /// Runs `f` on the journal; `None` once it was taken (the agent is stopping).
+    pub fn with<R>(&self, f: impl FnOnce(&mut Journal) -> R) -> Option<R> {
+        self.0.lock().expect("journal lock").as_mut().map(f)
+    }
+
+    /// Records a change about to be made (write-ahead, see [`Journal::push`]).
+    pub fn push(&self, change: Change) -> Result<()> {
+        self.with(|j| j.push(change)).unwrap_or_else(|| {
+            Err(Error::Config(
+                "the agent is stopping; no further changes are made".into(),
+            ))
+        })
+    }
+
+    /// The changes recorded so far.
+    pub fn changes(&self) -> Vec<Change> {
+        self.with(|j| j.record.changes.clone()).unwrap_or_default()
+    }
+
+    /// Drops the recorded changes `gone` says are no longer in effect, and saves.
+    pub fn forget(&self, gone: impl Fn(&Change) -> bool) -> Result<()> {
+        self.with(|j| {
+            let before = j.record.changes.len();
+            j.record.changes.retain(|c| !gone(c));
+            if j.record.changes.len() == before {
+                Ok(())
+            } else {
+                j.save()
+            }
+        })
+        .unwrap_or(Ok(()))
+    }
+
+    /// Takes the journal out (to undo it or leave it for the next agent).
+    pub fn take(&self) -> Option<Journal> {
+        self.0.lock().expect("journal lock").take()
+    }
+}
+
 /// Undoes one change if the host still holds the value we set. Something another program or
 /// an operator changed since is theirs now: left as it is, and said so.
 async fn undo_one(change: &Change, netlink: &Netlink) -> Result<()> {

@@ -2,7 +2,6 @@
 //! (tcp_reordering, fabric route MTUs, GSO granularity), all undone on exit.
 
 use std::{
-    collections::HashSet,
     net::SocketAddr,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
@@ -14,12 +13,13 @@ use tracing::{info, warn};
 
 use crate::{
     BPFFS_ROOT, RUN_ROOT,
-    changes::{Change, Journal, Record},
+    changes::{Change, Journal, Record, SharedJournal},
     datapath::{Datapath, MapSet},
     error::{Error, Result},
     metrics,
     netlink::{self, Netlink},
     path_table::{PathTable, Prefix},
+    routes::RouteKeeper,
     status::mode_name,
     sysctl,
 };
@@ -41,9 +41,6 @@ pub enum XdpAttach {
     Generic,
     Native,
 }
-
-/// Bytes the option adds to every stamped packet.
-const OPTION_BYTES: u32 = sopa_common::wire::OPTION_LEN as u32;
 
 #[derive(Clone, Debug)]
 pub struct HostOptions {
@@ -177,14 +174,15 @@ fn check_capabilities(load_programs: bool) -> Result<()> {
 pub struct Host {
     datapath: Datapath,
     maps: Arc<Mutex<MapSet>>,
-    journal: Option<Journal>,
+    journal: SharedJournal,
     netlink: Netlink,
     metrics: Option<tokio::task::JoinHandle<()>>,
-    link: netlink::Link,
-    iface: String,
-    lower_route_mtu: bool,
-    /// Fabric prefixes whose route MTU has been seen to.
-    mtu_done: HashSet<Prefix>,
+    /// The fabric routes' MTU (absent with `--keep-route-mtu`), and the task that keeps it
+    /// lowered when routes change under the agent.
+    routes: Option<(
+        Arc<tokio::sync::Mutex<RouteKeeper>>,
+        tokio::task::JoinHandle<()>,
+    )>,
     channel: metrics::ChannelGauge,
 }
 
@@ -237,7 +235,7 @@ impl Host {
             programs: None,
         };
         let adopting = previous.is_some();
-        let mut journal = match previous {
+        let journal = match previous {
             // The previous agent's changes stay in effect and in the journal: this agent now
             // owns them, and undoes them when it exits (unless it keeps the datapath too).
             Some(old) => {
@@ -262,22 +260,33 @@ impl Host {
             }
             None => Journal::create(&run_dir, record)?,
         };
-        let mut mtu_done = HashSet::new();
+        let journal = SharedJournal::new(journal);
         let channel = metrics::ChannelGauge::default();
-        match Self::setup(
-            opts,
-            &link,
-            xdp_mode,
-            &netlink,
-            &mut journal,
-            &mut mtu_done,
-            &channel,
-            adopting,
-        )
-        .await
-        {
-            Ok((datapath, maps, metrics)) => {
-                match &journal.record.adopted {
+        let mut keeper = None;
+        let started = async {
+            if opts.lower_route_mtu {
+                let mut k = RouteKeeper::new(link.clone(), journal.clone())?;
+                // Routes first: by the time the first packet is stamped, they fit it.
+                k.ensure(opts.paths.destinations.keys()).await?;
+                keeper = Some(k);
+            }
+            let (datapath, maps, metrics) = Self::setup(
+                opts, &link, xdp_mode, &netlink, &journal, &channel, adopting,
+            )
+            .await?;
+            let routes = match keeper.take() {
+                Some(k) => {
+                    let k = Arc::new(tokio::sync::Mutex::new(k));
+                    let watch = crate::routes::watch(Arc::clone(&k))?;
+                    Some((k, watch))
+                }
+                None => None,
+            };
+            Ok::<_, Error>((datapath, maps, metrics, routes))
+        };
+        match started.await {
+            Ok((datapath, maps, metrics, routes)) => {
+                match journal.with(|j| j.record.adopted.clone()).flatten() {
                     Some(a) => info!(
                         node = %opts.node,
                         iface = %opts.iface,
@@ -297,33 +306,30 @@ impl Host {
                 Ok(Self {
                     datapath,
                     maps,
-                    journal: Some(journal),
+                    journal,
                     netlink,
                     metrics,
-                    link,
-                    iface: opts.iface.clone(),
-                    lower_route_mtu: opts.lower_route_mtu,
-                    mtu_done,
+                    routes,
                     channel,
                 })
             }
             Err(err) => {
-                for undo_err in journal.undo(&netlink).await {
-                    warn!(%undo_err, "while undoing a failed start");
+                if let Some(journal) = journal.take() {
+                    for undo_err in journal.undo(&netlink).await {
+                        warn!(%undo_err, "while undoing a failed start");
+                    }
                 }
                 Err(err)
             }
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn setup(
         opts: &HostOptions,
         link: &netlink::Link,
         xdp_mode: XdpMode,
         netlink: &Netlink,
-        journal: &mut Journal,
-        mtu_done: &mut HashSet<Prefix>,
+        journal: &SharedJournal,
         channel: &metrics::ChannelGauge,
         adopting: bool,
     ) -> Result<(
@@ -333,8 +339,7 @@ impl Host {
     )> {
         let pins = pin_dir(&opts.node);
         if !journal
-            .record
-            .changes
+            .changes()
             .iter()
             .any(|c| matches!(c, Change::Pins { .. }))
         {
@@ -359,18 +364,6 @@ impl Host {
             maps.apply_paths(&opts.paths)?;
         }
 
-        if opts.lower_route_mtu {
-            lower_route_mtus(
-                opts.paths.destinations.keys(),
-                &opts.iface,
-                link,
-                netlink,
-                journal,
-                mtu_done,
-            )
-            .await?;
-        }
-
         let old = sysctl::read(sysctl::TCP_REORDERING)?;
         let new = opts.tcp_reordering.to_string();
         if old != new {
@@ -384,15 +377,13 @@ impl Host {
 
         if opts.granularity == Granularity::Burst {
             // An adopted datapath may have run per packet: give the interface its GSO back.
-            let ours = journal.record.changes.iter().position(
-                |c| matches!(c, Change::GsoMaxSegs { index, .. } if *index == link.index),
-            );
-            if let Some(i) = ours
-                && let Change::GsoMaxSegs { old, .. } = journal.record.changes[i].clone()
-            {
+            let ours = journal
+                .changes()
+                .into_iter()
+                .find(|c| matches!(c, Change::GsoMaxSegs { index, .. } if *index == link.index));
+            if let Some(Change::GsoMaxSegs { old, .. }) = ours.clone() {
                 netlink.set_gso_max_segs(link.index, old).await?;
-                journal.record.changes.remove(i);
-                journal.save()?;
+                journal.forget(|c| Some(c) == ours.as_ref())?;
             }
         }
         if opts.granularity == Granularity::Packet && link.gso_max_segs != 1 {
@@ -421,15 +412,19 @@ impl Host {
         {
             warn!(%err, "counters of an older datapath layout could not be carried over");
         }
-        journal.record.programs = Some(crate::changes::ProgramIds {
-            stamp: attached.stamp.prog_id,
-            strip: attached.strip.prog_id,
-        });
-        if let Some(a) = journal.record.adopted.as_mut() {
-            a.stamp_prog_replaced = attached.stamp.replaced;
-            a.strip_prog_replaced = attached.strip.replaced;
-        }
-        journal.save()?;
+        journal
+            .with(|j| {
+                j.record.programs = Some(crate::changes::ProgramIds {
+                    stamp: attached.stamp.prog_id,
+                    strip: attached.strip.prog_id,
+                });
+                if let Some(a) = j.record.adopted.as_mut() {
+                    a.stamp_prog_replaced = attached.stamp.replaced;
+                    a.strip_prog_replaced = attached.strip.replaced;
+                }
+                j.save()
+            })
+            .unwrap_or(Ok(()))?;
         Ok((datapath, maps, metrics))
     }
 
@@ -458,26 +453,10 @@ impl Host {
         &mut self,
         prefixes: impl Iterator<Item = &'a Prefix>,
     ) -> Result<()> {
-        if !self.lower_route_mtu {
-            return Ok(());
+        match &self.routes {
+            Some((keeper, _)) => keeper.lock().await.ensure(prefixes).await,
+            None => Ok(()),
         }
-        let new: Vec<&Prefix> = prefixes.filter(|p| !self.mtu_done.contains(p)).collect();
-        if new.is_empty() {
-            return Ok(());
-        }
-        let journal = self
-            .journal
-            .as_mut()
-            .expect("a running host has its journal");
-        lower_route_mtus(
-            new.into_iter(),
-            &self.iface,
-            &self.link,
-            &self.netlink,
-            journal,
-            &mut self.mtu_done,
-        )
-        .await
     }
 
     /// Records the controller channel's state where `sopa-agent status` reads it.
@@ -488,9 +467,7 @@ impl Host {
             .store(i64::from(state.connected), Relaxed);
         self.channel.version.store(state.version, Relaxed);
         *self.channel.peers_down.lock().expect("peers lock") = state.peers_down.clone();
-        if let Some(journal) = self.journal.as_mut()
-            && let Err(err) = journal.set_controller(state)
-        {
+        if let Some(Err(err)) = self.journal.with(|j| j.set_controller(state)) {
             warn!(%err, "recording the controller state");
         }
     }
@@ -501,6 +478,12 @@ impl Host {
     pub async fn stop(mut self, keep_attached: bool) -> Vec<Error> {
         if let Some(metrics) = self.metrics.take() {
             metrics.abort();
+        }
+        if let Some((keeper, watch)) = self.routes.take() {
+            // No route change of ours after this point (one under way finishes first).
+            watch.abort();
+            let _ = watch.await;
+            drop(keeper.lock().await);
         }
         if keep_attached {
             self.datapath.keep_attached();
@@ -519,77 +502,6 @@ impl Host {
         }
         errors
     }
-}
-
-/// Makes every fabric prefix's route carry `mtu <dev mtu - 4>`, so a full-size packet still
-/// fits once stamped (routers drop the 1504-byte packet otherwise: DF is set and the sender's
-/// cached PMTU ignores frag-needed). A plain MTU, not `mtu lock`: a locked route MTU makes the
-/// kernel clear DF on everything sent over the route (`ip_dont_fragment`), which turns path
-/// MTU discovery off. Every other attribute of the route (prefsrc, onlink, metrics, nexthop
-/// objects, encap) is kept, in the rewrite and in what a stop restores.
-async fn lower_route_mtus<'a>(
-    prefixes: impl Iterator<Item = &'a Prefix>,
-    iface: &str,
-    link: &netlink::Link,
-    netlink: &Netlink,
-    journal: &mut Journal,
-    done: &mut HashSet<Prefix>,
-) -> Result<()> {
-    let routes = netlink.routes().await?;
-    let mtu = link.mtu.saturating_sub(OPTION_BYTES);
-    // A prefix is recorded as done only once its route fits stamped packets: a refused
-    // attempt (no route yet, a multipath route) is tried again with the next update.
-    for prefix in prefixes {
-        let Some(route) = netlink::covering_route(&routes, prefix) else {
-            return Err(Error::Config(format!(
-                "no route to fabric prefix {prefix} in the main table; add the route to the \
-                 fabric first (the agent lowers its MTU by {OPTION_BYTES})"
-            )));
-        };
-        if route.multipath {
-            return Err(Error::Config(format!(
-                "the route to fabric prefix {prefix} ({}) is multipath; the host role needs one \
-                 next hop per prefix",
-                route.prefix
-            )));
-        }
-        if route.oif != Some(link.index) {
-            warn!(%prefix, "fabric prefix is not routed through {iface}; packets to it leave unstamped");
-            // Said once: nothing to lower on another interface.
-            done.insert(*prefix);
-            continue;
-        }
-        // An older agent of this node locked the MTU (DF off): this one unlocks it.
-        let ours_locked = journal.record.changes.iter().any(|c| match c {
-            Change::RouteReplaced { new, .. } | Change::RouteAdded { route: new } => {
-                new.mtu_locked && new.still_installed_as(route)
-            }
-            _ => false,
-        });
-        if route.mtu.is_some_and(|m| m <= mtu) && !ours_locked {
-            done.insert(*prefix);
-            continue;
-        }
-        let mut new = route.clone();
-        new.prefix = *prefix;
-        new.mtu = Some(mtu);
-        // An operator's lock stays; ours goes.
-        new.mtu_locked = route.mtu_locked && !ours_locked;
-        if route.prefix == *prefix {
-            journal.push(Change::RouteReplaced {
-                old: route.clone(),
-                new: new.clone(),
-            })?;
-            netlink.add_route(&new, true).await?;
-        } else {
-            // A more specific copy of the covering route, with the lowered MTU.
-            new.protocol = 4; // RTPROT_STATIC
-            journal.push(Change::RouteAdded { route: new.clone() })?;
-            netlink.add_route(&new, false).await?;
-        }
-        done.insert(*prefix);
-    }
-    Ok(())
 }
 
 /// Refuses to start beside a live agent of the same node. What a previous agent left (after a

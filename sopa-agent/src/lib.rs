@@ -10,6 +10,7 @@ pub mod host;
 pub mod metrics;
 pub mod netlink;
 pub mod path_table;
+pub mod routes;
 pub mod status;
 pub mod switch;
 pub mod sysctl;

@@ -1,12 +1,18 @@
 //! The host agent and the fabric routes it lowers: every attribute a route had survives the
-//! rewrite and comes back exactly after a stop, and the MTU it sets keeps DF on. Needs root;
+//! rewrite and comes back exactly after a stop, the MTU it sets keeps DF on, and routes that
+//! change under the agent are lowered again. Needs root;
 //! every namespace and process is removed on drop, also on failure.
+
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sopa_testbed::{
     agent::Agent,
     arb::{Arb, B_PREFIX},
+    traffic::{SendOptions, tcp_transfer},
 };
+
+const MIB: u64 = 1 << 20;
 
 /// A route of each kind a production host has (`ip route` arguments after the prefix), and
 /// the fabric prefix the agent gets for it: each route's own prefix, or a /24 inside it (the
@@ -173,4 +179,127 @@ fn a_route_before(all: &str, prefix: &str) -> String {
         .collect();
     assert_eq!(one.len(), 1, "{prefix} in\n{all}");
     serde_json::to_string(&one).unwrap()
+}
+
+/// Polls `ip <args>` in `ns` until its output satisfies `ok` (at most 10 s); the last output.
+fn wait_for_route(ns: &sopa_testbed::NetNs, args: &[&str], ok: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = ns.ip(args).unwrap();
+        if ok(&out) || Instant::now() > deadline {
+            return out;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn routes_a_daemon_replaces_under_traffic_are_lowered_again_and_copies_follow_their_route() {
+    let arb = Arb::new("rb").expect("build A - R - B");
+    let a = &arb.a;
+    // The fabric route as a routing daemon installs it, and a second fabric prefix that only
+    // the default route covers (the agent adds a copy of it).
+    a.ip(&[
+        "route",
+        "add",
+        B_PREFIX,
+        "via",
+        "10.101.1.1",
+        "proto",
+        "bgp",
+    ])
+    .unwrap();
+    arb.r
+        .ip(&["addr", "add", "10.101.1.3/24", "dev", &arb.r_a_if])
+        .unwrap();
+    const OTHER: &str = "10.109.0.0/24";
+    let table = format!(
+        "version = 1\n\n[[destination]]\nprefix = \"{B_PREFIX}\"\npaths = [[0], [1]]\n\n\
+         [[destination]]\nprefix = \"{OTHER}\"\npaths = [[0], [1]]\n"
+    );
+    let agent =
+        Agent::start(a, a.name(), &arb.a_if, &table, &["--no-metrics"]).expect("agent on A");
+    let lowered = |out: &str| out.contains(" mtu 1496") && !out.contains("mtu lock");
+    assert!(lowered(&a.ip(&["route", "show", B_PREFIX]).unwrap()));
+
+    std::thread::scope(|s| {
+        let transfer = s.spawn(|| {
+            tcp_transfer(
+                a,
+                &arb.b,
+                arb.b_addr,
+                5001,
+                256 * MIB,
+                &SendOptions {
+                    dont_fragment: false,
+                    ..SendOptions::default()
+                },
+            )
+        });
+        // The transfer runs: A's interface has sent 4 MiB more than before.
+        let start = a.tx_bytes(&arb.a_if).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while a.tx_bytes(&arb.a_if).unwrap() < start + 4 * MIB {
+            assert!(Instant::now() < deadline, "the transfer did not start");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // The daemon refreshes its route: the lowered MTU is gone.
+        a.ip(&[
+            "route",
+            "replace",
+            B_PREFIX,
+            "via",
+            "10.101.1.1",
+            "proto",
+            "bgp",
+        ])
+        .unwrap();
+        let now = wait_for_route(a, &["route", "show", B_PREFIX], lowered);
+        assert!(
+            lowered(&now) && now.contains("proto bgp"),
+            "the daemon's route lowered again, its origin kept:\n{now}"
+        );
+        assert!(
+            !transfer.is_finished(),
+            "the route was replaced and lowered again while the transfer ran"
+        );
+        let t = transfer.join().unwrap().expect("the transfer");
+        assert!(t.intact(), "sha256 differs");
+    });
+    assert!(
+        agent.wait_log("lowered its MTU again", Duration::from_secs(5)),
+        "{}",
+        agent.log()
+    );
+
+    // The default route moves to another gateway: the copy follows it, lowered.
+    let copy = a.ip(&["route", "show", OTHER]).unwrap();
+    assert!(copy.contains("via 10.101.1.1") && lowered(&copy), "{copy}");
+    a.ip(&["route", "replace", "default", "via", "10.101.1.3"])
+        .unwrap();
+    let copy = wait_for_route(a, &["route", "show", OTHER], |o| {
+        o.contains("via 10.101.1.3")
+    });
+    assert!(
+        copy.contains("via 10.101.1.3") && lowered(&copy),
+        "the copy of the default route follows its gateway:\n{copy}"
+    );
+    // The default route is withdrawn: so is the copy.
+    a.ip(&["route", "del", "default"]).unwrap();
+    let copy = wait_for_route(a, &["route", "show", OTHER], |o| o.trim().is_empty());
+    assert!(
+        copy.trim().is_empty(),
+        "the copy outlived its route:\n{copy}"
+    );
+
+    assert_eq!(agent.stop(), Some(0));
+    let routes = a.ip(&["route"]).unwrap();
+    assert!(
+        routes.contains(&format!(
+            "{B_PREFIX} via 10.101.1.1 dev {} proto bgp",
+            arb.a_if
+        )) && !routes.contains("mtu"),
+        "the daemon's latest route, as it installed it:\n{routes}"
+    );
+    assert!(!routes.contains("10.109."), "{routes}");
 }

@@ -26,6 +26,22 @@ pub use self::{
 };
 use crate::error::{Error, Result};
 
+/// A netlink connection for routes, with the codec that keeps every route readable: the
+/// connection (to spawn), its handle, and the messages nobody asked for (events, once the
+/// socket joins a multicast group).
+#[allow(clippy::type_complexity)]
+pub fn route_connection() -> Result<(
+    netlink_proto::Connection<RouteNetlinkMessage, netlink_sys::TokioSocket, codec::RouteCodec>,
+    ConnectionHandle<RouteNetlinkMessage>,
+    futures::channel::mpsc::UnboundedReceiver<(
+        NetlinkMessage<RouteNetlinkMessage>,
+        netlink_sys::SocketAddr,
+    )>,
+)> {
+    netlink_proto::new_connection_with_codec(netlink_sys::protocols::NETLINK_ROUTE)
+        .map_err(|err| Error::io("opening a netlink socket for routes", err))
+}
+
 /// What the agent needs to know of an interface.
 #[derive(Clone, Debug)]
 pub struct Link {
@@ -64,12 +80,7 @@ impl Netlink {
         let (connection, handle, _) = rtnetlink::new_connection()
             .map_err(|err| Error::io("opening a netlink socket", err))?;
         tokio::spawn(connection);
-        let (connection, routes, _) = netlink_proto::new_connection_with_codec::<
-            RouteNetlinkMessage,
-            netlink_sys::TokioSocket,
-            codec::RouteCodec,
-        >(netlink_sys::protocols::NETLINK_ROUTE)
-        .map_err(|err| Error::io("opening a netlink socket for routes", err))?;
+        let (connection, routes, _) = route_connection()?;
         tokio::spawn(connection);
         Ok(Self { handle, routes })
     }
