@@ -324,6 +324,21 @@ impl SharedJournal {
         .unwrap_or(Ok(()))
     }
 
+    /// Drops the newest record of `change` (a change that was refused, so never made), and
+    /// saves.
+    pub fn retract(&self, change: &Change) -> Result<()> {
+        self.with(
+            |j| match j.record.changes.iter().rposition(|c| c == change) {
+                Some(i) => {
+                    j.record.changes.remove(i);
+                    j.save()
+                }
+                None => Ok(()),
+            },
+        )
+        .unwrap_or(Ok(()))
+    }
+
     /// Takes the journal out (to undo it or leave it for the next agent).
     pub fn take(&self) -> Option<Journal> {
         self.0.lock().expect("journal lock").take()

@@ -480,10 +480,12 @@ impl Host {
             metrics.abort();
         }
         if let Some((keeper, watch)) = self.routes.take() {
-            // No route change of ours after this point (one under way finishes first).
+            // No route change of ours after this point: a check under way finishes first
+            // (it holds the keeper), then the watch ends.
+            let idle = keeper.lock().await;
             watch.abort();
             let _ = watch.await;
-            drop(keeper.lock().await);
+            drop(idle);
         }
         if keep_attached {
             self.datapath.keep_attached();

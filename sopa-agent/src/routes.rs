@@ -80,10 +80,10 @@ impl RouteKeeper {
         if new.is_empty() {
             return Ok(());
         }
-        let mut routes = self.netlink.routes().await?;
+        let mut table = self.netlink.table().await?;
         for prefix in new {
-            if self.keep(&routes, &prefix).await? == Outcome::Changed {
-                routes = self.netlink.routes().await?;
+            if self.keep(&table, &prefix).await? == Outcome::Changed {
+                table = self.netlink.table().await?;
             }
             self.kept.insert(prefix);
         }
@@ -94,21 +94,26 @@ impl RouteKeeper {
     /// daemon or an operator replaced; returns the prefixes changed. A prefix that fails is
     /// logged and left for the next event.
     pub async fn reconcile(&mut self) -> Result<Vec<Prefix>> {
-        let mut routes = self.netlink.routes().await?;
+        let mut table = self.netlink.table().await?;
         let mut changed = Vec::new();
         for prefix in self.kept.clone() {
             if self.flapping(&prefix) {
                 continue;
             }
-            match self.keep(&routes, &prefix).await {
+            match self.keep(&table, &prefix).await {
                 Ok(Outcome::Changed) => {
                     info!(%prefix, "the fabric route changed under the agent; lowered its MTU again");
                     self.count_reapply(&prefix);
                     changed.push(prefix);
-                    routes = self.netlink.routes().await?;
+                    table = self.netlink.table().await?;
                 }
                 Ok(_) => {}
-                Err(err) => warn!(%prefix, %err, "keeping the fabric route's MTU"),
+                Err(err) => {
+                    // A failure counts like a change: a route the kernel keeps refusing is
+                    // not retried on every event.
+                    self.count_reapply(&prefix);
+                    warn!(%prefix, %err, "keeping the fabric route's MTU");
+                }
             }
         }
         Ok(changed)
@@ -138,8 +143,13 @@ impl RouteKeeper {
     }
 
     /// Makes `prefix` routed with the lowered MTU: its own route rewritten, or a more specific
-    /// copy of the route that covers it. `routes` is the main table now.
-    async fn keep(&mut self, routes: &[Route], prefix: &Prefix) -> Result<Outcome> {
+    /// copy of the route that covers it. `table` is the main table now.
+    async fn keep(
+        &mut self,
+        table: &(Vec<Route>, Vec<Prefix>),
+        prefix: &Prefix,
+    ) -> Result<Outcome> {
+        let (routes, blocks) = table;
         let target = self.link.mtu.saturating_sub(OPTION_BYTES);
         let changes = self.journal.changes();
         let our_copy = |r: &Route| {
@@ -151,7 +161,25 @@ impl RouteKeeper {
         let (copies, others): (Vec<&Route>, Vec<&Route>) = routes.iter().partition(|r| our_copy(r));
         let copy = copies.into_iter().find(|r| r.prefix == *prefix);
         let others: Vec<Route> = others.into_iter().cloned().collect();
-        let Some(base) = netlink::covering_route(&others, prefix) else {
+        let base = netlink::covering_route(&others, prefix);
+        // An unreachable or blackhole route at least as specific wins: nothing to lower, and
+        // no copy may take its place.
+        let block = blocks
+            .iter()
+            .filter(|b| b.contains(prefix))
+            .max_by_key(|b| b.len);
+        if let Some(block) = block
+            && base.is_none_or(|b| block.len >= b.prefix.len)
+        {
+            if let Some(copy) = copy {
+                self.remove_copy(copy).await?;
+            }
+            if self.elsewhere.insert(*prefix) {
+                warn!(%prefix, route = %block, "fabric prefix is covered by an unreachable or blackhole route; left alone");
+            }
+            return Ok(Outcome::Elsewhere);
+        }
+        let Some(base) = base else {
             if let Some(copy) = copy {
                 // The route it copied was withdrawn: so is the copy.
                 self.remove_copy(copy).await?;
@@ -190,18 +218,32 @@ impl RouteKeeper {
         let fits = |r: &Route| r.mtu.is_some_and(|m| m <= target) && !ours_locked(r);
 
         if base.prefix == *prefix {
+            // A daemon's own route for the prefix beside our copy (it withdrew the route and
+            // put it back with another metric): the copy goes.
+            let copy_gone = match copy {
+                Some(copy) => {
+                    self.remove_copy(copy).await?;
+                    true
+                }
+                None => false,
+            };
             if fits(base) {
-                return Ok(Outcome::InPlace);
+                return Ok(if copy_gone {
+                    Outcome::Changed
+                } else {
+                    Outcome::InPlace
+                });
             }
             let mut new = base.clone();
             new.mtu = Some(target);
             // An operator's lock stays; ours goes.
             new.mtu_locked = base.mtu_locked && !ours_locked(base);
-            self.journal.push(Change::RouteReplaced {
+            let change = Change::RouteReplaced {
                 old: base.clone(),
                 new: new.clone(),
-            })?;
-            self.netlink.add_route(&new, true).await?;
+            };
+            self.apply(change, self.netlink.add_route(&new, true))
+                .await?;
             // Earlier rewrites of this prefix that a daemon has replaced since are not ours to
             // undo any more.
             let now = routes;
@@ -230,18 +272,36 @@ impl RouteKeeper {
         {
             return Ok(Outcome::InPlace);
         }
-        self.journal.push(Change::RouteAdded {
+        // Our copy with the same metric is replaced in place; anything else is added beside
+        // (exclusively: a route of that prefix and metric we cannot see is not overwritten).
+        let in_place = copy.is_some_and(|c| c.priority.unwrap_or(0) == want.priority.unwrap_or(0));
+        let change = Change::RouteAdded {
             route: want.clone(),
-        })?;
-        self.netlink.add_route(&want, true).await?;
+        };
+        self.apply(change, self.netlink.add_route(&want, in_place))
+            .await?;
         if let Some(copy) = copy {
-            // Replaced in place when it has the same metric; otherwise still there.
-            if copy.priority.unwrap_or(0) != want.priority.unwrap_or(0) {
+            if !in_place {
                 self.netlink.delete_route(copy).await?;
             }
             self.forget_copy(copy)?;
         }
         Ok(Outcome::Changed)
+    }
+
+    /// Records `change` (write-ahead), then makes it; a change the kernel refused leaves the
+    /// journal again.
+    async fn apply(
+        &self,
+        change: Change,
+        make: impl std::future::Future<Output = Result<()>>,
+    ) -> Result<()> {
+        self.journal.push(change.clone())?;
+        if let Err(err) = make.await {
+            self.journal.retract(&change)?;
+            return Err(err);
+        }
+        Ok(())
     }
 
     async fn remove_copy(&self, copy: &Route) -> Result<()> {
@@ -257,42 +317,52 @@ impl RouteKeeper {
 }
 
 /// Watches the main table's IPv4 routes (rtnetlink route events) and has `keeper` check its
-/// prefixes after every burst of changes. The task ends when aborted.
+/// prefixes after every burst of changes, and once at the start (for what changed before the
+/// subscription). The task ends when aborted.
 pub fn watch(keeper: Arc<tokio::sync::Mutex<RouteKeeper>>) -> Result<tokio::task::JoinHandle<()>> {
     use netlink_sys::AsyncSocket as _;
     /// `RTMGRP_IPV4_ROUTE` of linux/rtnetlink.h.
     const RTMGRP_IPV4_ROUTE: u32 = 0x40;
+    /// Room for a daemon's burst (a full table rewritten) before the kernel drops events.
+    const RECEIVE_BUFFER: usize = 4 << 20;
+    /// How long a burst is gathered at most before the routes are checked.
+    const BURST: Duration = Duration::from_millis(200);
     let (mut conn, _handle, mut events) = netlink::route_connection()?;
-    conn.socket_mut()
-        .socket_mut()
+    let socket = conn.socket_mut().socket_mut();
+    socket
+        .set_rx_buf_sz(RECEIVE_BUFFER)
+        .map_err(|e| Error::io("sizing the route event socket", e))?;
+    socket
         .bind(&netlink_sys::SocketAddr::new(0, RTMGRP_IPV4_ROUTE))
         .map_err(|e| Error::io("subscribing to route events", e))?;
     tokio::spawn(conn);
     Ok(tokio::spawn(async move {
-        while let Some((event, _)) = events.next().await {
-            let mut relevant = is_route_event(&event.payload);
-            // A burst (a daemon rewriting a table, our own changes) is checked once.
-            while let Ok(Some((more, _))) =
-                tokio::time::timeout(Duration::from_millis(20), events.next()).await
-            {
-                relevant |= is_route_event(&more.payload);
-            }
-            if !relevant {
-                continue;
-            }
-            if let Err(err) = keeper.lock().await.reconcile().await {
+        let mut relevant = true;
+        loop {
+            if relevant && let Err(err) = keeper.lock().await.reconcile().await {
                 warn!(%err, "checking the fabric routes after a route change");
+            }
+            let Some((event, _)) = events.next().await else {
+                break;
+            };
+            relevant = needs_check(&event.payload);
+            // A burst (a daemon rewriting a table, our own changes) is checked once.
+            let until = tokio::time::Instant::now() + BURST;
+            while let Ok(Some((more, _))) = tokio::time::timeout_at(until, events.next()).await {
+                relevant |= needs_check(&more.payload);
             }
         }
         warn!("the route event socket closed; fabric routes are no longer watched");
     }))
 }
 
-fn is_route_event(payload: &NetlinkPayload<RouteNetlinkMessage>) -> bool {
+/// A route changed, or events were lost (the socket overran): either way the routes are
+/// checked.
+fn needs_check(payload: &NetlinkPayload<RouteNetlinkMessage>) -> bool {
     matches!(
         payload,
         NetlinkPayload::InnerMessage(
             RouteNetlinkMessage::NewRoute(_) | RouteNetlinkMessage::DelRoute(_)
-        )
+        ) | NetlinkPayload::Overrun(_)
     )
 }

@@ -9,6 +9,7 @@ use serde_json::Value;
 use sopa_testbed::{
     agent::Agent,
     arb::{Arb, B_PREFIX},
+    resilience::Probe,
     traffic::{SendOptions, tcp_transfer},
 };
 
@@ -198,7 +199,8 @@ fn routes_a_daemon_replaces_under_traffic_are_lowered_again_and_copies_follow_th
     let arb = Arb::new("rb").expect("build A - R - B");
     let a = &arb.a;
     // The fabric route as a routing daemon installs it, and a second fabric prefix that only
-    // the default route covers (the agent adds a copy of it).
+    // the default route covers (the agent adds a copy of it), and a third that an unreachable
+    // route covers (nothing to lower, and no copy may take its place).
     a.ip(&[
         "route",
         "add",
@@ -209,19 +211,33 @@ fn routes_a_daemon_replaces_under_traffic_are_lowered_again_and_copies_follow_th
         "bgp",
     ])
     .unwrap();
+    a.ip(&["route", "add", "unreachable", UNREACHABLE]).unwrap();
     arb.r
         .ip(&["addr", "add", "10.101.1.3/24", "dev", &arb.r_a_if])
         .unwrap();
-    const OTHER: &str = "10.109.0.0/24";
-    let table = format!(
-        "version = 1\n\n[[destination]]\nprefix = \"{B_PREFIX}\"\npaths = [[0], [1]]\n\n\
-         [[destination]]\nprefix = \"{OTHER}\"\npaths = [[0], [1]]\n"
-    );
-    let agent =
-        Agent::start(a, a.name(), &arb.a_if, &table, &["--no-metrics"]).expect("agent on A");
+    let table: String = [B_PREFIX, OTHER, UNREACHABLE]
+        .iter()
+        .map(|p| format!("[[destination]]\nprefix = \"{p}\"\npaths = [[0], [1]]\n\n"))
+        .collect();
+    let agent = Agent::start(
+        a,
+        a.name(),
+        &arb.a_if,
+        &format!("version = 1\n\n{table}"),
+        &["--no-metrics"],
+    )
+    .expect("agent on A");
     let lowered = |out: &str| out.contains(" mtu 1496") && !out.contains("mtu lock");
     assert!(lowered(&a.ip(&["route", "show", B_PREFIX]).unwrap()));
+    assert_eq!(
+        a.ip(&["route", "show", UNREACHABLE]).unwrap().trim(),
+        format!("unreachable {UNREACHABLE}"),
+        "the unreachable route is left as it is"
+    );
 
+    // Traffic all along: a numbered UDP probe (its losses counted) and a full-size transfer.
+    let probe = Probe::start(&arb, 2_000, 5202);
+    probe.wait_received(500);
     std::thread::scope(|s| {
         let transfer = s.spawn(|| {
             tcp_transfer(
@@ -229,7 +245,7 @@ fn routes_a_daemon_replaces_under_traffic_are_lowered_again_and_copies_follow_th
                 &arb.b,
                 arb.b_addr,
                 5001,
-                256 * MIB,
+                64 * MIB,
                 &SendOptions {
                     dont_fragment: false,
                     ..SendOptions::default()
@@ -243,7 +259,7 @@ fn routes_a_daemon_replaces_under_traffic_are_lowered_again_and_copies_follow_th
             assert!(Instant::now() < deadline, "the transfer did not start");
             std::thread::sleep(Duration::from_millis(5));
         }
-        // The daemon refreshes its route: the lowered MTU is gone.
+        // The daemon refreshes its route with another setting: the lowered MTU is gone.
         a.ip(&[
             "route",
             "replace",
@@ -252,24 +268,53 @@ fn routes_a_daemon_replaces_under_traffic_are_lowered_again_and_copies_follow_th
             "10.101.1.1",
             "proto",
             "bgp",
+            "initcwnd",
+            "12",
         ])
         .unwrap();
         let now = wait_for_route(a, &["route", "show", B_PREFIX], lowered);
         assert!(
-            lowered(&now) && now.contains("proto bgp"),
-            "the daemon's route lowered again, its origin kept:\n{now}"
-        );
-        assert!(
-            !transfer.is_finished(),
-            "the route was replaced and lowered again while the transfer ran"
+            lowered(&now) && now.contains("proto bgp") && now.contains("initcwnd 12"),
+            "the daemon's route lowered again, all else as the daemon set it:\n{now}"
         );
         let t = transfer.join().unwrap().expect("the transfer");
         assert!(t.intact(), "sha256 differs");
     });
+    probe.wait_received(500);
+
+    // The daemon withdraws its route (the default route's copy takes over, lowered) and puts
+    // it back with another metric: the copy goes, the daemon's route is lowered.
+    a.ip(&["route", "del", B_PREFIX]).unwrap();
+    let copy = wait_for_route(a, &["route", "show", B_PREFIX], |o| {
+        o.contains("proto static") && lowered(o)
+    });
+    assert!(copy.contains("proto static") && lowered(&copy), "{copy}");
+    a.ip(&[
+        "route",
+        "add",
+        B_PREFIX,
+        "via",
+        "10.101.1.1",
+        "proto",
+        "bgp",
+        "metric",
+        "20",
+    ])
+    .unwrap();
+    let back = wait_for_route(a, &["route", "show", B_PREFIX], |o| {
+        !o.contains("proto static") && lowered(o)
+    });
     assert!(
-        agent.wait_log("lowered its MTU again", Duration::from_secs(5)),
-        "{}",
-        agent.log()
+        !back.contains("proto static") && back.contains("metric 20") && lowered(&back),
+        "the copy gave way to the daemon's route, lowered:\n{back}"
+    );
+    probe.wait_received(500);
+    let r = probe.finish();
+    assert_eq!(
+        r.lost_in(0..r.sent),
+        0,
+        "probe packets lost while routes changed ({} sent)",
+        r.sent
     );
 
     // The default route moves to another gateway: the copy follows it, lowered.
@@ -292,14 +337,29 @@ fn routes_a_daemon_replaces_under_traffic_are_lowered_again_and_copies_follow_th
         "the copy outlived its route:\n{copy}"
     );
 
+    // Each change was answered once: our own changes did not set off more.
+    let log = agent.log();
     assert_eq!(agent.stop(), Some(0));
+    assert_eq!(
+        log.matches("lowered its MTU again").count(),
+        4,
+        "the daemon's refresh, the copy after the withdrawal, the daemon's route back, the \
+         copy following the default route:\n{log}"
+    );
     let routes = a.ip(&["route"]).unwrap();
     assert!(
         routes.contains(&format!(
-            "{B_PREFIX} via 10.101.1.1 dev {} proto bgp",
+            "{B_PREFIX} via 10.101.1.1 dev {} proto bgp metric 20",
             arb.a_if
         )) && !routes.contains("mtu"),
         "the daemon's latest route, as it installed it:\n{routes}"
     );
-    assert!(!routes.contains("10.109."), "{routes}");
+    assert!(
+        routes.contains(&format!("unreachable {UNREACHABLE}")),
+        "{routes}"
+    );
+    assert!(!routes.contains(&OTHER[..9]), "{routes}");
 }
+
+const OTHER: &str = "10.109.0.0/24";
+const UNREACHABLE: &str = "10.110.0.0/24";

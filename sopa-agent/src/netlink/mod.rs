@@ -24,7 +24,10 @@ pub use self::{
     ethtool::link_speed_mbit,
     route::{KernelMessage, Route, covering_route},
 };
-use crate::error::{Error, Result};
+use crate::{
+    error::{Error, Result},
+    path_table::Prefix,
+};
 
 /// A netlink connection for routes, with the codec that keeps every route readable: the
 /// connection (to spawn), its handle, and the messages nobody asked for (events, once the
@@ -221,6 +224,12 @@ impl Netlink {
 
     /// The unicast IPv4 routes of the main table.
     pub async fn routes(&self) -> Result<Vec<Route>> {
+        Ok(self.table().await?.0)
+    }
+
+    /// The main table's IPv4 routes: the unicast ones, and the prefixes of the others
+    /// (unreachable, blackhole, prohibit, throw), which route nowhere the agent could lower.
+    pub async fn table(&self) -> Result<(Vec<Route>, Vec<Prefix>)> {
         let mut query = RouteMessage::default();
         query.header.address_family = AddressFamily::Inet;
         query.header.table = RouteHeader::RT_TABLE_MAIN;
@@ -228,7 +237,9 @@ impl Netlink {
             .route_request(RouteNetlinkMessage::GetRoute(query), NLM_F_DUMP)
             .await
             .map_err(|err| Error::netlink("listing IPv4 routes", err))?;
-        Ok(messages.iter().filter_map(Route::from_message).collect())
+        let routes = messages.iter().filter_map(Route::from_message).collect();
+        let blocks = messages.iter().filter_map(route::blocking_prefix).collect();
+        Ok((routes, blocks))
     }
 
     /// Adds `route`, or replaces the route of the same prefix and priority when `replace`.

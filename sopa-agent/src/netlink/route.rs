@@ -82,8 +82,8 @@ impl<'de> Deserialize<'de> for KernelMessage {
 
 impl Route {
     /// Whether `current`, read from the kernel now, is still this route as we installed it:
-    /// the same destination, next hops and MTU (metric and origin compared as the kernel
-    /// reports them back). A route a routing daemon or an operator replaced since is not.
+    /// the same destination, next hops, MTU, metric and origin (as the kernel reports them
+    /// back). A route a routing daemon or an operator replaced since is not.
     pub fn still_installed_as(&self, current: &Route) -> bool {
         let mut a = self.nexthops.clone();
         let mut b = current.nexthops.clone();
@@ -93,6 +93,7 @@ impl Route {
             && self.gateway == current.gateway
             && self.oif == current.oif
             && self.priority.unwrap_or(0) == current.priority.unwrap_or(0)
+            && self.protocol == current.protocol
             && self.mtu == current.mtu
             && self.mtu_locked == current.mtu_locked
             && self.multipath == current.multipath
@@ -283,6 +284,31 @@ impl Route {
         }
         msg
     }
+}
+
+/// The prefix of a main-table IPv4 route that sends nothing anywhere (`unreachable`,
+/// `blackhole`, `prohibit`, `throw`).
+pub(crate) fn blocking_prefix(msg: &RouteMessage) -> Option<Prefix> {
+    let blocking = matches!(
+        msg.header.kind,
+        RouteType::Unreachable | RouteType::BlackHole | RouteType::Prohibit | RouteType::Throw
+    );
+    if !blocking || msg.header.address_family != AddressFamily::Inet {
+        return None;
+    }
+    let mut table = u32::from(msg.header.table);
+    let mut addr = Ipv4Addr::UNSPECIFIED;
+    for attr in &msg.attributes {
+        match attr {
+            RouteAttribute::Destination(RouteAddress::Inet(a)) => addr = *a,
+            RouteAttribute::Table(t) => table = *t,
+            _ => {}
+        }
+    }
+    (table == u32::from(RouteHeader::RT_TABLE_MAIN)).then_some(Prefix {
+        addr,
+        len: msg.header.destination_prefix_length,
+    })
 }
 
 /// The route the kernel would use for `prefix`: the longest main-table prefix containing it
