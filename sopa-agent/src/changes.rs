@@ -345,6 +345,36 @@ impl SharedJournal {
     }
 }
 
+impl Journal {
+    /// Undoes the changes that are not in `keep`, newest first, and leaves `keep` as the
+    /// record: an agent that could not adopt a datapath undoes its own changes only, so the
+    /// datapath stays as the previous agent left it, adoptable by the next.
+    pub async fn undo_beyond(mut self, netlink: &Netlink, keep: Record) -> Vec<Error> {
+        let mut errors = Vec::new();
+        let own: Vec<Change> = self
+            .record
+            .changes
+            .iter()
+            .filter(|c| !keep.changes.contains(c))
+            .cloned()
+            .collect();
+        for change in own.iter().rev() {
+            match undo_one(change, netlink).await {
+                Ok(()) => info!(?change, "restored"),
+                Err(err) => {
+                    warn!(?change, %err, "could not undo a change");
+                    errors.push(err);
+                }
+            }
+        }
+        self.record = keep;
+        if let Err(err) = self.persist() {
+            errors.push(err);
+        }
+        errors
+    }
+}
+
 /// Undoes one change if the host still holds the value we set. Something another program or
 /// an operator changed since is theirs now: left as it is, and said so.
 async fn undo_one(change: &Change, netlink: &Netlink) -> Result<()> {

@@ -204,6 +204,12 @@ impl Host {
         let link = netlink.link(&opts.iface).await?;
         let run_dir = run_dir(&opts.node);
         let previous = leftovers(opts, &run_dir, &link, &netlink).await?;
+        // Before anything changes: an address in use fails with nothing to undo.
+        let metrics_listener = match opts.metrics_addr {
+            Some(addr) => Some(metrics::bind(addr).await?),
+            None => None,
+        };
+        let adopted_from = previous.clone();
 
         let xdp_mode = match (opts.xdp, link.is_veth) {
             (XdpAttach::Generic, _) | (XdpAttach::Auto, true) => XdpMode::Skb,
@@ -271,7 +277,14 @@ impl Host {
                 keeper = Some(k);
             }
             let (datapath, maps, metrics) = Self::setup(
-                opts, &link, xdp_mode, &netlink, &journal, &channel, adopting,
+                opts,
+                &link,
+                xdp_mode,
+                &netlink,
+                &journal,
+                &channel,
+                adopting,
+                metrics_listener,
             )
             .await?;
             let routes = match keeper.take() {
@@ -314,16 +327,32 @@ impl Host {
                 })
             }
             Err(err) => {
-                if let Some(journal) = journal.take() {
-                    for undo_err in journal.undo(&netlink).await {
-                        warn!(%undo_err, "while undoing a failed start");
+                let Some(journal) = journal.take() else {
+                    return Err(err);
+                };
+                let undo_errors = match adopted_from {
+                    // An upgrade that cannot start: only what this agent changed is undone;
+                    // the datapath it was adopting stays attached as it was left, with its
+                    // record, for the next agent (or `sopa-agent detach`).
+                    Some(old) => {
+                        warn!(
+                            %err,
+                            previous_pid = old.pid,
+                            "could not start; the datapath this agent was adopting stays attached as it was left"
+                        );
+                        journal.undo_beyond(&netlink, old).await
                     }
+                    None => journal.undo(&netlink).await,
+                };
+                for undo_err in undo_errors {
+                    warn!(%undo_err, "while undoing a failed start");
                 }
                 Err(err)
             }
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn setup(
         opts: &HostOptions,
         link: &netlink::Link,
@@ -332,6 +361,7 @@ impl Host {
         journal: &SharedJournal,
         channel: &metrics::ChannelGauge,
         adopting: bool,
+        metrics_listener: Option<tokio::net::TcpListener>,
     ) -> Result<(
         Datapath,
         Arc<Mutex<MapSet>>,
@@ -397,12 +427,12 @@ impl Host {
         }
 
         let maps = Arc::new(Mutex::new(maps));
-        let metrics = match opts.metrics_addr {
-            Some(addr) => Some(
-                metrics::serve(addr, metrics::registry(Arc::clone(&maps), channel.clone())).await?,
-            ),
-            None => None,
-        };
+        let metrics = metrics_listener.map(|listener| {
+            metrics::serve(
+                listener,
+                metrics::registry(Arc::clone(&maps), channel.clone()),
+            )
+        });
 
         // Programs last: by the time the first packet is stamped, the routes fit it.
         let attached = datapath.attach_host(&opts.iface, xdp_mode, opts.tcx_order)?;

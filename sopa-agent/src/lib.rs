@@ -8,6 +8,7 @@ pub mod error;
 pub mod hedera;
 pub mod host;
 pub mod metrics;
+pub mod mode;
 pub mod netlink;
 pub mod path_table;
 pub mod routes;

@@ -293,17 +293,29 @@ pub fn render(registry: &Registry) -> String {
 }
 
 /// Binds `addr` (refusing anything but loopback) and serves `GET /metrics` on it.
-pub async fn serve(addr: SocketAddr, registry: Registry) -> Result<tokio::task::JoinHandle<()>> {
+/// Binds the metrics address: done before the agent changes anything, so an address in use
+/// fails a start (or an upgrade) with nothing to undo.
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener> {
     if !addr.ip().is_loopback() {
         return Err(Error::Config(format!(
             "--metrics-addr {addr} is not a loopback address; metrics are served on loopback only"
         )));
     }
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|err| Error::io(format!("binding the metrics address {addr}"), err))?;
+    TcpListener::bind(addr).await.map_err(|err| {
+        if err.kind() == std::io::ErrorKind::AddrInUse {
+            Error::Config(format!(
+                "--metrics-addr {addr} is in use by another process; choose another address \
+                 or --no-metrics"
+            ))
+        } else {
+            Error::io(format!("binding the metrics address {addr}"), err)
+        }
+    })
+}
+
+pub fn serve(listener: TcpListener, registry: Registry) -> tokio::task::JoinHandle<()> {
     let registry = Arc::new(registry);
-    Ok(tokio::spawn(async move {
+    tokio::spawn(async move {
         loop {
             let Ok((mut stream, peer)) = listener.accept().await else {
                 continue;
@@ -343,5 +355,5 @@ pub async fn serve(addr: SocketAddr, registry: Registry) -> Result<tokio::task::
                 }
             });
         }
-    }))
+    })
 }

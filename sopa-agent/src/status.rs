@@ -49,6 +49,8 @@ pub struct Status {
     pub iface: String,
     pub ifindex: u32,
     pub mode: String,
+    /// The mode an operator set at run time (`sopa-agent mode`), kept across restarts.
+    pub mode_set_at_run_time: Option<crate::mode::RuntimeMode>,
     pub granularity: String,
     pub xdp_mode: String,
     pub paths_file: Option<String>,
@@ -156,6 +158,7 @@ pub fn read(node: &str, run_dir: &Path, pin_dir: &Path) -> Result<Status> {
         iface: record.iface.clone(),
         ifindex: record.ifindex,
         mode: mode_name(config.mode).to_owned(),
+        mode_set_at_run_time: crate::mode::RuntimeMode::load(run_dir).ok().flatten(),
         granularity: record.granularity.clone(),
         xdp_mode: record.xdp_mode.clone(),
         paths_file: record.paths_file.as_ref().map(|p| p.display().to_string()),
@@ -235,9 +238,13 @@ impl Status {
             "node {}: {state}, pid {}, up {} s",
             self.node, self.pid, self.uptime_s
         );
+        let set = match &self.mode_set_at_run_time {
+            Some(m) => format!(" (mode {} set at run time, kept across restarts)", m.mode),
+            None => String::new(),
+        };
         let _ = writeln!(
             s,
-            "interface {} (ifindex {}), mode {}, granularity {}, xdp {}",
+            "interface {} (ifindex {}), mode {}{set}, granularity {}, xdp {}",
             self.iface, self.ifindex, self.mode, self.granularity, self.xdp_mode
         );
         if let (Some(stamp), Some(strip)) = (self.stamp_prog_id, self.strip_prog_id) {

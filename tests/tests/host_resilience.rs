@@ -525,3 +525,217 @@ fn sigint_stops_the_agent_and_restores_the_host() {
     );
     assert!(!pin_dir(arb.a.name()).exists(), "pins removed");
 }
+
+/// Runs `sopa-agent run` for A's node to its end (an upgrade that fails): (exit code, stderr).
+fn failed_upgrade(arb: &Arb, paths_toml: &str, extra: &[&str]) -> (i32, String) {
+    let dir = tempfile_dir(arb);
+    let paths = dir.join("upgrade-paths.toml");
+    std::fs::write(&paths, paths_toml).unwrap();
+    let paths = paths.display().to_string();
+    let mut args = vec![
+        "--netns",
+        arb.a.name(),
+        "run",
+        "--node",
+        arb.a.name(),
+        "--iface",
+        &arb.a_if,
+        "--paths",
+        &paths,
+    ];
+    args.extend_from_slice(extra);
+    let out = Command::new(sopa_testbed::bins::sopa_agent())
+        .args(&args)
+        .output()
+        .expect("sopa-agent run");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn tempfile_dir(arb: &Arb) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("sopa-testbed-{}", arb.a.name()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn upgrades_that_cannot_start_leave_the_adopted_datapath_stamping_for_the_next() {
+    let _serial = one_at_a_time();
+    let arb = Arb::new("n").expect("build A - R - B");
+    let routes_before = arb.a.ip(&["route"]).unwrap();
+    let cleanup = DetachOnDrop {
+        ns: &arb.a,
+        node: arb.a.name().to_owned(),
+    };
+    let _b = start_b(&arb);
+    let old = start_a(&arb, &["--no-metrics", "--keep-attached"]);
+    let (stamp_before, strip_before) = prog_ids(&old);
+    let capture = Capture::start(&arb.r, &arb.r_a_if).unwrap();
+    let probe = Probe::start(&arb, 10_000, 5203);
+    probe.wait_received(2_000);
+    let window_start = probe.mark();
+    assert_eq!(old.stop(), Some(0));
+    let left = sopa_testbed::agent::status_of(arb.a.name()).unwrap();
+
+    // An upgrade whose metrics address is taken (by a listener in A's namespace): refused
+    // before it changes anything.
+    let _holder = arb
+        .a
+        .run(|| std::net::TcpListener::bind("127.0.0.1:9479"))
+        .unwrap()
+        .unwrap();
+    let (code, stderr) = failed_upgrade(
+        &arb,
+        &Arb::path_table(B_PREFIX, PATHS),
+        &["--metrics-addr", "127.0.0.1:9479", "--keep-attached"],
+    );
+    assert_eq!(code, 64, "{stderr}");
+    assert!(
+        stderr.contains("--metrics-addr 127.0.0.1:9479 is in use"),
+        "{stderr}"
+    );
+    probe.wait_received(2_000);
+
+    // An upgrade whose path table cannot be applied (a prefix with a multipath route), after
+    // it has made a change of its own (a copy of the default route for another new prefix):
+    // its own change is undone, the adopted datapath is left as it was.
+    arb.a
+        .ip(&[
+            "route",
+            "add",
+            "10.121.0.0/24",
+            "nexthop",
+            "via",
+            "10.101.1.1",
+            "nexthop",
+            "via",
+            "10.101.1.4",
+        ])
+        .unwrap();
+    let table = format!(
+        "{}\n[[destination]]\nprefix = \"10.120.0.0/24\"\npaths = [[0]]\n\n\
+         [[destination]]\nprefix = \"10.121.0.0/24\"\npaths = [[0]]\n",
+        Arb::path_table(B_PREFIX, PATHS)
+    );
+    let (code, stderr) = failed_upgrade(&arb, &table, &["--no-metrics", "--keep-attached"]);
+    assert_eq!(code, 64, "{stderr}");
+    assert!(
+        stderr.contains("10.121.0.0/24") && stderr.contains("multipath"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("stays attached as it was left"), "{stderr}");
+    let routes = arb.a.ip(&["route"]).unwrap();
+    assert!(
+        !routes.contains("10.120.0.0"),
+        "its own copy undone:\n{routes}"
+    );
+    assert!(
+        routes.contains(&format!("{B_PREFIX} via 10.101.1.1")) && routes.contains("mtu 1496"),
+        "the adopted datapath's route kept:\n{routes}"
+    );
+    arb.a.ip(&["route", "del", "10.121.0.0/24"]).unwrap();
+    let still = sopa_testbed::agent::status_of(arb.a.name()).unwrap();
+    assert_eq!(still["attached"], true, "{still:#}");
+    assert_eq!(still["kept_attached"], true, "{still:#}");
+    assert_eq!(
+        still["pid"], left["pid"],
+        "the previous agent's record, as it left it"
+    );
+    assert_eq!(still["stamp_prog_id"], left["stamp_prog_id"]);
+    probe.wait_received(2_000);
+
+    // A good upgrade then adopts it, and not a probe packet was lost all along.
+    let new = start_a(&arb, &["--no-metrics", "--keep-attached"]);
+    probe.wait_received(2_000);
+    let window_end = probe.mark();
+    let r = probe.finish();
+    let at_r = capture.finish().unwrap();
+    let (udp, stamped) = from_a(&at_r.frames, arb.a_addr, 17);
+    let lost = r.lost_in(window_start..window_end);
+    eprintln!(
+        "probe: {} sent, {} in the window of two failed upgrades and a good one, {lost} lost; at R {udp} UDP, {stamped} stamped",
+        r.sent,
+        window_end - window_start
+    );
+    assert_eq!(lost, 0, "no probe packet lost");
+    assert_eq!(stamped, udp, "stamped all along");
+    let st = new.status().unwrap();
+    assert_eq!(st["adopted"]["how"], "kept attached", "{st:#}");
+    let (stamp_now, strip_now) = prog_ids(&new);
+    assert!(stamp_now != stamp_before && strip_now != strip_before);
+    assert_eq!(new.stop(), Some(0));
+    let out = cleanup.detach();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(arb.a.ip(&["route"]).unwrap(), routes_before);
+}
+
+/// Removes the run-time mode a test set for its node, also on failure.
+struct ForgetMode(String);
+
+impl Drop for ForgetMode {
+    fn drop(&mut self) {
+        let dir = std::path::Path::new("/run/sopa").join(&self.0);
+        let _ = std::fs::remove_file(dir.join("mode.json"));
+        let _ = std::fs::remove_dir(dir);
+    }
+}
+
+#[test]
+fn a_mode_set_at_run_time_survives_restarts_until_run_mode_replaces_it() {
+    let _serial = one_at_a_time();
+    let arb = Arb::new("m").expect("build A - R - B");
+    let node = arb.a.name().to_owned();
+    let _cleanup = DetachOnDrop {
+        ns: &arb.a,
+        node: node.clone(),
+    };
+    let _forget = ForgetMode(node.clone());
+    let a = start_a(&arb, &["--no-metrics"]);
+    assert_eq!(a.status().unwrap()["mode"], "sopa");
+    // During an incident: spraying off, at run time.
+    let out = Command::new(sopa_testbed::bins::sopa_agent())
+        .args(["mode", "--node", &node, "off"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("kept across restarts"));
+    assert_eq!(a.status().unwrap()["mode"], "off");
+
+    // A full stop and start (the datapath detached in between), then an upgrade in place:
+    // the mode stays off.
+    assert_eq!(a.stop(), Some(0));
+    let a = start_a(&arb, &["--no-metrics", "--keep-attached"]);
+    let st = a.status().unwrap();
+    assert_eq!(st["mode"], "off", "{st:#}");
+    assert_eq!(st["mode_set_at_run_time"]["mode"], "off", "{st:#}");
+    assert!(
+        a.log().contains("keeping the mode set at run time"),
+        "{}",
+        a.log()
+    );
+    assert_eq!(a.stop(), Some(0));
+    let a = start_a(&arb, &["--no-metrics"]);
+    assert_eq!(a.status().unwrap()["adopted"]["how"], "kept attached");
+    assert_eq!(a.status().unwrap()["mode"], "off");
+    assert_eq!(a.stop(), Some(0));
+
+    // An operator's --mode replaces it, and it is forgotten.
+    let a = start_a(&arb, &["--no-metrics", "--mode", "sopa"]);
+    let st = a.status().unwrap();
+    assert_eq!(st["mode"], "sopa");
+    assert!(st["mode_set_at_run_time"].is_null(), "{st:#}");
+    assert_eq!(a.stop(), Some(0));
+    let a = start_a(&arb, &["--no-metrics"]);
+    assert_eq!(a.status().unwrap()["mode"], "sopa");
+    assert_eq!(a.stop(), Some(0));
+}

@@ -88,8 +88,10 @@ pub struct RunArgs {
     pub host: Option<String>,
     /// Path selection: sopa (per-flow round-robin), rps (random per packet), ecmp (5-tuple
     /// hash), pinned (Hedera: controller pins, else the hash), single (the first path), off.
-    #[arg(long, env = "SOPA_MODE", default_value = "sopa")]
-    pub mode: String,
+    /// Without it, a mode set at run time with `sopa-agent mode` is kept across restarts;
+    /// otherwise sopa.
+    #[arg(long, env = "SOPA_MODE")]
+    pub mode: Option<String>,
     /// The unit of spraying: packet (gso_max_segs 1) or burst (GSO super-packets).
     #[arg(long, env = "SOPA_GRANULARITY", value_enum, default_value_t = Granularity::Packet)]
     pub granularity: Granularity,

@@ -79,7 +79,13 @@ async fn dispatch(command: Command, netns: Option<String>) -> Result<(), Error> 
             let mut config = maps.config()?;
             config.mode = mode;
             maps.set_config(config)?;
-            println!("node {}: mode {}", node.node, status::mode_name(mode));
+            // Kept across restarts of the agent until a `run --mode` says otherwise.
+            sopa_agent::mode::RuntimeMode::new(mode).save(&host::run_dir(&node.node))?;
+            println!(
+                "node {}: mode {} (kept across restarts; `run --mode` replaces it)",
+                node.node,
+                status::mode_name(mode)
+            );
             Ok(())
         }
         Command::CheckPaths { file } => {

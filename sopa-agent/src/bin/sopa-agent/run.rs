@@ -6,6 +6,7 @@ use sopa_agent::{
     Error,
     channel::HostApplier,
     host::{Host, HostOptions},
+    mode::RuntimeMode,
     path_table::PathTable,
     status,
 };
@@ -42,8 +43,22 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
         ),
         None => (PathTable::default(), None),
     };
+    let run_dir = sopa_agent::host::run_dir(&args.node.node);
+    let runtime_mode = RuntimeMode::load(&run_dir)?;
+    let mode = match (&args.mode, &runtime_mode) {
+        (Some(name), _) => status::parse_mode(name)?,
+        (None, Some(kept)) => {
+            warn!(
+                mode = %kept.mode,
+                set_unix = kept.set_unix,
+                "keeping the mode set at run time with `sopa-agent mode`; start with --mode to choose another"
+            );
+            kept.value()?
+        }
+        (None, None) => sopa_common::maps::mode::SOPA,
+    };
     let opts = HostOptions {
-        mode: status::parse_mode(&args.mode)?,
+        mode,
         paths,
         paths_file,
         node: args.node.node.clone(),
@@ -70,6 +85,11 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
     let mut usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
         .map_err(|err| Error::io("installing the SIGUSR1 handler", err))?;
     let mut host = Host::start(&opts).await?;
+    if args.mode.is_some() && runtime_mode.is_some() {
+        // Said at start: the operator's --mode replaces what was set at run time.
+        RuntimeMode::clear(&run_dir)?;
+        info!("--mode replaces the mode set at run time");
+    }
     let handed_over = std::sync::atomic::AtomicBool::new(false);
     let nic_bps = match args.nic_rate_mbit {
         Some(m) => m * 1_000_000,
