@@ -475,6 +475,77 @@ fn round_robin_is_exact_per_flow() {
     assert_eq!(&hop_counts[..3], &hop0);
 }
 
+/// Pins the calling thread to `cpu`.
+fn run_on_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t with one bit set, for the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0,
+            "sched_setaffinity to CPU {cpu}"
+        );
+    }
+}
+
+#[test]
+fn per_flow_counts_add_up_when_every_cpu_stamps_the_flow_at_once() {
+    // Hedera's elephant detection reads a flow's bytes: every CPU sending the flow at the same
+    // time must count. Each CPU runs tc_stamp on one flow's packet `RUNS` times (test_run runs
+    // the program on the calling CPU), all at once.
+    const RUNS: u32 = 200_000;
+    let mut f = Fixture::new(TABLE, mode::SOPA);
+    let cpus = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .max(2);
+    let packet = tcp(DST, 41000, 0, b"data");
+    let start = std::sync::Barrier::new(cpus);
+    let program = &*f.datapath.stamp_program();
+    std::thread::scope(|s| {
+        for cpu in 0..cpus {
+            let (program, packet, start) = (program, &packet, &start);
+            s.spawn(move || {
+                run_on_cpu(cpu % num_cpus_online());
+                let mut out = vec![0u8; packet.len() + 64];
+                let opts = TestRunOptions {
+                    data_in: Some(packet),
+                    data_out: Some(&mut out),
+                    repeat: RUNS,
+                    ..Default::default()
+                };
+                start.wait();
+                let r = program.test_run(opts).unwrap();
+                assert_eq!(r.return_value, TC_ACT_UNSPEC);
+            });
+        }
+    });
+    let flows = f.maps.flows().unwrap();
+    let (_, state) = flows
+        .iter()
+        .find(|(k, _)| *k == tcp_key(DST, 41000))
+        .expect("the flow's state");
+    let runs = u64::from(RUNS) * cpus as u64;
+    assert_eq!(
+        state.packets, runs,
+        "packets counted by {cpus} CPUs at once"
+    );
+    // test_run repeats the program on one skb: each CPU's first run stamps the packet, the
+    // others see it 4 bytes longer (and re-stamp it as a forged option).
+    let len = packet.len() as u64;
+    assert_eq!(
+        state.bytes,
+        cpus as u64 * len + (runs - cpus as u64) * (len + 4),
+        "bytes counted by {cpus} CPUs at once"
+    );
+}
+
+fn num_cpus_online() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    usize::try_from(n).unwrap_or(1).max(1)
+}
+
 #[test]
 fn one_packet_flows_spread_evenly_from_their_first_packet() {
     // 10,000 flows of one packet each (a SYN, a DNS query): each starts at its hash, so the

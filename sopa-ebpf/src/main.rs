@@ -7,6 +7,9 @@
 //! the chain with us.
 #![no_std]
 #![no_main]
+// Atomic adds on map values (per-flow counters): see `tc_stamp::account`.
+#![allow(internal_features)]
+#![feature(core_intrinsics)]
 
 mod baseline;
 mod packet;

@@ -147,11 +147,9 @@ fn choose(ctx: &TcContext, ip: &Ipv4, forged: bool) -> Result<Choice, u32> {
             Some(state) => {
                 // SAFETY: a pointer from a successful map lookup. Two CPUs sending the same
                 // flow at once may both read one `next`: a rare repeat, never a wrong path.
-                let state = unsafe { &mut *state };
-                let next = state.next;
-                state.next = next.wrapping_add(1);
-                state.packets += segments(ctx);
-                state.bytes += u64::from(ctx.len());
+                let next = unsafe { (*state).next };
+                unsafe { (*state).next = next.wrapping_add(1) };
+                account(state, ctx);
                 next % n
             }
             None => {
@@ -165,14 +163,15 @@ fn choose(ctx: &TcContext, ip: &Ipv4, forged: bool) -> Result<Choice, u32> {
         mode::PINNED => {
             // Bytes per flow are what the agent's elephant detection reads.
             if let Some(state) = flow_state(&key, config.hash_seed) {
-                // SAFETY: a pointer from a successful map lookup.
-                let state = unsafe { &mut *state };
-                state.packets += segments(ctx);
-                state.bytes += u64::from(ctx.len());
+                account(state, ctx);
             }
-            // SAFETY: the value is copied out at once; a concurrent update replaces the
-            // whole 16-byte value, and either version is a valid pin.
-            if let Some(p) = unsafe { PINS.get(&key) } {
+            // One copy of the pin, its path and its expiry read together (the agent replaces
+            // the whole value; either version is a valid pin, never half of each).
+            // SAFETY: a pointer from a successful lookup, read once.
+            if let Some(p) = PINS
+                .get_ptr(&key)
+                .map(|p| unsafe { core::ptr::read_volatile(p) })
+            {
                 // SAFETY: a helper without arguments.
                 if unsafe { bpf_ktime_get_ns() } < p.expires_ns {
                     pin = Some(p.hops);
@@ -317,6 +316,27 @@ fn flow_state(key: &sopa_common::maps::FlowKey, seed: u32) -> Option<*mut FlowSt
         count(&crate::STAMP_STATS, reason::FLOWS_CREATED, 1);
     }
     FLOWS.get_ptr_mut(key)
+}
+
+/// Adds this skb to its flow's packets and bytes, atomically (BPF_ATOMIC add): two CPUs
+/// sending the same flow at once both count (Hedera's elephant detection reads the bytes).
+/// (`core::sync::atomic` offers no read-modify-write on this target, which has no
+/// compare-and-swap before BPF v3; the add itself is an instruction of every version.)
+#[inline(always)]
+fn account(state: *mut FlowState, ctx: &TcContext) {
+    use core::intrinsics::{AtomicOrdering::Relaxed, atomic_xadd};
+    // SAFETY: `state` points into a map value that stays valid for this program run, its u64
+    // fields aligned; the result of the add is not used, so it is the plain atomic add.
+    unsafe {
+        atomic_xadd::<u64, u64, { Relaxed }>(
+            core::ptr::addr_of_mut!((*state).packets),
+            segments(ctx),
+        );
+        atomic_xadd::<u64, u64, { Relaxed }>(
+            core::ptr::addr_of_mut!((*state).bytes),
+            u64::from(ctx.len()),
+        );
+    }
 }
 
 /// The number of packets this skb becomes on the wire (a GSO super-packet is several).
