@@ -427,12 +427,13 @@ impl Host {
         }
 
         let maps = Arc::new(Mutex::new(maps));
-        let metrics = metrics_listener.map(|listener| {
-            metrics::serve(
+        let metrics = match metrics_listener {
+            Some(listener) => Some(metrics::serve(
                 listener,
-                metrics::registry(Arc::clone(&maps), channel.clone()),
-            )
-        });
+                metrics::registry(&pins, channel.clone())?,
+            )),
+            None => None,
+        };
 
         // Programs last: by the time the first packet is stamped, the routes fit it.
         let attached = datapath.attach_host(&opts.iface, xdp_mode, opts.tcx_order)?;

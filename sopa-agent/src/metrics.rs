@@ -1,8 +1,17 @@
 //! Prometheus metrics in text format, read from the datapath's counters at every scrape.
+//!
+//! A scrape costs little and never touches the control path: the collector reads the pinned
+//! maps through handles of its own (never the lock the controller's updates take), on a
+//! blocking thread (never the runtime that runs the channel and its heartbeats), one scrape at
+//! a time; and what takes a walk of a map (the flow table's entries, the path table's size) is
+//! refreshed at most every [`SLOW_REFRESH`] or when the controller's version changes, not per
+//! scrape.
 
 use std::{
     net::SocketAddr,
+    path::Path,
     sync::{Arc, Mutex},
+    time::{Duration, Instant},
 };
 
 use prometheus_client::{
@@ -27,10 +36,24 @@ use crate::{
     status::mode_name,
 };
 
+/// How old the figures that take a walk of a map may get.
+pub const SLOW_REFRESH: Duration = Duration::from_secs(10);
+
 #[derive(Debug)]
 struct DatapathCollector {
-    maps: Arc<Mutex<MapSet>>,
+    maps: Mutex<MapSet>,
     channel: ChannelGauge,
+    slow: Mutex<Option<Slow>>,
+}
+
+/// What takes a walk of a map, as of `at` (and controller version `version`).
+#[derive(Clone, Copy, Debug)]
+struct Slow {
+    at: Instant,
+    version: u64,
+    flow_entries: u64,
+    prefixes: usize,
+    paths: usize,
 }
 
 /// The push channel's state for metrics: -1 without a controller, 0 disconnected (forwarding
@@ -61,19 +84,42 @@ impl std::fmt::Debug for MapSet {
 
 impl Collector for DatapathCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
-        let maps = self.maps.lock().expect("maps lock");
-        let (Ok(stamp), Ok(strip), Ok(hops), Ok(config), Ok(paths)) = (
+        let maps = self.maps.lock().expect("metrics maps lock");
+        let (Ok(stamp), Ok(strip), Ok(hops), Ok(config)) = (
             maps.stamp_counters(),
             maps.strip_counters(),
             maps.hop_counters(),
             maps.config(),
-            maps.paths(),
         ) else {
             warn!("reading the datapath's maps for metrics failed");
             return Ok(());
         };
-        let entries = maps.flow_entries() as u64;
+        let version = self
+            .channel
+            .version
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let mut slow = self.slow.lock().expect("metrics cache lock");
+        let fresh = match *slow {
+            Some(s) if s.at.elapsed() < SLOW_REFRESH && s.version == version => s,
+            _ => {
+                let Ok(paths) = maps.paths() else {
+                    warn!("reading the datapath's path table for metrics failed");
+                    return Ok(());
+                };
+                let s = Slow {
+                    at: Instant::now(),
+                    version,
+                    flow_entries: maps.flow_entries() as u64,
+                    prefixes: paths.len(),
+                    paths: paths.destinations.values().map(Vec::len).sum(),
+                };
+                *slow = Some(s);
+                s
+            }
+        };
+        drop(slow);
         drop(maps);
+        let entries = fresh.flow_entries;
 
         let mut family = encoder.encode_descriptor(
             "sopa_stamp_packets",
@@ -204,15 +250,14 @@ impl Collector for DatapathCollector {
             ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
         }
 
-        let gauge = ConstGauge::new(paths.len() as i64);
+        let gauge = ConstGauge::new(fresh.prefixes as i64);
         gauge.encode(encoder.encode_descriptor(
             "sopa_path_table_prefixes",
             "Destination prefixes in the datapath's path table",
             None,
             gauge.metric_type(),
         )?)?;
-        let gauge =
-            ConstGauge::new(paths.destinations.values().map(Vec::len).sum::<usize>() as i64);
+        let gauge = ConstGauge::new(fresh.paths as i64);
         gauge.encode(encoder.encode_descriptor(
             "sopa_path_table_paths",
             "Candidate paths over all prefixes of the path table",
@@ -278,11 +323,17 @@ impl Collector for DatapathCollector {
     }
 }
 
-/// The registry with the datapath's collector.
-pub fn registry(maps: Arc<Mutex<MapSet>>, channel: ChannelGauge) -> Registry {
+/// The registry with the datapath's collector, which reads the maps pinned under `pins`
+/// through handles of its own.
+pub fn registry(pins: &Path, channel: ChannelGauge) -> Result<Registry> {
+    let maps = MapSet::from_pins(pins)?;
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(DatapathCollector { maps, channel }));
-    registry
+    registry.register_collector(Box::new(DatapathCollector {
+        maps: Mutex::new(maps),
+        channel,
+        slow: Mutex::new(None),
+    }));
+    Ok(registry)
 }
 
 /// Renders the registry in the Prometheus text format.
@@ -292,7 +343,6 @@ pub fn render(registry: &Registry) -> String {
     out
 }
 
-/// Binds `addr` (refusing anything but loopback) and serves `GET /metrics` on it.
 /// Binds the metrics address: done before the agent changes anything, so an address in use
 /// fails a start (or an upgrade) with nothing to undo.
 pub async fn bind(addr: SocketAddr) -> Result<TcpListener> {
@@ -313,14 +363,18 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener> {
     })
 }
 
+/// Serves `GET /metrics` on `listener`, each scrape rendered on a blocking thread, one at a
+/// time.
 pub fn serve(listener: TcpListener, registry: Registry) -> tokio::task::JoinHandle<()> {
     let registry = Arc::new(registry);
+    let one_at_a_time = Arc::new(tokio::sync::Semaphore::new(1));
     tokio::spawn(async move {
         loop {
             let Ok((mut stream, peer)) = listener.accept().await else {
                 continue;
             };
             let registry = Arc::clone(&registry);
+            let one_at_a_time = Arc::clone(&one_at_a_time);
             tokio::spawn(async move {
                 let mut request = [0u8; 1024];
                 let n = match tokio::time::timeout(
@@ -334,9 +388,16 @@ pub fn serve(listener: TcpListener, registry: Registry) -> tokio::task::JoinHand
                 };
                 let line = String::from_utf8_lossy(&request[..n]);
                 let (status, body, kind) = if line.starts_with("GET /metrics ") {
+                    let Ok(_turn) = one_at_a_time.acquire().await else {
+                        return;
+                    };
+                    let Ok(body) = tokio::task::spawn_blocking(move || render(&registry)).await
+                    else {
+                        return;
+                    };
                     (
                         "200 OK",
-                        render(&registry),
+                        body,
                         "application/openmetrics-text; version=1.0.0; charset=utf-8",
                     )
                 } else {

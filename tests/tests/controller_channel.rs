@@ -438,3 +438,109 @@ fn a_snapshot_refused_for_a_missing_route_is_applied_whole_once_the_route_is_bac
     );
     assert_eq!(agent_a.stop(), Some(0));
 }
+
+#[test]
+fn a_scraper_at_100_per_second_never_holds_up_the_channel() {
+    let f = fabric();
+    let tmp = sopa_testbed::temp_dir(&format!("ctl-{}", f.c.name()));
+    let dir = tmp.path().to_path_buf();
+    let _controller = spawn_controller(&f, &dir, "controller.log");
+    let url = "http://10.200.0.2:7470";
+    let agent_a = Agent::start_with_controller(&f.a, f.a.name(), "h0", &f.a_if, url, &[]).unwrap();
+    let all = ["0,0", "0,1", "1,0", "1,1"];
+    wait_for("A's paths from the controller", || {
+        paths_to(&agent_a, "10.1.0.0/24") == all
+    });
+    // A full flow table (one flow per destination port), so that walking it is what a scrape
+    // would cost if it did.
+    f.a.run(|| {
+        let sock = std::net::UdpSocket::bind("10.0.0.2:0").unwrap();
+        for port in 1..=65_535u16 {
+            let _ = sock.send_to(b"x", ("10.1.0.2", port));
+        }
+    })
+    .unwrap();
+    let entries = agent_a.status().unwrap()["flow_table"]["entries"]
+        .as_u64()
+        .unwrap();
+    assert!(entries > 60_000, "{entries} flows in the table");
+    let since = agent_a.status().unwrap()["controller"]["since_unix"].clone();
+
+    // 100 scrapes a second for 10 s, each on its own connection when it is due (a scraper
+    // does not wait for the previous answer), while the controller pushes a failure and its
+    // repair.
+    let scraper = {
+        let ns = f.a.name().to_owned();
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            let answered: Vec<(bool, Duration)> = std::thread::scope(|s| {
+                let scrapes: Vec<_> = (0..1000u32)
+                    .map(|i| {
+                        let due = start + Duration::from_millis(10) * i;
+                        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                            std::thread::sleep(wait);
+                        }
+                        let ns = ns.clone();
+                        s.spawn(move || {
+                            sopa_testbed::netns::enter(&format!("/run/netns/{ns}")).unwrap();
+                            let t = Instant::now();
+                            let ok = scrape().contains("sopa_flow_table_entries");
+                            (ok, t.elapsed())
+                        })
+                    })
+                    .collect();
+                scrapes.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            let ok = answered.iter().filter(|(ok, _)| *ok).count();
+            let slowest = answered.iter().map(|(_, t)| *t).max().unwrap();
+            (ok, slowest, start.elapsed())
+        })
+    };
+    let mut applied = Vec::new();
+    for (verb, want) in [("down", vec!["1,0", "1,1"]), ("up", all.to_vec())] {
+        sopactl_in(&f.c, &["link", verb, "e2", "a2"]);
+        applied.push(wait_for("the change in A's path map", || {
+            paths_to(&agent_a, "10.1.0.0/24") == want
+        }));
+    }
+    let (ok, slowest, took) = scraper.join().unwrap();
+    eprintln!(
+        "{ok} scrapes answered in {took:?} (slowest {slowest:?}) with {entries} flows; pushes \
+         applied within {applied:?}"
+    );
+    assert_eq!(ok, 1000, "every scrape answered");
+    assert!(
+        took < Duration::from_secs(20),
+        "1000 scrapes due over 10 s took {took:?}: a scrape costs too much"
+    );
+    for took in &applied {
+        assert!(
+            *took < Duration::from_secs(2),
+            "a push waited {took:?} behind the scrapes"
+        );
+    }
+    let st = agent_a.status().unwrap();
+    assert_eq!(st["controller"]["connected"], true);
+    assert_eq!(
+        st["controller"]["since_unix"],
+        since,
+        "the session was never lost (its heartbeats kept time):\n{}",
+        agent_a.log()
+    );
+    assert!(
+        !agent_a.log().contains("controller unreachable"),
+        "{}",
+        agent_a.log()
+    );
+    assert_eq!(agent_a.stop(), Some(0));
+}
+
+/// One `GET /metrics` on this thread's namespace's loopback.
+fn scrape() -> String {
+    use std::io::{Read as _, Write as _};
+    let mut conn = std::net::TcpStream::connect("127.0.0.1:9470").unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+    let mut body = String::new();
+    conn.read_to_string(&mut body).unwrap();
+    body
+}
