@@ -70,6 +70,8 @@ pub struct Status {
     /// Switch role: tc_forward's verdicts and the packets redirected per uplink index.
     pub forward: BTreeMap<String, u64>,
     pub uplinks: Vec<u64>,
+    /// Switch role: the tc_forward program id behind each port's pinned link.
+    pub forward_programs: BTreeMap<String, u32>,
     /// The host programs' links are pinned and attached (with or without a running agent).
     pub attached: bool,
     /// The program ids behind the pinned links now.
@@ -134,6 +136,7 @@ pub fn read(node: &str, run_dir: &Path, pin_dir: &Path) -> Result<Status> {
     let data = strip[strip_reason::TCP_DATA as usize];
     let reordered = strip[strip_reason::TCP_REORDERED as usize];
     let (stamp_prog_id, strip_prog_id) = crate::datapath::pinned_program_ids(pin_dir);
+    let forward_programs = crate::datapath::Datapath::pinned_forward_program_ids(pin_dir);
     let pins = maps.pins().map(|p| p.len()).unwrap_or(0);
     let entries = maps.flow_entries() as u64;
     let created = stamp[stamp_reason::FLOWS_CREATED as usize];
@@ -149,6 +152,7 @@ pub fn read(node: &str, run_dir: &Path, pin_dir: &Path) -> Result<Status> {
         stamp_prog_id,
         strip_prog_id,
         kept_attached: record.kept_attached,
+        forward_programs,
         adopted: record.adopted.clone(),
         programs: record.programs,
         pins,

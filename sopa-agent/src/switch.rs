@@ -36,6 +36,10 @@ use crate::{
 pub struct SwitchOptions {
     pub node: String,
     pub hash_seed: u32,
+    /// Restore and unpin whatever a previous agent of this node left, instead of adopting it.
+    pub reset: bool,
+    /// The namespace the agent runs in (recorded for `sopa-agent detach`).
+    pub netns: Option<String>,
     /// Where `tc_forward` goes in each port's TCX ingress chain.
     pub tcx_order: TcxOrder,
 }
@@ -114,9 +118,12 @@ impl Switch {
         crate::datapath::check_bpffs()?;
         let netlink = Netlink::connect()?;
         let dir = run_dir(&opts.node);
-        // A previous run that did not exit cleanly left its forwarding in place (pinned links,
-        // routes, maps): adopt it, so traffic never stops, and take over its undo list.
+        // A previous run left its forwarding in place (pinned links, routes, maps), after a
+        // crash or on purpose (--keep-attached): adopt it, so traffic never stops, and take
+        // over its undo list; with --reset, restore it instead.
+        let pins = pin_dir(&opts.node);
         let mut adopted = Vec::new();
+        let mut adoption = None;
         if let Some(record) = Journal::read(&dir)? {
             if record.is_live() && record.pid != std::process::id() {
                 return Err(Error::AlreadyRunning {
@@ -124,12 +131,44 @@ impl Switch {
                     pid: record.pid,
                 });
             }
-            info!(
-                pid = record.pid,
-                changes = record.changes.len(),
-                "adopting the forwarding a previous run left"
-            );
-            adopted = record.changes;
+            if opts.reset {
+                warn!(
+                    pid = record.pid,
+                    "--reset: restoring what the previous agent of this node left"
+                );
+                let errors = Journal::resume(&dir, record).undo(&netlink).await;
+                if let Some(err) = errors.into_iter().next() {
+                    return Err(err);
+                }
+                if pins.exists() {
+                    std::fs::remove_dir_all(&pins)
+                        .map_err(|e| Error::io(format!("removing {}", pins.display()), e))?;
+                }
+            } else {
+                crate::datapath::layout::check(&pins)?;
+                info!(
+                    pid = record.pid,
+                    changes = record.changes.len(),
+                    how = if record.kept_attached {
+                        "kept attached"
+                    } else {
+                        "crashed"
+                    },
+                    "adopting the forwarding a previous run left"
+                );
+                adoption = Some(crate::changes::Adoption {
+                    pid: record.pid,
+                    how: if record.kept_attached {
+                        "kept attached"
+                    } else {
+                        "crashed"
+                    }
+                    .into(),
+                    stamp_prog_replaced: None,
+                    strip_prog_replaced: None,
+                });
+                adopted = record.changes;
+            }
         }
         let record = Record {
             node: opts.node.clone(),
@@ -146,16 +185,20 @@ impl Switch {
                 .unwrap_or(0),
             changes: adopted,
             controller: None,
-            netns: None,
+            netns: opts.netns.clone(),
             kept_attached: false,
-            adopted: None,
+            adopted: adoption,
             programs: None,
         };
         let adopting = !record.changes.is_empty();
         let mut journal = Journal::create(&dir, record)?;
         let setup = async {
-            let pins = pin_dir(&opts.node);
-            if !adopting {
+            if !journal
+                .record
+                .changes
+                .iter()
+                .any(|c| matches!(c, Change::Pins { .. }))
+            {
                 journal.push(Change::Pins { dir: pins.clone() })?;
             }
             let mut datapath = Datapath::load_switch(&pins)?;
@@ -173,11 +216,24 @@ impl Switch {
                     warn!(key, "this kernel lacks the sysctl; leaving it");
                     continue;
                 };
-                journal.push(Change::Sysctl {
-                    key: key.into(),
-                    old,
-                    new: value.clone(),
-                })?;
+                // An adopted journal already holds the value from before any agent: one entry
+                // per setting, however many restarts.
+                let recorded = journal.record.changes.iter_mut().find_map(|c| match c {
+                    Change::Sysctl { key: k, new, .. } if k == key => Some(new),
+                    _ => None,
+                });
+                match recorded {
+                    Some(new) if *new == value => {}
+                    Some(new) => {
+                        *new = value.clone();
+                        journal.save()?;
+                    }
+                    None => journal.push(Change::Sysctl {
+                        key: key.into(),
+                        old,
+                        new: value.clone(),
+                    })?,
+                }
                 sysctl::write(key, &value)?;
             }
             Ok::<_, Error>((datapath, maps))
@@ -252,8 +308,8 @@ impl Switch {
         for ifindex in ifindexes {
             if !self.attached.contains(&ifindex) {
                 let name = self.netlink.link_name(ifindex).await?;
-                if self.datapath.attach_forward_pinned(&name, self.tcx_order)? {
-                    info!(port = %name, "kept the forwarding link a previous run pinned");
+                if let Some(old) = self.datapath.attach_forward_pinned(&name, self.tcx_order)? {
+                    info!(port = %name, replaced_program = old, "adopted the forwarding link a previous run pinned: its program replaced in place");
                 }
                 self.attached.push(ifindex);
             }
@@ -433,8 +489,21 @@ impl Switch {
         self.maps.counters()
     }
 
-    /// Detaches and restores: removing the pin folder releases the pinned forward links.
-    pub async fn stop(mut self) -> Vec<Error> {
+    /// Detaches and restores (removing the pin folder releases the pinned forward links); with
+    /// `keep_attached`, leaves the forwarding as it is (programs, routes, settings), recorded
+    /// for the next agent to adopt or `sopa-agent detach` to remove.
+    pub async fn stop(mut self, keep_attached: bool) -> Vec<Error> {
+        if keep_attached {
+            self.datapath.keep_attached();
+            let mut errors = Vec::new();
+            if let Some(mut journal) = self.journal.take() {
+                journal.record.kept_attached = true;
+                if let Err(e) = journal.save() {
+                    errors.push(e);
+                }
+            }
+            return errors;
+        }
         let mut errors = self.datapath.detach();
         if let Some(j) = self.journal.take() {
             errors.extend(j.undo(&self.netlink).await);

@@ -402,29 +402,32 @@ impl Fabric {
 
     /// Starts (or restarts) the switch agent of switch `name`.
     pub fn start_switch(&mut self, name: &str) -> Result<()> {
+        self.start_switch_with(name, &[])
+    }
+
+    /// Starts (or restarts) the switch agent of switch `name` with `extra` flags (e.g.
+    /// `--keep-attached`).
+    pub fn start_switch_with(&mut self, name: &str, extra: &[&str]) -> Result<()> {
         let id = self.topo.graph().find(name).expect("a switch");
         let ns = self.namespaces[&id].name().to_owned();
         let socket = format!("unix:{}", self.socket.display());
-        let agent_node = format!("{}-{}", self.prefix, name);
+        let agent_node = self.switch_node(name);
         let log = self.dir.join(format!("{name}.log"));
-        let p = Process::spawn(
-            None,
-            &bins::sopa_agent(),
-            &[
-                "--netns",
-                &ns,
-                "switch",
-                "--node",
-                &agent_node,
-                "--host",
-                name,
-                "--controller",
-                &socket,
-                "--heartbeat-ms",
-                "500",
-            ],
-            &log,
-        )?;
+        let mut args = vec![
+            "--netns",
+            &ns,
+            "switch",
+            "--node",
+            &agent_node,
+            "--host",
+            name,
+            "--controller",
+            &socket,
+            "--heartbeat-ms",
+            "500",
+        ];
+        args.extend_from_slice(extra);
+        let p = Process::spawn(None, &bins::sopa_agent(), &args, &log)?;
         self.switches.insert(name.to_owned(), p);
         Ok(())
     }
@@ -442,6 +445,11 @@ impl Fabric {
         if let Some(mut p) = self.switches.remove(name) {
             p.stop_with(libc::SIGKILL, Duration::from_secs(5));
         }
+    }
+
+    /// The agent node name of switch `name` (its pin and run folders).
+    pub fn switch_node(&self, name: &str) -> String {
+        format!("{}-{}", self.prefix, name)
     }
 
     /// The log of switch `name`'s agent.

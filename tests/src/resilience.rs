@@ -104,13 +104,19 @@ impl ProbeResult {
 impl Probe {
     /// Starts the receiver in B and the sender in A; returns once the receiver listens.
     pub fn start(arb: &Arb, pps: u64, port: u16) -> Self {
-        let to = SocketAddr::from((arb.b_addr, port));
+        Self::between(&arb.a, &arb.b, arb.b_addr, pps, port)
+    }
+
+    /// Starts the receiver in `dst` (at `addr`) and the sender in `src`; returns once the
+    /// receiver listens.
+    pub fn between(src: &NetNs, dst: &NetNs, addr: Ipv4Addr, pps: u64, port: u16) -> Self {
+        let to = SocketAddr::from((addr, port));
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
         let sent = Arc::new(AtomicU64::new(0));
         let received = Arc::new(AtomicU64::new(0));
         let (stop_rx, count) = (Arc::clone(&stop), Arc::clone(&received));
-        let receiver = arb.b.spawn(move || {
+        let receiver = dst.spawn(move || {
             let sock = UdpSocket::bind(to).unwrap();
             sock.set_read_timeout(Some(Duration::from_millis(200)))
                 .unwrap();
@@ -155,7 +161,7 @@ impl Probe {
             .recv_timeout(Duration::from_secs(10))
             .expect("the probe's receiver starts");
         let (stop_tx, sent_tx) = (Arc::clone(&stop), Arc::clone(&sent));
-        let sender = arb.a.spawn(move || {
+        let sender = src.spawn(move || {
             let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
             let start = Instant::now();
             let mut seq = 0u64;

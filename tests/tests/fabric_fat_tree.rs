@@ -311,3 +311,141 @@ fn a_stopped_switch_agent_removes_every_route_it_installed() {
         f.switch_log("e0")
     );
 }
+
+/// Removes what a switch agent left attached, also on failure: dropped after the fabric (its
+/// agents stopped, its namespaces gone), `sopa-agent detach` removes the pins and the record.
+#[derive(Default)]
+struct DetachSwitch {
+    node: String,
+}
+
+impl Drop for DetachSwitch {
+    fn drop(&mut self) {
+        if !self.node.is_empty() {
+            let _ = std::process::Command::new(sopa_testbed::bins::sopa_agent())
+                .args(["detach", "--node", &self.node])
+                .output();
+        }
+    }
+}
+
+/// Waits until switch `name`'s agent runs and holds the controller's state.
+fn wait_switch_synced(f: &Fabric, name: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !f.switch_status(name).is_ok_and(|s| {
+        s["running"] == true
+            && s["controller"]["version"].as_u64().unwrap_or(0) >= 1
+            && s["forward_programs"]
+                .as_object()
+                .is_some_and(|p| !p.is_empty())
+    }) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{name}'s agent did not come up:\n{}",
+            f.switch_log(name)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn switch_agents_restart_and_upgrade_in_place_without_losing_a_packet() {
+    let opts = FabricOptions {
+        rate_mbit: None,
+        ..FabricOptions::default()
+    };
+    let mut detach = DetachSwitch::default();
+    let mut f = Fabric::build(&TopologySpec::FatTree { k: 4 }, &opts).unwrap();
+    detach.node = f.switch_node("a0");
+    f.start(&opts).unwrap();
+    f.wait_ready(Duration::from_secs(60)).unwrap();
+    // a0's agent, now one that leaves the forwarding in place when it exits.
+    assert_eq!(f.stop_switch("a0"), Some(0), "{}", f.switch_log("a0"));
+    f.start_switch_with("a0", &["--keep-attached"]).unwrap();
+    wait_switch_synced(&f, "a0");
+
+    // h0 -> h4 crosses the pods: half of its packets go through a0.
+    let probe = sopa_testbed::resilience::Probe::between(
+        f.ns("h0"),
+        f.ns("h4"),
+        "10.1.0.2".parse().unwrap(),
+        5_000,
+        5301,
+    );
+    probe.wait_received(2_000);
+    let window_start = probe.mark();
+    let before = f.switch_status("a0").unwrap();
+    let routes_before = f
+        .ns("a0")
+        .ip(&["route", "show", "proto", "static"])
+        .unwrap();
+    let mut changes = Vec::new();
+    for round in 0..2 {
+        // SIGTERM with --keep-attached: a0 forwards with no agent at all for a while.
+        assert_eq!(f.stop_switch("a0"), Some(0), "{}", f.switch_log("a0"));
+        let kept = f.switch_status("a0").unwrap();
+        assert_eq!(kept["running"], false);
+        assert_eq!(kept["kept_attached"], true, "{kept:#}");
+        assert_eq!(
+            f.ns("a0")
+                .ip(&["route", "show", "proto", "static"])
+                .unwrap(),
+            routes_before,
+            "the routes stay"
+        );
+        probe.wait_received(1_000);
+        // The next agent (an upgrade) adopts it: every port's program replaced in place.
+        let programs_before = f.switch_status("a0").unwrap()["forward_programs"].clone();
+        f.start_switch_with("a0", &["--keep-attached"]).unwrap();
+        wait_switch_synced(&f, "a0");
+        let now = f.switch_status("a0").unwrap();
+        assert_eq!(
+            now["adopted"]["how"], "kept attached",
+            "round {round}: {now:#}"
+        );
+        let (old, new) = (
+            programs_before.as_object().unwrap(),
+            now["forward_programs"].as_object().unwrap(),
+        );
+        assert_eq!(
+            old.keys().collect::<Vec<_>>(),
+            new.keys().collect::<Vec<_>>(),
+            "the same ports"
+        );
+        assert!(
+            old.iter().all(|(port, id)| new[port] != *id),
+            "round {round}: every port runs the new agent's program: {old:?} -> {new:?}"
+        );
+        changes.push(now["changes"].as_array().unwrap().len());
+        probe.wait_received(1_000);
+    }
+    let window_end = probe.mark();
+    let r = probe.finish();
+    let lost = r.lost_in(window_start..window_end);
+    eprintln!(
+        "probe h0 -> h4: {} in the window of two restarts of a0's agent, {lost} lost",
+        window_end - window_start
+    );
+    assert_eq!(lost, 0, "probe packets lost across a0's restarts");
+    assert_eq!(
+        changes[0], changes[1],
+        "the journal does not grow with restarts"
+    );
+    assert_eq!(
+        changes[0],
+        before["changes"].as_array().unwrap().len(),
+        "{before:#}"
+    );
+    // The last one stops for good: everything it and its predecessors changed is restored.
+    f.stop_switch("a0");
+    f.start_switch("a0").unwrap();
+    wait_switch_synced(&f, "a0");
+    assert_eq!(f.stop_switch("a0"), Some(0), "{}", f.switch_log("a0"));
+    assert_eq!(
+        f.ns("a0")
+            .ip(&["route", "show", "proto", "static"])
+            .unwrap(),
+        "",
+        "a graceful stop without --keep-attached restores a0"
+    );
+}

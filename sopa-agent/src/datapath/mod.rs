@@ -4,6 +4,7 @@
 pub mod layout;
 pub mod maps;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use aya::{
@@ -230,39 +231,60 @@ impl Datapath {
             links: Vec::new(),
         })
     }
-
-    /// Attaches `tc_forward` to the ingress of a switch port with its link pinned in the pin
-    /// folder, so forwarding outlives this process (a crash, a restart). A pin left by a
-    /// previous run is adopted as it is: that port already forwards, with the same maps.
-    /// Returns whether the link was adopted.
-    pub fn attach_forward_pinned(&mut self, iface: &str, order: TcxOrder) -> Result<bool> {
+    /// Attaches `tc_forward` to `iface`'s TCX ingress, its link pinned as `link_fwd_<iface>`
+    /// in the pin folder, so forwarding outlives this process (a crash, `--keep-attached`, an
+    /// upgrade). A link a previous run pinned is adopted: this process's program replaces
+    /// the old one in it atomically (`bpf_link_update`), so the port never goes without a
+    /// program and an upgrade runs the new code. A pinned link whose interface is gone (the
+    /// port was recreated) is unpinned and the program attached anew. Returns the program id
+    /// the adopted link held.
+    pub fn attach_forward_pinned(&mut self, iface: &str, order: TcxOrder) -> Result<Option<u32>> {
         let pin = self
             .pin_dir
             .join(format!("link_fwd_{}", iface.replace('.', ":")));
-        if pin.exists() {
-            return Ok(true);
-        }
         let name = FORWARD_PROGRAM;
+        if let Some((fd, replaced)) = adopt_link(&pin)? {
+            let link = SchedClassifierLink::try_from(fd).map_err(link_err(&pin))?;
+            let program = self.forward_program();
+            match program.attach_to_link(link) {
+                Ok(id) => {
+                    let link = program.take_link(id).map_err(Error::program(name))?;
+                    let fd: FdLink = link.try_into().map_err(link_err(&pin))?;
+                    self.links.push(fd);
+                    return Ok(Some(replaced));
+                }
+                Err(err) => {
+                    tracing::warn!(port = iface, %err, "the pinned forwarding link is of an interface that is gone; attaching anew");
+                    std::fs::remove_file(&pin)
+                        .map_err(|e| Error::io(format!("unpinning {}", pin.display()), e))?;
+                }
+            }
+        }
         let program = self.forward_program();
         let id = program
             .attach_with_options(iface, TcAttachType::Ingress, order.options())
             .map_err(Error::program(name))?;
         let link = program.take_link(id).map_err(Error::program(name))?;
-        let fd: aya::programs::links::FdLink =
-            link.try_into()
-                .map_err(|e: aya::programs::links::LinkError| {
-                    Error::io(
-                        format!("{name} on {iface}: not a TCX link"),
-                        std::io::Error::other(e.to_string()),
-                    )
-                })?;
-        fd.pin(&pin).map_err(|e| {
-            Error::io(
-                format!("pinning {}", pin.display()),
-                std::io::Error::other(e.to_string()),
-            )
-        })?;
-        Ok(false)
+        let fd: FdLink = link.try_into().map_err(link_err(&pin))?;
+        self.keep_link(fd, &pin, false)?;
+        Ok(None)
+    }
+
+    /// The program ids behind the forwarding links pinned in `pin_dir`, by port.
+    pub fn pinned_forward_program_ids(pin_dir: &Path) -> BTreeMap<String, u32> {
+        let Ok(entries) = std::fs::read_dir(pin_dir) else {
+            return BTreeMap::new();
+        };
+        entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let port = name.strip_prefix("link_fwd_")?.replace(':', ".");
+                let link = PinnedLink::from_pin(e.path()).ok()?;
+                let id = FdLink::from(link).info().ok()?.program_id();
+                Some((port, id))
+            })
+            .collect()
     }
 
     /// The forward program, for attaching and BPF_PROG_TEST_RUN.

@@ -157,6 +157,14 @@ pub struct SwitchArgs {
     /// Where tc_forward goes among each port's other TCX ingress programs: last or first.
     #[arg(long, env = "SOPA_TCX_ORDER", value_enum, default_value_t = TcxOrder::Last)]
     pub tcx_order: TcxOrder,
+    /// On exit, leave the forwarding in place (tc_forward on every port, routes, settings):
+    /// the switch keeps forwarding while no agent runs. The next agent adopts it, replacing
+    /// the programs in place; `detach` removes it.
+    #[arg(long, env = "SOPA_KEEP_ATTACHED")]
+    pub keep_attached: bool,
+    /// Do not adopt what a previous agent of this node left: restore it and start clean.
+    #[arg(long, env = "SOPA_RESET")]
+    pub reset: bool,
 }
 
 /// How to talk to the controller, for either role.

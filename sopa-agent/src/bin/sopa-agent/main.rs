@@ -47,7 +47,7 @@ async fn dispatch(command: Command, netns: Option<String>) -> Result<(), Error> 
     match command {
         Command::Run(args) => run::run(args, netns).await,
         Command::Detach { node } => detach::detach(&node.node, netns.as_deref()).await,
-        Command::Switch(args) => switch::switch(args).await,
+        Command::Switch(args) => switch::switch(args, netns).await,
         Command::Status { node, json } => {
             host::validate_node(&node.node)?;
             let status = status::read(

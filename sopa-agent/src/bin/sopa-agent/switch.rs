@@ -9,7 +9,7 @@ use crate::{
     cli::SwitchArgs,
 };
 
-pub async fn switch(args: SwitchArgs) -> Result<(), Error> {
+pub async fn switch(args: SwitchArgs, netns: Option<String>) -> Result<(), Error> {
     let cfg = channel_config(
         &ChannelArgs {
             node: &args.node.node,
@@ -30,6 +30,8 @@ pub async fn switch(args: SwitchArgs) -> Result<(), Error> {
     let mut sw = sopa_agent::switch::Switch::start(&sopa_agent::switch::SwitchOptions {
         node: args.node.node.clone(),
         hash_seed: seed,
+        reset: args.reset,
+        netns,
         tcx_order: args.tcx_order,
     })
     .await?;
@@ -46,7 +48,16 @@ pub async fn switch(args: SwitchArgs) -> Result<(), Error> {
             _ = sigterm.recv() => info!("SIGTERM"),
         }
     }
-    let errors = sw.stop().await;
+    let errors = sw.stop(args.keep_attached).await;
+    if errors.is_empty() {
+        if args.keep_attached {
+            info!(
+                "exiting with the forwarding in place (--keep-attached); the next agent adopts it, `sopa-agent detach` removes it"
+            );
+        } else {
+            info!("detached and restored");
+        }
+    }
     match errors.into_iter().next() {
         Some(e) => Err(e),
         None => Ok(()),
