@@ -825,6 +825,28 @@ fn a_mode_value_out_of_range_stamps_nothing() {
 }
 
 #[test]
+fn a_packet_whose_length_the_header_could_not_say_once_stamped_passes_unstamped() {
+    // BIG TCP (IPv4 GSO past 64 KB) sends tot_len 0; 4 bytes more would overflow a tot_len of
+    // 65,532 or more. Either leaves as it is, counted too_big, and no flow state is touched.
+    let mut f = Fixture::new(TABLE, mode::SOPA);
+    for tot_len in [0u16, 65_532, 65_535] {
+        let p = set_ip_field(tcp(DST, 9, 1, b"x"), |ip| {
+            ip[2..4].copy_from_slice(&tot_len.to_be_bytes());
+        });
+        assert_eq!(f.stamp(&p), p, "tot_len {tot_len}: unstamped");
+    }
+    let (stamp, _) = counters(&f);
+    assert_eq!(stamp[stamp_reason::TOO_BIG as usize], 3);
+    assert_eq!(stamp[stamp_reason::FLOWS_CREATED as usize], 0);
+    // The largest length that still fits the option is stamped.
+    let p = set_ip_field(tcp(DST, 9, 1, b"x"), |ip| {
+        ip[2..4].copy_from_slice(&65_531u16.to_be_bytes());
+    });
+    let out = f.stamp(&p);
+    assert_eq!(&out[16..18], &65_535u16.to_be_bytes(), "65,531 + 4");
+}
+
+#[test]
 fn a_destination_whose_paths_all_failed_passes_unstamped() {
     let mut f = Fixture::new(TABLE, mode::SOPA);
     // Every path to 10.3/16 failed: the agent writes an empty path set.

@@ -136,6 +136,12 @@ fn choose(ctx: &TcContext, ip: &Ipv4, forged: bool) -> Result<Choice, u32> {
     if n == 0 {
         return Err(reason::NO_PATH);
     }
+    // A length the header cannot say once stamped: BIG TCP (IPv4 GSO past 64 KB) sets
+    // `tot_len` to 0 and the kernel takes the length from the skb, and 4 more bytes would
+    // overflow a `tot_len` of 65,532 or more. Such a packet leaves as it is.
+    if !forged && (ip.tot_len == 0 || ip.tot_len > u16::MAX - u16::from(OPTION_LEN)) {
+        return Err(reason::TOO_BIG);
+    }
     if !forged && !fits_with_option(ctx) {
         return Err(reason::TOO_BIG);
     }
