@@ -5,6 +5,10 @@
 //!   (adopted, programs replaced in place) and `--takeover` (a new agent beside the running one)
 //!   beside plain restarts (detach, then attach again): the share of probe packets stamped and
 //!   the share delivered.
+//! - switch restarts: the same probe across a Fat-Tree k=4 (h0 -> h4, half of it through
+//!   aggregation switch a0 and all of it through edge switch e0) through N restarts of a0's
+//!   and e0's agents, with `--keep-attached` (adopted, `tc_forward` replaced in place on
+//!   every port) beside plain restarts (routes and programs removed, then installed again).
 //! - kill: SIGKILL during a 200 MiB transfer: the transfer intact, the packets stamped while no
 //!   agent ran, the time the next agent takes to adopt.
 //! - short flows: 100,000 two-packet UDP flows within a minute: packets lost, flow table
@@ -21,9 +25,11 @@ use std::{
 use sopa_testbed::{
     arb::Arb,
     capture::Capture,
-    resilience::{DetachOnDrop, from_a, probe, rss_kib, short_flows, start_a, start_b},
+    fabric::{Fabric, FabricOptions},
+    resilience::{DetachOnDrop, Probe, from_a, probe, rss_kib, short_flows, start_a, start_b},
     traffic::{SendOptions, tcp_transfer},
 };
+use sopa_topology::topology::TopologySpec;
 
 struct Args {
     rounds: u32,
@@ -106,6 +112,86 @@ fn restarts(kind: Restart, rounds: u32) -> (u64, u64, usize, usize, Vec<f64>) {
     (sent, received, udp, stamped, gaps)
 }
 
+/// Removes what the switch agents of a fabric left attached once the fabric is gone.
+struct DetachSwitches(Vec<String>);
+
+impl Drop for DetachSwitches {
+    fn drop(&mut self) {
+        for node in &self.0 {
+            let _ = std::process::Command::new(sopa_testbed::bins::sopa_agent())
+                .args(["detach", "--node", node])
+                .output();
+        }
+    }
+}
+
+/// Waits until switch `name`'s agent runs, holds the controller's state and has attached.
+fn wait_switch(f: &Fabric, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !f.switch_status(name).is_ok_and(|s| {
+        s["running"] == true
+            && s["controller"]["version"].as_u64().unwrap_or(0) >= 1
+            && s["forward_programs"]
+                .as_object()
+                .is_some_and(|p| !p.is_empty())
+    }) {
+        assert!(Instant::now() < deadline, "{name}'s agent did not come up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// (sent, delivered, each restart's duration in ms): a 10 kpps probe h0 -> h4 across a
+/// Fat-Tree k=4 while the agents of a0 and e0 restart `rounds` times each.
+fn switch_restarts(keep_attached: bool, rounds: u32) -> (u64, u64, Vec<f64>) {
+    let opts = FabricOptions {
+        rate_mbit: None,
+        ..FabricOptions::default()
+    };
+    let mut cleanup = DetachSwitches(Vec::new());
+    let mut f = Fabric::build(&TopologySpec::FatTree { k: 4 }, &opts).expect("the fabric");
+    cleanup.0 = vec![f.switch_node("a0"), f.switch_node("e0")];
+    f.start(&opts).expect("the agents");
+    f.wait_ready(Duration::from_secs(60)).expect("ready");
+    let flags: &[&str] = if keep_attached {
+        &["--keep-attached"]
+    } else {
+        &[]
+    };
+    for sw in ["a0", "e0"] {
+        f.stop_switch(sw);
+        f.start_switch_with(sw, flags).expect("a switch agent");
+        wait_switch(&f, sw);
+    }
+    let probe = Probe::between(
+        f.ns("h0"),
+        f.ns("h4"),
+        "10.1.0.2".parse().unwrap(),
+        10_000,
+        5701,
+    );
+    probe.wait_received(2_000);
+    let mut gaps = Vec::new();
+    for _ in 0..rounds {
+        for sw in ["a0", "e0"] {
+            let t = Instant::now();
+            f.stop_switch(sw);
+            f.start_switch_with(sw, flags).expect("a switch agent");
+            wait_switch(&f, sw);
+            gaps.push(t.elapsed().as_secs_f64() * 1e3);
+            probe.wait_received(2_000);
+        }
+    }
+    let r = probe.finish();
+    // The last agents stop for good (restoring what they and their predecessors changed).
+    for sw in ["a0", "e0"] {
+        f.stop_switch(sw);
+        f.start_switch(sw).expect("a switch agent");
+        wait_switch(&f, sw);
+        f.stop_switch(sw);
+    }
+    (r.sent, r.received.len() as u64, gaps)
+}
+
 fn main() {
     let a = args();
     println!("resilience on A - R - B, {} restarts per row", a.rounds);
@@ -113,6 +199,8 @@ fn main() {
     let keep = restarts(Restart::KeepAttached, a.rounds);
     let takeover = restarts(Restart::Takeover, a.rounds);
     let plain = restarts(Restart::Plain, a.rounds);
+    let switch_keep = switch_restarts(true, a.rounds);
+    let switch_plain = switch_restarts(false, a.rounds);
 
     let (transfer_bytes, short_flow_count) = if a.smoke {
         (20u64 << 20, 5_000)
@@ -201,6 +289,28 @@ fn main() {
             sent,
             pct64(*received, *sent),
             pct(*stamped, *udp),
+            mean(gaps)
+        );
+    }
+    println!();
+    println!(
+        "switch agents restarted under a 10 kpps UDP probe h0 -> h4 across Fat-Tree k=4 ({} restarts of a0's and of e0's agent each)",
+        a.rounds
+    );
+    println!(
+        "{:<28} {:>8} {:>10} {:>8} {:>16}",
+        "switch agent restart", "sent", "delivered", "lost", "restart ms (mean)"
+    );
+    for (name, (sent, received, gaps)) in [
+        ("--keep-attached, then adopt", &switch_keep),
+        ("plain (restore, install)", &switch_plain),
+    ] {
+        println!(
+            "{:<28} {:>8} {:>9.3}% {:>8} {:>16.0}",
+            name,
+            sent,
+            pct64(*received, *sent),
+            sent - received,
             mean(gaps)
         );
     }
