@@ -367,11 +367,87 @@ impl Journal {
                 }
             }
         }
+        // What this agent took back of the adopted state (GSO given back, a copied route
+        // replaced) is put back as the previous agent left it.
+        let taken: Vec<Change> = keep
+            .changes
+            .iter()
+            .filter(|c| !self.record.changes.contains(c))
+            .cloned()
+            .collect();
+        for change in &taken {
+            match redo_one(change, netlink).await {
+                Ok(()) => info!(?change, "put back as the previous agent left it"),
+                Err(err) => {
+                    warn!(?change, %err, "could not put a change back");
+                    errors.push(err);
+                }
+            }
+        }
         self.record = keep;
         if let Err(err) = self.persist() {
             errors.push(err);
         }
         errors
+    }
+}
+
+/// Where the agent that left a record ran, against where this one runs.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RecordNamespace {
+    /// The same network namespace: the record's changes are this namespace's.
+    Same,
+    /// Its namespace is gone, and with it every interface, route and setting it changed:
+    /// only its pins and the record itself are left.
+    Gone,
+}
+
+impl Record {
+    /// Checks that this record's changes belong to the namespace this agent runs in (`now`,
+    /// as `--netns` names it; `None` for the namespace the agent was started in). A record of
+    /// another namespace that still exists is refused: undoing or adopting it here would
+    /// change this namespace's settings (the root namespace's `ip_forward`, say).
+    pub fn namespace(&self, now: Option<&str>) -> Result<RecordNamespace> {
+        if self.netns.as_deref() == now {
+            return Ok(RecordNamespace::Same);
+        }
+        let name = |ns: Option<&str>| match ns {
+            Some(ns) => format!("network namespace {ns:?}"),
+            None => "the namespace it was started in (no --netns)".to_owned(),
+        };
+        if let Some(ns) = &self.netns {
+            let path = if ns.contains('/') {
+                PathBuf::from(ns)
+            } else {
+                Path::new("/run/netns").join(ns)
+            };
+            if !path.exists() {
+                return Ok(RecordNamespace::Gone);
+            }
+        }
+        let flag = match &self.netns {
+            Some(ns) => format!("--netns {ns} "),
+            None => String::new(),
+        };
+        Err(Error::Config(format!(
+            "the previous agent of node {:?} ran in {}, this one in {}: start it there, or \
+             remove what the previous one left with `sopa-agent {flag}detach --node {}`",
+            self.node,
+            name(self.netns.as_deref()),
+            name(now),
+            self.node
+        )))
+    }
+}
+
+/// Makes one recorded change again (its `new` value), for a record being handed back.
+async fn redo_one(change: &Change, netlink: &Netlink) -> Result<()> {
+    match change {
+        Change::Pins { .. } => Ok(()),
+        Change::Sysctl { key, new, .. } => sysctl::write(key, new),
+        Change::GsoMaxSegs { index, new, .. } => netlink.set_gso_max_segs(*index, *new).await,
+        Change::RouteAdded { route } => netlink.add_route(route, true).await,
+        Change::RouteReplaced { new, .. } => netlink.add_route(new, true).await,
     }
 }
 
@@ -467,6 +543,30 @@ mod tests {
             .prefix("sopa-journal-")
             .tempdir()
             .unwrap()
+    }
+
+    #[test]
+    fn a_record_of_another_namespace_is_refused_unless_that_namespace_is_gone() {
+        let mut r = record("h0");
+        assert_eq!(r.namespace(None).unwrap(), RecordNamespace::Same);
+        r.netns = Some("sopa-no-such-namespace-here".into());
+        assert_eq!(
+            r.namespace(None).unwrap(),
+            RecordNamespace::Gone,
+            "its namespace is gone: nothing of it left to undo"
+        );
+        assert_eq!(
+            r.namespace(Some("sopa-no-such-namespace-here")).unwrap(),
+            RecordNamespace::Same
+        );
+        // A record of the namespace the agent was started in, read from another: refused,
+        // since undoing it there would change that namespace's settings.
+        r.netns = None;
+        let err = r.namespace(Some("s1")).unwrap_err().to_string();
+        assert!(
+            err.contains("\"s1\"") && err.contains("detach --node h0"),
+            "{err}"
+        );
     }
 
     #[test]

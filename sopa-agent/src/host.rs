@@ -203,12 +203,17 @@ impl Host {
         let netlink = Netlink::connect()?;
         let link = netlink.link(&opts.iface).await?;
         let run_dir = run_dir(&opts.node);
+        // Before anything changes (a crashed agent's leftovers restored included), an address
+        // in use fails with nothing to undo; with --takeover, once the running agent has
+        // handed over and let go of it.
+        let mut metrics_listener = None;
+        if let (Some(addr), false) = (opts.metrics_addr, opts.takeover) {
+            metrics_listener = Some(metrics::bind(addr).await?);
+        }
         let previous = leftovers(opts, &run_dir, &link, &netlink).await?;
-        // Before anything changes: an address in use fails with nothing to undo.
-        let metrics_listener = match opts.metrics_addr {
-            Some(addr) => Some(metrics::bind(addr).await?),
-            None => None,
-        };
+        if let (Some(addr), true) = (opts.metrics_addr, opts.takeover) {
+            metrics_listener = Some(metrics::bind(addr).await?);
+        }
         let adopted_from = previous.clone();
 
         let xdp_mode = match (opts.xdp, link.is_veth) {
@@ -386,13 +391,6 @@ impl Host {
             .ok();
         datapath.start_logger();
         let mut maps = datapath.take_maps()?;
-        maps.set_config(Config {
-            mode: opts.mode,
-            hash_seed: opts.hash_seed,
-        })?;
-        if !(adopting && opts.paths_from_controller) {
-            maps.apply_paths(&opts.paths)?;
-        }
 
         let old = sysctl::read(sysctl::TCP_REORDERING)?;
         let new = opts.tcp_reordering.to_string();
@@ -405,17 +403,6 @@ impl Host {
             sysctl::write(sysctl::TCP_REORDERING, &new)?;
         }
 
-        if opts.granularity == Granularity::Burst {
-            // An adopted datapath may have run per packet: give the interface its GSO back.
-            let ours = journal
-                .changes()
-                .into_iter()
-                .find(|c| matches!(c, Change::GsoMaxSegs { index, .. } if *index == link.index));
-            if let Some(Change::GsoMaxSegs { old, .. }) = ours.clone() {
-                netlink.set_gso_max_segs(link.index, old).await?;
-                journal.forget(|c| Some(c) == ours.as_ref())?;
-            }
-        }
         if opts.granularity == Granularity::Packet && link.gso_max_segs != 1 {
             journal.push(Change::GsoMaxSegs {
                 ifname: link.name.clone(),
@@ -426,17 +413,60 @@ impl Host {
             netlink.set_gso_max_segs(link.index, 1).await?;
         }
 
-        let maps = Arc::new(Mutex::new(maps));
-        let metrics = match metrics_listener {
-            Some(listener) => Some(metrics::serve(
-                listener,
-                metrics::registry(&pins, channel.clone())?,
-            )),
+        let registry = match metrics_listener {
+            Some(listener) => Some((listener, metrics::registry(&pins, channel.clone())?)),
             None => None,
         };
 
-        // Programs last: by the time the first packet is stamped, the routes fit it.
-        let attached = datapath.attach_host(&opts.iface, xdp_mode, opts.tcx_order)?;
+        // The configuration and the path table, last before the programs: an adopted
+        // datapath's old programs read them as soon as they are written, so an upgrade that
+        // fails from here on writes the previous ones back.
+        let previous = if adopting {
+            Some((maps.config()?, maps.paths()?))
+        } else {
+            None
+        };
+        let written = (|| {
+            maps.set_config(Config {
+                mode: opts.mode,
+                hash_seed: opts.hash_seed,
+            })?;
+            if !(adopting && opts.paths_from_controller) {
+                maps.apply_paths(&opts.paths)?;
+            }
+            // Programs last: by the time the first packet is stamped, the routes fit it.
+            datapath.attach_host(&opts.iface, xdp_mode, opts.tcx_order)
+        })();
+        let attached = match written {
+            Ok(attached) => attached,
+            Err(err) => {
+                if let Some((config, paths)) = previous
+                    && let Err(restore) = maps
+                        .set_config(config)
+                        .and_then(|()| maps.apply_paths(&paths))
+                {
+                    warn!(%restore, "writing the adopted datapath's configuration back");
+                }
+                return Err(err);
+            }
+        };
+        if opts.granularity == Granularity::Burst {
+            // An adopted datapath may have run per packet: give the interface its GSO back,
+            // once this agent's programs run (nothing after this can fail the start).
+            let ours = journal
+                .changes()
+                .into_iter()
+                .find(|c| matches!(c, Change::GsoMaxSegs { index, .. } if *index == link.index));
+            if let Some(Change::GsoMaxSegs { old, .. }) = ours.clone() {
+                if let Err(err) = netlink.set_gso_max_segs(link.index, old).await {
+                    warn!(%err, "giving the interface its GSO back");
+                } else if let Err(err) = journal.forget(|c| Some(c) == ours.as_ref()) {
+                    warn!(%err, "recording the interface's GSO given back");
+                }
+            }
+        }
+        let maps = Arc::new(Mutex::new(maps));
+        let metrics = registry.map(|(listener, registry)| metrics::serve(listener, registry));
         // Our programs run now: what the old ones counted meanwhile is carried over too.
         if let Some(carry) = carry
             && let Err(err) = carry.finish()
@@ -565,6 +595,15 @@ async fn leftovers(
         }
         return Ok(None);
     };
+    if record.namespace(opts.netns.as_deref())? == crate::changes::RecordNamespace::Gone {
+        warn!(
+            pid = record.pid,
+            netns = ?record.netns,
+            "the previous agent's network namespace is gone, and with it what it changed; removing its pins and record"
+        );
+        forget(&pins, run_dir)?;
+        return Ok(None);
+    }
     let record = if record.pid != std::process::id() && record.is_live() {
         if !opts.takeover {
             return Err(Error::AlreadyRunning {
@@ -606,6 +645,19 @@ async fn leftovers(
             .map_err(|e| Error::io(format!("removing {}", pins.display()), e))?;
     }
     Ok(None)
+}
+
+/// Removes a node's pins and record, undoing nothing (what they describe is gone).
+pub(crate) fn forget(pins: &Path, run_dir: &Path) -> Result<()> {
+    for dir in [pins, run_dir] {
+        match std::fs::remove_dir_all(dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(Error::io(format!("removing {}", dir.display()), e));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// Asks the live agent `pid` to exit leaving its datapath attached (SIGUSR1), waits for it,

@@ -36,6 +36,9 @@ use crate::{
     status::mode_name,
 };
 
+/// How long a scrape waits for the ones before it (then: 503).
+const SCRAPE_WAIT: Duration = Duration::from_secs(5);
+
 /// How old the figures that take a walk of a map may get.
 pub const SLOW_REFRESH: Duration = Duration::from_secs(10);
 
@@ -388,7 +391,13 @@ pub fn serve(listener: TcpListener, registry: Registry) -> tokio::task::JoinHand
                 };
                 let line = String::from_utf8_lossy(&request[..n]);
                 let (status, body, kind) = if line.starts_with("GET /metrics ") {
-                    let Ok(_turn) = one_at_a_time.acquire().await else {
+                    // Scrapes queue one behind the other; one that waits past a scraper's
+                    // usual time-out is answered busy instead of piling up.
+                    let Ok(Ok(_turn)) =
+                        tokio::time::timeout(SCRAPE_WAIT, one_at_a_time.acquire()).await
+                    else {
+                        let busy = "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+                        let _ = stream.write_all(busy.as_bytes()).await;
                         return;
                     };
                     let Ok(body) = tokio::task::spawn_blocking(move || render(&registry)).await

@@ -53,18 +53,24 @@ impl RuntimeMode {
         let path = run_dir.join(FILE);
         match fs::read(&path) {
             Ok(bytes) => {
-                let m: Self = serde_json::from_slice(&bytes).map_err(|e| {
+                let bad = |why: String| {
                     Error::Config(format!(
-                        "{} is not a run-time mode ({e}); remove it, or start with --mode",
+                        "{} is not a run-time mode ({why}); remove it, or start with --mode",
                         path.display()
                     ))
-                })?;
-                m.value()?;
+                };
+                let m: Self = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
+                m.value().map_err(|e| bad(e.to_string()))?;
                 Ok(Some(m))
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(Error::io(format!("reading {}", path.display()), e)),
         }
+    }
+
+    /// Whether a mode set at run time is recorded for the node of `run_dir`.
+    pub fn exists(run_dir: &Path) -> bool {
+        run_dir.join(FILE).exists()
     }
 
     /// Forgets the mode set at run time (a `--mode` given at start replaces it).

@@ -131,7 +131,14 @@ impl Switch {
                     pid: record.pid,
                 });
             }
-            if opts.reset {
+            if record.namespace(opts.netns.as_deref())? == crate::changes::RecordNamespace::Gone {
+                warn!(
+                    pid = record.pid,
+                    netns = ?record.netns,
+                    "the previous agent's network namespace is gone, and with it what it changed; removing its pins and record"
+                );
+                crate::host::forget(&pins, &dir)?;
+            } else if opts.reset {
                 warn!(
                     pid = record.pid,
                     "--reset: restoring what the previous agent of this node left"

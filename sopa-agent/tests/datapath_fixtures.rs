@@ -496,17 +496,20 @@ fn per_flow_counts_add_up_when_every_cpu_stamps_the_flow_at_once() {
     // the program on the calling CPU), all at once.
     const RUNS: u32 = 200_000;
     let mut f = Fixture::new(TABLE, mode::SOPA);
-    let cpus = std::thread::available_parallelism()
-        .map_or(2, |n| n.get())
-        .max(2);
+    let allowed = allowed_cpus();
+    assert!(
+        allowed.len() >= 2,
+        "this test needs two CPUs to run the program on at once; allowed: {allowed:?}"
+    );
+    let cpus = allowed.len();
     let packet = tcp(DST, 41000, 0, b"data");
     let start = std::sync::Barrier::new(cpus);
     let program = &*f.datapath.stamp_program();
     std::thread::scope(|s| {
         for cpu in 0..cpus {
-            let (program, packet, start) = (program, &packet, &start);
+            let (program, packet, start, allowed) = (program, &packet, &start, &allowed);
             s.spawn(move || {
-                run_on_cpu(cpu % num_cpus_online());
+                run_on_cpu(allowed[cpu]);
                 let mut out = vec![0u8; packet.len() + 64];
                 let opts = TestRunOptions {
                     data_in: Some(packet),
@@ -540,10 +543,19 @@ fn per_flow_counts_add_up_when_every_cpu_stamps_the_flow_at_once() {
     );
 }
 
-fn num_cpus_online() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-    usize::try_from(n).unwrap_or(1).max(1)
+/// The CPUs this process may run on.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t filled by the kernel for this process.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(
+            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
+            0
+        );
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
 }
 
 #[test]

@@ -515,7 +515,7 @@ fn a_scraper_at_100_per_second_never_holds_up_the_channel() {
     );
     for took in &applied {
         assert!(
-            *took < Duration::from_secs(2),
+            *took < Duration::from_secs(5),
             "a push waited {took:?} behind the scrapes"
         );
     }

@@ -375,6 +375,7 @@ fn switch_agents_restart_and_upgrade_in_place_without_losing_a_packet() {
     probe.wait_received(2_000);
     let window_start = probe.mark();
     let before = f.switch_status("a0").unwrap();
+    let redirected = |s: &serde_json::Value| s["forward"]["redirected"].as_u64().unwrap_or(0);
     let routes_before = f
         .ns("a0")
         .ip(&["route", "show", "proto", "static"])
@@ -421,6 +422,11 @@ fn switch_agents_restart_and_upgrade_in_place_without_losing_a_packet() {
     }
     let window_end = probe.mark();
     let r = probe.finish();
+    let through_a0 = redirected(&f.switch_status("a0").unwrap()) - redirected(&before);
+    assert!(
+        through_a0 > 1_000,
+        "a0 redirected {through_a0} packets in the window: the probe crossed it"
+    );
     let lost = r.lost_in(window_start..window_end);
     eprintln!(
         "probe h0 -> h4: {} in the window of two restarts of a0's agent, {lost} lost",

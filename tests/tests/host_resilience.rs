@@ -635,6 +635,25 @@ fn upgrades_that_cannot_start_leave_the_adopted_datapath_stamping_for_the_next()
         routes.contains(&format!("{B_PREFIX} via 10.101.1.1")) && routes.contains("mtu 1496"),
         "the adopted datapath's route kept:\n{routes}"
     );
+    // The same failure after the default route moved to another gateway while no agent ran:
+    // the upgrade first moves the adopted copy of it for B's prefix along (in place), then
+    // fails; the copy is put back as the previous agent left it, lowered.
+    arb.r
+        .ip(&["addr", "add", "10.101.1.3/24", "dev", &arb.r_a_if])
+        .unwrap();
+    arb.a
+        .ip(&["route", "replace", "default", "via", "10.101.1.3"])
+        .unwrap();
+    let (code, stderr) = failed_upgrade(&arb, &table, &["--no-metrics", "--keep-attached"]);
+    assert_eq!(code, 64, "{stderr}");
+    let copy = arb.a.ip(&["route", "show", B_PREFIX]).unwrap();
+    assert!(
+        copy.contains("via 10.101.1.1") && copy.contains("mtu 1496"),
+        "the adopted copy put back as it was left:\n{copy}\n{stderr}"
+    );
+    arb.a
+        .ip(&["route", "replace", "default", "via", "10.101.1.1"])
+        .unwrap();
     arb.a.ip(&["route", "del", "10.121.0.0/24"]).unwrap();
     let still = sopa_testbed::agent::status_of(arb.a.name()).unwrap();
     assert_eq!(still["attached"], true, "{still:#}");

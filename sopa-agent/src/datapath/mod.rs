@@ -158,6 +158,21 @@ fn link_err<E: std::fmt::Display>(pin: &Path) -> impl Fn(E) -> Error + '_ {
 
 /// The link a previous agent pinned at `pin`, with the id of the program it runs; `None` when
 /// nothing is pinned there.
+/// The OS error code somewhere in `err`'s chain of sources.
+fn os_error(err: &(dyn std::error::Error + 'static)) -> Option<i32> {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if let Some(code) = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.raw_os_error())
+        {
+            return Some(code);
+        }
+        cur = e.source();
+    }
+    None
+}
+
 fn adopt_link(pin: &Path) -> Result<Option<(FdLink, u32)>> {
     if !pin.exists() {
         return Ok(None);
@@ -253,11 +268,14 @@ impl Datapath {
                     self.links.push(fd);
                     return Ok(Some(replaced));
                 }
-                Err(err) => {
+                // ENOLINK: the link's interface is gone (the port was recreated under the same
+                // name). Any other error leaves the working link as it is.
+                Err(err) if os_error(&err) == Some(libc::ENOLINK) => {
                     tracing::warn!(port = iface, %err, "the pinned forwarding link is of an interface that is gone; attaching anew");
                     std::fs::remove_file(&pin)
                         .map_err(|e| Error::io(format!("unpinning {}", pin.display()), e))?;
                 }
+                Err(err) => return Err(Error::program(name)(err)),
             }
         }
         let program = self.forward_program();
@@ -476,6 +494,20 @@ mod tests {
     use aya::util::KernelVersion;
 
     use super::*;
+
+    #[test]
+    fn a_link_update_on_a_gone_interface_is_told_from_other_failures() {
+        let failed = |code| {
+            aya::programs::ProgramError::SyscallError(aya::sys::SyscallError {
+                call: "bpf_link_update",
+                io_error: std::io::Error::from_raw_os_error(code),
+            })
+        };
+        assert_eq!(os_error(&failed(libc::ENOLINK)), Some(libc::ENOLINK));
+        assert_eq!(os_error(&failed(libc::EINVAL)), Some(libc::EINVAL));
+        let other = aya::programs::ProgramError::NotLoaded;
+        assert_eq!(os_error(&other), None);
+    }
 
     #[test]
     fn kernels_without_tcx_are_refused_by_version() {

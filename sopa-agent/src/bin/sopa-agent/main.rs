@@ -82,7 +82,7 @@ async fn dispatch(command: Command, netns: Option<String>) -> Result<(), Error> 
             // Kept across restarts of the agent until a `run --mode` says otherwise.
             sopa_agent::mode::RuntimeMode::new(mode).save(&host::run_dir(&node.node))?;
             println!(
-                "node {}: mode {} (kept across restarts; `run --mode` replaces it)",
+                "node {}: mode {} (kept across restarts; `run --mode` or SOPA_MODE replaces it)",
                 node.node,
                 status::mode_name(mode)
             );

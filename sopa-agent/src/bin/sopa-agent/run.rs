@@ -44,14 +44,19 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
         None => (PathTable::default(), None),
     };
     let run_dir = sopa_agent::host::run_dir(&args.node.node);
-    let runtime_mode = RuntimeMode::load(&run_dir)?;
+    // A --mode (or SOPA_MODE) replaces a mode set at run time; only without one is it read.
+    let runtime_mode = match &args.mode {
+        Some(_) => None,
+        None => RuntimeMode::load(&run_dir)?,
+    };
+    let replaces_runtime_mode = args.mode.is_some() && RuntimeMode::exists(&run_dir);
     let mode = match (&args.mode, &runtime_mode) {
         (Some(name), _) => status::parse_mode(name)?,
         (None, Some(kept)) => {
             warn!(
                 mode = %kept.mode,
                 set_unix = kept.set_unix,
-                "keeping the mode set at run time with `sopa-agent mode`; start with --mode to choose another"
+                "keeping the mode set at run time with `sopa-agent mode`; start with --mode (or SOPA_MODE) to choose another"
             );
             kept.value()?
         }
@@ -85,10 +90,12 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
     let mut usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
         .map_err(|err| Error::io("installing the SIGUSR1 handler", err))?;
     let mut host = Host::start(&opts).await?;
-    if args.mode.is_some() && runtime_mode.is_some() {
+    if replaces_runtime_mode {
         // Said at start: the operator's --mode replaces what was set at run time.
-        RuntimeMode::clear(&run_dir)?;
-        info!("--mode replaces the mode set at run time");
+        match RuntimeMode::clear(&run_dir) {
+            Ok(()) => info!("--mode (or SOPA_MODE) replaces the mode set at run time"),
+            Err(err) => warn!(%err, "forgetting the mode set at run time"),
+        }
     }
     let handed_over = std::sync::atomic::AtomicBool::new(false);
     let nic_bps = match args.nic_rate_mbit {
