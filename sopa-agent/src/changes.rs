@@ -235,6 +235,13 @@ impl Journal {
             .map_err(|err| Error::io(format!("writing {}", self.path.display()), err))
     }
 
+    /// Marks the record as left attached on purpose (`--keep-attached`) and saves it: the next
+    /// agent adopts what it lists, `sopa-agent detach` undoes it.
+    pub fn leave_attached(mut self) -> Result<()> {
+        self.record.kept_attached = true;
+        self.persist()
+    }
+
     /// Rewrites the record (after changing fields other than the change list).
     pub fn save(&self) -> Result<()> {
         self.persist()

@@ -49,6 +49,14 @@ pub struct RouteKeeper {
     reapplied: HashMap<Prefix, (Instant, u32)>,
 }
 
+/// The main table (unicast routes, and the prefixes of routes that send nothing anywhere) and
+/// the journal's changes, read together.
+struct Snapshot {
+    routes: Vec<Route>,
+    blocks: Vec<Prefix>,
+    changes: Vec<Change>,
+}
+
 /// What a check of one prefix did.
 #[derive(Debug, PartialEq, Eq)]
 enum Outcome {
@@ -80,10 +88,10 @@ impl RouteKeeper {
         if new.is_empty() {
             return Ok(());
         }
-        let mut table = self.netlink.table().await?;
+        let mut now = self.snapshot().await?;
         for prefix in new {
-            if self.keep(&table, &prefix).await? == Outcome::Changed {
-                table = self.netlink.table().await?;
+            if self.keep(&now, &prefix).await? == Outcome::Changed {
+                now = self.snapshot().await?;
             }
             self.kept.insert(prefix);
         }
@@ -94,18 +102,18 @@ impl RouteKeeper {
     /// daemon or an operator replaced; returns the prefixes changed. A prefix that fails is
     /// logged and left for the next event.
     pub async fn reconcile(&mut self) -> Result<Vec<Prefix>> {
-        let mut table = self.netlink.table().await?;
+        let mut now = self.snapshot().await?;
         let mut changed = Vec::new();
         for prefix in self.kept.clone() {
             if self.flapping(&prefix) {
                 continue;
             }
-            match self.keep(&table, &prefix).await {
+            match self.keep(&now, &prefix).await {
                 Ok(Outcome::Changed) => {
                     info!(%prefix, "the fabric route changed under the agent; lowered its MTU again");
                     self.count_reapply(&prefix);
                     changed.push(prefix);
-                    table = self.netlink.table().await?;
+                    now = self.snapshot().await?;
                 }
                 Ok(_) => {}
                 Err(err) => {
@@ -142,16 +150,26 @@ impl RouteKeeper {
         }
     }
 
+    /// The main table and the journal as they are now: read once per pass over the prefixes,
+    /// and again after a change.
+    async fn snapshot(&self) -> Result<Snapshot> {
+        let (routes, blocks) = self.netlink.table().await?;
+        Ok(Snapshot {
+            routes,
+            blocks,
+            changes: self.journal.changes(),
+        })
+    }
+
     /// Makes `prefix` routed with the lowered MTU: its own route rewritten, or a more specific
-    /// copy of the route that covers it. `table` is the main table now.
-    async fn keep(
-        &mut self,
-        table: &(Vec<Route>, Vec<Prefix>),
-        prefix: &Prefix,
-    ) -> Result<Outcome> {
-        let (routes, blocks) = table;
+    /// copy of the route that covers it. `now` is the main table and the journal now.
+    async fn keep(&mut self, now: &Snapshot, prefix: &Prefix) -> Result<Outcome> {
+        let Snapshot {
+            routes,
+            blocks,
+            changes,
+        } = now;
         let target = self.link.mtu.saturating_sub(OPTION_BYTES);
-        let changes = self.journal.changes();
         let our_copy = |r: &Route| {
             changes
                 .iter()

@@ -502,14 +502,12 @@ impl Switch {
     pub async fn stop(mut self, keep_attached: bool) -> Vec<Error> {
         if keep_attached {
             self.datapath.keep_attached();
-            let mut errors = Vec::new();
-            if let Some(mut journal) = self.journal.take() {
-                journal.record.kept_attached = true;
-                if let Err(e) = journal.save() {
-                    errors.push(e);
-                }
-            }
-            return errors;
+            return self
+                .journal
+                .take()
+                .and_then(|j| j.leave_attached().err())
+                .into_iter()
+                .collect();
         }
         let mut errors = self.datapath.detach();
         if let Some(j) = self.journal.take() {

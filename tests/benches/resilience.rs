@@ -125,21 +125,6 @@ impl Drop for DetachSwitches {
     }
 }
 
-/// Waits until switch `name`'s agent runs, holds the controller's state and has attached.
-fn wait_switch(f: &Fabric, name: &str) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !f.switch_status(name).is_ok_and(|s| {
-        s["running"] == true
-            && s["controller"]["version"].as_u64().unwrap_or(0) >= 1
-            && s["forward_programs"]
-                .as_object()
-                .is_some_and(|p| !p.is_empty())
-    }) {
-        assert!(Instant::now() < deadline, "{name}'s agent did not come up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// (sent, delivered, each restart's duration in ms): a 10 kpps probe h0 -> h4 across a
 /// Fat-Tree k=4 while the agents of a0 and e0 restart `rounds` times each.
 fn switch_restarts(keep_attached: bool, rounds: u32) -> (u64, u64, Vec<f64>) {
@@ -160,7 +145,8 @@ fn switch_restarts(keep_attached: bool, rounds: u32) -> (u64, u64, Vec<f64>) {
     for sw in ["a0", "e0"] {
         f.stop_switch(sw);
         f.start_switch_with(sw, flags).expect("a switch agent");
-        wait_switch(&f, sw);
+        f.wait_switch_synced(sw, Duration::from_secs(60))
+            .expect("a switch agent up");
     }
     let probe = Probe::between(
         f.ns("h0"),
@@ -176,7 +162,8 @@ fn switch_restarts(keep_attached: bool, rounds: u32) -> (u64, u64, Vec<f64>) {
             let t = Instant::now();
             f.stop_switch(sw);
             f.start_switch_with(sw, flags).expect("a switch agent");
-            wait_switch(&f, sw);
+            f.wait_switch_synced(sw, Duration::from_secs(60))
+                .expect("a switch agent up");
             gaps.push(t.elapsed().as_secs_f64() * 1e3);
             probe.wait_received(2_000);
         }
@@ -186,7 +173,8 @@ fn switch_restarts(keep_attached: bool, rounds: u32) -> (u64, u64, Vec<f64>) {
     for sw in ["a0", "e0"] {
         f.stop_switch(sw);
         f.start_switch(sw).expect("a switch agent");
-        wait_switch(&f, sw);
+        f.wait_switch_synced(sw, Duration::from_secs(60))
+            .expect("a switch agent up");
         f.stop_switch(sw);
     }
     (r.sent, r.received.len() as u64, gaps)

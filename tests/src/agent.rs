@@ -140,6 +140,20 @@ pub fn status_of(node: &str) -> Result<serde_json::Value> {
     }
 }
 
+/// `sopa-agent mode --node NODE MODE`: the running agent's mode switched; its output.
+pub fn set_mode(node: &str, mode: &str) -> Result<String> {
+    let out = Command::new(bins::sopa_agent())
+        .args(["mode", "--node", node, mode])
+        .output()
+        .map_err(|e| Error::io("running sopa-agent mode", e))?;
+    if !out.status.success() {
+        return Err(Error::Failed(
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 impl Agent {
     /// SIGKILL and wait: what the agent left (attached programs, its journal) stays for the
     /// next agent of the node.

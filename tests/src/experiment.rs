@@ -830,15 +830,7 @@ pub fn set_mode(f: &Fabric, mode: &str) {
     f.use_ideal(m.base == "ideal")
         .unwrap_or_else(|e| panic!("{e}"));
     for (id, agent) in &f.hosts {
-        let out = std::process::Command::new(crate::bins::sopa_agent())
-            .args(["mode", "--node", &agent.node, host_mode])
-            .output()
-            .expect("sopa-agent mode");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        crate::agent::set_mode(&agent.node, host_mode).unwrap_or_else(|e| panic!("{e}"));
         let ns = f.ns(f.topo.graph().name(*id));
         ns.sysctl("net.ipv4.tcp_reordering", &m.reordering.to_string())
             .expect("tcp_reordering");

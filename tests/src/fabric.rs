@@ -447,6 +447,21 @@ impl Fabric {
         }
     }
 
+    /// Waits until switch `name`'s agent runs, holds the controller's state and has
+    /// `tc_forward` on its ports (at most `within`); otherwise an error with its log.
+    pub fn wait_switch_synced(&self, name: &str, within: Duration) -> Result<()> {
+        wait(&format!("{name}'s agent"), within, || {
+            self.switch_status(name).is_ok_and(|s| {
+                s["running"] == true
+                    && s["controller"]["version"].as_u64().unwrap_or(0) >= 1
+                    && s["forward_programs"]
+                        .as_object()
+                        .is_some_and(|p| !p.is_empty())
+            })
+        })
+        .map_err(|e| Error::Failed(format!("{e}:\n{}", self.switch_log(name))))
+    }
+
     /// The agent node name of switch `name` (its pin and run folders).
     pub fn switch_node(&self, name: &str) -> String {
         format!("{}-{}", self.prefix, name)

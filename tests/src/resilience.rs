@@ -305,6 +305,16 @@ pub fn short_flows(arb: &Arb, flows: u32, per_flow: u32, pps: u64) -> u64 {
         .unwrap()
 }
 
+/// Waits until A's fabric interface has sent `bytes` more than now (the transfer runs).
+pub fn wait_sent(arb: &Arb, bytes: u64) {
+    let start = arb.a.tx_bytes(&arb.a_if).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while arb.a.tx_bytes(&arb.a_if).unwrap() < start + bytes {
+        assert!(Instant::now() < deadline, "the transfer did not start");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// The agent on A, with the path table towards B's rack.
 pub fn start_a(arb: &Arb, extra: &[&str]) -> Agent {
     Agent::start(

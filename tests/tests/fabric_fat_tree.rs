@@ -329,25 +329,6 @@ impl Drop for DetachSwitch {
     }
 }
 
-/// Waits until switch `name`'s agent runs and holds the controller's state.
-fn wait_switch_synced(f: &Fabric, name: &str) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !f.switch_status(name).is_ok_and(|s| {
-        s["running"] == true
-            && s["controller"]["version"].as_u64().unwrap_or(0) >= 1
-            && s["forward_programs"]
-                .as_object()
-                .is_some_and(|p| !p.is_empty())
-    }) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{name}'s agent did not come up:\n{}",
-            f.switch_log(name)
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[test]
 fn switch_agents_restart_and_upgrade_in_place_without_losing_a_packet() {
     let opts = FabricOptions {
@@ -362,7 +343,7 @@ fn switch_agents_restart_and_upgrade_in_place_without_losing_a_packet() {
     // a0's agent, now one that leaves the forwarding in place when it exits.
     assert_eq!(f.stop_switch("a0"), Some(0), "{}", f.switch_log("a0"));
     f.start_switch_with("a0", &["--keep-attached"]).unwrap();
-    wait_switch_synced(&f, "a0");
+    f.wait_switch_synced("a0", Duration::from_secs(30)).unwrap();
 
     // h0 -> h4 crosses the pods: half of its packets go through a0.
     let probe = sopa_testbed::resilience::Probe::between(
@@ -398,7 +379,7 @@ fn switch_agents_restart_and_upgrade_in_place_without_losing_a_packet() {
         // The next agent (an upgrade) adopts it: every port's program replaced in place.
         let programs_before = f.switch_status("a0").unwrap()["forward_programs"].clone();
         f.start_switch_with("a0", &["--keep-attached"]).unwrap();
-        wait_switch_synced(&f, "a0");
+        f.wait_switch_synced("a0", Duration::from_secs(30)).unwrap();
         let now = f.switch_status("a0").unwrap();
         assert_eq!(
             now["adopted"]["how"], "kept attached",
@@ -445,7 +426,7 @@ fn switch_agents_restart_and_upgrade_in_place_without_losing_a_packet() {
     // The last one stops for good: everything it and its predecessors changed is restored.
     f.stop_switch("a0");
     f.start_switch("a0").unwrap();
-    wait_switch_synced(&f, "a0");
+    f.wait_switch_synced("a0", Duration::from_secs(30)).unwrap();
     assert_eq!(f.stop_switch("a0"), Some(0), "{}", f.switch_log("a0"));
     assert_eq!(
         f.ns("a0")

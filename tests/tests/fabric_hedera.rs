@@ -46,15 +46,7 @@ fn colliding_port(src: Ipv4Addr, dst: Ipv4Addr, dport: u16) -> u16 {
 }
 
 fn set_host_mode(f: &Fabric, host: &str, mode: &str) {
-    let out = std::process::Command::new(sopa_testbed::bins::sopa_agent())
-        .args(["mode", "--node", &f.host(host).node, mode])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    sopa_testbed::agent::set_mode(&f.host(host).node, mode).unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// Each host's wire rate over `window`, as a fraction of `rate_mbit` (printed, not asserted).

@@ -9,10 +9,10 @@ use sopa_testbed::{
     arb::{A_PREFIX, Arb, B_PREFIX},
     bins,
     capture::Capture,
+    resilience::{PATHS, start_a, start_b},
     traffic::{SendOptions, tcp_transfer},
 };
 
-const PATHS: u8 = 3;
 const MIB: u64 = 1 << 20;
 
 /// The IPv4 options and TCP payload length of a captured TCP frame from `src`. Frames are
@@ -69,22 +69,8 @@ fn option_on_the_wire_at_r_gone_at_b_transfer_intact() {
     let arb = Arb::new("h").expect("build A - R - B");
     let reordering_before = arb.a.read_sysctl("net.ipv4.tcp_reordering").unwrap();
     let routes_before = arb.a.ip(&["route"]).unwrap();
-    let agent_a = Agent::start(
-        &arb.a,
-        arb.a.name(),
-        &arb.a_if,
-        &Arb::path_table(B_PREFIX, PATHS),
-        &[],
-    )
-    .expect("agent on A");
-    let agent_b = Agent::start(
-        &arb.b,
-        arb.b.name(),
-        &arb.b_if,
-        &Arb::path_table(A_PREFIX, PATHS),
-        &["--no-metrics"],
-    )
-    .expect("agent on B");
+    let agent_a = start_a(&arb, &[]);
+    let agent_b = start_b(&arb);
     assert_eq!(arb.a.read_sysctl("net.ipv4.tcp_reordering").unwrap(), "10");
     assert!(
         arb.a
@@ -275,14 +261,7 @@ fn option_on_the_wire_at_r_gone_at_b_transfer_intact() {
 #[test]
 fn without_the_route_mtu_fix_full_size_segments_leave_unstamped_never_dropped() {
     let arb = Arb::new("m").expect("build A - R - B");
-    let agent_a = Agent::start(
-        &arb.a,
-        arb.a.name(),
-        &arb.a_if,
-        &Arb::path_table(B_PREFIX, PATHS),
-        &["--keep-route-mtu", "--no-metrics"],
-    )
-    .unwrap();
+    let agent_a = start_a(&arb, &["--keep-route-mtu", "--no-metrics"]);
     // Both ends without the fix: B's lowered route MTU alone would make it advertise an MSS
     // that fits A's stamped packets.
     let _agent_b = Agent::start(
@@ -519,14 +498,7 @@ fn native_xdp_on_veth_strips_before_the_stack() {
 fn a_stop_restores_only_what_still_holds_the_agents_value() {
     let arb = Arb::new("w").expect("build A - R - B");
     let reordering_before = arb.a.read_sysctl("net.ipv4.tcp_reordering").unwrap();
-    let agent = Agent::start(
-        &arb.a,
-        arb.a.name(),
-        &arb.a_if,
-        &Arb::path_table(B_PREFIX, PATHS),
-        &["--no-metrics"],
-    )
-    .expect("agent on A");
+    let agent = start_a(&arb, &["--no-metrics"]);
     assert_eq!(arb.a.read_sysctl("net.ipv4.tcp_reordering").unwrap(), "10");
     assert!(
         arb.a.ip(&["route"]).unwrap().contains("mtu 1496"),
@@ -695,22 +667,8 @@ fn big_datagrams(arb: &Arb, how: BigSender, sport: u16, count: usize) -> usize {
 #[test]
 fn senders_that_ignore_the_route_mtu_get_through_unstamped() {
     let arb = Arb::new("u").expect("build A - R - B");
-    let agent_a = Agent::start(
-        &arb.a,
-        arb.a.name(),
-        &arb.a_if,
-        &Arb::path_table(B_PREFIX, PATHS),
-        &["--no-metrics"],
-    )
-    .unwrap();
-    let _agent_b = Agent::start(
-        &arb.b,
-        arb.b.name(),
-        &arb.b_if,
-        &Arb::path_table(A_PREFIX, PATHS),
-        &["--no-metrics"],
-    )
-    .unwrap();
+    let agent_a = start_a(&arb, &["--no-metrics"]);
+    let _agent_b = start_b(&arb);
     // B echoes one byte for every full-size datagram, until told to stop.
     let b_addr = arb.b_addr;
     let echo = arb

@@ -15,7 +15,7 @@ use sopa_testbed::{
     capture::Capture,
     resilience::{
         DetachOnDrop, PATHS, Probe, from_a, pin_dir, prog_ids, rss_kib, short_flows, start_a,
-        start_b,
+        start_b, wait_sent,
     },
     traffic::{SendOptions, tcp_transfer},
 };
@@ -45,16 +45,6 @@ fn bytes_lasting(arb: &Arb, seconds: f64, port: u16) -> u64 {
     .expect("the calibration transfer");
     let rate = (32 * MIB) as f64 / t.seconds;
     ((rate * seconds) as u64).clamp(200 * MIB, 64 << 30)
-}
-
-/// Waits until A's fabric interface has sent `bytes` more than now (the transfer runs).
-fn wait_sent(arb: &Arb, bytes: u64) {
-    let start = arb.a.tx_bytes(&arb.a_if).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while arb.a.tx_bytes(&arb.a_if).unwrap() < start + bytes {
-        assert!(Instant::now() < deadline, "the transfer did not start");
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 /// What the flow map's pin costs the kernel: (`bpftool map show` memlock bytes, max entries).
@@ -718,16 +708,8 @@ fn a_mode_set_at_run_time_survives_restarts_until_run_mode_replaces_it() {
     let a = start_a(&arb, &["--no-metrics"]);
     assert_eq!(a.status().unwrap()["mode"], "sopa");
     // During an incident: spraying off, at run time.
-    let out = Command::new(sopa_testbed::bins::sopa_agent())
-        .args(["mode", "--node", &node, "off"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("kept across restarts"));
+    let said = sopa_testbed::agent::set_mode(&node, "off").unwrap_or_else(|e| panic!("{e}"));
+    assert!(said.contains("kept across restarts"), "{said}");
     assert_eq!(a.status().unwrap()["mode"], "off");
 
     // A full stop and start (the datapath detached in between), then an upgrade in place:

@@ -9,7 +9,7 @@ use serde_json::Value;
 use sopa_testbed::{
     agent::Agent,
     arb::{Arb, B_PREFIX},
-    resilience::Probe,
+    resilience::{Probe, wait_sent},
     traffic::{SendOptions, tcp_transfer},
 };
 
@@ -52,6 +52,22 @@ fn routes(dev: &str) -> Vec<(&'static str, Vec<String>, &'static str)> {
             "10.105.1.0/24",
         ),
     ]
+}
+
+/// The agent on A with two paths to each of the fabric `prefixes`.
+fn start_on_a(arb: &Arb, prefixes: &[&str]) -> Agent {
+    let table: String = prefixes
+        .iter()
+        .map(|p| format!("[[destination]]\nprefix = \"{p}\"\npaths = [[0], [1]]\n\n"))
+        .collect();
+    Agent::start(
+        &arb.a,
+        arb.a.name(),
+        &arb.a_if,
+        &format!("version = 1\n\n{table}"),
+        &["--no-metrics"],
+    )
+    .expect("agent on A")
 }
 
 /// `ip -d -j route show <prefix>` of the main table, each route's `mtu` metric taken out
@@ -105,20 +121,8 @@ fn every_route_attribute_survives_the_rewrite_and_a_stop_restores_it_byte_for_by
     let before_text = a.ip(&["-d", "route", "show"]).unwrap();
     let nexthops = a.ip(&["-d", "nexthop", "show"]).unwrap();
 
-    let table: String = routes
-        .iter()
-        .map(|(_, _, fabric)| {
-            format!("[[destination]]\nprefix = \"{fabric}\"\npaths = [[0], [1]]\n\n")
-        })
-        .collect();
-    let agent = Agent::start(
-        a,
-        a.name(),
-        &arb.a_if,
-        &format!("version = 1\n\n{table}"),
-        &["--no-metrics"],
-    )
-    .expect("agent on A");
+    let fabric: Vec<&str> = routes.iter().map(|(_, _, fabric)| *fabric).collect();
+    let agent = start_on_a(&arb, &fabric);
 
     for (prefix, args, fabric) in &routes {
         let now = a.ip(&["-d", "-j", "route", "show", fabric]).unwrap();
@@ -215,18 +219,7 @@ fn routes_a_daemon_replaces_under_traffic_are_lowered_again_and_copies_follow_th
     arb.r
         .ip(&["addr", "add", "10.101.1.3/24", "dev", &arb.r_a_if])
         .unwrap();
-    let table: String = [B_PREFIX, OTHER, UNREACHABLE]
-        .iter()
-        .map(|p| format!("[[destination]]\nprefix = \"{p}\"\npaths = [[0], [1]]\n\n"))
-        .collect();
-    let agent = Agent::start(
-        a,
-        a.name(),
-        &arb.a_if,
-        &format!("version = 1\n\n{table}"),
-        &["--no-metrics"],
-    )
-    .expect("agent on A");
+    let agent = start_on_a(&arb, &[B_PREFIX, OTHER, UNREACHABLE]);
     let lowered = |out: &str| out.contains(" mtu 1496") && !out.contains("mtu lock");
     assert!(lowered(&a.ip(&["route", "show", B_PREFIX]).unwrap()));
     assert_eq!(
@@ -253,12 +246,7 @@ fn routes_a_daemon_replaces_under_traffic_are_lowered_again_and_copies_follow_th
             )
         });
         // The transfer runs: A's interface has sent 4 MiB more than before.
-        let start = a.tx_bytes(&arb.a_if).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while a.tx_bytes(&arb.a_if).unwrap() < start + 4 * MIB {
-            assert!(Instant::now() < deadline, "the transfer did not start");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_sent(&arb, 4 * MIB);
         // The daemon refreshes its route with another setting: the lowered MTU is gone.
         a.ip(&[
             "route",
