@@ -33,6 +33,23 @@ impl Agent {
         Self::spawn(ns, node, iface, &source, dir)
     }
 
+    /// Like [`Agent::start`], without waiting for anything: the agent may still be starting.
+    pub fn launch(
+        ns: &NetNs,
+        node: &str,
+        iface: &str,
+        paths_toml: &str,
+        args: &[&str],
+    ) -> Result<Self> {
+        let dir = Self::dir(node)?;
+        let paths = dir.join("paths.toml");
+        std::fs::write(&paths, paths_toml).map_err(|e| Error::io("writing the path table", e))?;
+        let paths = paths.display().to_string();
+        let mut source = vec!["--paths", paths.as_str()];
+        source.extend_from_slice(args);
+        Self::launch_with(ns, node, iface, &source, dir)
+    }
+
     /// Starts an agent whose paths come from the controller at `controller` (plaintext), as
     /// topology host `host`.
     pub fn start_with_controller(
@@ -71,6 +88,18 @@ impl Agent {
         source: &[&str],
         dir: std::path::PathBuf,
     ) -> Result<Self> {
+        let mut agent = Self::launch_with(ns, node, iface, source, dir)?;
+        agent.wait_up()?;
+        Ok(agent)
+    }
+
+    fn launch_with(
+        ns: &NetNs,
+        node: &str,
+        iface: &str,
+        source: &[&str],
+        dir: std::path::PathBuf,
+    ) -> Result<Self> {
         let mut full = vec![
             "--netns",
             ns.name(),
@@ -82,11 +111,17 @@ impl Agent {
         ];
         full.extend_from_slice(source);
         let process = Process::spawn(None, &bins::sopa_agent(), &full, &dir.join("agent.log"))?;
-        let mut agent = Self {
+        Ok(Self {
             node: node.to_owned(),
             process,
             dir,
-        };
+        })
+    }
+
+    /// Waits until the agent has attached and recorded its programs.
+    fn wait_up(&mut self) -> Result<()> {
+        let node = self.node.clone();
+        let agent = self;
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(status) = agent.process.try_wait() {
@@ -101,7 +136,7 @@ impl Agent {
                 && status["pid"] == serde_json::json!(agent.process.pid())
                 && status["programs"].is_object()
             {
-                return Ok(agent);
+                return Ok(());
             }
             if Instant::now() > deadline {
                 return Err(Error::Failed(format!(
@@ -142,8 +177,14 @@ pub fn status_of(node: &str) -> Result<serde_json::Value> {
 
 /// `sopa-agent mode --node NODE MODE`: the running agent's mode switched; its output.
 pub fn set_mode(node: &str, mode: &str) -> Result<String> {
+    set_mode_with(node, mode, &[])
+}
+
+/// `sopa-agent mode --node NODE MODE EXTRA...`.
+pub fn set_mode_with(node: &str, mode: &str, extra: &[&str]) -> Result<String> {
     let out = Command::new(bins::sopa_agent())
         .args(["mode", "--node", node, mode])
+        .args(extra)
         .output()
         .map_err(|e| Error::io("running sopa-agent mode", e))?;
     if !out.status.success() {

@@ -516,6 +516,53 @@ fn sigint_stops_the_agent_and_restores_the_host() {
     assert!(!pin_dir(arb.a.name()).exists(), "pins removed");
 }
 
+/// A SIGINT that arrives while the agent is still starting (its record written, its programs
+/// maybe not yet attached) is taken once the start is done: the agent restores the host and
+/// exits 0, where the signal's default action would end it with nothing restored.
+#[test]
+fn a_signal_during_the_start_is_taken_once_the_start_is_done() {
+    let _serial = one_at_a_time();
+    let arb = Arb::new("j").expect("build A - R - B");
+    let routes = arb.a.ip(&["route"]).unwrap();
+    let reordering = arb.a.read_sysctl("net.ipv4.tcp_reordering").unwrap();
+    let _cleanup = DetachOnDrop {
+        ns: &arb.a,
+        node: arb.a.name().to_owned(),
+    };
+    let mut a = Agent::launch(
+        &arb.a,
+        arb.a.name(),
+        &arb.a_if,
+        &Arb::path_table(B_PREFIX, PATHS),
+        &["--no-metrics"],
+    )
+    .expect("agent on A");
+    // The record is the agent's first write, after its signal handlers are in place.
+    let record = std::path::Path::new("/run/sopa")
+        .join(arb.a.name())
+        .join("state.json");
+    let start = std::time::Instant::now();
+    while !record.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no record: {}",
+            a.log()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let status = a
+        .process
+        .stop_with(libc::SIGINT, Duration::from_secs(30))
+        .expect("the agent exits on SIGINT");
+    assert_eq!(status.code(), Some(0), "{}", a.log());
+    assert_eq!(arb.a.ip(&["route"]).unwrap(), routes);
+    assert_eq!(
+        arb.a.read_sysctl("net.ipv4.tcp_reordering").unwrap(),
+        reordering
+    );
+    assert!(!pin_dir(arb.a.name()).exists(), "pins removed");
+}
+
 /// Runs `sopa-agent run` for A's node to its end (an upgrade that fails): (exit code, stderr).
 fn failed_upgrade(arb: &Arb, paths_toml: &str, extra: &[&str]) -> (i32, String) {
     let dir = tempfile_dir(arb);

@@ -85,6 +85,10 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
             "--report-interval-ms and --nic-rate-mbit must be positive".into(),
         ));
     }
+    // Every handler before anything changes: a signal during the start is taken once it is
+    // done (the default action would end the agent with nothing restored).
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(|err| Error::io("installing the SIGINT handler", err))?;
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|err| Error::io("installing the SIGTERM handler", err))?;
     let mut usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
@@ -103,7 +107,7 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
     };
     let signal = async {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => info!("SIGINT"),
+            _ = sigint.recv() => info!("SIGINT"),
             _ = sigterm.recv() => info!("SIGTERM"),
             _ = usr1.recv() => {
                 info!("SIGUSR1: a new agent takes over; exiting with the datapath attached");

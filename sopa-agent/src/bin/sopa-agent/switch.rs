@@ -25,6 +25,10 @@ pub async fn switch(args: SwitchArgs, netns: Option<String>) -> Result<(), Error
             (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
         })
     });
+    // Both handlers before anything changes: a signal during the start is taken once it is
+    // done (the default action would end the agent with nothing restored).
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(|err| Error::io("installing the SIGINT handler", err))?;
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|err| Error::io("installing the SIGTERM handler", err))?;
     let mut sw = sopa_agent::switch::Switch::start(&sopa_agent::switch::SwitchOptions {
@@ -44,7 +48,7 @@ pub async fn switch(args: SwitchArgs, netns: Option<String>) -> Result<(), Error
             sopa_agent::switch::SwitchApplier::new(&mut sw, &name, &args.controller, reports);
         tokio::select! {
             _ = sopa_controller::client::run_with_reports(cfg, &mut applier, stopped, Some(reports_rx)) => {}
-            _ = tokio::signal::ctrl_c() => info!("SIGINT"),
+            _ = sigint.recv() => info!("SIGINT"),
             _ = sigterm.recv() => info!("SIGTERM"),
         }
     }
