@@ -106,6 +106,10 @@ pub struct ControllerState {
     /// Fabric hosts whose agent the controller reports lost (they receive unstripped packets).
     #[serde(default)]
     pub peers_down: Vec<String>,
+    /// Switch role: hosts behind this switch's ports whose agent is not live (the option from
+    /// their ports is neutralized).
+    #[serde(default)]
+    pub untrusted_hosts: Vec<String>,
 }
 
 impl Record {

@@ -179,14 +179,15 @@ impl Applier for HostApplier<'_> {
         self.view.as_ref().map_or((0, 0), |v| (v.epoch, v.version))
     }
 
-    fn peers(&mut self, down: &[String]) {
-        if self.state.peers_down != down {
+    fn peers(&mut self, peers: &sopa_controller::proto::PeerAgents) {
+        let down = &peers.down;
+        if self.state.peers_down != *down {
             if down.is_empty() {
                 info!("every peer host's agent is back");
             } else {
                 warn!(hosts = ?down, "peer hosts without their agent: they receive packets with the option on");
             }
-            self.state.peers_down = down.to_vec();
+            self.state.peers_down = down.clone();
             self.record();
         }
     }

@@ -425,7 +425,7 @@ impl Host {
         // datapath's old programs read them as soon as they are written, so an upgrade that
         // fails from here on writes the previous ones back.
         let previous = if adopting {
-            Some((maps.config()?, maps.paths()?))
+            Some((maps.config()?, maps.paths()?, maps.first_path()?))
         } else {
             None
         };
@@ -434,6 +434,9 @@ impl Host {
                 mode: opts.mode,
                 hash_seed: opts.hash_seed,
             })?;
+            // A start of the agent returns new flows to the default (`sopa-agent mode
+            // --first-path` changes it at run time, for comparisons).
+            maps.set_first_path(sopa_common::maps::first_path::HASH)?;
             if !(adopting && opts.paths_from_controller) {
                 maps.apply_paths(&opts.paths)?;
             }
@@ -443,9 +446,10 @@ impl Host {
         let attached = match written {
             Ok(attached) => attached,
             Err(err) => {
-                if let Some((config, paths)) = previous
+                if let Some((config, paths, first)) = previous
                     && let Err(restore) = maps
                         .set_config(config)
+                        .and_then(|()| maps.set_first_path(first))
                         .and_then(|()| maps.apply_paths(&paths))
                 {
                     warn!(%restore, "writing the adopted datapath's configuration back");

@@ -51,6 +51,8 @@ pub struct Status {
     pub mode: String,
     /// The mode an operator set at run time (`sopa-agent mode`), kept across restarts.
     pub mode_set_at_run_time: Option<crate::mode::RuntimeMode>,
+    /// Where new flows start their round robin: `hash` (the default) or `zero` (the paper's).
+    pub first_path: String,
     pub granularity: String,
     pub xdp_mode: String,
     pub paths_file: Option<String>,
@@ -163,6 +165,11 @@ pub fn read(node: &str, run_dir: &Path, pin_dir: &Path) -> Result<Status> {
         ifindex: record.ifindex,
         mode: mode_name(config.mode).to_owned(),
         mode_set_at_run_time: crate::mode::RuntimeMode::load(run_dir).ok().flatten(),
+        first_path: sopa_common::maps::first_path::NAMES
+            .get(maps.first_path()? as usize)
+            .copied()
+            .unwrap_or("unknown")
+            .to_owned(),
         granularity: record.granularity.clone(),
         xdp_mode: record.xdp_mode.clone(),
         paths_file: record.paths_file.as_ref().map(|p| p.display().to_string()),
@@ -242,10 +249,13 @@ impl Status {
             "node {}: {state}, pid {}, up {} s",
             self.node, self.pid, self.uptime_s
         );
-        let set = match &self.mode_set_at_run_time {
+        let mut set = match &self.mode_set_at_run_time {
             Some(m) => format!(" (mode {} set at run time, kept across restarts)", m.mode),
             None => String::new(),
         };
+        if self.first_path != "hash" {
+            set += &format!(", new flows start at path {}", self.first_path);
+        }
         let _ = writeln!(
             s,
             "interface {} (ifindex {}), mode {}{set}, granularity {}, xdp {}",
@@ -354,6 +364,13 @@ impl Status {
                     format!(", last error: {}", c.last_error)
                 }
             );
+            if !c.untrusted_hosts.is_empty() {
+                let _ = writeln!(
+                    s,
+                    "hosts without a live agent (their option is neutralized here): {}",
+                    c.untrusted_hosts.join(", ")
+                );
+            }
             if !c.peers_down.is_empty() {
                 let _ = writeln!(
                     s,

@@ -4,17 +4,21 @@
 //! fills `tc_forward`'s decisions and attaches it to every port. The kernel multipath-hashes
 //! packets without the option by 5-tuple with a seed of this switch's own, as independent
 //! hardware switches would (notes/fabric.md: policy 1, or one seed everywhere, is polarized).
+//!
+//! Only trusted ports may bring the option: links to other switches, and links to hosts whose
+//! agent the controller reports live (a host without one could choose hop bytes itself, with
+//! `IP_OPTIONS` or a raw socket). On every other port `tc_forward` neutralizes the option.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     net::Ipv4Addr,
     path::PathBuf,
 };
 
-use sopa_common::maps::{FwdEntry, MAX_UPLINKS, Uplink};
+use sopa_common::maps::{FwdEntry, MAX_UPLINKS, Uplink, trust};
 use sopa_controller::{
     client::Applier,
-    proto::{Delta, LinkReport, Snapshot},
+    proto::{Delta, LinkReport, PeerAgents, Snapshot},
     view::FabricView,
 };
 use sopa_topology::{
@@ -52,7 +56,15 @@ pub struct Switch {
     attached: Vec<u32>,
     /// ifindex -> the link's two node names, for link-state reports.
     port_links: HashMap<u32, (String, String)>,
+    /// ifindex -> the host behind a port facing a host; every other port faces a switch.
+    host_ports: BTreeMap<u32, String>,
+    /// The hosts whose agent the controller last reported live; `None` until it reported any
+    /// (a controller older than the trust rule never does: every host port stays trusted).
+    live_hosts: Option<BTreeSet<String>>,
     tcx_order: TcxOrder,
+    /// Counters of an older layout's datapath, carried over once the first plan replaced its
+    /// programs.
+    carry: Option<crate::datapath::layout::Carry>,
 }
 
 /// One port of this switch: the interface and the neighbour behind it.
@@ -210,6 +222,13 @@ impl Switch {
             }
             let mut datapath = Datapath::load_switch(&pins)?;
             let maps = datapath.take_forward_maps()?;
+            // Counters an agent of an older layout left, set into ours before anything counts
+            // there.
+            let carry = crate::datapath::layout::Carry::start(&pins)
+                .inspect_err(|err| {
+                    warn!(%err, "counters of an older datapath layout could not be carried over");
+                })
+                .ok();
             for (key, value) in [
                 ("net.ipv4.ip_forward", "1".to_owned()),
                 ("net.ipv4.fib_multipath_hash_policy", "3".to_owned()),
@@ -243,17 +262,20 @@ impl Switch {
                 }
                 sysctl::write(key, &value)?;
             }
-            Ok::<_, Error>((datapath, maps))
+            Ok::<_, Error>((datapath, maps, carry))
         };
         match setup.await {
-            Ok((datapath, maps)) => Ok(Self {
+            Ok((datapath, maps, carry)) => Ok(Self {
                 datapath,
                 maps,
                 journal: Some(journal),
                 netlink,
                 attached: Vec::new(),
                 port_links: HashMap::new(),
+                host_ports: BTreeMap::new(),
+                live_hosts: None,
                 tcx_order: opts.tcx_order,
+                carry,
             }),
             Err(e) => {
                 if !adopting {
@@ -309,6 +331,17 @@ impl Switch {
                 )
             })
             .collect();
+        self.host_ports = ports
+            .iter()
+            .filter_map(|(l, p)| {
+                let link = &g.links[*l as usize];
+                let other = if link.a == me { link.b } else { link.a };
+                (g.node(other).kind == NodeKind::Host)
+                    .then(|| (p.ifindex, g.name(other).to_owned()))
+            })
+            .collect();
+        // Trust before attaching: a program replaced in place finds its ports already known.
+        self.write_trust()?;
         let mut ifindexes: Vec<u32> = ports.values().map(|p| p.ifindex).collect();
         ifindexes.sort_unstable();
         ifindexes.dedup();
@@ -321,6 +354,11 @@ impl Switch {
                 self.attached.push(ifindex);
             }
         }
+        if let Some(carry) = self.carry.take()
+            && let Err(err) = carry.finish()
+        {
+            warn!(%err, "counters of an older datapath layout could not be carried over");
+        }
         info!(
             node,
             routes = plan.routes.len(),
@@ -329,6 +367,48 @@ impl Switch {
             "switch plan installed"
         );
         Ok(())
+    }
+
+    /// Takes the hosts whose agent the controller reports live and trusts exactly their ports
+    /// (and the links to other switches). Returns the hosts behind this switch's ports whose
+    /// option is now neutralized.
+    pub fn set_live_hosts(&mut self, live: &[String]) -> Result<Vec<String>> {
+        self.live_hosts = Some(live.iter().cloned().collect());
+        // Before the first plan the ports are unknown: the trusted ports a previous agent left
+        // stay until the plan writes them.
+        if !self.port_links.is_empty() {
+            self.write_trust()?;
+        }
+        Ok(self.untrusted_hosts())
+    }
+
+    /// The hosts behind this switch's ports whose agent is not live.
+    pub fn untrusted_hosts(&self) -> Vec<String> {
+        let Some(live) = &self.live_hosts else {
+            return Vec::new();
+        };
+        self.host_ports
+            .values()
+            .filter(|h| !live.contains(*h))
+            .cloned()
+            .collect()
+    }
+
+    /// Writes the trusted ports: every port of the plan that faces a switch, and the ports
+    /// facing live hosts.
+    fn write_trust(&mut self) -> Result<()> {
+        let ports: BTreeMap<u32, u32> = self
+            .port_links
+            .keys()
+            .filter_map(|ifindex| match self.host_ports.get(ifindex) {
+                None => Some((*ifindex, trust::SWITCH)),
+                Some(h) if self.live_hosts.as_ref().is_none_or(|l| l.contains(h)) => {
+                    Some((*ifindex, trust::HOST))
+                }
+                Some(_) => None,
+            })
+            .collect();
+        self.maps.set_trusted(&ports)
     }
 
     /// Recomputes the kernel routes under `failures` (after a pushed change) and installs the
@@ -561,6 +641,7 @@ impl Applier for SwitchApplier<'_> {
         }
         self.state.epoch = s.epoch;
         self.state.version = s.version;
+        self.state.untrusted_hosts = self.switch.untrusted_hosts();
         self.view = Some(view);
         self.switch.set_controller_state(self.state.clone());
         Ok(())
@@ -591,6 +672,25 @@ impl Applier for SwitchApplier<'_> {
 
     fn position(&self) -> (u64, u64) {
         self.view.as_ref().map_or((0, 0), |v| (v.epoch, v.version))
+    }
+
+    fn peers(&mut self, peers: &PeerAgents) {
+        match self.switch.set_live_hosts(&peers.live) {
+            Ok(untrusted) => {
+                if untrusted != self.state.untrusted_hosts {
+                    if untrusted.is_empty() {
+                        info!("every host behind this switch has a live agent: all ports trusted");
+                    } else {
+                        warn!(hosts = ?untrusted, "hosts without a live agent: the option from their ports is neutralized");
+                    }
+                    self.state.untrusted_hosts = untrusted;
+                    self.switch.set_controller_state(self.state.clone());
+                }
+            }
+            // The map keeps what it had until the next change of the hosts' states or the next
+            // snapshot writes it again.
+            Err(err) => warn!(%err, "could not write the trusted ports"),
+        }
     }
 
     fn connected(&mut self, up: bool) {

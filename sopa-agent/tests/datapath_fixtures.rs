@@ -580,6 +580,29 @@ fn one_packet_flows_spread_evenly_from_their_first_packet() {
 }
 
 #[test]
+fn first_path_zero_starts_every_flow_at_path_zero_as_the_paper_does() {
+    let mut f = Fixture::new(TABLE, mode::SOPA);
+    assert_eq!(
+        f.maps.first_path().unwrap(),
+        sopa_common::maps::first_path::HASH,
+        "the default"
+    );
+    f.maps
+        .set_first_path(sopa_common::maps::first_path::ZERO)
+        .unwrap();
+    for sport in 0..200u16 {
+        let first = f.stamp(&tcp(DST_INTER_POD, 30_000 + sport, 0, b""));
+        assert_eq!((first[36], first[37]), (0, 0), "flow {sport}: path 0 first");
+        let second = f.stamp(&tcp(DST_INTER_POD, 30_000 + sport, 1, b""));
+        assert_eq!(
+            (second[36], second[37]),
+            (0, 1),
+            "flow {sport}: then path 1"
+        );
+    }
+}
+
+#[test]
 fn ecmp_is_stable_and_rps_uses_every_path() {
     let mut f = Fixture::new(TABLE, mode::ECMP);
     for sport in 1..20u16 {

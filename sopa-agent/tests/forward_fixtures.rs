@@ -1,10 +1,14 @@
 //! Fixture table for `tc_forward` through BPF_PROG_TEST_RUN (root, no namespaces): a stamped
 //! packet at its decision point is redirected by its hop byte with the TTL decremented and a
-//! valid checksum; a hop byte naming no uplink is dropped; everything else passes untouched.
+//! valid checksum; a hop byte naming no uplink is dropped; an option from a port the switch does
+//! not trust is neutralized (NOPs, the checksum adjusted) and routed by the kernel; everything
+//! else passes untouched. BPF_PROG_TEST_RUN runs the program on the loopback device (ifindex 1),
+//! the port the fixtures trust or not.
 
 mod common;
 
 use std::{
+    collections::BTreeMap,
     path::PathBuf,
     sync::atomic::{AtomicU32, Ordering},
 };
@@ -15,7 +19,10 @@ use sopa_agent::{
     datapath::{Datapath, maps::ForwardMaps},
     path_table::Prefix,
 };
-use sopa_common::maps::{FwdEntry, Uplink, forward_reason as reason};
+use sopa_common::maps::{FwdEntry, Uplink, forward_reason as reason, trust};
+
+/// The port BPF_PROG_TEST_RUN runs the program on.
+const LOOPBACK: u32 = 1;
 
 /// TCX_NEXT: the packet goes on to the programs and filters attached after ours.
 const TC_ACT_UNSPEC: u32 = -1i32 as u32;
@@ -74,6 +81,8 @@ fn switch() -> Switch {
         &entry(2, &[(21, [10, 2, 4, 1]), (22, [10, 2, 5, 1])]),
     )
     .unwrap();
+    maps.set_trusted(&BTreeMap::from([(LOOPBACK, trust::SWITCH)]))
+        .unwrap();
     Switch {
         datapath,
         maps,
@@ -255,4 +264,69 @@ fn a_header_corrupted_in_transit_stays_corrupted() {
     );
     expect[24..26].copy_from_slice(&check.to_be_bytes());
     assert_eq!(out, expect);
+}
+
+/// `frame` (carrying our option) with the option's four bytes turned into NOPs and the
+/// checksum adjusted from the one it had (a bad checksum stays bad by as much).
+fn neutralized(frame: &[u8]) -> Vec<u8> {
+    use sopa_common::wire::{checksum_adjust, word};
+    let mut expect = frame.to_vec();
+    let mut check = u16::from_be_bytes([frame[24], frame[25]]);
+    for i in [34, 36] {
+        check = checksum_adjust(check, word(frame[i], frame[i + 1]), word(1, 1));
+        expect[i..i + 2].copy_from_slice(&[1, 1]);
+    }
+    expect[24..26].copy_from_slice(&check.to_be_bytes());
+    expect
+}
+
+#[test]
+fn an_option_from_an_untrusted_port_is_neutralized_and_left_to_the_kernel() {
+    let mut s = switch();
+    s.maps.set_trusted(&BTreeMap::new()).unwrap();
+    assert_eq!(s.maps.trusted(), Some(BTreeMap::new()), "no port trusted");
+    for (name, packet) in [
+        ("at a decision point", stamped([10, 1, 0, 2], 1, 0, 64)),
+        ("for the own rack", stamped([10, 0, 0, 3], 1, 1, 64)),
+        ("hop1 decides", stamped([10, 2, 0, 2], 0, 1, 64)),
+    ] {
+        let before = s.maps.counters().unwrap();
+        let (got, out) = run(&mut s, &packet);
+        assert_eq!(got, TC_ACT_UNSPEC, "{name}: the kernel routes it");
+        let after = s.maps.counters().unwrap();
+        assert_eq!(
+            after[reason::UNTRUSTED as usize],
+            before[reason::UNTRUSTED as usize] + 1,
+            "{name}: counted as untrusted"
+        );
+        assert_eq!(
+            after[reason::REDIRECTED as usize],
+            before[reason::REDIRECTED as usize],
+            "{name}: not redirected"
+        );
+        assert_eq!(out, neutralized(&packet), "{name}: the option is four NOPs");
+        assert!(common::checksum_ok(&out), "{name}: a valid header");
+        assert_eq!(out[22], packet[22], "{name}: TTL left to the kernel");
+    }
+    // A header corrupted on the way stays corrupted.
+    let mut bad = stamped([10, 1, 0, 2], 1, 0, 64);
+    bad[24] ^= 0x5A;
+    let (got, out) = run(&mut s, &bad);
+    assert_eq!(got, TC_ACT_UNSPEC);
+    assert!(
+        !common::checksum_ok(&out),
+        "the rewrite repaired a bad header"
+    );
+    assert_eq!(out, neutralized(&bad));
+    // Packets without our option are not touched on an untrusted port either.
+    let packet = plain([10, 1, 0, 2]);
+    let (got, out) = run(&mut s, &packet);
+    assert_eq!((got, out), (TC_ACT_UNSPEC, packet));
+
+    // Trusted again: honoured.
+    s.maps
+        .set_trusted(&BTreeMap::from([(LOOPBACK, trust::HOST)]))
+        .unwrap();
+    let (got, _) = run(&mut s, &stamped([10, 1, 0, 2], 1, 0, 64));
+    assert_eq!(got, TC_ACT_REDIRECT);
 }

@@ -12,7 +12,9 @@ use std::{
 
 use aya::maps::{Map, MapData, PerCpuArray, PerCpuValues};
 use sopa_agent::datapath::{Datapath, layout};
-use sopa_common::maps::{STAMP_STATS_MAP, STRIP_STATS_MAP, stamp_reason, strip_reason};
+use sopa_common::maps::{
+    FWD_STATS_MAP, STAMP_STATS_MAP, STRIP_STATS_MAP, forward_reason, stamp_reason, strip_reason,
+};
 
 /// A pin folder of its own, removed on drop.
 struct Pins(PathBuf);
@@ -117,7 +119,7 @@ fn counters_of_the_previous_layout_are_carried_over_by_name() {
     drop(v1_stamp);
 
     let carried = carry.finish().unwrap();
-    assert_eq!(carried, ["SOPA_STAMP_V1", "SOPA_STRIP_V1"]);
+    assert_eq!(carried, ["SOPA_STAMP_V1", "SOPA_STRIP_V1", "SOPA_FWDST_V1"]);
     for p in &layout::PREDECESSORS {
         assert!(!pins.0.join(p.old).exists(), "{} is unpinned", p.old);
     }
@@ -148,6 +150,20 @@ fn counters_of_the_previous_layout_are_carried_over_by_name() {
         assert_eq!(
             counter(&strip, &strip_reason::NAMES, name),
             (i as u64 + 1) * n,
+            "{name}"
+        );
+    }
+    // tc_forward's V1 counters keep their names; `untrusted` is new.
+    let forward = open(&pins.0.join(FWD_STATS_MAP));
+    for (i, name) in forward_reason::NAMES.iter().enumerate() {
+        let want = if *name == "untrusted" {
+            0
+        } else {
+            (i as u64 + 1) * n
+        };
+        assert_eq!(
+            counter(&forward, &forward_reason::NAMES, name),
+            want,
             "{name}"
         );
     }
@@ -188,5 +204,30 @@ fn a_map_of_an_unknown_layout_is_refused_by_name() {
     assert!(
         err.contains("--reset"),
         "the message says what to do: {err}"
+    );
+}
+
+#[test]
+fn status_reads_a_datapath_the_previous_layout_left_attached() {
+    let pins = Pins::new();
+    previous_layout(&pins.0, |i| u64::from(i) + 1);
+    // The previous layout had neither the trusted ports nor the first-path setting.
+    for map in [sopa_common::maps::TRUST_MAP, sopa_common::maps::START_MAP] {
+        std::fs::remove_file(pins.0.join(map)).unwrap();
+    }
+    let n = cpus() as u64;
+    let forward = sopa_agent::datapath::maps::ForwardMaps::from_pins(&pins.0)
+        .unwrap()
+        .counters()
+        .unwrap();
+    // V1 index 8 is redirect_failed; `untrusted` is not a V1 counter.
+    assert_eq!(forward[forward_reason::REDIRECT_FAILED as usize], 9 * n);
+    assert_eq!(forward[forward_reason::UNTRUSTED as usize], 0);
+    let maps = sopa_agent::datapath::MapSet::from_pins(&pins.0).unwrap();
+    assert!(!maps.has_first_path());
+    assert_eq!(
+        maps.first_path().unwrap(),
+        sopa_common::maps::first_path::HASH,
+        "what the previous layout did"
     );
 }

@@ -39,6 +39,20 @@ pub struct Config {
 }
 const _: () = assert!(size_of::<Config>() == 8);
 
+/// Where a new flow's round robin starts: a one-entry array holding one of [`first_path`].
+/// A map of its own, so a datapath of an older layout reads the default from a fresh one.
+pub const START_MAP: &str = "SOPA_START_V1";
+
+/// Values of [`START_MAP`].
+pub mod first_path {
+    /// At the flow's hash (the default): SYNs and one-packet flows spread over every path, and
+    /// a flow evicted from the table does not go back to the first.
+    pub const HASH: u32 = 0;
+    /// At path 0, as the paper's algorithm does: kept to measure what seeding changes.
+    pub const ZERO: u32 = 1;
+    pub const NAMES: [&str; 2] = ["hash", "zero"];
+}
+
 /// Destination prefix -> candidate paths (LPM trie keyed by the IPv4 address, network order).
 pub const PATHS_MAP: &str = "SOPA_PATHS_V1";
 /// Destination prefixes (one per edge/access switch of a fabric).
@@ -296,7 +310,12 @@ pub mod forward_reason {
     pub const TOO_SHORT: u32 = 6;
     pub const BAD_HEADER: u32 = 7;
     pub const REDIRECT_FAILED: u32 = 8;
-    pub const COUNT: u32 = 9;
+    /// The option arrived on a port that is not in [`super::TRUST_MAP`] (a host whose agent
+    /// is not live): its four bytes were overwritten with NOPs and the kernel routed the
+    /// packet, so no switch after this one honours hop bytes a sender chose itself.
+    pub const UNTRUSTED: u32 = 9;
+    pub const COUNT: u32 = 10;
+    const _: () = assert!(COUNT <= super::REASON_SLOTS);
     pub const NAMES: [&str; COUNT as usize] = [
         "redirected",
         "no_option",
@@ -307,11 +326,27 @@ pub mod forward_reason {
         "too_short",
         "bad_header",
         "redirect_failed",
+        "untrusted",
     ];
 }
 
-/// Per-CPU counters of `tc_forward`, indexed by [`forward_reason`].
-pub const FWD_STATS_MAP: &str = "SOPA_FWDST_V1";
+/// Per-CPU counters of `tc_forward`, indexed by [`forward_reason`], [`REASON_SLOTS`] long.
+pub const FWD_STATS_MAP: &str = "SOPA_FWDST_V2";
+
+/// Switch role: the ports whose packets may carry the option (ingress ifindex -> the kind of
+/// neighbour, [`trust`]). A switch trusts its links to other switches of the fabric and its
+/// links to hosts whose agent the controller reports live; on any other port `tc_forward`
+/// neutralizes the option ([`forward_reason::UNTRUSTED`]).
+pub const TRUST_MAP: &str = "SOPA_TRUST_V1";
+pub const TRUST_CAPACITY: u32 = 4096;
+
+/// Values of [`TRUST_MAP`].
+pub mod trust {
+    /// A link to another switch of the fabric.
+    pub const SWITCH: u32 = 1;
+    /// A link to a host whose agent is live.
+    pub const HOST: u32 = 2;
+}
 /// Per-CPU counters of redirected packets per uplink index (the switch's packets per path).
 pub const FWD_UPLINK_STATS_MAP: &str = "SOPA_FWDUP_V1";
 

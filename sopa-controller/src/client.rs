@@ -26,8 +26,9 @@ pub trait Applier: Send {
     fn pins(&mut self, _pins: &PinSet) -> impl Future<Output = Result<(), String>> + Send {
         std::future::ready(Err("this agent does not take pins".to_owned()))
     }
-    /// The hosts whose agents the controller has lost (they receive unstripped packets).
-    fn peers(&mut self, _down: &[String]) {}
+    /// The host agents' states: lost ones (they receive unstripped packets) and live ones
+    /// (switches honour their option).
+    fn peers(&mut self, _peers: &proto::PeerAgents) {}
     /// (epoch, version) last applied; (0, 0) for nothing.
     fn position(&self) -> (u64, u64);
     /// The channel came up or went down.
@@ -261,7 +262,7 @@ async fn session<A: Applier, R: Into<agent_message::Kind>>(
                         Some(AgentMessage { kind: Some(agent_message::Kind::PinAck(PinAck { round: p.round, error })) })
                     }
                     Some(controller_message::Kind::Peers(p)) => {
-                        applier.peers(&p.down);
+                        applier.peers(&p);
                         None
                     }
                     Some(controller_message::Kind::Heartbeat(_)) | None => None,

@@ -39,6 +39,11 @@ struct Args {
     /// How long a Hedera pin holds without a newer pin set from this controller.
     #[arg(long, env = "SOPA_PIN_LIFETIME_MS", default_value_t = 5000)]
     pin_lifetime_ms: u64,
+    /// How long a host whose agent disconnected stays trusted: switches honour its option for
+    /// this long, so a restarting agent (which keeps its datapath) goes unnoticed; after it,
+    /// its edge switch neutralizes any option from that host.
+    #[arg(long, env = "SOPA_AGENT_GRACE_MS", default_value_t = server::DEFAULT_AGENT_GRACE.as_millis() as u64)]
+    agent_grace_ms: u64,
 }
 
 fn main() -> ExitCode {
@@ -98,8 +103,12 @@ async fn run(args: Args) -> Result<()> {
         }
     };
     let name = fabric.topology().name();
-    let controller =
-        Controller::with_hedera(fabric, Duration::from_millis(args.heartbeat_ms), hedera);
+    let controller = Controller::with_hedera(
+        fabric,
+        Duration::from_millis(args.heartbeat_ms),
+        hedera,
+        Duration::from_millis(args.agent_grace_ms),
+    );
     let listener: server::Listener = match args.listen.strip_prefix("unix:") {
         Some(path) => {
             // A socket left by a previous run would refuse the bind.

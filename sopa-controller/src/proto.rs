@@ -133,14 +133,20 @@ pub mod controller_message {
     }
 }
 
-/// The host agents the controller has seen and lost: their hosts receive packets with the
-/// option still on (delivery goes on, the stack ignores it) and measure no reordering. Sent to
-/// every host agent on connect and whenever the set changes.
-#[derive(Clone, PartialEq, prost::Message)]
+/// The host agents as the controller sees them. Sent to every agent on connect, before
+/// anything else, and whenever either set changes.
+#[derive(Clone, PartialEq, Eq, prost::Message)]
 pub struct PeerAgents {
-    /// Topology names of the hosts whose agent is disconnected.
+    /// Topology names of the hosts whose agent the controller has seen and lost: they receive
+    /// packets with the option still on (delivery goes on, the stack ignores it) and measure
+    /// no reordering.
     #[prost(string, repeated, tag = "1")]
     pub down: Vec<String>,
+    /// Topology names of the hosts whose agent is connected, or left less than the
+    /// controller's grace period ago (a restart keeps its datapath): switches honour the
+    /// option only on ports facing these hosts.
+    #[prost(string, repeated, tag = "2")]
+    pub live: Vec<String>,
 }
 
 /// A flow's 5-tuple: addresses as the u32 of their four octets read big-endian, ports in host

@@ -50,10 +50,30 @@ pub struct Controller {
     pub heartbeat: Duration,
     hedera: Mutex<Scheduler>,
     pins: broadcast::Sender<PinRound>,
-    /// Host agents by topology name: connected, and the session that holds the name.
-    hosts: Mutex<BTreeMap<String, (bool, u64)>>,
-    peers: tokio::sync::watch::Sender<Arc<Vec<String>>>,
+    /// Host agents by topology name.
+    hosts: Mutex<BTreeMap<String, HostSession>>,
+    peers: tokio::sync::watch::Sender<Arc<proto::PeerAgents>>,
+    /// How long a host whose agent left stays live (switches keep honouring its option): a
+    /// restarting agent keeps its datapath, and its switches should not notice. Every host of
+    /// the topology is live for as long after this controller starts, so a restart of the
+    /// controller goes unnoticed too while the agents reconnect.
+    pub agent_grace: Duration,
+    started: Instant,
+    /// The topology's host names.
+    topology_hosts: Vec<String>,
 }
+
+/// A host agent as the controller last saw it.
+#[derive(Clone, Copy, Debug)]
+struct HostSession {
+    /// The session that holds the name.
+    session: u64,
+    /// When that session ended; `None` while connected.
+    left: Option<Instant>,
+}
+
+/// How long a host stays live after its agent left, unless the controller is told otherwise.
+pub const DEFAULT_AGENT_GRACE: Duration = Duration::from_secs(10);
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -71,12 +91,40 @@ fn to_status(e: FabricError) -> Status {
 
 impl Controller {
     pub fn new(fabric: Fabric, heartbeat: Duration) -> Arc<Self> {
-        Self::with_hedera(fabric, heartbeat, HederaConfig::default())
+        Self::with_hedera(
+            fabric,
+            heartbeat,
+            HederaConfig::default(),
+            DEFAULT_AGENT_GRACE,
+        )
     }
 
-    pub fn with_hedera(fabric: Fabric, heartbeat: Duration, hedera: HederaConfig) -> Arc<Self> {
+    pub fn with_hedera(
+        fabric: Fabric,
+        heartbeat: Duration,
+        hedera: HederaConfig,
+        agent_grace: Duration,
+    ) -> Arc<Self> {
         let (updates, _) = broadcast::channel(1024);
         let (pins, _) = broadcast::channel(16);
+        let g = fabric.topology().graph();
+        let topology_hosts: Vec<String> = g
+            .nodes
+            .iter()
+            .filter(|n| n.kind == sopa_topology::NodeKind::Host)
+            .map(|n| n.name.clone())
+            .collect();
+        // In the order every later message lists them (sorted), so an unchanged set is never
+        // sent again.
+        let peers = proto::PeerAgents {
+            down: Vec::new(),
+            live: topology_hosts
+                .iter()
+                .cloned()
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect(),
+        };
         Arc::new(Self {
             fabric: Mutex::new(fabric),
             updates,
@@ -86,36 +134,78 @@ impl Controller {
             hedera: Mutex::new(Scheduler::new(hedera)),
             pins,
             hosts: Mutex::new(BTreeMap::new()),
-            peers: tokio::sync::watch::channel(Arc::new(Vec::new())).0,
+            peers: tokio::sync::watch::channel(Arc::new(peers)).0,
+            agent_grace,
+            started: Instant::now(),
+            topology_hosts,
         })
     }
 
-    /// A host agent connected or left; republishes the hosts whose agent is gone.
-    fn host_session(&self, name: &str, session: u64, up: bool) {
-        let mut hosts = self.hosts.lock().expect("hosts lock");
-        match hosts.get(name) {
-            // A stale session's end must not mark a reconnected agent down.
-            Some((_, s)) if !up && *s != session => return,
-            _ => {}
+    /// A host agent connected or left; republishes the host agents' states (and once more
+    /// when a departed agent's grace period ends).
+    fn host_session(self: &Arc<Self>, name: &str, session: u64, up: bool) {
+        {
+            let mut hosts = self.hosts.lock().expect("hosts lock");
+            match hosts.get(name) {
+                // A stale session's end must not mark a reconnected agent down.
+                Some(h) if !up && h.session != session => return,
+                _ => {}
+            }
+            hosts.insert(
+                name.to_owned(),
+                HostSession {
+                    session,
+                    left: (!up).then(Instant::now),
+                },
+            );
+            self.publish_peers_locked(&hosts);
         }
-        hosts.insert(name.to_owned(), (up, session));
-        let down: Vec<String> = hosts
+        if !up {
+            let controller = Arc::clone(self);
+            tokio::spawn(async move {
+                tokio::time::sleep(controller.agent_grace).await;
+                controller.publish_peers();
+            });
+        }
+    }
+
+    /// Sends every agent the host agents' states, if they changed.
+    fn publish_peers(&self) {
+        let hosts = self.hosts.lock().expect("hosts lock");
+        self.publish_peers_locked(&hosts);
+    }
+
+    /// [`Controller::publish_peers`] with the hosts held: states computed and sent under one
+    /// lock, so two publishers never send out of order.
+    fn publish_peers_locked(&self, hosts: &BTreeMap<String, HostSession>) {
+        let mut live: std::collections::BTreeSet<String> = hosts
             .iter()
-            .filter(|(_, (up, _))| !up)
+            .filter(|(_, h)| h.left.is_none_or(|t| t.elapsed() < self.agent_grace))
             .map(|(n, _)| n.clone())
             .collect();
+        if self.started.elapsed() < self.agent_grace {
+            live.extend(self.topology_hosts.iter().cloned());
+        }
+        let peers = proto::PeerAgents {
+            down: hosts
+                .iter()
+                .filter(|(_, h)| h.left.is_some())
+                .map(|(n, _)| n.clone())
+                .collect(),
+            live: live.into_iter().collect(),
+        };
         self.peers.send_if_modified(|cur| {
-            if **cur == down {
+            if **cur == peers {
                 false
             } else {
-                *cur = Arc::new(down);
+                *cur = Arc::new(peers);
                 true
             }
         });
     }
 
-    /// Topology names of the host agents seen and lost.
-    pub fn peers_down(&self) -> Vec<String> {
+    /// The host agents' states as last sent to every agent.
+    pub fn peers(&self) -> proto::PeerAgents {
         self.peers.borrow().as_ref().clone()
     }
 
@@ -348,25 +438,25 @@ impl proto::channel::channel_server::Channel for ChannelService {
         }
         tokio::spawn(async move {
             let send = |m: ControllerMessage| tx.send(Ok(m));
-            let peers_msg = |down: &Arc<Vec<String>>| ControllerMessage {
-                kind: Some(controller_message::Kind::Peers(proto::PeerAgents {
-                    down: down.as_ref().clone(),
-                })),
+            let peers_msg = |p: &Arc<proto::PeerAgents>| ControllerMessage {
+                kind: Some(controller_message::Kind::Peers(p.as_ref().clone())),
             };
-            for m in initial {
-                if send(m).await.is_err() {
-                    if is_host {
-                        controller.host_session(&name, session, false);
-                    }
-                    return;
+            // The host agents' states come first: a switch installs its plan with its trusted
+            // ports already known.
+            let current = peers.borrow_and_update().clone();
+            let sent_initial = async {
+                send(peers_msg(&current)).await?;
+                for m in initial {
+                    send(m).await?;
                 }
-            }
-            if is_host {
-                let down = peers.borrow_and_update().clone();
-                if send(peers_msg(&down)).await.is_err() {
+                Ok::<_, mpsc::error::SendError<_>>(())
+            };
+            if sent_initial.await.is_err() {
+                controller.record(&node, session, |r| r.connected = false);
+                if is_host {
                     controller.host_session(&name, session, false);
-                    return;
                 }
+                return;
             }
             let mut tick = tokio::time::interval(controller.heartbeat);
             loop {
@@ -396,10 +486,10 @@ impl proto::channel::channel_server::Channel for ChannelService {
                         Err(broadcast::error::RecvError::Lagged(_)) => {}
                         Err(broadcast::error::RecvError::Closed) => break,
                     },
-                    changed = peers.changed(), if is_host => {
+                    changed = peers.changed() => {
                         if changed.is_err() { break; }
-                        let down = peers.borrow_and_update().clone();
-                        if send(peers_msg(&down)).await.is_err() { break; }
+                        let current = peers.borrow_and_update().clone();
+                        if send(peers_msg(&current)).await.is_err() { break; }
                     },
                     msg = inbound.message() => match msg {
                         Ok(Some(m)) => controller.handle(&node, &name, role, session, m),
@@ -488,6 +578,16 @@ pub async fn serve(
             .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
     let scheduler = tokio::spawn(Arc::clone(&controller).run_hedera());
     let _stop_scheduler = AbortOnDrop(scheduler);
+    // The hosts that have not reconnected when this controller's start-up grace ends stop
+    // being live.
+    let startup = {
+        let c = Arc::clone(&controller);
+        tokio::spawn(async move {
+            tokio::time::sleep(c.agent_grace.saturating_sub(c.started.elapsed())).await;
+            c.publish_peers();
+        })
+    };
+    let _stop_startup = AbortOnDrop(startup);
     let control = proto::control::control_server::ControlServer::new(ControlService(controller))
         .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);

@@ -174,3 +174,45 @@ async fn the_channel_runs_over_a_unix_socket() {
     c.stop().await;
     let _ = std::fs::remove_file(&path);
 }
+
+/// What switches are told about host agents, in order: every host of the topology is live for
+/// the grace period after the controller starts (agents still reconnecting), then only hosts
+/// with an agent; a host whose agent leaves is down at once and live for one more grace period.
+#[tokio::test]
+async fn hosts_stay_live_for_a_grace_period_after_the_start_and_after_their_agent_leaves() {
+    let grace = Duration::from_secs(3);
+    let c = common::start_controller_with_grace(21, grace).await;
+    let mut all: Vec<String> = (0..16).map(|i| format!("h{i}")).collect();
+    all.sort();
+    let (switch, _switch_stop) =
+        common::spawn_agent_peers(c.addr, "e0", sopa_controller::proto::Role::Switch);
+    let (_h0, h0_stop) =
+        common::spawn_agent_peers(c.addr, "h0", sopa_controller::proto::Role::Host);
+    let seen = |n: usize| {
+        let switch = std::sync::Arc::clone(&switch);
+        move || switch.lock().unwrap().len() >= n
+    };
+    until("the start's message", seen(1)).await;
+    until("the start-up grace's end", seen(2)).await;
+    let h0 = vec!["h0".to_owned()];
+    h0_stop.send(true).unwrap();
+    until("h0's agent gone", seen(3)).await;
+    until("h0's grace over", seen(4)).await;
+    let got: Vec<(Vec<String>, Vec<String>)> = switch
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|p| (p.down.clone(), p.live.clone()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (vec![], all),
+            (vec![], h0.clone()),
+            (h0.clone(), h0.clone()),
+            (h0, vec![]),
+        ],
+        "(down, live) in the order sent"
+    );
+    c.stop().await;
+}

@@ -26,12 +26,15 @@ use aya_ebpf::{
 use sopa_common::maps::{
     Config, FLOWS_CAPACITY, FWD_CAPACITY, FlowKey, FlowState, FwdEntry, HOP_STATS_LEN, MAX_UPLINKS,
     PATHS_CAPACITY, PINS_CAPACITY, PathSet, Pin, REASON_SLOTS, REORDER_CAPACITY, ReorderState,
-    forward_reason,
+    TRUST_CAPACITY,
 };
 
 // Names must equal the constants of `sopa_common::maps` (checked by the agent's loader tests).
 #[map(name = "SOPA_CFG_V1")]
 static CONFIG: Array<Config> = Array::pinned(1, 0);
+
+#[map(name = "SOPA_START_V1")]
+static START: Array<u32> = Array::pinned(1, 0);
 
 #[map(name = "SOPA_PATHS_V1")]
 static PATHS: LpmTrie<[u8; 4], PathSet> = LpmTrie::pinned(PATHS_CAPACITY, 0);
@@ -57,13 +60,17 @@ static REORDER: LruHashMap<FlowKey, ReorderState> = LruHashMap::pinned(REORDER_C
 #[map(name = "SOPA_FWD_V1")]
 static FORWARD: LpmTrie<[u8; 4], FwdEntry> = LpmTrie::pinned(FWD_CAPACITY, 0);
 
-#[map(name = "SOPA_FWDST_V1")]
-static FORWARD_STATS: PerCpuArray<u64> = PerCpuArray::pinned(forward_reason::COUNT, 0);
+#[map(name = "SOPA_FWDST_V2")]
+static FORWARD_STATS: PerCpuArray<u64> = PerCpuArray::pinned(REASON_SLOTS, 0);
+
+#[map(name = "SOPA_TRUST_V1")]
+static TRUST: HashMap<u32, u32> = HashMap::pinned(TRUST_CAPACITY, 0);
 
 #[map(name = "SOPA_FWDUP_V1")]
 static FORWARD_UPLINK_STATS: PerCpuArray<u64> = PerCpuArray::pinned(MAX_UPLINKS as u32, 0);
 
-/// Switch ingress: source-routed packets at their decision point go to the named uplink.
+/// Switch ingress: source-routed packets at their decision point go to the named uplink; an
+/// option from a port the switch does not trust is neutralized.
 #[classifier]
 pub fn tc_forward(ctx: TcContext) -> i32 {
     let (action, reason) = tc_forward::try_forward(&ctx);

@@ -2,7 +2,10 @@
 //! whose destination makes this switch a decision point goes out of the uplink its hop byte
 //! names (`bpf_redirect_neigh` to the next switch, TTL decremented); everything else is left to
 //! the kernel, which routes by destination (and multipath-hashes packets without the option:
-//! the ECMP baseline is Linux's own).
+//! the ECMP baseline is Linux's own). Only ports in the trust map may bring the option: on any
+//! other (a host whose agent is not live, so its processes could choose hop bytes themselves)
+//! the option's four bytes become NOPs and the kernel routes the packet, so neither this switch
+//! nor any after it honours the sender's choice, and nothing is dropped.
 
 use aya_ebpf::{
     bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC, bpf_redir_neigh},
@@ -19,7 +22,7 @@ use sopa_common::{
 };
 
 use crate::{
-    FORWARD, FORWARD_UPLINK_STATS,
+    FORWARD, FORWARD_UPLINK_STATS, TRUST,
     packet::{Ipv4, count, ptr_at},
 };
 
@@ -64,6 +67,13 @@ fn decide(ctx: &TcContext) -> Result<(i32, u32), u32> {
     if h[20] != OPTION_TYPE || h[21] != OPTION_LEN {
         return Err(reason::NO_OPTION);
     }
+    // SAFETY: the context is the live __sk_buff; at TC ingress `ifindex` is the receiving port.
+    let port = unsafe { (*ctx.skb.skb).ifindex };
+    // SAFETY: a plain read of a u32 value.
+    if unsafe { TRUST.get(&port) }.is_none() {
+        neutralize(h);
+        return Err(reason::UNTRUSTED);
+    }
     let entry = FORWARD
         .get(Key::new(32, ip.daddr))
         .ok_or(reason::NOT_DECISION)?;
@@ -106,4 +116,17 @@ fn decide(ctx: &TcContext) -> Result<(i32, u32), u32> {
     }
     count(&FORWARD_UPLINK_STATS, u32::from(hop), 1);
     Ok((action as i32, reason::REDIRECTED))
+}
+
+/// Overwrites the option with four NOPs (a valid option area the stack ignores; IHL unchanged),
+/// the checksum adjusted for both words, so a header corrupted on the way stays corrupted.
+#[inline(always)]
+fn neutralize(h: &mut [u8; IPV4_STAMPED_LEN]) {
+    const NOP: u8 = 1;
+    let (first, second) = (word(h[20], h[21]), word(h[22], h[23]));
+    [h[20], h[21], h[22], h[23]] = [NOP; 4];
+    let check = u16::from_be_bytes([h[10], h[11]]);
+    let check = checksum_adjust(check, first, word(NOP, NOP));
+    let check = checksum_adjust(check, second, word(NOP, NOP));
+    [h[10], h[11]] = check.to_be_bytes();
 }

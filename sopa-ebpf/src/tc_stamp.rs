@@ -307,14 +307,19 @@ fn is_gso(ctx: &TcContext) -> bool {
 
 /// The flow's state, created on its first packet. Its round robin starts at the flow's hash,
 /// not at path 0: otherwise every host's SYNs and one-packet flows would all take the first
-/// path, and a flow evicted from the table would go back to it.
+/// path, and a flow evicted from the table would go back to it. (`START` set to
+/// `first_path::ZERO` starts at 0, as the paper does, for comparison.)
 #[inline(always)]
 fn flow_state(key: &sopa_common::maps::FlowKey, seed: u32) -> Option<*mut FlowState> {
     if let Some(state) = FLOWS.get_ptr_mut(key) {
         return Some(state);
     }
+    let next = match crate::START.get(0) {
+        Some(&sopa_common::maps::first_path::ZERO) => 0,
+        _ => flow_hash(key, seed),
+    };
     let fresh = FlowState {
-        next: flow_hash(key, seed),
+        next,
         ..FlowState::default()
     };
     // EEXIST (another CPU won the race) is fine: the lookup below finds its entry.

@@ -5,8 +5,10 @@
 //!
 //! Modes: `sopa` (per-flow round-robin source routing), `rps` (a random path per packet),
 //! `ecmp` (no option: the switches' own kernel multipath), each optionally with ablations:
-//! `+r3` (tcp_reordering 3 instead of 10), `+norack` (no RACK), `+burst` (GSO bursts). Per mode: throughput as a fraction
-//! of the link rate (mean, min, p5, p99), flow completion times, reordered packets (receivers'
+//! `+r3` (tcp_reordering 3 instead of 10), `+norack` (no RACK), `+burst` (GSO bursts), `+first0`
+//! (new flows start at path 0, as the paper's algorithm does, not at their hash). Per mode:
+//! throughput as a fraction of the link rate (mean, min, p5, p99), flow completion times (and
+//! those of the flows of at most 100 kB), reordered packets (receivers'
 //! counters), fast retransmits and timeouts (the hosts' TCP counters), and how evenly the
 //! aggregation-to-core links were loaded. Fidelity checks first: one flow alone must reach 90%
 //! of the link rate (in one of at most three tries, the best reported with the number of
@@ -229,6 +231,16 @@ fn main() {
             r.core_links_max_over_min,
             r.idle_cpu_pct
         );
+        if r.short_flows > 0 {
+            println!(
+                "{:<12} ({} flows of at most {} kB: FCT mean {:.3} s, p99 {:.3} s)",
+                "",
+                r.short_flows,
+                experiment::SHORT_FLOW_BYTES / 1000,
+                r.short_fct_mean_s,
+                r.short_fct_p99_s
+            );
+        }
         if let Some(sub) = r.mptcp_subflows_mean {
             println!(
                 "{:<12} (MPTCP: {sub:.2} subflows beside the first, per flow)",

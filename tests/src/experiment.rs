@@ -211,6 +211,13 @@ fn mode_result(f: &Fabric, a: &Plan, mode: &str, m: Acc) -> ModeResult {
     frac.sort_by(f64::total_cmp);
     let mut fct: Vec<f64> = m.transfers.iter().map(|t| t.seconds).collect();
     fct.sort_by(f64::total_cmp);
+    let mut short: Vec<f64> = m
+        .transfers
+        .iter()
+        .filter(|t| t.bytes <= SHORT_FLOW_BYTES)
+        .map(|t| t.seconds)
+        .collect();
+    short.sort_by(f64::total_cmp);
     let d = |k: &str| m.counters.get(k).copied().unwrap_or(0);
     let (lmax, lmin) = (
         m.links.iter().max().copied().unwrap_or(0),
@@ -232,6 +239,9 @@ fn mode_result(f: &Fabric, a: &Plan, mode: &str, m: Acc) -> ModeResult {
         round_means: m.round_means,
         fct_mean_s: fct.iter().sum::<f64>() / fct.len().max(1) as f64,
         fct_p99_s: percentile(&fct, 0.99),
+        short_flows: short.len(),
+        short_fct_mean_s: short.iter().sum::<f64>() / short.len().max(1) as f64,
+        short_fct_p99_s: percentile(&short, 0.99),
         reordered_pct: 100.0 * d("tcp_reordered") as f64 / d("tcp_data").max(1) as f64,
         fast_retransmits: d("fast_retransmits"),
         timeouts: d("timeouts"),
@@ -265,6 +275,9 @@ fn mode_result(f: &Fabric, a: &Plan, mode: &str, m: Acc) -> ModeResult {
             .collect(),
     }
 }
+
+/// The largest flow counted as short (about half of the production workload's flows).
+pub const SHORT_FLOW_BYTES: u64 = 100_000;
 
 /// xorshift64 for reproducible random permutations.
 pub fn rng(seed: u64) -> impl FnMut() -> u64 {
@@ -747,6 +760,13 @@ pub struct ModeResult {
     pub round_means: Vec<f64>,
     pub fct_mean_s: f64,
     pub fct_p99_s: f64,
+    /// Flows of at most [`SHORT_FLOW_BYTES`]: how many, and their mean and p99 FCT.
+    #[serde(default)]
+    pub short_flows: usize,
+    #[serde(default)]
+    pub short_fct_mean_s: f64,
+    #[serde(default)]
+    pub short_fct_p99_s: f64,
     pub reordered_pct: f64,
     pub fast_retransmits: u64,
     pub timeouts: u64,
@@ -773,13 +793,17 @@ fn null_is_infinite<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Resu
 /// A mode of a run: a datapath mode (`sopa`, `rps`, `single` for every flow on its first path,
 /// `hedera` for the Hedera baseline, `ecmp` for the switches' kernel multipath with no option,
 /// `mptcp` for MPTCP over that with 1 + 4 subflows), optionally with ablations after `+`: `r3` (`tcp_reordering` 3
-/// instead of 10), `norack` (`tcp_recovery` 0: no RACK), `burst` (GSO bursts instead of packets).
+/// instead of 10), `norack` (`tcp_recovery` 0: no RACK), `burst` (GSO bursts instead of packets),
+/// `first0` (new flows start at path 0 as in the paper, not at their hash).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ModeSpec {
     pub base: String,
     pub reordering: u32,
     pub rack: bool,
     pub burst: bool,
+    /// New flows start their round robin at path 0, as the paper's algorithm does, instead of
+    /// at their hash.
+    pub first0: bool,
 }
 
 impl std::str::FromStr for ModeSpec {
@@ -790,7 +814,7 @@ impl std::str::FromStr for ModeSpec {
         let base = parts.next().unwrap_or_default().to_owned();
         if !["sopa", "rps", "ecmp", "hedera", "single", "mptcp", "ideal"].contains(&base.as_str()) {
             return Err(format!(
-                "mode {s:?}: sopa, rps, ecmp, hedera, single, mptcp or ideal, optionally +r3, +norack, +burst"
+                "mode {s:?}: sopa, rps, ecmp, hedera, single, mptcp or ideal, optionally +r3, +norack, +burst, +first0"
             ));
         }
         let mut m = Self {
@@ -798,15 +822,17 @@ impl std::str::FromStr for ModeSpec {
             reordering: 10,
             rack: true,
             burst: false,
+            first0: false,
         };
         for p in parts {
             match p {
                 "r3" => m.reordering = 3,
                 "norack" => m.rack = false,
                 "burst" => m.burst = true,
+                "first0" => m.first0 = true,
                 other => {
                     return Err(format!(
-                        "mode {s:?}: unknown ablation {other:?} (r3, norack, burst)"
+                        "mode {s:?}: unknown ablation {other:?} (r3, norack, burst, first0)"
                     ));
                 }
             }
@@ -830,7 +856,9 @@ pub fn set_mode(f: &Fabric, mode: &str) {
     f.use_ideal(m.base == "ideal")
         .unwrap_or_else(|e| panic!("{e}"));
     for (id, agent) in &f.hosts {
-        crate::agent::set_mode(&agent.node, host_mode).unwrap_or_else(|e| panic!("{e}"));
+        let first = if m.first0 { "zero" } else { "hash" };
+        crate::agent::set_mode_with(&agent.node, host_mode, &["--first-path", first])
+            .unwrap_or_else(|e| panic!("{e}"));
         let ns = f.ns(f.topo.graph().name(*id));
         ns.sysctl("net.ipv4.tcp_reordering", &m.reordering.to_string())
             .expect("tcp_reordering");

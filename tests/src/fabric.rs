@@ -477,6 +477,13 @@ impl Fabric {
         &self.hosts[&self.topo.graph().find(name).expect("a host")]
     }
 
+    /// Stops host `name`'s agent with SIGTERM (it restores the host: no program stays) and
+    /// returns its exit code.
+    pub fn stop_host(&mut self, name: &str) -> Option<i32> {
+        let id = self.topo.graph().find(name).expect("a host");
+        self.hosts.remove(&id)?.stop()
+    }
+
     /// `sopa-agent status --json` of switch `name`.
     pub fn switch_status(&self, name: &str) -> Result<serde_json::Value> {
         let out = std::process::Command::new(bins::sopa_agent())
@@ -523,10 +530,16 @@ impl Fabric {
             .map(|n| n.name.as_str())
             .collect();
         let racks = self.topo.racks().len() as u64;
-        wait("every switch's plan", timeout, || {
+        // A plan installed, and every host port trusted (its host's agent live): until then
+        // the option from that host is neutralized.
+        wait("every switch's plan and trusted ports", timeout, || {
             switches.iter().all(|s| {
-                self.switch_status(s)
-                    .is_ok_and(|st| st["controller"]["version"].as_u64().unwrap_or(0) >= 1)
+                self.switch_status(s).is_ok_and(|st| {
+                    st["controller"]["version"].as_u64().unwrap_or(0) >= 1
+                        && st["controller"]["untrusted_hosts"]
+                            .as_array()
+                            .is_some_and(|h| h.is_empty())
+                })
             })
         })?;
         wait("every host's paths", timeout, || {

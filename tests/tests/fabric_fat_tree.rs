@@ -6,7 +6,7 @@ use std::time::Duration;
 use sopa_testbed::{
     capture::{Capture, has_ipv4_options},
     fabric::{Fabric, FabricOptions},
-    reach::all_pairs_tcp,
+    reach::{all_pairs_tcp, udp_with_ip_options},
     traffic::{SendOptions, tcp_transfer},
 };
 use sopa_topology::topology::TopologySpec;
@@ -309,6 +309,100 @@ fn a_stopped_switch_agent_removes_every_route_it_installed() {
         Vec::<String>::new(),
         "routes left behind by a graceful stop:\n{}",
         f.switch_log("e0")
+    );
+}
+
+/// A process with CAP_NET_RAW on a host sets our option itself (`IP_OPTIONS`), hop bytes
+/// (1, 1): every datagram asks for e0's uplink 1 and that aggregation switch's core 1. With
+/// the host's agent live, `tc_stamp` replaces the hop bytes with its own choice; once the agent
+/// is gone (and with it the program), e0 stops trusting the port: the option is neutralized
+/// there, the kernel's ECMP spreads the datagrams over both uplinks, and all of them arrive.
+#[test]
+fn a_host_without_a_live_agent_cannot_steer_the_fabric() {
+    let opts = FabricOptions {
+        rate_mbit: None,
+        ..FabricOptions::default()
+    };
+    let mut f = Fabric::build(&TopologySpec::FatTree { k: 4 }, &opts).unwrap();
+    f.start(&opts).unwrap();
+    f.wait_ready(Duration::from_secs(60)).unwrap();
+    const N: usize = 200;
+    let forged = [0x9E, 4, 1, 1];
+    let h4: std::net::Ipv4Addr = "10.1.0.2".parse().unwrap();
+    let forward = |f: &Fabric, reason: &str| {
+        f.switch_status("e0").unwrap()["forward"][reason]
+            .as_u64()
+            .unwrap()
+    };
+    let restamped = |f: &Fabric| {
+        f.host("h0").status().unwrap()["stamp"]["restamped"]
+            .as_u64()
+            .unwrap()
+    };
+
+    // The agent is live: the host re-stamps, e0 honours its choice.
+    let (restamped0, redirected0) = (restamped(&f), forward(&f, "redirected"));
+    let arrived = udp_with_ip_options(f.ns("h0"), f.ns("h4"), h4, 7300, N, &forged).unwrap();
+    assert_eq!(arrived, N, "every datagram arrives");
+    assert_eq!(restamped(&f) - restamped0, N as u64, "h0 re-stamped each");
+    assert!(forward(&f, "redirected") - redirected0 >= N as u64);
+    assert_eq!(forward(&f, "untrusted"), 0, "{}", f.switch_log("e0"));
+
+    // The agent stops (its programs go with it): once the controller's grace period is over,
+    // e0 stops trusting h0's port.
+    assert_eq!(f.stop_host("h0"), Some(0));
+    let start = std::time::Instant::now();
+    while f.switch_status("e0").unwrap()["controller"]["untrusted_hosts"]
+        != serde_json::json!(["h0"])
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "e0 still trusts h0's port: {}",
+            f.switch_log("e0")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (untrusted0, redirected0) = (forward(&f, "untrusted"), forward(&f, "redirected"));
+    let redirected_at = |f: &Fabric, a: &str| {
+        f.switch_status(a).unwrap()["forward"]["redirected"]
+            .as_u64()
+            .unwrap()
+    };
+    let aggregation0 = [redirected_at(&f, "a0"), redirected_at(&f, "a1")];
+    let ports0 = f.hop_ports_tx("e0", h4);
+    let arrived = udp_with_ip_options(f.ns("h0"), f.ns("h4"), h4, 7301, N, &forged).unwrap();
+    assert_eq!(
+        arrived, N,
+        "neutralized, not dropped: every datagram arrives"
+    );
+    assert_eq!(
+        forward(&f, "untrusted") - untrusted0,
+        N as u64,
+        "e0 neutralized each option"
+    );
+    assert_eq!(
+        forward(&f, "redirected"),
+        redirected0,
+        "e0 honoured a hop byte the sender chose"
+    );
+    let per_port: Vec<u64> = f
+        .hop_ports_tx("e0", h4)
+        .iter()
+        .zip(&ports0)
+        .map(|(now, then)| now - then)
+        .collect();
+    // Honoured, all N would leave by uplink 1; ECMP over N 5-tuples gives each port about
+    // half (fewer than N/8 on one is a chance below 1e-20).
+    assert!(
+        per_port.iter().all(|n| *n >= (N / 8) as u64) && per_port.iter().sum::<u64>() >= N as u64,
+        "e0's uplinks carried {per_port:?} of {N} datagrams"
+    );
+    // Further on, nothing carries the option: the aggregation switches, which decide by hop1
+    // for h4's pod, redirected none of them.
+    assert_eq!(
+        [redirected_at(&f, "a0"), redirected_at(&f, "a1")],
+        aggregation0,
+        "an aggregation switch honoured the forged hop1"
     );
 }
 

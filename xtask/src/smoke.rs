@@ -18,7 +18,8 @@ use crate::{
 };
 
 /// The fabric modes the smoke pass runs, every baseline and every ablation.
-const FABRIC_MODES: &str = "sopa,rps,ecmp,hedera,single,mptcp,ideal,sopa+r3,sopa+norack,sopa+burst";
+const FABRIC_MODES: &str =
+    "sopa,rps,ecmp,hedera,single,mptcp,ideal,sopa+r3,sopa+norack,sopa+burst,sopa+first0";
 /// Every experiment of `bench fabric`, with the topology it runs on.
 const EXPERIMENTS: [(&str, &str); 6] = [
     ("sec4.2", "fat-tree:4"),

@@ -7,7 +7,9 @@
 use std::path::Path;
 
 use aya::maps::{Map, MapData, PerCpuArray, PerCpuValues};
-use sopa_common::maps::{STAMP_STATS_MAP, STRIP_STATS_MAP, stamp_reason, strip_reason};
+use sopa_common::maps::{
+    FWD_STATS_MAP, STAMP_STATS_MAP, STRIP_STATS_MAP, forward_reason, stamp_reason, strip_reason,
+};
 use tracing::info;
 
 use crate::error::{Error, Result};
@@ -24,7 +26,7 @@ pub struct Predecessor {
 }
 
 /// Every layout this agent upgrades from.
-pub const PREDECESSORS: [Predecessor; 2] = [
+pub const PREDECESSORS: [Predecessor; 3] = [
     // V1: 15 slots; `flow_table_full` moved among the non-verdicts, `too_big`,
     // `forged_dropped` and `restamped` are new, and V2 has spare slots.
     Predecessor {
@@ -66,6 +68,23 @@ pub const PREDECESSORS: [Predecessor; 2] = [
         ],
         new: STRIP_STATS_MAP,
         new_names: &strip_reason::NAMES,
+    },
+    // V1: 9 slots; `untrusted` is new, and V2 has spare slots.
+    Predecessor {
+        old: "SOPA_FWDST_V1",
+        old_names: &[
+            "redirected",
+            "no_option",
+            "not_decision",
+            "unknown_hop",
+            "ttl_expired",
+            "not_ipv4",
+            "too_short",
+            "bad_header",
+            "redirect_failed",
+        ],
+        new: FWD_STATS_MAP,
+        new_names: &forward_reason::NAMES,
     },
 ];
 

@@ -9,7 +9,8 @@ use aya::{
 use sopa_common::maps::{
     CONFIG_MAP, Config, FLOWS_MAP, FWD_MAP, FWD_STATS_MAP, FWD_UPLINK_STATS_MAP, FlowKey,
     FlowState, FwdEntry, HOP_STATS_MAP, MAX_PATHS, MAX_UPLINKS, PATHS_MAP, PINS_MAP, PathSet, Pin,
-    STAMP_STATS_MAP, STRIP_STATS_MAP, forward_reason, stamp_reason, strip_reason,
+    STAMP_STATS_MAP, START_MAP, STRIP_STATS_MAP, TRUST_MAP, forward_reason, stamp_reason,
+    strip_reason,
 };
 
 use crate::{
@@ -19,6 +20,8 @@ use crate::{
 
 pub struct MapSet {
     config: Array<MapData, Config>,
+    /// Absent in the pins of a datapath an older agent left (it starts flows at their hash).
+    start: Option<Array<MapData, u32>>,
     paths: LpmTrie<MapData, [u8; 4], PathSet>,
     stamp_stats: PerCpuArray<MapData, u64>,
     hop_stats: PerCpuArray<MapData, u64>,
@@ -47,7 +50,8 @@ impl MapSet {
                 })
             })
         };
-        Self::from_maps(
+        let start = take(START_MAP)?;
+        let mut set = Self::from_maps(
             take(CONFIG_MAP)?,
             take(PATHS_MAP)?,
             take(STAMP_STATS_MAP)?,
@@ -55,7 +59,9 @@ impl MapSet {
             take(STRIP_STATS_MAP)?,
             take(FLOWS_MAP)?,
             take(PINS_MAP)?,
-        )
+        )?;
+        set.start = Some(start.try_into().map_err(map_err(START_MAP))?);
+        Ok(set)
     }
 
     /// Opens the maps a running agent pinned in `dir`. The counters of a datapath an agent of
@@ -87,6 +93,10 @@ impl MapSet {
         )?;
         set.stamp_names = stamp_names;
         set.strip_names = strip_names;
+        set.start = match open(START_MAP) {
+            Ok(m) => Some(m.try_into().map_err(map_err(START_MAP))?),
+            Err(_) => None,
+        };
         Ok(set)
     }
 
@@ -101,6 +111,7 @@ impl MapSet {
     ) -> Result<Self> {
         Ok(Self {
             config: config.try_into().map_err(map_err(CONFIG_MAP))?,
+            start: None,
             paths: paths.try_into().map_err(map_err(PATHS_MAP))?,
             stamp_stats: stamp.try_into().map_err(map_err(STAMP_STATS_MAP))?,
             hop_stats: hops.try_into().map_err(map_err(HOP_STATS_MAP))?,
@@ -164,6 +175,29 @@ impl MapSet {
 
     pub fn set_config(&mut self, config: Config) -> Result<()> {
         self.config.set(0, config, 0).map_err(map_err(CONFIG_MAP))
+    }
+
+    /// Where new flows start their round robin ([`sopa_common::maps::first_path`]).
+    pub fn first_path(&self) -> Result<u32> {
+        match &self.start {
+            Some(m) => m.get(&0, 0).map_err(map_err(START_MAP)),
+            None => Ok(sopa_common::maps::first_path::HASH),
+        }
+    }
+
+    /// Whether this datapath has the setting (the pins of an older agent's do not).
+    pub fn has_first_path(&self) -> bool {
+        self.start.is_some()
+    }
+
+    pub fn set_first_path(&mut self, first: u32) -> Result<()> {
+        let m = self.start.as_mut().ok_or_else(|| {
+            Error::Config(format!(
+                "this datapath was left by an older agent and has no {START_MAP}: start this \
+                 agent version on the node first"
+            ))
+        })?;
+        m.set(0, first, 0).map_err(map_err(START_MAP))
     }
 
     /// Replaces the path table make-before-break: every new or changed prefix is written in one
@@ -248,10 +282,15 @@ impl MapSet {
     }
 }
 
-/// The switch role's maps: forwarding decisions and their counters.
+/// The switch role's maps: forwarding decisions, the ports trusted to bring the option, and
+/// the counters.
 pub struct ForwardMaps {
     fwd: LpmTrie<MapData, [u8; 4], FwdEntry>,
+    /// Absent when reading the pins of an older layout's datapath (status only).
+    trust: Option<HashMap<MapData, u32, u32>>,
     stats: PerCpuArray<MapData, u64>,
+    /// The counter names of `stats`' layout (this one's, or a predecessor's).
+    stats_names: &'static [&'static str],
     uplinks: PerCpuArray<MapData, u64>,
 }
 
@@ -266,27 +305,39 @@ impl ForwardMaps {
         };
         Ok(Self {
             fwd: take(FWD_MAP)?.try_into().map_err(map_err(FWD_MAP))?,
+            trust: Some(take(TRUST_MAP)?.try_into().map_err(map_err(TRUST_MAP))?),
             stats: take(FWD_STATS_MAP)?
                 .try_into()
                 .map_err(map_err(FWD_STATS_MAP))?,
+            stats_names: &forward_reason::NAMES,
             uplinks: take(FWD_UPLINK_STATS_MAP)?
                 .try_into()
                 .map_err(map_err(FWD_UPLINK_STATS_MAP))?,
         })
     }
 
-    /// Opens the forwarding maps a switch agent pinned in `dir`.
+    /// Opens the forwarding maps a switch agent pinned in `dir`; the counters of a datapath
+    /// an agent of the previous layout left attached are read by their names.
     pub fn from_pins(dir: &Path) -> Result<Self> {
         let open = |name: &'static str| {
             MapData::from_pin(dir.join(name))
                 .and_then(Map::from_map_data)
                 .map_err(map_err(name))
         };
+        let (stats_pin, stats_names) = match super::layout::PREDECESSORS.iter().find(|p| {
+            p.new == FWD_STATS_MAP && !dir.join(p.new).exists() && dir.join(p.old).exists()
+        }) {
+            Some(p) => (p.old, p.old_names),
+            None => (FWD_STATS_MAP, &forward_reason::NAMES[..]),
+        };
         Ok(Self {
             fwd: open(FWD_MAP)?.try_into().map_err(map_err(FWD_MAP))?,
-            stats: open(FWD_STATS_MAP)?
-                .try_into()
-                .map_err(map_err(FWD_STATS_MAP))?,
+            trust: match open(TRUST_MAP) {
+                Ok(m) => Some(m.try_into().map_err(map_err(TRUST_MAP))?),
+                Err(_) => None,
+            },
+            stats: open(stats_pin)?.try_into().map_err(map_err(stats_pin))?,
+            stats_names,
             uplinks: open(FWD_UPLINK_STATS_MAP)?
                 .try_into()
                 .map_err(map_err(FWD_UPLINK_STATS_MAP))?,
@@ -300,8 +351,47 @@ impl ForwardMaps {
             .map_err(map_err(FWD_MAP))
     }
 
+    /// Makes the trusted ports exactly `ports` (ifindex -> [`sopa_common::maps::trust`]):
+    /// new and changed entries first, then the ports no longer trusted removed, so a port that
+    /// stays trusted never leaves the map.
+    pub fn set_trusted(&mut self, ports: &std::collections::BTreeMap<u32, u32>) -> Result<()> {
+        let trust = self.trust.as_mut().ok_or_else(|| {
+            Error::map(TRUST_MAP)(MapError::InvalidName {
+                name: TRUST_MAP.to_owned(),
+            })
+        })?;
+        for (port, kind) in ports {
+            if trust.get(port, 0).ok() != Some(*kind) {
+                trust.insert(port, kind, 0).map_err(map_err(TRUST_MAP))?;
+            }
+        }
+        let stale: Vec<u32> = trust
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| !ports.contains_key(k))
+            .collect();
+        for port in stale {
+            match trust.remove(&port) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(map_err(TRUST_MAP)(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The trusted ports (ifindex -> kind), if this layout has the map.
+    pub fn trusted(&self) -> Option<std::collections::BTreeMap<u32, u32>> {
+        let trust = self.trust.as_ref()?;
+        Some(trust.iter().filter_map(|e| e.ok()).collect())
+    }
+
     pub fn counters(&self) -> Result<Counters> {
-        sum_all(&self.stats, forward_reason::COUNT, FWD_STATS_MAP)
+        by_name(
+            &self.stats,
+            self.stats_names,
+            &forward_reason::NAMES,
+            FWD_STATS_MAP,
+        )
     }
 
     /// Redirected packets per uplink index.

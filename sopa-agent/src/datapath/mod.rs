@@ -106,10 +106,11 @@ pub struct Datapath {
 
 /// Every map of this datapath layout, as pinned: a `SOPA_*` pin not in this list belongs to
 /// another layout (see [`layout`]).
-pub const MAP_NAMES: [&str; 11] = {
+pub const MAP_NAMES: [&str; 13] = {
     use sopa_common::maps::*;
     [
         CONFIG_MAP,
+        START_MAP,
         PATHS_MAP,
         FLOWS_MAP,
         PINS_MAP,
@@ -120,6 +121,7 @@ pub const MAP_NAMES: [&str; 11] = {
         FWD_MAP,
         FWD_STATS_MAP,
         FWD_UPLINK_STATS_MAP,
+        TRUST_MAP,
     ]
 };
 

@@ -9,7 +9,7 @@ use std::{
 use sopa_controller::{
     client::{self, Applier, ClientConfig},
     fabric::Fabric,
-    proto::{Delta, Role, Snapshot},
+    proto::{Delta, PeerAgents, Role, Snapshot},
     server::{self, Controller},
     view::FabricView,
 };
@@ -21,11 +21,14 @@ use tonic::transport::{ClientTlsConfig, ServerTlsConfig};
 pub type Log = Arc<Mutex<Vec<(&'static str, u64, u64)>>>;
 /// Why each of a test agent's sessions ended or could not start.
 pub type Lost = Arc<Mutex<Vec<String>>>;
+/// Every host-agent state message a test agent received, in order.
+pub type Peers = Arc<Mutex<Vec<PeerAgents>>>;
 
 pub struct TestAgent {
     view: Option<FabricView>,
     log: Log,
     lost: Lost,
+    peers: Peers,
     /// Versions to refuse once (a failed apply), and to swallow without applying (a lost message).
     refuse: Vec<u64>,
     swallow: Vec<u64>,
@@ -68,6 +71,10 @@ impl Applier for TestAgent {
     fn lost(&mut self, why: &str) {
         self.lost.lock().unwrap().push(why.to_owned());
     }
+
+    fn peers(&mut self, peers: &PeerAgents) {
+        self.peers.lock().unwrap().push(peers.clone());
+    }
 }
 
 /// A controller on a runtime of its own, so that stopping it ends every task it started, as a
@@ -80,6 +87,19 @@ pub struct Running {
 
 pub async fn start_controller(epoch: u64, addr: &str) -> Running {
     start_controller_tls(epoch, addr, None).await
+}
+
+/// A controller whose hosts stay live for `grace` after it starts and after their agent left.
+pub async fn start_controller_with_grace(epoch: u64, grace: Duration) -> Running {
+    let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    std_listener.set_nonblocking(true).unwrap();
+    let addr = std_listener.local_addr().unwrap();
+    running_with(epoch, addr, grace, move |c| async move {
+        let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
+        server::serve(c, listener, None, std::future::pending())
+            .await
+            .unwrap();
+    })
 }
 
 pub async fn start_controller_tls(epoch: u64, addr: &str, tls: Option<ServerTlsConfig>) -> Running {
@@ -113,8 +133,22 @@ fn running<F: std::future::Future<Output = ()> + Send + 'static>(
     addr: std::net::SocketAddr,
     serve: impl FnOnce(Arc<Controller>) -> F,
 ) -> Running {
+    running_with(epoch, addr, server::DEFAULT_AGENT_GRACE, serve)
+}
+
+fn running_with<F: std::future::Future<Output = ()> + Send + 'static>(
+    epoch: u64,
+    addr: std::net::SocketAddr,
+    grace: Duration,
+    serve: impl FnOnce(Arc<Controller>) -> F,
+) -> Running {
     let fabric = Fabric::new(TopologySpec::FatTree { k: 4 }, epoch).unwrap();
-    let controller = Controller::new(fabric, Duration::from_millis(200));
+    let controller = Controller::with_hedera(
+        fabric,
+        Duration::from_millis(200),
+        sopa_controller::hedera::HederaConfig::default(),
+        grace,
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -154,6 +188,30 @@ pub fn spawn_agent_with(
     (log, tx)
 }
 
+/// An agent of `role` that records every host-agent state message it receives.
+pub fn spawn_agent_peers(
+    addr: std::net::SocketAddr,
+    node: &str,
+    role: Role,
+) -> (Peers, watch::Sender<bool>) {
+    let peers: Peers = Arc::default();
+    let mut agent = TestAgent {
+        view: None,
+        log: Arc::default(),
+        lost: Arc::default(),
+        peers: Arc::clone(&peers),
+        refuse: Vec::new(),
+        swallow: Vec::new(),
+    };
+    let mut cfg = ClientConfig::new(format!("http://{addr}"), node, role);
+    cfg.heartbeat = Duration::from_millis(200);
+    cfg.min_backoff = Duration::from_millis(100);
+    cfg.max_backoff = Duration::from_millis(400);
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move { client::run(cfg, &mut agent, rx).await });
+    (peers, tx)
+}
+
 /// Like [`spawn_agent_with`], also recording why each session ended or could not start.
 pub fn spawn_agent_watched(
     endpoint: &str,
@@ -168,6 +226,7 @@ pub fn spawn_agent_watched(
         view: None,
         log: Arc::clone(&log),
         lost: Arc::clone(&lost),
+        peers: Arc::default(),
         refuse,
         swallow,
     };

@@ -41,6 +41,10 @@ pub enum Command {
         node: NodeArg,
         /// sopa, rps, ecmp, pinned, single or off.
         mode: String,
+        /// Where new flows start their round robin: `hash` (the default, which every start
+        /// of the agent restores) or `zero` (path 0, the paper's algorithm, for comparisons).
+        #[arg(long, value_parser = ["hash", "zero"])]
+        first_path: Option<String>,
     },
     /// Remove a datapath left attached (`run --keep-attached`, or after a crash): detach the
     /// programs, unpin the maps and restore every host setting the agent changed.

@@ -65,7 +65,11 @@ async fn dispatch(command: Command, netns: Option<String>) -> Result<(), Error> 
             }
             Ok(())
         }
-        Command::Mode { node, mode } => {
+        Command::Mode {
+            node,
+            mode,
+            first_path,
+        } => {
             host::validate_node(&node.node)?;
             let mode = status::parse_mode(&mode)?;
             let pins = host::pin_dir(&node.node);
@@ -76,9 +80,31 @@ async fn dispatch(command: Command, netns: Option<String>) -> Result<(), Error> 
                 });
             }
             let mut maps = sopa_agent::datapath::MapSet::from_pins(&pins)?;
+            let first = first_path.map(|f| {
+                sopa_common::maps::first_path::NAMES
+                    .iter()
+                    .position(|n| *n == f)
+                    .expect("clap checked the value") as u32
+            });
+            // Refused before anything changes: a datapath an older agent left has no such
+            // setting (and starts flows at their hash already).
+            if let Some(f) = first
+                && maps.first_path()? != f
+                && !maps.has_first_path()
+            {
+                return Err(Error::Config(format!(
+                    "--first-path: the datapath of node {} was left by an older agent and starts every flow at its hash; start this agent version on the node first",
+                    node.node
+                )));
+            }
             let mut config = maps.config()?;
             config.mode = mode;
             maps.set_config(config)?;
+            if let Some(f) = first
+                && maps.first_path()? != f
+            {
+                maps.set_first_path(f)?;
+            }
             // Kept across restarts of the agent until a `run --mode` says otherwise.
             sopa_agent::mode::RuntimeMode::new(mode).save(&host::run_dir(&node.node))?;
             println!(
