@@ -34,13 +34,14 @@ fn core_tx_since(f: &Fabric, before: &[(String, u64)]) -> Vec<(String, u64)> {
         .collect()
 }
 
-/// More than `least` on every link, and equal within 1% (the interfaces also count the
-/// kernel's own few ARP and IPv6 messages): a port that carried two hop values, or none,
-/// is off by half.
+/// More than `least` on every link, and equal within 5% (at least 16 packets): the interfaces
+/// also count the kernel's own messages (ARP, IPv6 router solicitations and MLD reports, at
+/// times of their own), 8 of them once in a 4 MB transfer's window; a port that carried two hop
+/// values, or none, is off by half or more.
 fn balanced(per_link: &[(String, u64)], least: u64) -> bool {
     let counts = per_link.iter().map(|(_, n)| *n);
     let (lo, hi) = (counts.clone().min().unwrap(), counts.max().unwrap());
-    lo > least && hi - lo <= (lo / 100).max(4)
+    lo > least && hi - lo <= (lo / 20).max(16)
 }
 
 /// Equal within 1% (at least 4 packets): what separates an even spread with a stray packet
@@ -121,7 +122,8 @@ fn fat_tree_k4_forwards_by_source_route() {
     assert!(*lo > 1000, "{per_path:?}");
     // One flow alone would be equal within one (the fixtures and host_datapath check the
     // cycle itself); these counters also see a straggler of an earlier connection (a FIN
-    // or ACK from TIME_WAIT) now and then, so the same 1% as on the wire.
+    // or ACK from TIME_WAIT) now and then: within 1% (the wire below gets more room for the
+    // kernel's own messages).
     assert!(
         within_one_percent(&per_path),
         "packets per path equal: {per_path:?}"

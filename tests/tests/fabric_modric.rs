@@ -118,9 +118,10 @@ fn modric_2x2_uses_8_diagonal_and_4_row_paths_equally() {
     assert!(equal_within(&on_wire, 200), "4 ports, equal: {on_wire:?}");
 }
 
-/// More than `least` on each, and equal within 1% (the interfaces also count the kernel's own
-/// few ARP and IPv6 messages): a port that carried two hop values, or none, is off by half.
+/// More than `least` on each, and equal within 5% (at least 16 packets): the interfaces also
+/// count the kernel's own messages (ARP, IPv6 router solicitations and MLD reports, at times of
+/// their own); a port that carried two hop values, or none, is off by half or more.
 fn equal_within(counts: &[u64], least: u64) -> bool {
     let (lo, hi) = (*counts.iter().min().unwrap(), *counts.iter().max().unwrap());
-    lo > least && hi - lo <= (lo / 100).max(4)
+    lo > least && hi - lo <= (lo / 20).max(16)
 }
