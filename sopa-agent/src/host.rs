@@ -561,20 +561,9 @@ impl Host {
             let _ = watch.await;
             drop(idle);
         }
-        if keep_attached {
-            self.datapath.keep_attached();
-            return self
-                .journal
-                .take()
-                .and_then(|j| j.leave_attached().err())
-                .into_iter()
-                .collect();
-        }
-        let mut errors = self.datapath.detach();
-        if let Some(journal) = self.journal.take() {
-            errors.extend(journal.undo(&self.netlink).await);
-        }
-        errors
+        self.datapath
+            .stop(self.journal.take(), &self.netlink, keep_attached)
+            .await
     }
 }
 

@@ -580,20 +580,9 @@ impl Switch {
     /// `keep_attached`, leaves the forwarding as it is (programs, routes, settings), recorded
     /// for the next agent to adopt or `sopa-agent detach` to remove.
     pub async fn stop(mut self, keep_attached: bool) -> Vec<Error> {
-        if keep_attached {
-            self.datapath.keep_attached();
-            return self
-                .journal
-                .take()
-                .and_then(|j| j.leave_attached().err())
-                .into_iter()
-                .collect();
-        }
-        let mut errors = self.datapath.detach();
-        if let Some(j) = self.journal.take() {
-            errors.extend(j.undo(&self.netlink).await);
-        }
-        errors
+        self.datapath
+            .stop(self.journal.take(), &self.netlink, keep_attached)
+            .await
     }
 }
 

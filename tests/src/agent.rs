@@ -24,13 +24,9 @@ impl Agent {
         paths_toml: &str,
         args: &[&str],
     ) -> Result<Self> {
-        let dir = Self::dir(node)?;
-        let paths = dir.join("paths.toml");
-        std::fs::write(&paths, paths_toml).map_err(|e| Error::io("writing the path table", e))?;
-        let paths = paths.display().to_string();
-        let mut source = vec!["--paths", paths.as_str()];
-        source.extend_from_slice(args);
-        Self::spawn(ns, node, iface, &source, dir)
+        let mut agent = Self::launch(ns, node, iface, paths_toml, args)?;
+        agent.wait_up()?;
+        Ok(agent)
     }
 
     /// Like [`Agent::start`], without waiting for anything: the agent may still be starting.

@@ -452,6 +452,28 @@ impl Datapath {
     }
 
     /// Detaches the programs: removes the link pins and closes the links.
+    /// A role's stop: with `keep_attached`, leaves everything in place and records it for the
+    /// next agent (or `sopa-agent detach`); otherwise detaches and undoes the journal.
+    pub async fn stop(
+        &mut self,
+        journal: Option<crate::changes::Journal>,
+        netlink: &crate::netlink::Netlink,
+        keep_attached: bool,
+    ) -> Vec<Error> {
+        if keep_attached {
+            self.keep_attached();
+            return journal
+                .and_then(|j| j.leave_attached().err())
+                .into_iter()
+                .collect();
+        }
+        let mut errors = self.detach();
+        if let Some(journal) = journal {
+            errors.extend(journal.undo(netlink).await);
+        }
+        errors
+    }
+
     pub fn detach(&mut self) -> Vec<Error> {
         let mut errors = Vec::new();
         for name in [STAMP_LINK_PIN, STRIP_LINK_PIN] {
