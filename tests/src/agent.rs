@@ -106,7 +106,11 @@ impl Agent {
             iface,
         ];
         full.extend_from_slice(source);
-        let process = Process::spawn(None, &bins::sopa_agent(), &full, &dir.join("agent.log"))?;
+        // A log of its own: two agents of one node (an upgrade, a takeover) each keep theirs.
+        static LAUNCHES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log = dir.join(format!("agent-{n}.log"));
+        let process = Process::spawn(None, &bins::sopa_agent(), &full, &log)?;
         Ok(Self {
             node: node.to_owned(),
             process,

@@ -342,7 +342,13 @@ fn a_newer_agent_started_beside_the_running_one_takes_over_without_losing_a_prob
     probe.wait_received(2_000);
     let window_start = probe.mark();
     let t = Instant::now();
-    let new = start_a(&arb, &["--no-metrics", "--takeover"]);
+    let new = start_a_checked(&arb, &["--no-metrics", "--takeover"]).unwrap_or_else(|e| {
+        panic!(
+            "the new agent: {e}\nthe old agent (exit {:?}):\n{}",
+            old.process.try_wait(),
+            old.process.log_text()
+        )
+    });
     let took = t.elapsed();
     // The old agent exits by itself once it has handed over: wait for that exit.
     let deadline = Instant::now() + Duration::from_secs(30);
