@@ -8,16 +8,18 @@ use std::{sync::OnceLock, time::Instant};
 
 use libfuzzer_sys::fuzz_target;
 use prost::Message as _;
-use sopa_controller::{
-    fabric::Fabric,
-    hedera::{HederaConfig, Scheduler},
+use sopa_channel::{
     proto::{AgentMessage, ControllerMessage, agent_message, controller_message},
     view::FabricView,
 };
+use sopa_controller::{
+    fabric::Fabric,
+    hedera::{HederaConfig, Scheduler},
+};
 use sopa_topology::{Topology, topology::TopologySpec};
 
-fn base() -> &'static (Topology, sopa_controller::proto::Snapshot) {
-    static BASE: OnceLock<(Topology, sopa_controller::proto::Snapshot)> = OnceLock::new();
+fn base() -> &'static (Topology, sopa_channel::proto::Snapshot) {
+    static BASE: OnceLock<(Topology, sopa_channel::proto::Snapshot)> = OnceLock::new();
     BASE.get_or_init(|| {
         let spec = TopologySpec::FatTree { k: 4 };
         let fabric = Fabric::new(spec.clone(), 7).unwrap();

@@ -2,7 +2,7 @@
 //! becomes this host's candidate paths (computed locally from the pushed topology), written to
 //! the datapath prefix by prefix, each prefix swapped atomically (make-before-break).
 
-use sopa_controller::{
+use sopa_channel::{
     client::Applier,
     proto::{Delta, PinSet, Snapshot},
     view::FabricView,
@@ -179,7 +179,7 @@ impl Applier for HostApplier<'_> {
         self.view.as_ref().map_or((0, 0), |v| (v.epoch, v.version))
     }
 
-    fn peers(&mut self, peers: &sopa_controller::proto::PeerAgents) {
+    fn peers(&mut self, peers: &sopa_channel::proto::PeerAgents) {
         let down = &peers.down;
         if self.state.peers_down != *down {
             if down.is_empty() {

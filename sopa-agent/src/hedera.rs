@@ -9,8 +9,8 @@ use std::{
     time::Duration,
 };
 
+use sopa_channel::proto::{FiveTuple, FlowReport, FlowSample, PinSet};
 use sopa_common::maps::{FlowKey, FlowState, Pin, mode};
-use sopa_controller::proto::{FiveTuple, FlowReport, FlowSample, PinSet};
 use sopa_topology::paths::{Hops, PathTable as Candidates};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
@@ -75,7 +75,7 @@ impl ElephantMeter {
             next.insert(*k, state.bytes);
         }
         self.last = next;
-        out.truncate(sopa_controller::hedera::MAX_FLOWS);
+        out.truncate(sopa_channel::proto::MAX_FLOWS);
         FlowReport {
             interval_ms: interval.as_millis().clamp(1, u32::MAX as u128) as u32,
             nic_bps,
@@ -174,7 +174,7 @@ pub fn check_pins(
     let mut out = Vec::with_capacity(set.pins.len());
     for (i, p) in set.pins.iter().enumerate() {
         let t = p.flow.ok_or_else(|| format!("pin {i}: no 5-tuple"))?;
-        let name = sopa_controller::hedera::tuple_name(&t);
+        let name = t.name();
         let key = key_of(&t).ok_or_else(|| format!("pin {i} ({name}): a field out of range"))?;
         if Ipv4Addr::from(t.saddr) != own {
             return Err(format!("pin {i} ({name}): not a flow of this host ({own})"));
@@ -223,7 +223,7 @@ pub fn still_live(
 
 #[cfg(test)]
 mod tests {
-    use sopa_controller::proto::FlowPin;
+    use sopa_channel::proto::FlowPin;
     use sopa_topology::{Topology, paths::Failures, topology::TopologySpec};
 
     use super::*;

@@ -15,12 +15,12 @@ use std::{
     path::PathBuf,
 };
 
-use sopa_common::maps::{FwdEntry, MAX_UPLINKS, Uplink, trust};
-use sopa_controller::{
+use sopa_channel::{
     client::Applier,
     proto::{Delta, LinkReport, PeerAgents, Snapshot},
     view::FabricView,
 };
+use sopa_common::maps::{FwdEntry, MAX_UPLINKS, Uplink, trust};
 use sopa_topology::{
     LinkId, NodeKind, Prefix, Topology,
     forwarding::{self, SwitchPlan},
@@ -520,12 +520,19 @@ impl Switch {
     }
 
     /// Watches this switch's ports with rtnetlink link events and sends a report for every
-    /// change of carrier to `reports` (the controller turns it into a link state).
-    pub fn watch_ports(&self, reports: tokio::sync::mpsc::Sender<LinkReport>) -> Result<()> {
-        use futures::StreamExt as _;
+    /// change of carrier to `reports` (the controller turns it into a link state). Every port's
+    /// state is sent once at the start and again whenever `resend` is notified (each new
+    /// session with the controller), so a controller that restarted, or missed a change while
+    /// it was away, learns every port as it is.
+    pub fn watch_ports(
+        &self,
+        reports: tokio::sync::mpsc::Sender<LinkReport>,
+        resend: std::sync::Arc<tokio::sync::Notify>,
+    ) -> Result<()> {
+        use futures::{StreamExt as _, TryStreamExt as _};
         use netlink_packet_route::{RouteNetlinkMessage, link::LinkFlag};
         use netlink_sys::AsyncSocket as _;
-        let (mut conn, _handle, mut messages) =
+        let (mut conn, handle, mut messages) =
             rtnetlink::new_connection().map_err(|e| Error::io("opening a netlink socket", e))?;
         conn.socket_mut()
             .socket_mut()
@@ -537,29 +544,63 @@ impl Switch {
         tokio::spawn(conn);
         let ports = self.port_links.clone();
         tokio::spawn(async move {
-            let mut up: HashMap<u32, bool> = HashMap::new();
-            while let Some((msg, _)) = messages.next().await {
-                let netlink_packet_core::NetlinkPayload::InnerMessage(
-                    RouteNetlinkMessage::NewLink(link),
-                ) = msg.payload
-                else {
-                    continue;
-                };
-                let Some((a, b)) = ports.get(&link.header.index) else {
-                    continue;
-                };
-                let running = link.header.flags.contains(&LinkFlag::Running);
-                if up.insert(link.header.index, running) == Some(running) {
-                    continue;
-                }
-                info!(link = %format!("{a}:{b}"), up = running, "port changed; reporting it");
-                let report = LinkReport {
+            let report = |index: u32, running: bool| {
+                ports.get(&index).map(|(a, b)| LinkReport {
                     a: a.clone(),
                     b: b.clone(),
                     down: !running,
-                };
-                if reports.send(report).await.is_err() {
-                    return;
+                })
+            };
+            // Subscribed first, then every port as it is now: no change falls in between.
+            let mut up: BTreeMap<u32, bool> = BTreeMap::new();
+            match handle.link().get().execute().try_collect::<Vec<_>>().await {
+                Ok(links) => {
+                    for l in links {
+                        if ports.contains_key(&l.header.index) {
+                            up.insert(l.header.index, l.header.flags.contains(&LinkFlag::Running));
+                        }
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %e, "listing the ports failed; reporting their changes only")
+                }
+            }
+            let mut send_all = true;
+            loop {
+                if send_all {
+                    send_all = false;
+                    info!(ports = up.len(), "reporting every port's state");
+                    for (index, running) in &up {
+                        if let Some(r) = report(*index, *running)
+                            && reports.send(r).await.is_err()
+                        {
+                            return;
+                        }
+                    }
+                }
+                tokio::select! {
+                    _ = resend.notified() => send_all = true,
+                    msg = messages.next() => {
+                        let Some((msg, _)) = msg else { return };
+                        let netlink_packet_core::NetlinkPayload::InnerMessage(
+                            RouteNetlinkMessage::NewLink(link),
+                        ) = msg.payload
+                        else {
+                            continue;
+                        };
+                        let index = link.header.index;
+                        let running = link.header.flags.contains(&LinkFlag::Running);
+                        let Some(r) = report(index, running) else {
+                            continue;
+                        };
+                        if up.insert(index, running) == Some(running) {
+                            continue;
+                        }
+                        info!(link = %format!("{}:{}", r.a, r.b), up = running, "port changed; reporting it");
+                        if reports.send(r).await.is_err() {
+                            return;
+                        }
+                    }
                 }
             }
         });
@@ -594,6 +635,8 @@ pub struct SwitchApplier<'a> {
     view: Option<FabricView>,
     state: ControllerState,
     reports: Option<tokio::sync::mpsc::Sender<LinkReport>>,
+    /// Asks the port watcher to report every port again (a new session).
+    resend: std::sync::Arc<tokio::sync::Notify>,
 }
 
 impl<'a> SwitchApplier<'a> {
@@ -606,6 +649,7 @@ impl<'a> SwitchApplier<'a> {
     ) -> Self {
         Self {
             reports: Some(reports),
+            resend: std::sync::Arc::default(),
             switch,
             node: node.to_owned(),
             endpoint: endpoint.to_owned(),
@@ -626,7 +670,9 @@ impl Applier for SwitchApplier<'_> {
             .await
             .map_err(|e| e.to_string())?;
         if let Some(tx) = self.reports.take() {
-            self.switch.watch_ports(tx).map_err(|e| e.to_string())?;
+            self.switch
+                .watch_ports(tx, std::sync::Arc::clone(&self.resend))
+                .map_err(|e| e.to_string())?;
         }
         self.state.epoch = s.epoch;
         self.state.version = s.version;
@@ -683,6 +729,10 @@ impl Applier for SwitchApplier<'_> {
     }
 
     fn connected(&mut self, up: bool) {
+        if up && self.reports.is_none() {
+            // The watcher runs: every port again, for this session's controller.
+            self.resend.notify_one();
+        }
         self.state.connected = up;
         self.state.endpoint = self.endpoint.clone();
         self.switch.set_controller_state(self.state.clone());

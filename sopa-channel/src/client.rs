@@ -66,6 +66,10 @@ impl ClientConfig {
     }
 }
 
+/// How often each side of a connection pings the other over HTTP/2, and how long it waits
+/// for the answer before it closes the connection.
+pub const KEEPALIVE: Duration = Duration::from_secs(10);
+
 /// A small xorshift for backoff jitter (no need for a cryptographic source here).
 struct Jitter(u64);
 
@@ -161,9 +165,14 @@ pub async fn connect(
             .await
             .map_err(|e| format!("connecting to {endpoint}: {}", source_chain(&e)));
     }
+    // HTTP/2 pings find a controller that vanished (power loss, a cut link) even while
+    // the stream is idle, long before TCP would.
     let mut ep = Endpoint::from_shared(endpoint.to_owned())
         .map_err(|e| format!("bad controller address {endpoint}: {e}"))?
-        .connect_timeout(Duration::from_secs(5));
+        .connect_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(KEEPALIVE)
+        .keep_alive_timeout(KEEPALIVE)
+        .keep_alive_while_idle(true);
     if let Some(tls) = tls {
         ep = ep
             .tls_config(tls.clone())
@@ -197,12 +206,13 @@ async fn session<A: Applier, R: Into<agent_message::Kind>>(
             version,
             agent_version: env!("CARGO_PKG_VERSION").to_owned(),
             topology_name: cfg.topology_name.clone().unwrap_or_default(),
+            heartbeat_ms: u32::try_from(cfg.heartbeat.as_millis()).unwrap_or(u32::MAX),
         })),
     };
     let _ = tx.send(hello).await;
     let mut inbound = match client.stream(ReceiverStream::new(rx)).await {
         Ok(r) => r.into_inner(),
-        Err(status) => return End::Lost(format!("opening the stream: {}", status.message())),
+        Err(status) => return End::Lost(format!("opening the stream: {}", status_chain(&status))),
     };
     applier.connected(true);
     info!(endpoint = %cfg.endpoint, epoch, version, "connected to the controller");
@@ -237,7 +247,7 @@ async fn session<A: Applier, R: Into<agent_message::Kind>>(
                 let msg = match msg {
                     Ok(Some(m)) => m,
                     Ok(None) => return End::Lost("the controller closed the stream".into()),
-                    Err(status) => return End::Lost(format!("stream: {}", status.message())),
+                    Err(status) => return End::Lost(format!("stream: {}", status_chain(&status))),
                 };
                 last_heard = tokio::time::Instant::now();
                 let reply = match msg.kind {
@@ -291,6 +301,19 @@ fn nack(epoch: u64, version: u64, error: String) -> AgentMessage {
             error,
         })),
     }
+}
+
+/// A status's message with the causes under it (a TLS alert under "transport error": a
+/// revoked or refused certificate is named).
+pub fn status_chain(status: &tonic::Status) -> String {
+    let mut s = status.message().to_owned();
+    let mut cur = std::error::Error::source(status);
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }
 
 /// An error with its causes, for messages that name the real reason (a TLS failure, a refused

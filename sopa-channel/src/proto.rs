@@ -74,6 +74,10 @@ pub struct Hello {
     /// The node's name in the topology, when it differs from `node` (which names the agent).
     #[prost(string, tag = "6")]
     pub topology_name: String,
+    /// How often the agent sends a heartbeat; the controller counts it gone after three
+    /// silent intervals (0: an agent from before this field, taken as 1 s).
+    #[prost(uint32, tag = "7")]
+    pub heartbeat_ms: u32,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -164,6 +168,27 @@ pub struct FiveTuple {
     #[prost(uint32, tag = "5")]
     pub proto: u32,
 }
+
+impl FiveTuple {
+    /// `tcp 10.0.0.2:5001 -> 10.2.0.3:80`, as logs and `sopactl hedera` show a flow.
+    pub fn name(&self) -> String {
+        let proto = match self.proto {
+            6 => "tcp",
+            17 => "udp",
+            _ => "?",
+        };
+        format!(
+            "{proto} {}:{} -> {}:{}",
+            std::net::Ipv4Addr::from(self.saddr),
+            self.sport,
+            std::net::Ipv4Addr::from(self.daddr),
+            self.dport
+        )
+    }
+}
+
+/// The most elephants one flow report may carry (the datapath pins at most 16,384 flows).
+pub const MAX_FLOWS: usize = 16_384;
 
 /// A host agent's elephants of the last interval (Hedera): the flows it sent at 10% of its NIC
 /// rate or more.
@@ -394,4 +419,36 @@ pub struct StatusReply {
     pub down_switches: Vec<String>,
     #[prost(message, repeated, tag = "6")]
     pub agents: Vec<AgentStatus>,
+    /// Clients refused since the controller started, by reason (`role`, `impersonation`, ...).
+    #[prost(message, repeated, tag = "7")]
+    pub refusals: Vec<RefusalCount>,
+    /// The links of `down_links` an operator drained (the others their switch reported down).
+    #[prost(message, repeated, tag = "8")]
+    pub drained_links: Vec<LinkRef>,
+    /// Flapping links held down, whatever their switch reports, for the time left.
+    #[prost(message, repeated, tag = "9")]
+    pub held_links: Vec<HeldLink>,
 }
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct HeldLink {
+    #[prost(message, optional, tag = "1")]
+    pub link: Option<LinkRef>,
+    #[prost(uint64, tag = "2")]
+    pub remaining_ms: u64,
+    /// Its switch reports it up: it comes back when the hold ends.
+    #[prost(bool, tag = "3")]
+    pub up_pending: bool,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RefusalCount {
+    #[prost(string, tag = "1")]
+    pub reason: String,
+    #[prost(uint64, tag = "2")]
+    pub count: u64,
+}
+
+/// The longest text an agent's message may carry in a field the controller keeps (a NACK's
+/// error, an agent's version); longer ones are cut there.
+pub const MAX_TEXT_BYTES: usize = 512;

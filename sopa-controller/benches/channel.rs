@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use sopa_controller::{
+use sopa_channel::{
     client::{self, Applier, ClientConfig},
     proto::{
         Delta, LinkChange, LinkRef, Role, Snapshot, StatusRequest,
@@ -143,6 +143,9 @@ async fn run(bin: &std::path::Path, k: u32, rounds: usize) {
         .unwrap()
         .port();
     let listen = format!("127.0.0.1:{port}");
+    // Every change is made durable before it is pushed, as in production.
+    let store = format!("file:{}", dir.join(format!("k{k}-state.json")).display());
+    let _ = std::fs::remove_file(dir.join(format!("k{k}-state.json")));
     let child = Command::new(bin)
         .args([
             "--topology",
@@ -150,6 +153,8 @@ async fn run(bin: &std::path::Path, k: u32, rounds: usize) {
             "--listen",
             &listen,
             "--insecure",
+            "--store",
+            &store,
         ])
         .env("SOPA_LOG", "warn")
         .stdout(Stdio::null())

@@ -1,21 +1,26 @@
-//! Mutual TLS for the channel (rustls through tonic): `sopactl certs init DIR` makes a CA and
-//! controller and agent certificates for tests and small deployments; the controller accepts
-//! only clients whose certificate chains to its CA, and agents accept only a controller whose
-//! certificate does.
-//!
-//! Files in a certificate folder: `ca.pem`, `controller.pem`, `controller.key`, `agent.pem`,
-//! `agent.key` (the CA's key, `ca.key`, stays there only to issue more; keep it offline).
+//! The fabric's certificates: `sopactl certs init DIR` makes the CA (`ca.pem`, `ca.key`), and
+//! `sopactl certs issue` one certificate per node, its node and role in a URI SAN
+//! (`sopa://host/h0`, see [`sopa_channel::identity`]), written with the CA certificate into a
+//! folder of its own (`ca.pem`, `node.pem`, `node.key`) that is all that node ever needs. The
+//! CA key stays where the CA was made (keep it offline); no host holds it, nor the
+//! controller's key.
 
 use std::path::{Path, PathBuf};
 
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType,
-    ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose,
+    ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType, string::Ia5String,
 };
-use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use sopa_channel::{
+    identity::{Identity, IdentityError, Role},
+    tls::{CA, CONTROLLER_NAME, NODE},
+};
+
+/// The CA's private key, beside `ca.pem` in the CA's folder.
+pub const CA_KEY: &str = "ca.key";
 
 #[derive(Debug, thiserror::Error)]
-pub enum TlsError {
+pub enum CertError {
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -26,125 +31,206 @@ pub enum TlsError {
         "{0} already exists; remove it or choose another folder (certificates are never overwritten)"
     )]
     Exists(PathBuf),
+    #[error("{path}: not a usable CA ({message}); make one with `sopactl certs init DIR`")]
+    BadCa { path: PathBuf, message: String },
+    #[error("{path}: {message}")]
+    BadCertificate { path: PathBuf, message: String },
     #[error("generating certificates: {0}")]
     Generate(#[from] rcgen::Error),
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error("--name {0:?}: only a controller's certificate carries DNS names or addresses")]
+    NamesNotForRole(String),
+    #[error("--days {0}: a certificate must be valid for 1 to 3650 days")]
+    Days(u32),
 }
 
-pub const CA: &str = "ca.pem";
-pub const CA_KEY: &str = "ca.key";
-pub const CONTROLLER: (&str, &str) = ("controller.pem", "controller.key");
-pub const AGENT: (&str, &str) = ("agent.pem", "agent.key");
-
-/// The name agents expect in the controller's certificate by default.
-pub const CONTROLLER_NAME: &str = "sopa-controller";
-
-fn read(dir: &Path, name: &str) -> Result<Vec<u8>, TlsError> {
-    let path = dir.join(name);
-    std::fs::read(&path).map_err(|source| TlsError::Io { path, source })
-}
-
-/// Options of a generated certificate set.
-#[derive(Clone, Debug)]
-pub struct InitOptions {
-    /// Names and addresses the controller's certificate is valid for.
-    pub controller_names: Vec<String>,
-    /// Issue already-expired leaf certificates (for tests of the refusal).
-    pub expired: bool,
-}
-
-impl Default for InitOptions {
-    fn default() -> Self {
-        Self {
-            controller_names: vec![
-                CONTROLLER_NAME.into(),
-                "localhost".into(),
-                "127.0.0.1".into(),
-            ],
-            expired: false,
-        }
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CertError + '_ {
+    move |source| CertError::Io {
+        path: path.to_owned(),
+        source,
     }
 }
 
-/// Writes a new CA and controller and agent certificates into `dir`; refuses to overwrite.
-pub fn init(dir: &Path, opts: &InitOptions) -> Result<Vec<PathBuf>, TlsError> {
-    let names = [CA, CA_KEY, CONTROLLER.0, CONTROLLER.1, AGENT.0, AGENT.1];
-    for n in names {
+/// Makes a new CA in `dir`; refuses to overwrite one.
+pub fn init(dir: &Path) -> Result<Vec<PathBuf>, CertError> {
+    for n in [CA, CA_KEY] {
         let p = dir.join(n);
         if p.exists() {
-            return Err(TlsError::Exists(p));
+            return Err(CertError::Exists(p));
         }
     }
-    std::fs::create_dir_all(dir).map_err(|source| TlsError::Io {
-        path: dir.to_owned(),
-        source,
-    })?;
-    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    ca_params.distinguished_name = name("SOPA fabric CA");
-    let ca_key = KeyPair::generate()?;
-    let ca_key_pem = ca_key.serialize_pem();
-    let ca = CertifiedIssuer::self_signed(ca_params, ca_key)?;
-    let leaf = |sans: Vec<String>,
-                cn: &str,
-                usage: ExtendedKeyUsagePurpose|
-     -> Result<(String, String), TlsError> {
-        let mut p = CertificateParams::new(sans)?;
-        p.distinguished_name = name(cn);
-        p.extended_key_usages = vec![usage];
-        p.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        if opts.expired {
-            p.not_before = rcgen::date_time_ymd(2000, 1, 1);
-            p.not_after = rcgen::date_time_ymd(2001, 1, 1);
-        }
-        let key = KeyPair::generate()?;
-        let cert = p.signed_by(&key, &ca)?;
-        Ok((cert.pem(), key.serialize_pem()))
-    };
-    let controller = leaf(
-        opts.controller_names.clone(),
-        CONTROLLER_NAME,
-        ExtendedKeyUsagePurpose::ServerAuth,
-    )?;
-    let agent = leaf(
-        vec!["sopa-agent".into()],
-        "sopa-agent",
-        ExtendedKeyUsagePurpose::ClientAuth,
-    )?;
-    let files = [
-        (CA, ca.pem()),
-        (CA_KEY, ca_key_pem),
-        (CONTROLLER.0, controller.0),
-        (CONTROLLER.1, controller.1),
-        (AGENT.0, agent.0),
-        (AGENT.1, agent.1),
-    ];
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    params.distinguished_name = name("SOPA fabric CA");
+    params.not_after = rcgen::date_time_ymd(2036, 1, 1);
+    let key = KeyPair::generate()?;
+    let key_pem = key.serialize_pem();
+    let ca = CertifiedIssuer::self_signed(params, key)?;
     let mut written = Vec::new();
-    for (n, contents) in files {
+    for (n, contents, secret) in [(CA, ca.pem(), false), (CA_KEY, key_pem, true)] {
         let path = dir.join(n);
-        write_private(&path, contents.as_bytes(), n.ends_with(".key"))?;
+        write_new(&path, contents.as_bytes(), secret)?;
         written.push(path);
     }
     Ok(written)
 }
 
-fn write_private(path: &Path, bytes: &[u8], secret: bool) -> Result<(), TlsError> {
+/// What a certificate is issued with.
+#[derive(Clone, Debug)]
+pub struct IssueOptions {
+    /// DNS names and addresses a controller's certificate is valid for.
+    pub names: Vec<String>,
+    /// Days of validity from now.
+    pub days: u32,
+    /// Issue an already-expired certificate (for tests of the refusal).
+    pub expired: bool,
+}
+
+impl Default for IssueOptions {
+    fn default() -> Self {
+        Self {
+            names: Vec::new(),
+            days: 365,
+            expired: false,
+        }
+    }
+}
+
+/// A certificate just issued.
+#[derive(Clone, Debug)]
+pub struct Issued {
+    pub files: Vec<PathBuf>,
+    /// Its serial number, as a deny list names it (lowercase hex).
+    pub serial: String,
+}
+
+/// Issues `identity` a certificate of the CA in `ca_dir`, written to `out` (`ca.pem`,
+/// `node.pem`, `node.key`); refuses to overwrite. A controller's certificate is a server
+/// certificate valid for `opts.names` (by default `sopa-controller`, `localhost` and
+/// `127.0.0.1`); every other role's is a client certificate.
+pub fn issue(
+    ca_dir: &Path,
+    identity: &Identity,
+    out: &Path,
+    opts: &IssueOptions,
+) -> Result<Issued, CertError> {
+    if !(1..=3650).contains(&opts.days) {
+        return Err(CertError::Days(opts.days));
+    }
+    let server = identity.role == Role::Controller;
+    if !server && let Some(n) = opts.names.first() {
+        return Err(CertError::NamesNotForRole(n.clone()));
+    }
+    for n in [CA, NODE.0, NODE.1] {
+        let p = out.join(n);
+        if p.exists() {
+            return Err(CertError::Exists(p));
+        }
+    }
+    let ca_path = ca_dir.join(CA);
+    let ca_pem = std::fs::read_to_string(&ca_path).map_err(io(&ca_path))?;
+    let key_path = ca_dir.join(CA_KEY);
+    let key_pem = std::fs::read_to_string(&key_path).map_err(io(&key_path))?;
+    let bad_ca = |path: &Path, e: rcgen::Error| CertError::BadCa {
+        path: path.to_owned(),
+        message: e.to_string(),
+    };
+    let ca_key = KeyPair::from_pem(&key_pem).map_err(|e| bad_ca(&key_path, e))?;
+    let issuer = Issuer::from_ca_cert_pem(&ca_pem, ca_key).map_err(|e| bad_ca(&ca_path, e))?;
+
+    let mut names = opts.names.clone();
+    if server && names.is_empty() {
+        names = vec![
+            CONTROLLER_NAME.into(),
+            "localhost".into(),
+            "127.0.0.1".into(),
+        ];
+    }
+    let mut params = CertificateParams::new(names)?;
+    params
+        .subject_alt_names
+        .push(SanType::URI(Ia5String::try_from(identity.uri())?));
+    params.distinguished_name = name(&identity.to_string());
+    params.extended_key_usages = vec![if server {
+        ExtendedKeyUsagePurpose::ServerAuth
+    } else {
+        ExtendedKeyUsagePurpose::ClientAuth
+    }];
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    if opts.expired {
+        params.not_before = rcgen::date_time_ymd(2000, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2001, 1, 1);
+    } else {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let at = |secs: i64| {
+            time::OffsetDateTime::from_unix_timestamp(secs).expect("a time within the 21st century")
+        };
+        // Five minutes of slack for clocks that are a little behind.
+        params.not_before = at(now - 300);
+        params.not_after = at(now + 86_400 * i64::from(opts.days));
+    }
+    let key = KeyPair::generate()?;
+    let cert = params.signed_by(&key, &issuer)?;
+    let serial = serial_hex(
+        x509_parser::parse_x509_certificate(cert.der())
+            .map_err(|e| CertError::BadCa {
+                path: ca_path.clone(),
+                message: format!("the issued certificate does not parse: {e}"),
+            })?
+            .1
+            .tbs_certificate
+            .raw_serial(),
+    );
+    std::fs::create_dir_all(out).map_err(io(out))?;
+    let mut files = Vec::new();
+    for (n, contents, secret) in [
+        (CA, ca_pem, false),
+        (NODE.0, cert.pem(), false),
+        (NODE.1, key.serialize_pem(), true),
+    ] {
+        let path = out.join(n);
+        write_new(&path, contents.as_bytes(), secret)?;
+        files.push(path);
+    }
+    Ok(Issued { files, serial })
+}
+
+/// The identity and serial of a certificate file (PEM), as the controller reads them.
+pub fn read_identity(path: &Path) -> Result<(Identity, String), CertError> {
+    let pem = std::fs::read(path).map_err(io(path))?;
+    let bad = |message: String| CertError::BadCertificate {
+        path: path.to_owned(),
+        message,
+    };
+    let (_, pem) =
+        x509_parser::pem::parse_x509_pem(&pem).map_err(|e| bad(format!("not PEM: {e}")))?;
+    crate::auth::certificate_identity(&pem.contents).map_err(bad)
+}
+
+/// A serial number as deny lists name it: lowercase hex, no separators or leading zeros.
+pub fn serial_hex(bytes: &[u8]) -> String {
+    let s: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let t = s.trim_start_matches('0');
+    if t.is_empty() { "0".into() } else { t.into() }
+}
+
+fn write_new(path: &Path, bytes: &[u8], secret: bool) -> Result<(), CertError> {
     use std::os::unix::fs::OpenOptionsExt as _;
-    let mut opts = std::fs::OpenOptions::new();
-    opts.write(true)
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
         .create_new(true)
-        .mode(if secret { 0o600 } else { 0o644 });
-    let mut f = opts.open(path).map_err(|source| TlsError::Io {
-        path: path.to_owned(),
-        source,
-    })?;
-    std::io::Write::write_all(&mut f, bytes).map_err(|source| TlsError::Io {
-        path: path.to_owned(),
-        source,
-    })
+        .mode(if secret { 0o600 } else { 0o644 })
+        .open(path)
+        .map_err(io(path))?;
+    std::io::Write::write_all(&mut f, bytes).map_err(io(path))
 }
 
 fn name(cn: &str) -> DistinguishedName {
@@ -152,21 +238,4 @@ fn name(cn: &str) -> DistinguishedName {
     dn.push(DnType::CommonName, cn);
     dn.push(DnType::OrganizationName, "SOPA");
     dn
-}
-
-/// The controller's TLS: its identity, and the CA every client certificate must chain to.
-pub fn server_config(dir: &Path) -> Result<ServerTlsConfig, TlsError> {
-    let identity = Identity::from_pem(read(dir, CONTROLLER.0)?, read(dir, CONTROLLER.1)?);
-    Ok(ServerTlsConfig::new()
-        .identity(identity)
-        .client_ca_root(Certificate::from_pem(read(dir, CA)?)))
-}
-
-/// An agent's TLS: the CA the controller's certificate must chain to, the agent's identity, and
-/// the name expected in the controller's certificate.
-pub fn client_config(dir: &Path, controller_name: &str) -> Result<ClientTlsConfig, TlsError> {
-    Ok(ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(read(dir, CA)?))
-        .identity(Identity::from_pem(read(dir, AGENT.0)?, read(dir, AGENT.1)?))
-        .domain_name(controller_name))
 }

@@ -2,15 +2,14 @@
 //! per change, with the recent deltas kept so a reconnecting agent can catch up without a
 //! snapshot.
 
-use std::{
-    collections::{BTreeSet, VecDeque},
-    path::Path,
-};
+use std::collections::{BTreeSet, VecDeque};
 
 use serde::Deserialize;
 use sopa_topology::{Topology, paths::Failures, topology::TopologySpec};
 
-use crate::proto::{Change, Delta, LinkChange, LinkRef, Snapshot, SwitchChange, change};
+use sopa_channel::proto::{Change, Delta, LinkChange, LinkRef, Snapshot, SwitchChange, change};
+
+use crate::store::Persisted;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum FabricError {
@@ -24,6 +23,14 @@ pub enum FabricError {
     NotASwitch(String),
     #[error("invalid topology: {0}")]
     Topology(String),
+    #[error(
+        "the stored state belongs to another topology ({stored}); start with the topology it was written for, or move the state file away to start this one from an empty state"
+    )]
+    StoredForAnother { stored: String },
+    #[error("the stored state names {0}, which this topology does not have: {1}")]
+    StoredUnknown(String, String),
+    #[error("the change was not made durable, so it was not made: {0}")]
+    NotDurable(String),
 }
 
 /// The topology spec file the controller loads.
@@ -38,12 +45,23 @@ pub const HISTORY: usize = 4096;
 
 pub struct Fabric {
     spec_json: String,
-    topology: Topology,
+    /// Shared, so work that needs the topology (a Hedera round) runs without the fabric's lock.
+    topology: std::sync::Arc<Topology>,
     epoch: u64,
     version: u64,
+    /// Links an operator took down (drains).
     down_links: BTreeSet<(String, String)>,
+    /// Links a switch reported down (a port without carrier). A link is down for the agents
+    /// when either says so; a switch's report that a port is up again never undoes a drain.
+    reported_down: BTreeSet<(String, String)>,
     down_switches: BTreeSet<String>,
     history: VecDeque<Delta>,
+}
+
+/// The fabric as it was before a change, to return to when the change cannot be stored.
+pub struct Checkpoint {
+    state: Persisted,
+    history_len: usize,
 }
 
 /// A link named by its ends, in a canonical order.
@@ -61,10 +79,11 @@ impl Fabric {
         let topology = Topology::build(&spec).map_err(|e| FabricError::Topology(e.to_string()))?;
         Ok(Self {
             spec_json: serde_json::to_string(&spec).expect("specs serialize"),
-            topology,
+            topology: std::sync::Arc::new(topology),
             epoch,
             version: 1,
             down_links: BTreeSet::new(),
+            reported_down: BTreeSet::new(),
             down_switches: BTreeSet::new(),
             history: VecDeque::new(),
         })
@@ -90,13 +109,76 @@ impl Fabric {
         Ok(file.topology)
     }
 
-    pub fn load(path: &Path, epoch: u64) -> Result<Self, FabricError> {
-        let name = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| FabricError::Spec {
-            path: name.clone(),
-            message: format!("cannot read it: {e}"),
-        })?;
-        Self::new(Self::parse_spec(&text, &name)?, epoch)
+    /// The fabric of a stored state: its epoch, its version (the next change is one more),
+    /// and its down links and switches. The state must belong to `spec`.
+    pub fn restore(spec: TopologySpec, state: &Persisted) -> Result<Self, FabricError> {
+        let mut f = Self::new(spec, state.epoch)?;
+        if state.topology != f.spec_json {
+            return Err(FabricError::StoredForAnother {
+                stored: state.topology.clone(),
+            });
+        }
+        for (a, b) in &state.down_links {
+            f.check_link(a, b)
+                .map_err(|e| FabricError::StoredUnknown(format!("link {a}:{b}"), e.to_string()))?;
+            f.down_links.insert(key(a, b));
+        }
+        for (a, b) in &state.reported_down {
+            f.check_link(a, b)
+                .map_err(|e| FabricError::StoredUnknown(format!("link {a}:{b}"), e.to_string()))?;
+            f.reported_down.insert(key(a, b));
+        }
+        for name in &state.down_switches {
+            f.check_switch(name)
+                .map_err(|e| FabricError::StoredUnknown(format!("switch {name}"), e.to_string()))?;
+            f.down_switches.insert(name.clone());
+        }
+        f.version = state.version.max(1);
+        Ok(f)
+    }
+
+    /// What a store keeps of this fabric.
+    pub fn persisted(&self) -> Persisted {
+        Persisted {
+            topology: self.spec_json.clone(),
+            epoch: self.epoch,
+            version: self.version,
+            down_links: self.down_links.iter().cloned().collect(),
+            reported_down: self.reported_down.iter().cloned().collect(),
+            down_switches: self.down_switches.iter().cloned().collect(),
+        }
+    }
+
+    /// Where the fabric is now, to [`Fabric::rollback`] to.
+    pub fn checkpoint(&self) -> Checkpoint {
+        Checkpoint {
+            state: self.persisted(),
+            history_len: self.history.len(),
+        }
+    }
+
+    /// Whether anything a store keeps changed since `c`.
+    pub fn changed_since(&self, c: &Checkpoint) -> bool {
+        self.persisted() != c.state
+    }
+
+    /// Returns to `c`, undoing every change since (changes that could not be stored).
+    pub fn rollback(&mut self, c: Checkpoint) {
+        let s = c.state;
+        self.version = s.version;
+        self.down_links = s.down_links.into_iter().collect();
+        self.reported_down = s.reported_down.into_iter().collect();
+        self.down_switches = s.down_switches.into_iter().collect();
+        // A change adds at most one delta; one dropped from the front meanwhile is not
+        // brought back (agents that far behind take a snapshot).
+        self.history.truncate(c.history_len);
+        while self
+            .history
+            .back()
+            .is_some_and(|d| d.version > self.version)
+        {
+            self.history.pop_back();
+        }
     }
 
     pub fn epoch(&self) -> u64 {
@@ -111,13 +193,19 @@ impl Fabric {
         &self.topology
     }
 
+    /// The topology, to use after the fabric's lock is released (it never changes).
+    pub fn shared_topology(&self) -> std::sync::Arc<Topology> {
+        std::sync::Arc::clone(&self.topology)
+    }
+
     pub fn spec_json(&self) -> &str {
         &self.spec_json
     }
 
+    /// Every link that is down, drained or reported.
     pub fn down_links(&self) -> Vec<LinkRef> {
         self.down_links
-            .iter()
+            .union(&self.reported_down)
             .map(|(a, b)| LinkRef {
                 a: a.clone(),
                 b: b.clone(),
@@ -133,7 +221,7 @@ impl Fabric {
     pub fn failures(&self) -> Failures {
         let g = self.topology.graph();
         let mut f = Failures::none(g);
-        for (a, b) in &self.down_links {
+        for (a, b) in self.down_links.union(&self.reported_down) {
             if let (Some(na), Some(nb)) = (g.find(a), g.find(b)) {
                 for l in g.links_between(na, nb).collect::<Vec<_>>() {
                     f.set_link(l, true);
@@ -174,24 +262,66 @@ impl Fabric {
         Ok(())
     }
 
-    /// Marks a link down or up (every parallel link between the two nodes). Returns the new
-    /// version's delta, or `None` when nothing changed.
+    /// An operator drains a link or ends its drain (every parallel link between the two
+    /// nodes). Returns the new version's delta, or `None` when the link's state for the agents
+    /// did not change (it may still be reported down by its switch).
     pub fn set_link(&mut self, a: &str, b: &str, down: bool) -> Result<Option<Delta>, FabricError> {
         self.check_link(a, b)?;
         let k = key(a, b);
-        let changed = if down {
-            self.down_links.insert(k.clone())
+        let before = self.link_down(&k);
+        if down {
+            self.down_links.insert(k.clone());
         } else {
-            self.down_links.remove(&k)
-        };
-        Ok(changed.then(|| {
+            self.down_links.remove(&k);
+        }
+        Ok(self.link_delta(k, before))
+    }
+
+    /// A switch reports a port's carrier. A port up again ends only the reported failure, never
+    /// an operator's drain.
+    pub fn report_link(
+        &mut self,
+        a: &str,
+        b: &str,
+        down: bool,
+    ) -> Result<Option<Delta>, FabricError> {
+        self.check_link(a, b)?;
+        let k = key(a, b);
+        let before = self.link_down(&k);
+        if down {
+            self.reported_down.insert(k.clone());
+        } else {
+            self.reported_down.remove(&k);
+        }
+        Ok(self.link_delta(k, before))
+    }
+
+    fn link_down(&self, k: &(String, String)) -> bool {
+        self.down_links.contains(k) || self.reported_down.contains(k)
+    }
+
+    /// The delta of link `k` if its state for the agents changed from `before`.
+    fn link_delta(&mut self, k: (String, String), before: bool) -> Option<Delta> {
+        let down = self.link_down(&k);
+        (down != before).then(|| {
             self.record(Change {
                 kind: Some(change::Kind::Link(LinkChange {
                     link: Some(LinkRef { a: k.0, b: k.1 }),
                     down,
                 })),
             })
-        }))
+        })
+    }
+
+    /// The links an operator drained (a subset of [`Fabric::down_links`]).
+    pub fn drained_links(&self) -> Vec<LinkRef> {
+        self.down_links
+            .iter()
+            .map(|(a, b)| LinkRef {
+                a: a.clone(),
+                b: b.clone(),
+            })
+            .collect()
     }
 
     pub fn set_switch(&mut self, name: &str, down: bool) -> Result<Option<Delta>, FabricError> {
@@ -310,6 +440,50 @@ mod tests {
     }
 
     #[test]
+    fn a_port_up_again_ends_only_its_switchs_report_never_a_drain() {
+        let mut f = fabric();
+        let down = |f: &Fabric| f.down_links().len();
+        // Reported down, then up: two versions.
+        assert!(f.report_link("e0", "a0", true).unwrap().is_some());
+        assert!(f.report_link("a0", "e0", false).unwrap().is_some());
+        assert_eq!((f.version(), down(&f)), (3, 0));
+        // Drained, then reported down and up: the link stays down, no version for the reports.
+        assert!(f.set_link("e0", "a0", true).unwrap().is_some());
+        assert!(f.report_link("e0", "a0", true).unwrap().is_none());
+        assert!(f.report_link("e0", "a0", false).unwrap().is_none());
+        assert_eq!((f.version(), down(&f)), (4, 1));
+        // Reported down while drained: ending the drain leaves it down.
+        f.report_link("e0", "a0", true).unwrap();
+        assert!(f.set_link("e0", "a0", false).unwrap().is_none());
+        assert_eq!((f.version(), down(&f)), (4, 1));
+        assert!(f.drained_links().is_empty());
+        assert!(f.report_link("e0", "a0", false).unwrap().is_some());
+        assert_eq!((f.version(), down(&f)), (5, 0));
+    }
+
+    #[test]
+    fn a_rollback_returns_to_the_checkpoint_and_a_restore_to_the_stored_state() {
+        let mut f = fabric();
+        f.set_link("e0", "a0", true).unwrap();
+        let stored = f.persisted();
+        let before = f.checkpoint();
+        f.report_link("e1", "a1", true).unwrap();
+        f.set_switch("c0", true).unwrap();
+        assert!(f.changed_since(&before));
+        f.rollback(before);
+        assert_eq!(f.persisted(), stored);
+        assert_eq!(
+            f.deltas_since(7, 1).unwrap().len(),
+            1,
+            "the rolled-back deltas are gone"
+        );
+        let g = Fabric::restore(TopologySpec::FatTree { k: 4 }, &stored).unwrap();
+        assert_eq!(g.persisted(), stored);
+        let other = Fabric::restore(TopologySpec::FatTree { k: 6 }, &stored);
+        assert!(matches!(other, Err(FabricError::StoredForAnother { .. })));
+    }
+
+    #[test]
     fn deltas_since_or_snapshot() {
         let mut f = fabric();
         for (a, b) in [("e0", "a0"), ("e0", "a1"), ("a0", "c0")] {
@@ -357,5 +531,88 @@ mod tests {
                 "{text:?}: {err}"
             );
         }
+    }
+}
+
+/// An agent's view follows this fabric through its snapshots and deltas.
+#[cfg(test)]
+mod view_tests {
+    use sopa_channel::{
+        proto::{LinkRef, Snapshot, change},
+        view::{FabricView, ViewError},
+    };
+    use sopa_topology::topology::TopologySpec;
+
+    use super::Fabric;
+
+    #[test]
+    fn snapshot_then_deltas_track_the_controller() {
+        let mut f = Fabric::new(TopologySpec::FatTree { k: 4 }, 3).unwrap();
+        f.set_link("e0", "a0", true).unwrap();
+        let mut view = FabricView::from_snapshot(&f.snapshot()).unwrap();
+        assert_eq!(view.version, 2);
+        let g = view.topology.graph();
+        let link = g
+            .links_between(g.find("e0").unwrap(), g.find("a0").unwrap())
+            .next()
+            .unwrap();
+        assert!(!view.failures.usable(g, link));
+        let d = f.set_link("e0", "a0", false).unwrap().unwrap();
+        let changed = view.apply_delta(&d).unwrap();
+        assert_eq!(changed, vec![link]);
+        assert!(view.failures.usable(view.topology.graph(), link));
+        let d = f.set_switch("a1", true).unwrap().unwrap();
+        assert_eq!(
+            view.apply_delta(&d).unwrap().len(),
+            4,
+            "a switch of a k=4 Fat-Tree has 4 ports"
+        );
+    }
+
+    #[test]
+    fn bad_deltas_change_nothing() {
+        let mut f = Fabric::new(TopologySpec::FatTree { k: 4 }, 3).unwrap();
+        let mut view = FabricView::from_snapshot(&f.snapshot()).unwrap();
+        let good = f.set_link("e0", "a0", true).unwrap().unwrap();
+        let mut unknown = good.clone();
+        if let Some(change::Kind::Link(l)) = &mut unknown.changes[0].kind {
+            l.link = Some(LinkRef {
+                a: "e0".into(),
+                b: "c0".into(),
+            });
+        }
+        // One good change and one unknown link: the whole delta is refused.
+        let mut mixed = good.clone();
+        mixed.changes.push(unknown.changes[0].clone());
+        assert_eq!(
+            view.apply_delta(&mixed),
+            Err(ViewError::UnknownLink("e0".into(), "c0".into()))
+        );
+        assert_eq!(view.version, 1);
+        assert!(view.failures.down_links().next().is_none());
+        let mut other_epoch = good.clone();
+        other_epoch.epoch = 4;
+        assert!(view.apply_delta(&other_epoch).unwrap_err().needs_resync());
+        let mut gap = good.clone();
+        gap.base_version = 5;
+        gap.version = 6;
+        assert!(view.apply_delta(&gap).unwrap_err().needs_resync());
+        view.apply_delta(&good).unwrap();
+        assert_eq!(
+            view.apply_delta(&good),
+            Err(ViewError::Stale {
+                have: 2,
+                version: 2
+            }),
+            "duplicate"
+        );
+        let bad_spec = Snapshot {
+            topology: "{\"kind\":\"torus\"}".into(),
+            ..f.snapshot()
+        };
+        assert!(matches!(
+            FabricView::from_snapshot(&bad_spec),
+            Err(ViewError::BadSpec(_))
+        ));
     }
 }

@@ -1,10 +1,12 @@
 //! The SOPA controller: it owns the topology and its link and switch states, versions every
-//! change, and pushes snapshots and deltas to every agent over the channel.
+//! change, and pushes snapshots and deltas to every agent over the channel (`sopa-channel`).
+//! It holds every client to the node and role its certificate names.
 
-pub mod client;
+pub mod auth;
+pub mod certs;
+pub mod damping;
 pub mod fabric;
 pub mod hedera;
-pub mod proto;
 pub mod server;
-pub mod tls;
-pub mod view;
+pub mod store;
+pub mod transport;

@@ -121,7 +121,7 @@ async fn a_restarted_controller_sends_a_fresh_snapshot() {
 
 #[tokio::test]
 async fn a_message_over_the_size_limit_is_refused_and_changes_nothing() {
-    use sopa_controller::proto::{
+    use sopa_channel::proto::{
         self, AgentMessage, Hello, agent_message, channel::channel_client::ChannelClient,
     };
     let c = start_controller(16, "127.0.0.1:0").await;
@@ -185,9 +185,8 @@ async fn hosts_stay_live_for_a_grace_period_after_the_start_and_after_their_agen
     let mut all: Vec<String> = (0..16).map(|i| format!("h{i}")).collect();
     all.sort();
     let (switch, _switch_stop) =
-        common::spawn_agent_peers(c.addr, "e0", sopa_controller::proto::Role::Switch);
-    let (_h0, h0_stop) =
-        common::spawn_agent_peers(c.addr, "h0", sopa_controller::proto::Role::Host);
+        common::spawn_agent_peers(c.addr, "e0", sopa_channel::proto::Role::Switch);
+    let (_h0, h0_stop) = common::spawn_agent_peers(c.addr, "h0", sopa_channel::proto::Role::Host);
     let seen = |n: usize| {
         let switch = std::sync::Arc::clone(&switch);
         move || switch.lock().unwrap().len() >= n
@@ -214,5 +213,217 @@ async fn hosts_stay_live_for_a_grace_period_after_the_start_and_after_their_agen
         ],
         "(down, live) in the order sent"
     );
+    c.stop().await;
+}
+
+/// An agent whose host lost power sends nothing more, and its connection does not close: the
+/// controller counts it gone after three of its heartbeat intervals, and tells the others.
+#[tokio::test]
+async fn an_agent_that_falls_silent_is_gone_after_three_missed_heartbeats() {
+    use sopa_channel::proto::{
+        AgentMessage, Hello, agent_message, channel::channel_client::ChannelClient,
+    };
+    let c = start_controller(18, "127.0.0.1:0").await;
+    let mut client = ChannelClient::connect(format!("http://{}", c.addr))
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    // The controller hears the hello after this instant, and nothing after the hello.
+    let hello_sent = std::time::Instant::now();
+    tx.send(AgentMessage {
+        kind: Some(agent_message::Kind::Hello(Hello {
+            node: "h6".into(),
+            role: 1,
+            heartbeat_ms: 200,
+            ..Hello::default()
+        })),
+    })
+    .await
+    .unwrap();
+    // The stream stays open (tx is kept), and nothing more is sent.
+    let mut inbound = client
+        .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    inbound.message().await.unwrap().unwrap();
+    until("h6 connected", || {
+        c.controller.agents().get("h6").is_some_and(|r| r.connected)
+    })
+    .await;
+    until("h6 gone", || {
+        c.controller
+            .agents()
+            .get("h6")
+            .is_some_and(|r| !r.connected)
+    })
+    .await;
+    assert!(
+        hello_sent.elapsed() > Duration::from_millis(600),
+        "gone {:?} after its hello, before three 200 ms intervals",
+        hello_sent.elapsed()
+    );
+    until("h6 down for its peers", || {
+        c.controller.peers().down.contains(&"h6".to_owned())
+    })
+    .await;
+    drop(tx);
+    c.stop().await;
+}
+
+/// Every change is durable before it is announced: a controller started again on the same
+/// state file has every drain and reported failure, the same epoch and the next version, and an
+/// agent that was up to date resumes without a snapshot. A change that cannot be stored is
+/// refused and undone.
+#[tokio::test]
+async fn a_restarted_controller_keeps_every_change_and_continues_the_versions() {
+    use sopa_controller::{fabric::Fabric, store::Store};
+    use sopa_topology::topology::TopologySpec;
+    let dir = std::env::temp_dir().join(format!("sopa-durable-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let store = Store::File(dir.join("state.json"));
+    let start = |epoch: u64| {
+        let spec = TopologySpec::FatTree { k: 4 };
+        let fabric = match store.load().unwrap() {
+            Some(state) => Fabric::restore(spec, &state).unwrap(),
+            None => Fabric::new(spec, epoch).unwrap(),
+        };
+        common::start_controller_fabric(
+            fabric,
+            sopa_controller::server::Options {
+                store: store.clone(),
+                ..common::test_options()
+            },
+        )
+    };
+    let c = start(31).await;
+    let (log, _stop) = spawn_agent(c.addr, "h2", vec![], vec![]);
+    until("snapshot", || last_version(&log) == 1).await;
+    c.controller.set_link("e0", "a0", true).unwrap();
+    c.controller.set_switch("c1", true).unwrap();
+    until("both changes applied", || last_version(&log) == 3).await;
+    c.stop().await;
+
+    // The same state file, another process's epoch would be 32: the stored one wins.
+    let c = start(32).await;
+    let s = c.controller.status();
+    assert_eq!((s.epoch, s.version), (31, 3));
+    assert_eq!(
+        s.down_links
+            .iter()
+            .map(|l| (l.a.as_str(), l.b.as_str()))
+            .collect::<Vec<_>>(),
+        [("a0", "e0")]
+    );
+    assert_eq!(s.down_switches, ["c1"]);
+    let held = Fabric::restore(
+        TopologySpec::FatTree { k: 4 },
+        &store.load().unwrap().unwrap(),
+    )
+    .unwrap()
+    .snapshot();
+    let log = common::spawn_agent_holding(
+        c.addr,
+        "h2",
+        sopa_channel::view::FabricView::from_snapshot(&held).unwrap(),
+    );
+    until("h2 back", || {
+        c.controller.agents().get("h2").is_some_and(|r| r.connected)
+    })
+    .await;
+    c.controller.set_link("e0", "a0", false).unwrap();
+    until("version 4", || last_version(&log) == 4).await;
+    assert_eq!(
+        *log.lock().unwrap(),
+        [("delta", 31, 4)],
+        "an agent that was up to date needs no snapshot"
+    );
+
+    // A store that cannot be written: the change is refused and nothing moves.
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::write(&dir, "a file where the state's folder was").unwrap();
+    let err = c.controller.set_link("e1", "a1", true).unwrap_err();
+    assert!(err.to_string().contains("not made durable"), "{err}");
+    let s = c.controller.status();
+    assert_eq!(s.version, 4);
+    assert!(s.down_links.is_empty());
+    c.stop().await;
+    let _ = std::fs::remove_file(&dir);
+}
+
+/// A port that flaps is held down: its downs are applied at once, its ups only when the hold
+/// ends, and `status` shows it held meanwhile.
+#[tokio::test]
+async fn a_flapping_port_is_held_down_until_its_hold_ends() {
+    use sopa_channel::proto::{
+        AgentMessage, Hello, LinkReport, agent_message, channel::channel_client::ChannelClient,
+    };
+    use sopa_controller::{damping::DampingConfig, fabric::Fabric};
+    use sopa_topology::topology::TopologySpec;
+    let c = common::start_controller_fabric(
+        Fabric::new(TopologySpec::FatTree { k: 4 }, 33).unwrap(),
+        sopa_controller::server::Options {
+            damping: DampingConfig {
+                limit: 2,
+                window: Duration::from_secs(60),
+                hold: Duration::from_secs(2),
+                max_hold: Duration::from_secs(10),
+            },
+            ..common::test_options()
+        },
+    )
+    .await;
+    let mut client = ChannelClient::connect(format!("http://{}", c.addr))
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tx.send(AgentMessage {
+        kind: Some(agent_message::Kind::Hello(Hello {
+            node: "e0".into(),
+            role: 2,
+            heartbeat_ms: 60_000,
+            ..Hello::default()
+        })),
+    })
+    .await
+    .unwrap();
+    let mut inbound = client
+        .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    inbound.message().await.unwrap().unwrap();
+    let report = |down| AgentMessage {
+        kind: Some(agent_message::Kind::Report(LinkReport {
+            a: "e0".into(),
+            b: "a0".into(),
+            down,
+        })),
+    };
+    // One flap: down and up, both applied.
+    tx.send(report(true)).await.unwrap();
+    tx.send(report(false)).await.unwrap();
+    until("the first flap applied", || c.controller.version() == 3).await;
+    // The second down within the window: applied, and the link held down.
+    tx.send(report(true)).await.unwrap();
+    until("the second down applied", || c.controller.version() == 4).await;
+    tx.send(report(false)).await.unwrap();
+    until("the up taken and held", || {
+        c.controller
+            .status()
+            .held_links
+            .iter()
+            .any(|h| h.up_pending)
+    })
+    .await;
+    let s = c.controller.status();
+    assert_eq!(s.version, 4, "the up of a held link waits");
+    assert_eq!(s.down_links.len(), 1);
+    // The hold ends: the pending up is applied.
+    until("the link up after its hold", || c.controller.version() == 5).await;
+    let s = c.controller.status();
+    assert!(s.down_links.is_empty() && s.held_links.is_empty(), "{s:?}");
+    drop(tx);
     c.stop().await;
 }

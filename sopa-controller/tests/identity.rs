@@ -1,21 +1,41 @@
-//! Mutual TLS on the channel: an agent with a certificate of the fabric's CA is served; a
-//! plaintext client, a client without a certificate, one from another CA and one with an
-//! expired certificate are refused, and the controller's state is untouched; an agent refuses a
-//! controller whose certificate does not verify.
+//! Identities and what each may do, over real mutual TLS on loopback. Every certificate names
+//! one node and role (`sopa://ROLE/NODE`); the controller takes them from the certificate it
+//! verified. Each rule has a test that checks the controller's state before and after: a
+//! refusal is counted under its reason and changes nothing.
 
 mod common;
 
-use std::path::PathBuf;
+use std::{
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
-use common::{Log, Lost, last_version, spawn_agent_watched, start_controller_tls, until};
-use sopa_controller::tls::{self, InitOptions};
+use common::{Log, Lost, Running, last_version, spawn_agent_watched, start_controller_tls, until};
+use sopa_channel::{
+    identity::{Identity, Role},
+    proto::{
+        AgentMessage, ControllerMessage, FiveTuple, FlowReport, FlowSample, Hello, LinkChange,
+        LinkRef, LinkReport, StatusRequest, SwitchChange, agent_message,
+        channel::channel_client::ChannelClient, control::control_client::ControlClient,
+        controller_message,
+    },
+    tls,
+};
+use sopa_controller::{
+    auth::{DenyList, Refusal},
+    certs::{self, IssueOptions},
+    transport::ServerTls,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Certificate, ClientTlsConfig};
 
 struct TempDir(PathBuf);
 
 impl TempDir {
     fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("sopa-tls-{tag}-{}", std::process::id()));
+        let p = std::env::temp_dir().join(format!("sopa-identity-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&p);
         Self(p)
     }
@@ -27,80 +47,258 @@ impl Drop for TempDir {
     }
 }
 
-fn certs(tag: &str, expired: bool) -> TempDir {
-    let dir = TempDir::new(tag);
-    tls::init(
-        &dir.0,
-        &InitOptions {
-            expired,
-            ..InitOptions::default()
-        },
-    )
+/// A CA and the folders it issued.
+struct Ca {
+    dir: TempDir,
+}
+
+impl Ca {
+    fn new(tag: &str) -> Self {
+        let dir = TempDir::new(tag);
+        certs::init(&dir.0.join("ca")).unwrap();
+        Self { dir }
+    }
+
+    /// `node`'s folder as `role` (issued once, then reused).
+    fn issue_with(&self, role: Role, node: &str, opts: &IssueOptions) -> (PathBuf, String) {
+        let out = self
+            .dir
+            .0
+            .join(format!("{role}-{node}-{}", opts.expired as u8));
+        if out.exists() {
+            let (_, serial) = certs::read_identity(&out.join(tls::NODE.0)).unwrap();
+            return (out, serial);
+        }
+        let issued = certs::issue(
+            &self.dir.0.join("ca"),
+            &Identity::new(role, node).unwrap(),
+            &out,
+            opts,
+        )
+        .unwrap();
+        (out, issued.serial)
+    }
+
+    fn issue(&self, role: Role, node: &str) -> PathBuf {
+        self.issue_with(role, node, &IssueOptions::default()).0
+    }
+
+    fn client(&self, role: Role, node: &str) -> ClientTlsConfig {
+        tls::client_config(&self.issue(role, node), "localhost").unwrap()
+    }
+
+    fn deny_file(&self) -> PathBuf {
+        self.dir.0.join("revoked.txt")
+    }
+
+    /// A controller serving with this CA's controller certificate (and a deny list file).
+    async fn controller(&self, epoch: u64) -> Running {
+        self.controller_and_deny_list(epoch).await.0
+    }
+
+    /// The controller, and its deny list (shared: a reload here is the controller's).
+    async fn controller_and_deny_list(&self, epoch: u64) -> (Running, DenyList) {
+        let deny_file = self.deny_file();
+        std::fs::write(&deny_file, "# revoked serials\n").unwrap();
+        let deny = DenyList::load(&deny_file).unwrap();
+        let server = ServerTls::load(
+            &self.issue(Role::Controller, "sopa-controller"),
+            deny.clone(),
+        )
+        .unwrap();
+        let c = start_controller_tls(epoch, "127.0.0.1:0", Some(server)).await;
+        (c, deny)
+    }
+}
+
+fn endpoint(c: &Running) -> String {
+    format!("https://{}", c.addr)
+}
+
+/// What a refusal must leave as it was.
+#[derive(Debug, PartialEq)]
+struct State {
+    version: u64,
+    down_links: Vec<(String, String)>,
+    down_switches: Vec<String>,
+    agents: Vec<(String, bool)>,
+    elephants: usize,
+}
+
+fn state(c: &Running) -> State {
+    let s = c.controller.status();
+    State {
+        version: s.version,
+        down_links: s.down_links.into_iter().map(|l| (l.a, l.b)).collect(),
+        down_switches: s.down_switches,
+        agents: s
+            .agents
+            .into_iter()
+            .map(|a| (a.node, a.connected))
+            .collect(),
+        elephants: c.controller.hedera_status().elephants.len(),
+    }
+}
+
+/// Runs `act`, then checks that it was refused for `reason` once and changed nothing.
+async fn refused_once<F: std::future::Future<Output = ()>>(c: &Running, reason: Refusal, act: F) {
+    let before = state(c);
+    let count = c.controller.refusals.count(reason);
+    act.await;
+    until(&format!("the {reason:?} refusal counted"), || {
+        c.controller.refusals.count(reason) > count
+    })
+    .await;
+    assert_eq!(c.controller.refusals.count(reason), count + 1, "{reason:?}");
+    assert_eq!(state(c), before, "a {reason:?} refusal changed the state");
+}
+
+/// Opens an agent stream with `tls`, says `hello`, and returns the stream's first message or
+/// its error, with a sender for more messages.
+async fn open_stream(
+    c: &Running,
+    tls: &ClientTlsConfig,
+    hello: Hello,
+) -> (
+    Result<ControllerMessage, tonic::Status>,
+    mpsc::Sender<AgentMessage>,
+    Option<tonic::Streaming<ControllerMessage>>,
+) {
+    let channel = sopa_channel::client::connect(&endpoint(c), Some(tls))
+        .await
+        .unwrap();
+    let mut client = ChannelClient::new(channel);
+    let (tx, rx) = mpsc::channel(16);
+    tx.send(AgentMessage {
+        kind: Some(agent_message::Kind::Hello(hello)),
+    })
+    .await
     .unwrap();
-    dir
+    match client.stream(ReceiverStream::new(rx)).await {
+        Err(status) => (Err(status), tx, None),
+        Ok(r) => {
+            let mut inbound = r.into_inner();
+            let first = match inbound.message().await {
+                Ok(Some(m)) => Ok(m),
+                Ok(None) => Err(tonic::Status::unknown("the stream ended")),
+                Err(s) => Err(s),
+            };
+            (first, tx, Some(inbound))
+        }
+    }
+}
+
+/// A hello of a test stream that sends no heartbeats: it asks for the longest interval the
+/// controller grants (a minute), so it is not counted gone during the test.
+fn hello(node: &str, role: sopa_channel::proto::Role) -> Hello {
+    Hello {
+        node: node.into(),
+        role: role as i32,
+        heartbeat_ms: 60_000,
+        ..Hello::default()
+    }
+}
+
+async fn control(c: &Running, tls: &ClientTlsConfig) -> ControlClient<tonic::transport::Channel> {
+    ControlClient::new(
+        sopa_channel::client::connect(&endpoint(c), Some(tls))
+            .await
+            .unwrap(),
+    )
+}
+
+fn set_link(a: &str, b: &str) -> LinkChange {
+    LinkChange {
+        link: Some(LinkRef {
+            a: a.into(),
+            b: b.into(),
+        }),
+        down: true,
+    }
 }
 
 #[tokio::test]
-async fn only_agents_of_the_fabric_ca_get_through() {
-    let good = certs("good", false);
-    let other = certs("other", false);
-    let expired = certs("expired", true);
-    let c = start_controller_tls(
-        21,
-        "127.0.0.1:0",
-        Some(tls::server_config(&good.0).unwrap()),
-    )
-    .await;
-    let endpoint = format!("https://{}", c.addr);
-
-    let client = |dir: &PathBuf| tls::client_config(dir, "localhost").unwrap();
-    let (ok, _, _a) = spawn_agent_watched(&endpoint, "h0", Some(client(&good.0)), vec![], vec![]);
+async fn only_certificates_of_the_fabric_ca_that_name_a_node_get_through() {
+    let ca = Ca::new("handshake");
+    let other = Ca::new("handshake-other");
+    let c = ca.controller(21).await;
+    let (ok, _, _a) = spawn_agent_watched(
+        &endpoint(&c),
+        "h0",
+        Some(ca.client(Role::Host, "h0")),
+        vec![],
+        vec![],
+    );
     until("the authenticated agent's snapshot", || {
         last_version(&ok) == 1
     })
     .await;
 
-    // Another CA's agent certificate (trusting our CA for the controller), an expired agent
-    // certificate, no client certificate at all, and plaintext.
-    let mut other_ca_agent = ClientTlsConfig::new()
+    // Another CA's host certificate (trusting our CA for the controller), an expired one, no
+    // client certificate at all, plaintext, and a certificate of our CA without a SOPA
+    // identity.
+    let trust_ours = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(
-            std::fs::read(good.0.join(tls::CA)).unwrap(),
+            std::fs::read(ca.dir.0.join("ca").join(tls::CA)).unwrap(),
         ))
         .domain_name("localhost");
-    let no_cert = other_ca_agent.clone();
-    other_ca_agent = other_ca_agent.identity(tonic::transport::Identity::from_pem(
-        std::fs::read(other.0.join(tls::AGENT.0)).unwrap(),
-        std::fs::read(other.0.join(tls::AGENT.1)).unwrap(),
-    ));
-    let expired_agent = ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(
-            std::fs::read(good.0.join(tls::CA)).unwrap(),
-        ))
-        .identity(tonic::transport::Identity::from_pem(
-            std::fs::read(expired.0.join(tls::AGENT.0)).unwrap(),
-            std::fs::read(expired.0.join(tls::AGENT.1)).unwrap(),
-        ))
-        .domain_name("localhost");
+    let from = |dir: &Path| {
+        trust_ours
+            .clone()
+            .identity(tonic::transport::Identity::from_pem(
+                std::fs::read(dir.join(tls::NODE.0)).unwrap(),
+                std::fs::read(dir.join(tls::NODE.1)).unwrap(),
+            ))
+    };
+    let other_ca = from(&other.issue(Role::Host, "h1"));
+    let (expired_dir, _) = ca.issue_with(
+        Role::Host,
+        "h2",
+        &IssueOptions {
+            expired: true,
+            ..IssueOptions::default()
+        },
+    );
+    let expired = from(&expired_dir);
+    // A controller's certificate is no client's.
+    let server_cert = from(&ca.issue(Role::Controller, "impostor"));
+    let before = c.controller.refusals.count(Refusal::Handshake);
     let refused = [
-        spawn_agent_watched(&endpoint, "other-ca", Some(other_ca_agent), vec![], vec![]),
-        spawn_agent_watched(&endpoint, "expired", Some(expired_agent), vec![], vec![]),
-        spawn_agent_watched(&endpoint, "no-cert", Some(no_cert), vec![], vec![]),
-        spawn_agent_watched(
-            &format!("http://{}", c.addr),
+        (
+            "other-ca",
+            spawn_agent_watched(&endpoint(&c), "h1", Some(other_ca), vec![], vec![]),
+        ),
+        (
+            "expired",
+            spawn_agent_watched(&endpoint(&c), "h2", Some(expired), vec![], vec![]),
+        ),
+        (
+            "no-cert",
+            spawn_agent_watched(
+                &endpoint(&c),
+                "h3",
+                Some(trust_ours.clone()),
+                vec![],
+                vec![],
+            ),
+        ),
+        (
+            "server-cert",
+            spawn_agent_watched(&endpoint(&c), "h4", Some(server_cert), vec![], vec![]),
+        ),
+        (
             "plaintext",
-            None,
-            vec![],
-            vec![],
+            spawn_agent_watched(&format!("http://{}", c.addr), "h5", None, vec![], vec![]),
         ),
     ];
-    // Each client tried and was turned away twice (the second attempt after its backoff):
-    // only then does "nothing received" say something.
-    for (name, (log, lost, _)) in ["other-ca", "expired", "no-cert", "plaintext"]
-        .iter()
-        .zip(&refused)
-    {
+    for (name, (log, lost, _)) in &refused {
         refused_twice(name, log, lost).await;
     }
+    // Each refused its two attempts at the handshake (ten), nothing else.
+    until("ten handshakes refused", || {
+        c.controller.refusals.count(Refusal::Handshake) >= before + 10
+    })
+    .await;
     let agents = c.controller.agents();
     assert_eq!(
         agents.keys().collect::<Vec<_>>(),
@@ -113,19 +311,14 @@ async fn only_agents_of_the_fabric_ca_get_through() {
 
 #[tokio::test]
 async fn agents_refuse_a_controller_they_cannot_verify() {
-    let good = certs("agent-side", false);
-    let impostor = certs("impostor", false);
+    let ca = Ca::new("agent-side");
+    let impostor = Ca::new("impostor");
     // The controller presents a certificate of another CA.
-    let c = start_controller_tls(
-        22,
-        "127.0.0.1:0",
-        Some(tls::server_config(&impostor.0).unwrap()),
-    )
-    .await;
+    let c = impostor.controller(22).await;
     let (log, lost, _a) = spawn_agent_watched(
-        &format!("https://{}", c.addr),
+        &endpoint(&c),
         "h1",
-        Some(tls::client_config(&good.0, "localhost").unwrap()),
+        Some(ca.client(Role::Host, "h1")),
         vec![],
         vec![],
     );
@@ -136,6 +329,339 @@ async fn agents_refuse_a_controller_they_cannot_verify() {
         lost.lock().unwrap()
     );
     assert!(c.controller.agents().is_empty());
+    c.stop().await;
+}
+
+/// A host certificate cannot speak for another node or role, nor for a node the topology
+/// does not have; an operator's cannot open an agent stream at all.
+#[tokio::test]
+async fn a_hello_is_held_to_the_certificate_and_the_topology() {
+    use sopa_channel::proto::Role as Claimed;
+    let ca = Ca::new("hello");
+    let c = ca.controller(23).await;
+    let h0 = ca.client(Role::Host, "h0");
+    for (what, hello) in [
+        ("another host", hello("h1", Claimed::Host)),
+        ("its own name as a switch", hello("h0", Claimed::Switch)),
+        (
+            "another host as its topology name",
+            Hello {
+                topology_name: "h1".into(),
+                ..hello("h0", Claimed::Host)
+            },
+        ),
+    ] {
+        refused_once(&c, Refusal::Impersonation, async {
+            let (first, _, _) = open_stream(&c, &h0, hello).await;
+            let status = first.expect_err(what);
+            assert_eq!(
+                status.code(),
+                tonic::Code::PermissionDenied,
+                "{what}: {status:?}"
+            );
+            assert!(status.message().contains("host/h0"), "{what}: {status:?}");
+        })
+        .await;
+    }
+    // A certificate for a node the topology does not have (h99 of a k=4 Fat-Tree).
+    let stranger = ca.client(Role::Host, "h99");
+    refused_once(&c, Refusal::UnknownNode, async {
+        let (first, _, _) = open_stream(&c, &stranger, hello("h99", Claimed::Host)).await;
+        assert_eq!(first.unwrap_err().code(), tonic::Code::NotFound);
+    })
+    .await;
+    // A switch certificate naming a host of the topology.
+    let wrong_kind = ca.client(Role::Switch, "h3");
+    refused_once(&c, Refusal::UnknownNode, async {
+        let (first, _, _) = open_stream(&c, &wrong_kind, hello("h3", Claimed::Switch)).await;
+        assert_eq!(first.unwrap_err().code(), tonic::Code::NotFound);
+    })
+    .await;
+    let operator = ca.client(Role::Operator, "alice");
+    refused_once(&c, Refusal::Role, async {
+        let (first, _, _) = open_stream(&c, &operator, hello("h0", Claimed::Host)).await;
+        assert_eq!(first.unwrap_err().code(), tonic::Code::PermissionDenied);
+    })
+    .await;
+    // Text fields over their bounds.
+    refused_once(&c, Refusal::FieldTooLong, async {
+        let long = Hello {
+            agent_version: "v".repeat(4096),
+            ..hello("h0", Claimed::Host)
+        };
+        let (first, _, _) = open_stream(&c, &h0, long).await;
+        assert_eq!(first.unwrap_err().code(), tonic::Code::InvalidArgument);
+    })
+    .await;
+    // And the honest hello of the same certificate is served.
+    let (first, _tx, _in) = open_stream(&c, &h0, hello("h0", Claimed::Host)).await;
+    assert!(matches!(
+        first.unwrap().kind,
+        Some(controller_message::Kind::Peers(_))
+    ));
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn one_session_per_identity_and_a_bounded_number_of_sessions() {
+    use sopa_channel::proto::Role as Claimed;
+    let ca = Ca::new("sessions");
+    let c = ca.controller(24).await;
+    let h0 = ca.client(Role::Host, "h0");
+    let (first, _tx, _in) = open_stream(&c, &h0, hello("h0", Claimed::Host)).await;
+    first.unwrap();
+    until("h0 connected", || {
+        c.controller.agents().get("h0").is_some_and(|r| r.connected)
+    })
+    .await;
+    refused_once(&c, Refusal::SecondSession, async {
+        let (first, _, _) = open_stream(&c, &h0, hello("h0", Claimed::Host)).await;
+        assert_eq!(first.unwrap_err().code(), tonic::Code::AlreadyExists);
+    })
+    .await;
+    c.stop().await;
+
+    // A controller that takes two agent streams refuses the third.
+    let server = ServerTls::load(&ca.issue(Role::Controller, "small"), DenyList::none()).unwrap();
+    let c = common::start_controller_opts(
+        25,
+        Some(server),
+        sopa_controller::server::Options {
+            max_sessions: Some(2),
+            ..common::test_options()
+        },
+    )
+    .await;
+    let mut held = Vec::new();
+    for h in ["h1", "h2"] {
+        let (first, tx, inbound) =
+            open_stream(&c, &ca.client(Role::Host, h), hello(h, Claimed::Host)).await;
+        first.unwrap();
+        held.push((tx, inbound));
+    }
+    let h3 = ca.client(Role::Host, "h3");
+    refused_once(&c, Refusal::TooManySessions, async {
+        let (first, _, _) = open_stream(&c, &h3, hello("h3", Claimed::Host)).await;
+        assert_eq!(first.unwrap_err().code(), tonic::Code::ResourceExhausted);
+    })
+    .await;
+    // One leaves: the slot is free again.
+    held.pop();
+    let mut served = false;
+    for _ in 0..100 {
+        let (first, _tx, _in) = open_stream(&c, &h3, hello("h3", Claimed::Host)).await;
+        if first.is_ok() {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(served, "a freed slot serves the next agent");
+    c.stop().await;
+}
+
+/// A switch reports only its own ports; a host only flows from its own address, and no
+/// links at all.
+#[tokio::test]
+async fn agents_report_only_what_is_their_own() {
+    use sopa_channel::proto::Role as Claimed;
+    let ca = Ca::new("reports");
+    let c = ca.controller(26).await;
+    let (first, e0, _in) = open_stream(
+        &c,
+        &ca.client(Role::Switch, "e0"),
+        hello("e0", Claimed::Switch),
+    )
+    .await;
+    first.unwrap();
+    let report = |a: &str, b: &str| AgentMessage {
+        kind: Some(agent_message::Kind::Report(LinkReport {
+            a: a.into(),
+            b: b.into(),
+            down: true,
+        })),
+    };
+    refused_once(&c, Refusal::ForeignPort, async {
+        e0.send(report("e1", "a0")).await.unwrap();
+    })
+    .await;
+    // Its own port goes through (and shows the rule is not refusing everything).
+    e0.send(report("e0", "a0")).await.unwrap();
+    until("e0's own port down", || c.controller.version() == 2).await;
+
+    let (first, h0, _in0) =
+        open_stream(&c, &ca.client(Role::Host, "h0"), hello("h0", Claimed::Host)).await;
+    first.unwrap();
+    refused_once(&c, Refusal::Role, async {
+        h0.send(report("h0", "e0")).await.unwrap();
+    })
+    .await;
+    let topo =
+        sopa_topology::Topology::build(&sopa_topology::topology::TopologySpec::FatTree { k: 4 })
+            .unwrap();
+    let addr = |name: &str| -> Ipv4Addr {
+        let g = topo.graph();
+        g.node(g.find(name).unwrap()).addr.unwrap()
+    };
+    let flows = |src: &str| AgentMessage {
+        kind: Some(agent_message::Kind::Flows(FlowReport {
+            interval_ms: 1000,
+            nic_bps: 1_000_000_000,
+            flows: vec![FlowSample {
+                flow: Some(FiveTuple {
+                    saddr: u32::from(addr(src)),
+                    daddr: u32::from(addr("h15")),
+                    sport: 5001,
+                    dport: 80,
+                    proto: 6,
+                }),
+                rate_bps: 500_000_000,
+                bytes: 1 << 20,
+            }],
+        })),
+    };
+    refused_once(&c, Refusal::ForeignFlow, async {
+        h0.send(flows("h1")).await.unwrap();
+    })
+    .await;
+    // Its own flow is taken.
+    h0.send(flows("h0")).await.unwrap();
+    until("h0's own elephant", || {
+        c.controller.hedera_status().elephants.len() == 1
+    })
+    .await;
+    c.stop().await;
+}
+
+/// Only an operator changes link and switch states; a viewer and an operator read status;
+/// hosts and switches do neither.
+#[tokio::test]
+async fn only_operators_change_state_and_viewers_only_read() {
+    let ca = Ca::new("control");
+    let c = ca.controller(27).await;
+    for (role, node) in [
+        (Role::Host, "h0"),
+        (Role::Switch, "c0"),
+        (Role::Viewer, "grafana"),
+    ] {
+        let mut client = control(&c, &ca.client(role, node)).await;
+        refused_once(&c, Refusal::Role, async {
+            let e = client.set_link(set_link("e0", "a0")).await.unwrap_err();
+            assert_eq!(e.code(), tonic::Code::PermissionDenied, "{role}");
+        })
+        .await;
+        refused_once(&c, Refusal::Role, async {
+            let e = client
+                .set_switch(SwitchChange {
+                    name: "c0".into(),
+                    down: true,
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), tonic::Code::PermissionDenied, "{role}");
+        })
+        .await;
+    }
+    for (role, node) in [(Role::Host, "h0"), (Role::Switch, "c0")] {
+        let mut client = control(&c, &ca.client(role, node)).await;
+        refused_once(&c, Refusal::Role, async {
+            let e = client.status(StatusRequest {}).await.unwrap_err();
+            assert_eq!(e.code(), tonic::Code::PermissionDenied, "{role}");
+        })
+        .await;
+    }
+    let mut viewer = control(&c, &ca.client(Role::Viewer, "dashboards")).await;
+    let status = viewer.status(StatusRequest {}).await.unwrap().into_inner();
+    assert!(
+        status
+            .refusals
+            .iter()
+            .any(|r| r.reason == "role" && r.count == 8),
+        "{:?}",
+        status.refusals
+    );
+    let mut operator = control(&c, &ca.client(Role::Operator, "alice")).await;
+    let reply = operator
+        .set_link(set_link("e0", "a0"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(reply.changed && reply.version == 2);
+    operator.status(StatusRequest {}).await.unwrap();
+    c.stop().await;
+}
+
+/// A serial on the deny list is refused at the next handshake, and the open stream of that
+/// certificate is closed; a deny list that does not parse leaves the one in force.
+#[tokio::test]
+async fn a_revoked_certificate_is_refused_and_its_stream_closed() {
+    let ca = Ca::new("revoke");
+    let (c, deny) = ca.controller_and_deny_list(28).await;
+    let (h0_dir, h0_serial) = ca.issue_with(Role::Host, "h0", &IssueOptions::default());
+    let h0 = tls::client_config(&h0_dir, "localhost").unwrap();
+    let (log, lost, _a) = spawn_agent_watched(&endpoint(&c), "h0", Some(h0), vec![], vec![]);
+    until("h0's snapshot", || last_version(&log) == 1).await;
+    // h1 stays served throughout.
+    let (log1, _, _b) = spawn_agent_watched(
+        &endpoint(&c),
+        "h1",
+        Some(ca.client(Role::Host, "h1")),
+        vec![],
+        vec![],
+    );
+    until("h1's snapshot", || last_version(&log1) == 1).await;
+
+    let revoked_before = c.controller.refusals.count(Refusal::Revoked);
+    std::fs::write(
+        ca.deny_file(),
+        format!("# h0, lost 2026-12-02\n{h0_serial}\n"),
+    )
+    .unwrap();
+    until("h0's stream closed", || {
+        c.controller
+            .agents()
+            .get("h0")
+            .is_some_and(|r| !r.connected)
+    })
+    .await;
+    // Its reconnection attempts are refused at the handshake.
+    until("h0's reconnection refused", || {
+        c.controller.refusals.count(Refusal::Revoked) >= revoked_before + 2
+    })
+    .await;
+    assert!(
+        c.controller
+            .agents()
+            .get("h0")
+            .is_some_and(|r| !r.connected),
+        "a revoked certificate never gets back in"
+    );
+    // The stream was closed with the reason; the attempts after it failed in the TLS
+    // handshake, before any request the service would have answered with "this certificate
+    // is revoked". (With TLS 1.3 the client may or may not read the server's alert before
+    // the connection closes, so what it names varies.)
+    until("two attempts after the revocation", || {
+        lost.lock().unwrap().len() >= 3
+    })
+    .await;
+    let reasons = lost.lock().unwrap().clone();
+    assert!(reasons[0].contains("was revoked"), "{reasons:?}");
+    assert!(
+        reasons[1..].iter().all(|r| !r.contains("is revoked")),
+        "{reasons:?}"
+    );
+    // A deny list that does not parse changes nothing: h0 stays out, h1 stays in.
+    std::fs::write(ca.deny_file(), "not a serial\n").unwrap();
+    let err = deny.reload().unwrap_err().to_string();
+    assert!(err.contains("line 1"), "{err}");
+    assert!(deny.contains(&h0_serial), "the list in force stays");
+    assert!(
+        c.controller
+            .agents()
+            .get("h0")
+            .is_some_and(|r| !r.connected)
+    );
+    assert!(c.controller.agents().get("h1").is_some_and(|r| r.connected));
     c.stop().await;
 }
 
@@ -153,19 +679,49 @@ async fn refused_twice(name: &str, log: &Log, lost: &Lost) {
 }
 
 #[test]
-fn init_refuses_to_overwrite_and_keeps_keys_private() {
+fn certificates_are_never_overwritten_keys_stay_private_and_no_node_folder_holds_the_ca_key() {
     use std::os::unix::fs::PermissionsExt as _;
-    let dir = certs("init", false);
-    let err = tls::init(&dir.0, &InitOptions::default())
-        .unwrap_err()
-        .to_string();
+    let ca = Ca::new("files");
+    let err = certs::init(&ca.dir.0.join("ca")).unwrap_err().to_string();
     assert!(err.contains("already exists"), "{err}");
-    for key in [tls::CA_KEY, tls::CONTROLLER.1, tls::AGENT.1] {
-        let mode = std::fs::metadata(dir.0.join(key))
-            .unwrap()
-            .permissions()
-            .mode()
-            & 0o777;
-        assert_eq!(mode, 0o600, "{key}");
+    let out = ca.issue(Role::Host, "h0");
+    let again = certs::issue(
+        &ca.dir.0.join("ca"),
+        &Identity::new(Role::Host, "h0").unwrap(),
+        &out,
+        &IssueOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(again.contains("already exists"), "{again}");
+    let mut files: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(files, ["ca.pem", "node.key", "node.pem"]);
+    for key in [
+        ca.dir.0.join("ca").join(certs::CA_KEY),
+        out.join(tls::NODE.1),
+    ] {
+        let mode = std::fs::metadata(&key).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", key.display());
     }
+    // The identity is in the certificate, as the controller reads it.
+    let (id, serial) = certs::read_identity(&out.join(tls::NODE.0)).unwrap();
+    assert_eq!(id.uri(), "sopa://host/h0");
+    assert!(!serial.is_empty());
+    // Names are for controllers only.
+    let err = certs::issue(
+        &ca.dir.0.join("ca"),
+        &Identity::new(Role::Host, "h1").unwrap(),
+        &ca.dir.0.join("h1"),
+        &IssueOptions {
+            names: vec!["h1.example".into()],
+            ..IssueOptions::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("h1.example"), "{err}");
 }

@@ -309,6 +309,8 @@ impl Fabric {
         };
         std::fs::write(&spec, text).map_err(|e| Error::io("writing the topology spec", e))?;
         let socket = format!("unix:{}", self.socket.display());
+        // The testbed's own state file: a restarted controller keeps its drains.
+        let store = format!("file:{}", self.dir.join("controller-state.json").display());
         self.controller = Some(Process::spawn(
             None,
             &bins::sopa_controller(),
@@ -318,6 +320,12 @@ impl Fabric {
                 "--listen",
                 &socket,
                 "--insecure",
+                "--store",
+                &store,
+                // The experiments take links down and up on purpose, mode after mode: no
+                // flap damping here (the controller's suites test it).
+                "--flap-limit",
+                "0",
                 "--heartbeat-ms",
                 "500",
             ],

@@ -208,6 +208,8 @@ fn spawn_controller(f: &Fabric, dir: &std::path::Path, log: &str) -> Process {
             "--listen",
             "10.200.0.2:7470",
             "--insecure",
+            "--store",
+            &format!("file:{}", dir.join("controller-state.json").display()),
             "--heartbeat-ms",
             "200",
         ],
@@ -264,7 +266,7 @@ fn traffic(
 }
 
 #[test]
-fn a_controller_gone_for_ten_heartbeats_changes_nothing_and_the_agents_resync() {
+fn a_controller_gone_for_ten_heartbeats_changes_nothing_and_its_restart_keeps_every_drain() {
     let f = fabric();
     let tmp = sopa_testbed::temp_dir(&format!("ctl-{}", f.c.name()));
     let dir = tmp.path().to_path_buf();
@@ -300,12 +302,24 @@ fn a_controller_gone_for_ten_heartbeats_changes_nothing_and_the_agents_resync() 
     assert!(metrics(&f.a).contains("sopa_controller_connected 0"));
     let back = Instant::now();
     let _controller = spawn_controller(&f, &dir, "controller-2.log");
-    // The new controller is a new epoch with every link up: a fresh snapshot.
-    let resync = wait_for("A's resync with the new controller", || {
-        let st = agent_a.status().unwrap();
-        st["controller"]["connected"] == true
-            && st["controller"]["epoch"] != epoch_before
-            && paths_to(&agent_a, "10.1.0.0/24") == all
+    // The restarted controller continues from its stored state: the same epoch, the drain
+    // still in force, so the agents have nothing to change.
+    let resync = wait_for("A back on the restarted controller", || {
+        agent_a.status().unwrap()["controller"]["connected"] == true
+    });
+    assert_eq!(
+        agent_a.status().unwrap()["controller"]["epoch"],
+        epoch_before,
+        "the epoch continues across the restart"
+    );
+    assert_eq!(
+        paths_to(&agent_a, "10.1.0.0/24"),
+        ["1,0", "1,1"],
+        "the operator's drain survived the controller's restart"
+    );
+    sopactl_in(&f.c, &["link", "up", "e2", "a2"]);
+    wait_for("the link back in A's paths", || {
+        paths_to(&agent_a, "10.1.0.0/24") == all
     });
     wait_for("B's resync", || {
         agent_b.status().unwrap()["controller"]["connected"] == true

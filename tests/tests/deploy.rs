@@ -41,10 +41,12 @@ fn unit_capabilities() -> Vec<String> {
 
 /// The SOPA_* variables `sopa-agent run` reads, from its help.
 fn agent_variables() -> Vec<String> {
-    let out = Command::new(bins::sopa_agent())
-        .args(["run", "--help"])
-        .output()
-        .unwrap();
+    variables(&bins::sopa_agent(), &["run", "--help"])
+}
+
+/// The SOPA_* variables a binary reads, from its help.
+fn variables(bin: &Path, help_args: &[&str]) -> Vec<String> {
+    let out = Command::new(bin).args(help_args).output().unwrap();
     let help = String::from_utf8_lossy(&out.stdout).into_owned();
     let mut vars: Vec<String> = help
         .split("[env: ")
@@ -57,24 +59,24 @@ fn agent_variables() -> Vec<String> {
     vars
 }
 
-#[test]
-fn the_systemd_unit_verifies() {
-    let tmp = sopa_testbed::temp_dir(&format!("unit-{}", std::process::id()));
+/// `systemd-analyze verify` of `deploy/systemd/NAME.service` as installed, pointing at this
+/// build and at the example environment.
+fn verify_unit(name: &str, bin: &Path) {
+    let tmp = sopa_testbed::temp_dir(&format!("unit-{name}-{}", std::process::id()));
     let dir = tmp.path().to_path_buf();
-    // The unit as installed, pointing at this build and at the example environment.
-    let unit = read("deploy/systemd/sopa-agent.service")
+    let unit = read(&format!("deploy/systemd/{name}.service"))
         .replace(
-            "ExecStart=/usr/local/bin/sopa-agent",
-            &format!("ExecStart={}", bins::sopa_agent().display()),
+            &format!("ExecStart=/usr/local/bin/{name}"),
+            &format!("ExecStart={}", bin.display()),
         )
         .replace(
-            "EnvironmentFile=/etc/sopa/sopa-agent.env",
+            &format!("EnvironmentFile=/etc/sopa/{name}.env"),
             &format!(
                 "EnvironmentFile={}",
-                repo().join("deploy/examples/sopa-agent.env").display()
+                repo().join(format!("deploy/examples/{name}.env")).display()
             ),
         );
-    let path = dir.join("sopa-agent.service");
+    let path = dir.join(format!("{name}.service"));
     std::fs::write(&path, unit).unwrap();
     let out = Command::new("systemd-analyze")
         .args(["verify", "--man=no"])
@@ -84,13 +86,42 @@ fn the_systemd_unit_verifies() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     let ours: Vec<&str> = stderr
         .lines()
-        .filter(|l| l.contains("sopa-agent.service"))
+        .filter(|l| l.contains(&format!("{name}.service")))
         .collect();
     assert!(out.status.success() && ours.is_empty(), "{stderr}");
+}
+
+#[test]
+fn the_systemd_units_verify() {
+    verify_unit("sopa-agent", &bins::sopa_agent());
     assert!(
         read("deploy/systemd/sopa-agent.service").contains("Environment=SOPA_KEEP_ATTACHED=true"),
         "the unit keeps the datapath attached across restarts"
     );
+    verify_unit("sopa-controller", &bins::sopa_controller());
+    let controller = read("deploy/systemd/sopa-controller.service");
+    assert!(
+        controller.contains("StateDirectory=sopa") && !controller.contains("ca.key"),
+        "the controller keeps its state, and never holds the CA key"
+    );
+}
+
+#[test]
+fn the_controllers_example_environment_names_only_its_flags() {
+    let known = variables(&bins::sopa_controller(), &["--help"]);
+    let used: Vec<String> = read("deploy/examples/sopa-controller.env")
+        .lines()
+        .map(|l| l.trim_start_matches("# ").trim())
+        .filter(|l| l.starts_with("SOPA_"))
+        .filter_map(|l| l.split('=').next().map(str::to_owned))
+        .collect();
+    assert!(used.len() >= 4, "{used:?}");
+    for v in &used {
+        assert!(
+            known.contains(v),
+            "{v} is not a variable of sopa-controller"
+        );
+    }
 }
 
 #[test]
@@ -212,9 +243,14 @@ fn the_daemonset_is_a_well_formed_kubernetes_object() {
         .iter()
         .find(|v| v["name"].as_str() == Some("certs"))
         .unwrap();
+    assert_eq!(
+        certs["hostPath"]["path"].as_str(),
+        Some("/etc/sopa/certs"),
+        "each node's own certificate, from the node: a Secret would be one certificate for all"
+    );
     assert!(
-        certs["secret"]["secretName"].as_str().is_some(),
-        "certificates from a Secret"
+        certs["secret"].is_badvalue(),
+        "no certificate shared by every pod"
     );
     assert_eq!(
         cm["data"]["SOPA_KEEP_ATTACHED"].as_str(),
@@ -336,4 +372,26 @@ fn the_agent_runs_with_exactly_the_units_capabilities() {
         routes_before,
         "restored on exit"
     );
+}
+
+/// The agent that runs on every host carries the channel and nothing of the controller: no
+/// server, no Hedera scheduler, no certificate issuing.
+#[test]
+fn the_agent_binary_holds_no_controller_code() {
+    let agent = std::fs::read(bins::sopa_agent()).unwrap();
+    let holds = |needle: &[u8]| agent.windows(needle.len()).any(|w| w == needle);
+    // The channel is there (its client), so the search itself works on this binary. (The
+    // metric sopa_controller_connected is the agent's own: symbols and source paths are
+    // searched, not the word.)
+    assert!(
+        holds(b"sopa-channel/src"),
+        "the agent links the channel crate"
+    );
+    for needle in [&b"15sopa_controller"[..], b"sopa-controller/src", b"rcgen"] {
+        assert!(
+            !holds(needle),
+            "the agent binary contains {:?}",
+            String::from_utf8_lossy(needle)
+        );
+    }
 }

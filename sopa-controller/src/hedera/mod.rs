@@ -20,8 +20,9 @@ use sopa_topology::{
     paths::{Failures, Hops},
 };
 
-use crate::proto::{
-    Elephant, FiveTuple, FlowPin, FlowReport, HederaAgent, HederaStatusReply, PinAck, PinSet,
+use sopa_channel::proto::{
+    Elephant, FiveTuple, FlowPin, FlowReport, HederaAgent, HederaStatusReply, MAX_FLOWS, PinAck,
+    PinSet,
 };
 
 #[derive(Clone, Copy, Debug)]
@@ -64,24 +65,6 @@ pub enum ReportError {
     Port(String),
     #[error("flow report: flow {0} appears twice")]
     Duplicate(String),
-}
-
-/// The most elephants one report may carry (the datapath pins at most 16,384 flows).
-pub const MAX_FLOWS: usize = 16_384;
-
-pub fn tuple_name(t: &FiveTuple) -> String {
-    let proto = match t.proto {
-        6 => "tcp",
-        17 => "udp",
-        _ => "?",
-    };
-    format!(
-        "{proto} {}:{} -> {}:{}",
-        Ipv4Addr::from(t.saddr),
-        t.sport,
-        Ipv4Addr::from(t.daddr),
-        t.dport
-    )
 }
 
 struct Report {
@@ -342,7 +325,7 @@ fn check_report(
     let mut out = Vec::with_capacity(report.flows.len());
     for (i, s) in report.flows.iter().enumerate() {
         let t = s.flow.ok_or(ReportError::NoFlow(i))?;
-        let name = tuple_name(&t);
+        let name = t.name();
         if t.proto != 6 && t.proto != 17 {
             return Err(ReportError::Protocol(name, t.proto));
         }
@@ -369,7 +352,7 @@ mod tests {
     use sopa_topology::topology::TopologySpec;
 
     use super::*;
-    use crate::proto::FlowSample;
+    use sopa_channel::proto::FlowSample;
 
     fn ft4() -> Topology {
         Topology::build(&TopologySpec::FatTree { k: 4 }).unwrap()

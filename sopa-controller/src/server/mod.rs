@@ -1,33 +1,37 @@
-//! The controller's gRPC services: the push channel every agent holds open, and the operator
-//! API behind `sopactl`.
+//! The controller: its state (the fabric, agents' records, host agents' liveness, Hedera,
+//! refusals), every change made durable then pushed, and the server of both gRPC services
+//! (`channel`: every agent's stream; `control`: the operator API).
 
 use std::{
     collections::BTreeMap,
-    pin::Pin,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
-use tokio::sync::{broadcast, mpsc};
-use tokio_stream::{Stream, wrappers::ReceiverStream};
-use tonic::{Request, Response, Status, Streaming};
+use sopa_channel::proto::{
+    self, AgentStatus, ChangeReply, Delta, HederaStatusReply, PinSet, RefusalCount, StatusReply,
+};
+use tokio::sync::broadcast;
 use tracing::{info, warn};
 
 use crate::{
+    auth::{DenyList, Refusals},
+    damping::{Damper, DampingConfig},
     fabric::{Fabric, FabricError},
     hedera::{HederaConfig, Scheduler},
-    proto::{
-        self, AgentMessage, AgentStatus, ChangeReply, ControllerMessage, Delta, Heartbeat,
-        HederaStatusReply, HederaStatusRequest, LinkChange, PinSet, Role, StatusReply,
-        StatusRequest, SwitchChange, agent_message, controller_message,
-    },
+    store::Store,
+    transport::{self, Limits, ServerTls},
 };
+
+mod channel;
+mod control;
+
+pub use crate::transport::Listener;
+pub use channel::ChannelService;
+pub use control::ControlService;
 
 /// One scheduling round's pin sets, by node.
 type PinRound = Arc<BTreeMap<String, PinSet>>;
-
-/// How long an agent has to say hello after opening the stream.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Clone, Debug, Default)]
 pub struct AgentRecord {
@@ -61,6 +65,47 @@ pub struct Controller {
     started: Instant,
     /// The topology's host names.
     topology_hosts: Vec<String>,
+    /// Refused clients, by reason.
+    pub refusals: Arc<Refusals>,
+    /// Agents' streams open now, and how many may be.
+    sessions_open: std::sync::atomic::AtomicUsize,
+    max_sessions: usize,
+    limits: Limits,
+    store: Store,
+    /// Switches' port reports, damped.
+    damper: Mutex<Damper>,
+}
+
+/// How a controller runs.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// How often the controller sends each agent a heartbeat.
+    pub heartbeat: Duration,
+    pub hedera: HederaConfig,
+    /// See [`Controller::agent_grace`].
+    pub agent_grace: Duration,
+    /// Agents' streams served at once; `None`: twice the topology's nodes, at least 64.
+    pub max_sessions: Option<usize>,
+    /// Connections and TLS handshakes.
+    pub limits: Limits,
+    /// Where every change is made durable before it is announced.
+    pub store: Store,
+    /// How switches' reports of flapping ports are damped.
+    pub damping: DampingConfig,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            heartbeat: Duration::from_secs(1),
+            hedera: HederaConfig::default(),
+            agent_grace: DEFAULT_AGENT_GRACE,
+            max_sessions: None,
+            limits: Limits::default(),
+            store: Store::Memory,
+            damping: DampingConfig::default(),
+        }
+    }
 }
 
 /// A host agent as the controller last saw it.
@@ -74,20 +119,6 @@ struct HostSession {
 
 /// How long a host stays live after its agent left, unless the controller is told otherwise.
 pub const DEFAULT_AGENT_GRACE: Duration = Duration::from_secs(10);
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-fn to_status(e: FabricError) -> Status {
-    match e {
-        FabricError::UnknownNode(_) | FabricError::NoLink(..) => Status::not_found(e.to_string()),
-        _ => Status::invalid_argument(e.to_string()),
-    }
-}
 
 impl Controller {
     pub fn new(fabric: Fabric, heartbeat: Duration) -> Arc<Self> {
@@ -105,6 +136,29 @@ impl Controller {
         hedera: HederaConfig,
         agent_grace: Duration,
     ) -> Arc<Self> {
+        Self::with_options(
+            fabric,
+            Options {
+                heartbeat,
+                hedera,
+                agent_grace,
+                ..Options::default()
+            },
+        )
+    }
+
+    pub fn with_options(fabric: Fabric, opts: Options) -> Arc<Self> {
+        let Options {
+            heartbeat,
+            hedera,
+            agent_grace,
+            max_sessions,
+            limits,
+            store,
+            damping,
+        } = opts;
+        let max_sessions =
+            max_sessions.unwrap_or_else(|| (2 * fabric.topology().graph().nodes.len()).max(64));
         let (updates, _) = broadcast::channel(1024);
         let (pins, _) = broadcast::channel(16);
         let g = fabric.topology().graph();
@@ -138,6 +192,12 @@ impl Controller {
             agent_grace,
             started: Instant::now(),
             topology_hosts,
+            refusals: Arc::default(),
+            sessions_open: std::sync::atomic::AtomicUsize::new(0),
+            max_sessions,
+            limits,
+            store,
+            damper: Mutex::new(Damper::new(damping)),
         })
     }
 
@@ -217,15 +277,17 @@ impl Controller {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let sets = {
+            // The round runs without the fabric's lock, which every hello and every change
+            // takes: only the failures of this moment are copied under it.
+            let (topology, failures) = {
                 let f = self.fabric.lock().expect("fabric lock");
-                let failures = f.failures();
-                self.hedera.lock().expect("hedera lock").round(
-                    f.topology(),
-                    &failures,
-                    Instant::now(),
-                )
+                (f.shared_topology(), f.failures())
             };
+            let sets = self.hedera.lock().expect("hedera lock").round(
+                &topology,
+                &failures,
+                Instant::now(),
+            );
             if !sets.is_empty() {
                 let _ = self.pins.send(Arc::new(sets));
             }
@@ -239,14 +301,34 @@ impl Controller {
     /// Sets a link's state and pushes the change; the fabric lock orders it with every
     /// subscription, so each agent gets every version after its snapshot exactly once.
     pub fn set_link(&self, a: &str, b: &str, down: bool) -> Result<ChangeReply, FabricError> {
-        let mut f = self.fabric.lock().expect("fabric lock");
-        let delta = f.set_link(a, b, down)?;
-        Ok(self.publish(&f, delta))
+        self.change(|f| f.set_link(a, b, down))
     }
 
     pub fn set_switch(&self, name: &str, down: bool) -> Result<ChangeReply, FabricError> {
+        self.change(|f| f.set_switch(name, down))
+    }
+
+    /// A switch's report of a port's carrier.
+    pub fn report_link(&self, a: &str, b: &str, down: bool) -> Result<ChangeReply, FabricError> {
+        self.change(|f| f.report_link(a, b, down))
+    }
+
+    /// Makes a change, durable before anyone hears of it; one that cannot be stored is undone
+    /// and refused.
+    fn change(
+        &self,
+        op: impl FnOnce(&mut Fabric) -> Result<Option<Delta>, FabricError>,
+    ) -> Result<ChangeReply, FabricError> {
         let mut f = self.fabric.lock().expect("fabric lock");
-        let delta = f.set_switch(name, down)?;
+        let before = f.checkpoint();
+        let delta = op(&mut f)?;
+        if f.changed_since(&before)
+            && let Err(e) = self.store.save(&f.persisted())
+        {
+            f.rollback(before);
+            warn!(error = %e, "a change could not be stored; undone");
+            return Err(FabricError::NotDurable(e.to_string()));
+        }
         Ok(self.publish(&f, delta))
     }
 
@@ -294,9 +376,38 @@ impl Controller {
             version: f.version(),
             topology: f.spec_json().to_owned(),
             down_links: f.down_links(),
+            drained_links: f.drained_links(),
+            held_links: self
+                .damper
+                .lock()
+                .expect("damper lock")
+                .held(Instant::now())
+                .into_iter()
+                .map(|((a, b), left, up_pending)| proto::HeldLink {
+                    link: Some(proto::LinkRef { a, b }),
+                    remaining_ms: left.as_millis() as u64,
+                    up_pending,
+                })
+                .collect(),
             down_switches: f.down_switches(),
             agents,
+            refusals: self
+                .refusals
+                .counts()
+                .into_iter()
+                .map(|(r, count)| RefusalCount {
+                    reason: r.as_str().to_owned(),
+                    count,
+                })
+                .collect(),
         }
+    }
+
+    /// What kind of node `name` is in the topology, if it is one.
+    fn node_kind(&self, name: &str) -> Option<sopa_topology::NodeKind> {
+        let f = self.fabric.lock().expect("fabric lock");
+        let g = f.topology().graph();
+        g.find(name).map(|n| g.node(n).kind)
     }
 
     fn record(&self, node: &str, session: u64, f: impl FnOnce(&mut AgentRecord)) {
@@ -307,275 +418,30 @@ impl Controller {
             f(r);
         }
     }
-
-    /// `node` names the agent; `name` is its node in the topology.
-    fn handle(&self, node: &str, name: &str, role: i32, session: u64, msg: AgentMessage) {
-        match msg.kind {
-            Some(agent_message::Kind::Ack(a)) => self.record(node, session, |r| {
-                r.applied_version = a.version;
-                r.last_ack = a.version;
-                r.last_ack_at = Some(Instant::now());
-            }),
-            Some(agent_message::Kind::Nack(n)) => {
-                warn!(node, version = n.version, error = %n.error, "agent rejected a version");
-                self.record(node, session, |r| {
-                    r.last_nack = n.version;
-                    r.last_error = n.error.clone();
-                });
-            }
-            Some(agent_message::Kind::Report(rep)) if role == Role::Switch as i32 => {
-                if let Err(e) = self.set_link(&rep.a, &rep.b, rep.down) {
-                    warn!(node, error = %e, "a switch agent reported an unknown link");
-                }
-            }
-            Some(agent_message::Kind::Report(_)) => {
-                warn!(node, "link report from a non-switch agent ignored")
-            }
-            Some(agent_message::Kind::Flows(rep)) => {
-                let f = self.fabric.lock().expect("fabric lock");
-                let result = self.hedera.lock().expect("hedera lock").accept_report(
-                    f.topology(),
-                    name,
-                    &rep,
-                    Instant::now(),
-                );
-                if let Err(e) = result {
-                    warn!(node, error = %e, "flow report refused");
-                }
-            }
-            Some(agent_message::Kind::PinAck(ack)) => {
-                if !ack.error.is_empty() {
-                    warn!(node, round = ack.round, error = %ack.error, "an agent refused its pins");
-                }
-                self.hedera.lock().expect("hedera lock").pin_ack(name, &ack);
-            }
-            Some(agent_message::Kind::Hello(_)) => {
-                warn!(node, "a second hello on one stream ignored")
-            }
-            Some(agent_message::Kind::Heartbeat(_)) | None => {}
-        }
-    }
-}
-
-fn snapshot_msg(f: &Fabric) -> ControllerMessage {
-    ControllerMessage {
-        kind: Some(controller_message::Kind::Snapshot(f.snapshot())),
-    }
-}
-
-fn delta_msg(d: Delta) -> ControllerMessage {
-    ControllerMessage {
-        kind: Some(controller_message::Kind::Delta(d)),
-    }
-}
-
-/// The push channel service.
-pub struct ChannelService(pub Arc<Controller>);
-
-type Outbound = Pin<Box<dyn Stream<Item = Result<ControllerMessage, Status>> + Send>>;
-
-#[tonic::async_trait]
-impl proto::channel::channel_server::Channel for ChannelService {
-    type StreamStream = Outbound;
-
-    async fn stream(
-        &self,
-        request: Request<Streaming<AgentMessage>>,
-    ) -> Result<Response<Outbound>, Status> {
-        let mut inbound = request.into_inner();
-        let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.message())
-            .await
-            .map_err(|_| Status::deadline_exceeded("no hello within 10 s"))??
-            .ok_or_else(|| Status::invalid_argument("the stream ended before a hello"))?;
-        let Some(agent_message::Kind::Hello(hello)) = first.kind else {
-            return Err(Status::invalid_argument(
-                "the first message must be a hello",
-            ));
-        };
-        if hello.node.is_empty() || hello.node.len() > 128 || hello.topology_name.len() > 128 {
-            return Err(Status::invalid_argument(
-                "hello: the node name must be 1 to 128 bytes (the topology name at most 128)",
-            ));
-        }
-        let controller = Arc::clone(&self.0);
-        let session = controller
-            .sessions
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let (initial, mut updates, mut last_sent) = {
-            let f = controller.fabric.lock().expect("fabric lock");
-            let updates = controller.updates.subscribe();
-            let initial = match f.deltas_since(hello.epoch, hello.version) {
-                Some(deltas) => deltas.into_iter().map(delta_msg).collect(),
-                None => vec![snapshot_msg(&f)],
-            };
-            (initial, updates, f.version())
-        };
-        controller.agents.lock().expect("agents lock").insert(
-            hello.node.clone(),
-            AgentRecord {
-                role: hello.role,
-                connected: true,
-                applied_version: hello.version,
-                agent_version: hello.agent_version.clone(),
-                session,
-                ..AgentRecord::default()
-            },
-        );
-        info!(node = %hello.node, version = hello.version, snapshot = initial.len() == 1 && matches!(initial[0].kind, Some(controller_message::Kind::Snapshot(_))), "agent connected");
-        let mut pins = controller.pins.subscribe();
-        let mut peers = controller.peers.subscribe();
-        let (tx, rx) = mpsc::channel::<Result<ControllerMessage, Status>>(64);
-        let name = if hello.topology_name.is_empty() {
-            hello.node.clone()
-        } else {
-            hello.topology_name.clone()
-        };
-        let node = hello.node;
-        let role = hello.role;
-        let is_host = role == Role::Host as i32;
-        if is_host {
-            controller.host_session(&name, session, true);
-        }
-        tokio::spawn(async move {
-            let send = |m: ControllerMessage| tx.send(Ok(m));
-            let peers_msg = |p: &Arc<proto::PeerAgents>| ControllerMessage {
-                kind: Some(controller_message::Kind::Peers(p.as_ref().clone())),
-            };
-            // The host agents' states come first: a switch installs its plan with its trusted
-            // ports already known.
-            let current = peers.borrow_and_update().clone();
-            let sent_initial = async {
-                send(peers_msg(&current)).await?;
-                for m in initial {
-                    send(m).await?;
-                }
-                Ok::<_, mpsc::error::SendError<_>>(())
-            };
-            if sent_initial.await.is_err() {
-                controller.record(&node, session, |r| r.connected = false);
-                if is_host {
-                    controller.host_session(&name, session, false);
-                }
-                return;
-            }
-            let mut tick = tokio::time::interval(controller.heartbeat);
-            loop {
-                tokio::select! {
-                    update = updates.recv() => match update {
-                        Ok(d) if d.version > last_sent => {
-                            last_sent = d.version;
-                            if send(delta_msg((*d).clone())).await.is_err() { break; }
-                        }
-                        Ok(_) => {}
-                        Err(broadcast::error::RecvError::Lagged(_)) => {
-                            let snap = {
-                                let f = controller.fabric.lock().expect("fabric lock");
-                                last_sent = f.version();
-                                snapshot_msg(&f)
-                            };
-                            if send(snap).await.is_err() { break; }
-                        }
-                        Err(broadcast::error::RecvError::Closed) => break,
-                    },
-                    round = pins.recv() => match round {
-                        Ok(sets) => if let Some(set) = sets.get(&name) {
-                            let m = ControllerMessage { kind: Some(controller_message::Kind::Pins(set.clone())) };
-                            if send(m).await.is_err() { break; }
-                        },
-                        // A missed round is superseded by the next one.
-                        Err(broadcast::error::RecvError::Lagged(_)) => {}
-                        Err(broadcast::error::RecvError::Closed) => break,
-                    },
-                    changed = peers.changed() => {
-                        if changed.is_err() { break; }
-                        let current = peers.borrow_and_update().clone();
-                        if send(peers_msg(&current)).await.is_err() { break; }
-                    },
-                    msg = inbound.message() => match msg {
-                        Ok(Some(m)) => controller.handle(&node, &name, role, session, m),
-                        Ok(None) | Err(_) => break,
-                    },
-                    _ = tick.tick() => {
-                        let hb = ControllerMessage { kind: Some(controller_message::Kind::Heartbeat(Heartbeat { unix_ms: now_ms() })) };
-                        if send(hb).await.is_err() { break; }
-                    }
-                }
-            }
-            controller.record(&node, session, |r| r.connected = false);
-            if is_host {
-                controller.host_session(&name, session, false);
-            }
-            info!(node = %node, "agent disconnected");
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
-    }
-}
-
-/// The operator API.
-pub struct ControlService(pub Arc<Controller>);
-
-#[tonic::async_trait]
-impl proto::control::control_server::Control for ControlService {
-    async fn set_link(
-        &self,
-        request: Request<LinkChange>,
-    ) -> Result<Response<ChangeReply>, Status> {
-        let change = request.into_inner();
-        let link = change
-            .link
-            .ok_or_else(|| Status::invalid_argument("no link given"))?;
-        self.0
-            .set_link(&link.a, &link.b, change.down)
-            .map(Response::new)
-            .map_err(to_status)
-    }
-
-    async fn set_switch(
-        &self,
-        request: Request<SwitchChange>,
-    ) -> Result<Response<ChangeReply>, Status> {
-        let change = request.into_inner();
-        self.0
-            .set_switch(&change.name, change.down)
-            .map(Response::new)
-            .map_err(to_status)
-    }
-
-    async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {
-        Ok(Response::new(self.0.status()))
-    }
-
-    async fn hedera_status(
-        &self,
-        _: Request<HederaStatusRequest>,
-    ) -> Result<Response<HederaStatusReply>, Status> {
-        Ok(Response::new(self.0.hedera_status()))
-    }
-}
-
-/// Where the controller listens: TCP, or a Unix socket (reachable from every network
-/// namespace of a host, as a testbed's management path).
-pub enum Listener {
-    Tcp(tokio::net::TcpListener),
-    Unix(tokio::net::UnixListener),
 }
 
 /// Serves both services on `listener` until `shutdown` resolves. With `tls`, only clients
-/// whose certificate verifies against its client CA get through the handshake.
+/// whose certificate verifies against the fabric's CA, names a node and is not revoked get
+/// through the handshake, and each is held to its role.
 pub async fn serve(
     controller: Arc<Controller>,
     listener: impl Into<Listener>,
-    tls: Option<tonic::transport::ServerTlsConfig>,
+    tls: Option<ServerTls>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    let mut builder = tonic::transport::Server::builder();
-    if let Some(tls) = tls {
-        builder = builder.tls_config(tls)?;
-    }
-    let channel =
-        proto::channel::channel_server::ChannelServer::new(ChannelService(Arc::clone(&controller)))
-            .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
+    let deny = tls.as_ref().map_or_else(DenyList::none, |t| t.deny.clone());
+    let _reload_deny_list = deny.watch(Duration::from_secs(1)).map(AbortOnDrop);
+    let mut builder = tonic::transport::Server::builder()
+        // A client that vanished (power loss, a cut link) is found by its missed heartbeats,
+        // and its connection closed by unanswered HTTP/2 pings, not after TCP's 15 minutes.
+        .http2_keepalive_interval(Some(sopa_channel::client::KEEPALIVE))
+        .http2_keepalive_timeout(Some(sopa_channel::client::KEEPALIVE));
+    let channel = proto::channel::channel_server::ChannelServer::new(ChannelService {
+        controller: Arc::clone(&controller),
+        deny: deny.clone(),
+    })
+    .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
+    .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
     let scheduler = tokio::spawn(Arc::clone(&controller).run_hedera());
     let _stop_scheduler = AbortOnDrop(scheduler);
     // The hosts that have not reconnected when this controller's start-up grace ends stop
@@ -588,28 +454,21 @@ pub async fn serve(
         })
     };
     let _stop_startup = AbortOnDrop(startup);
-    let control = proto::control::control_server::ControlServer::new(ControlService(controller))
-        .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
-    let router = builder.add_service(channel).add_service(control);
-    match listener.into() {
-        Listener::Tcp(l) => {
-            router
-                .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::TcpListenerStream::new(l),
-                    shutdown,
-                )
-                .await
-        }
-        Listener::Unix(l) => {
-            router
-                .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::UnixListenerStream::new(l),
-                    shutdown,
-                )
-                .await
-        }
-    }
+    let incoming = transport::incoming(
+        listener.into(),
+        tls.as_ref(),
+        controller.limits,
+        Arc::clone(&controller.refusals),
+    );
+    let control =
+        proto::control::control_server::ControlServer::new(ControlService { controller, deny })
+            .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
+    builder
+        .add_service(channel)
+        .add_service(control)
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
 }
 
 /// Ends a task when the server it belongs to returns.
@@ -618,17 +477,5 @@ struct AbortOnDrop(tokio::task::JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
-    }
-}
-
-impl From<tokio::net::TcpListener> for Listener {
-    fn from(l: tokio::net::TcpListener) -> Self {
-        Self::Tcp(l)
-    }
-}
-
-impl From<tokio::net::UnixListener> for Listener {
-    fn from(l: tokio::net::UnixListener) -> Self {
-        Self::Unix(l)
     }
 }

@@ -6,16 +6,19 @@ use std::{
     time::Duration,
 };
 
-use sopa_controller::{
+use sopa_channel::{
     client::{self, Applier, ClientConfig},
-    fabric::Fabric,
     proto::{Delta, PeerAgents, Role, Snapshot},
-    server::{self, Controller},
     view::FabricView,
+};
+use sopa_controller::{
+    fabric::Fabric,
+    server::{self, Controller},
+    transport::ServerTls,
 };
 use sopa_topology::topology::TopologySpec;
 use tokio::sync::watch;
-use tonic::transport::{ClientTlsConfig, ServerTlsConfig};
+use tonic::transport::ClientTlsConfig;
 
 /// What a test agent saw: ("snapshot" | "delta", epoch, version).
 pub type Log = Arc<Mutex<Vec<(&'static str, u64, u64)>>>;
@@ -94,7 +97,11 @@ pub async fn start_controller_with_grace(epoch: u64, grace: Duration) -> Running
     let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     std_listener.set_nonblocking(true).unwrap();
     let addr = std_listener.local_addr().unwrap();
-    running_with(epoch, addr, grace, move |c| async move {
+    let opts = server::Options {
+        agent_grace: grace,
+        ..test_options()
+    };
+    running_with(epoch, addr, opts, move |c| async move {
         let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
         server::serve(c, listener, None, std::future::pending())
             .await
@@ -102,7 +109,46 @@ pub async fn start_controller_with_grace(epoch: u64, grace: Duration) -> Running
     })
 }
 
-pub async fn start_controller_tls(epoch: u64, addr: &str, tls: Option<ServerTlsConfig>) -> Running {
+/// A controller on loopback with `opts` (and `tls`).
+pub async fn start_controller_opts(
+    epoch: u64,
+    tls: Option<ServerTls>,
+    opts: server::Options,
+) -> Running {
+    let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    std_listener.set_nonblocking(true).unwrap();
+    let addr = std_listener.local_addr().unwrap();
+    running_with(epoch, addr, opts, move |c| async move {
+        let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
+        server::serve(c, listener, tls, std::future::pending())
+            .await
+            .unwrap();
+    })
+}
+
+/// A controller of `fabric` with `opts`, plaintext on loopback.
+pub async fn start_controller_fabric(fabric: Fabric, opts: server::Options) -> Running {
+    let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    std_listener.set_nonblocking(true).unwrap();
+    let addr = std_listener.local_addr().unwrap();
+    let controller = Controller::with_options(fabric, opts);
+    on_own_runtime(controller, addr, move |c| async move {
+        let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
+        server::serve(c, listener, None, std::future::pending())
+            .await
+            .unwrap();
+    })
+}
+
+/// The suites' controller: heartbeats every 200 ms.
+pub fn test_options() -> server::Options {
+    server::Options {
+        heartbeat: Duration::from_millis(200),
+        ..server::Options::default()
+    }
+}
+
+pub async fn start_controller_tls(epoch: u64, addr: &str, tls: Option<ServerTls>) -> Running {
     let std_listener = std::net::TcpListener::bind(addr).unwrap();
     std_listener.set_nonblocking(true).unwrap();
     let addr = std_listener.local_addr().unwrap();
@@ -133,22 +179,24 @@ fn running<F: std::future::Future<Output = ()> + Send + 'static>(
     addr: std::net::SocketAddr,
     serve: impl FnOnce(Arc<Controller>) -> F,
 ) -> Running {
-    running_with(epoch, addr, server::DEFAULT_AGENT_GRACE, serve)
+    running_with(epoch, addr, test_options(), serve)
 }
 
 fn running_with<F: std::future::Future<Output = ()> + Send + 'static>(
     epoch: u64,
     addr: std::net::SocketAddr,
-    grace: Duration,
+    opts: server::Options,
     serve: impl FnOnce(Arc<Controller>) -> F,
 ) -> Running {
     let fabric = Fabric::new(TopologySpec::FatTree { k: 4 }, epoch).unwrap();
-    let controller = Controller::with_hedera(
-        fabric,
-        Duration::from_millis(200),
-        sopa_controller::hedera::HederaConfig::default(),
-        grace,
-    );
+    on_own_runtime(Controller::with_options(fabric, opts), addr, serve)
+}
+
+fn on_own_runtime<F: std::future::Future<Output = ()> + Send + 'static>(
+    controller: Arc<Controller>,
+    addr: std::net::SocketAddr,
+    serve: impl FnOnce(Arc<Controller>) -> F,
+) -> Running {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -210,6 +258,31 @@ pub fn spawn_agent_peers(
     let (tx, rx) = watch::channel(false);
     tokio::spawn(async move { client::run(cfg, &mut agent, rx).await });
     (peers, tx)
+}
+
+/// An agent that already holds `view` (as if it had applied it before the controller
+/// restarted).
+pub fn spawn_agent_holding(addr: std::net::SocketAddr, node: &str, view: FabricView) -> Log {
+    let log: Log = Arc::default();
+    let mut agent = TestAgent {
+        view: Some(view),
+        log: Arc::clone(&log),
+        lost: Arc::default(),
+        peers: Arc::default(),
+        refuse: Vec::new(),
+        swallow: Vec::new(),
+    };
+    let mut cfg = ClientConfig::new(format!("http://{addr}"), node, Role::Host);
+    cfg.heartbeat = Duration::from_millis(200);
+    cfg.min_backoff = Duration::from_millis(100);
+    cfg.max_backoff = Duration::from_millis(400);
+    // The agent runs as long as the test's runtime.
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        let _keep = tx;
+        client::run(cfg, &mut agent, rx).await
+    });
+    log
 }
 
 /// Like [`spawn_agent_with`], also recording why each session ended or could not start.

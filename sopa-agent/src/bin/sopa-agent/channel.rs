@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use sopa_agent::Error;
-use sopa_controller::{client::ClientConfig, proto::Role};
+use sopa_channel::{client::ClientConfig, proto::Role};
 use tracing::warn;
 
 use crate::cli::ChannelFlags;
@@ -41,13 +41,13 @@ pub fn channel_config(args: &ChannelArgs, url: &str) -> Result<ClientConfig, Err
     ) {
         (Some("https"), Some(dir), false) => {
             cfg.tls = Some(
-                sopa_controller::tls::client_config(dir, &args.flags.controller_name)
+                sopa_channel::tls::client_config(dir, &args.flags.controller_name)
                     .map_err(|e| Error::Config(format!("--certs {}: {e}", dir.display())))?,
             );
         }
         (Some("https"), None, _) => {
             return Err(Error::Config(format!(
-                "--controller {url} needs --certs DIR (ca.pem, agent.pem, agent.key from `sopactl certs init`)"
+                "--controller {url} needs --certs DIR: this node's own certificate folder (ca.pem, node.pem, node.key from `sopactl certs issue --role host|switch --node NAME`)"
             )));
         }
         (Some("http"), _, true) => warn!("--insecure: talking to the controller in plaintext"),

@@ -174,16 +174,19 @@ pub struct SwitchArgs {
 /// How to talk to the controller, for either role.
 #[derive(clap::Args)]
 pub struct ChannelFlags {
-    /// Certificate folder (ca.pem, agent.pem, agent.key) for the controller's mutual TLS.
+    /// This node's certificate folder (ca.pem, node.pem, node.key, from `sopactl certs issue
+    /// --role host|switch --node NAME`) for the controller's mutual TLS. The certificate names
+    /// the node: the controller refuses a hello that claims another.
     #[arg(long, env = "SOPA_CERTS", conflicts_with = "insecure")]
     pub certs: Option<PathBuf>,
     /// Talk to the controller in plaintext (http://). For tests only.
     #[arg(long, env = "SOPA_INSECURE")]
     pub insecure: bool,
     /// The name in the controller's certificate.
-    #[arg(long, env = "SOPA_CONTROLLER_NAME", default_value = sopa_controller::tls::CONTROLLER_NAME)]
+    #[arg(long, env = "SOPA_CONTROLLER_NAME", default_value = sopa_channel::tls::CONTROLLER_NAME)]
     pub controller_name: String,
-    /// Heartbeat interval on the channel (the controller is gone after three silent ones).
+    /// Heartbeat interval on the channel, both ways: the controller is gone after three silent
+    /// ones, and the controller counts this agent gone after three of its own.
     #[arg(long, env = "SOPA_HEARTBEAT_MS", default_value_t = 1000)]
     pub heartbeat_ms: u64,
 }

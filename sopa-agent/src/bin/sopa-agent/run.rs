@@ -10,7 +10,7 @@ use sopa_agent::{
     path_table::PathTable,
     status,
 };
-use sopa_controller::proto::Role;
+use sopa_channel::proto::Role;
 use tracing::{info, warn};
 
 use crate::{
@@ -134,7 +134,7 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
             ));
             let mut applier = HostApplier::new(&mut host, &fabric_host, &endpoint);
             tokio::select! {
-                _ = sopa_controller::client::run_with_reports(cfg, &mut applier, stopped, Some(reports_rx)) => {}
+                _ = sopa_channel::client::run_with_reports(cfg, &mut applier, stopped, Some(reports_rx)) => {}
                 _ = signal => {}
             }
             reporter.abort();

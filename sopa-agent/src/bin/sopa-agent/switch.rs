@@ -1,7 +1,7 @@
 //! `sopa-agent switch`: the switch role until SIGINT/SIGTERM.
 
 use sopa_agent::Error;
-use sopa_controller::proto::Role;
+use sopa_channel::proto::Role;
 use tracing::info;
 
 use crate::{
@@ -47,7 +47,7 @@ pub async fn switch(args: SwitchArgs, netns: Option<String>) -> Result<(), Error
         let mut applier =
             sopa_agent::switch::SwitchApplier::new(&mut sw, &name, &args.controller, reports);
         tokio::select! {
-            _ = sopa_controller::client::run_with_reports(cfg, &mut applier, stopped, Some(reports_rx)) => {}
+            _ = sopa_channel::client::run_with_reports(cfg, &mut applier, stopped, Some(reports_rx)) => {}
             _ = sigint.recv() => info!("SIGINT"),
             _ = sigterm.recv() => info!("SIGTERM"),
         }

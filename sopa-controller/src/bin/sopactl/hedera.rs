@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use clap::Subcommand;
-use sopa_controller::{hedera::tuple_name, proto::HederaStatusRequest};
+use sopa_channel::proto::{FiveTuple, HederaStatusRequest};
 
 use crate::fabric::{Connection, connect, runtime};
 
@@ -33,7 +33,7 @@ pub fn run(cmd: HederaCommand) -> Result<()> {
                 .iter()
                 .map(|e| {
                     serde_json::json!({
-                        "flow": e.flow.as_ref().map(tuple_name), "src": e.src, "dst": e.dst,
+                        "flow": e.flow.as_ref().map(FiveTuple::name), "src": e.src, "dst": e.dst,
                         "measured": e.measured, "demand": e.demand, "placed": e.placed,
                         "hops": [e.hop0, e.hop1], "path": e.path, "since_round": e.since_round,
                     })
@@ -80,7 +80,7 @@ pub fn run(cmd: HederaCommand) -> Result<()> {
             };
             println!(
                 "{:<44} {:<10} {:<10} {:>8.3} {:>7.3}  {}",
-                e.flow.as_ref().map(tuple_name).unwrap_or_default(),
+                e.flow.as_ref().map(FiveTuple::name).unwrap_or_default(),
                 e.src,
                 e.dst,
                 e.measured,

@@ -1,0 +1,135 @@
+//! The controller's flags, checked whole before anything starts.
+
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::{Result, bail};
+use clap::Parser;
+use sopa_controller::{
+    damping::DampingConfig,
+    hedera::HederaConfig,
+    server::{self, Options},
+    store::Store,
+    transport::Limits,
+};
+
+/// SOPA controller: serves the topology, every link and switch state, and each change as a
+/// new version over an mTLS gRPC stream to every agent.
+#[derive(Parser)]
+#[command(version, about)]
+pub struct Args {
+    /// Topology spec (TOML: `[topology] kind = "fat-tree", k = 4` or `kind = "modric", ...`).
+    #[arg(long, env = "SOPA_TOPOLOGY")]
+    pub topology: PathBuf,
+    /// Address to serve agents and operators on: HOST:PORT, or unix:PATH for a Unix socket.
+    #[arg(long, env = "SOPA_LISTEN", default_value = "0.0.0.0:7470")]
+    pub listen: String,
+    /// The controller's certificate folder (ca.pem, node.pem, node.key), from `sopactl certs
+    /// issue --role controller`.
+    #[arg(long, env = "SOPA_CERTS", required_unless_present = "insecure")]
+    pub certs: Option<PathBuf>,
+    /// Deny list: certificate serials (one per line, hex, as `sopactl certs issue` prints
+    /// them) refused at their next handshake; reloaded within a second of every change, which
+    /// also closes the revoked certificates' open streams.
+    #[arg(long, env = "SOPA_REVOKED", requires = "certs")]
+    pub revoked: Option<PathBuf>,
+    /// Agents' streams served at once (default: twice the topology's nodes, at least 64).
+    #[arg(long, env = "SOPA_MAX_SESSIONS")]
+    max_sessions: Option<usize>,
+    /// Connections open at once, handshakes included.
+    #[arg(long, env = "SOPA_MAX_CONNECTIONS", default_value_t = Limits::default().max_connections)]
+    max_connections: usize,
+    /// How long a client has to finish its TLS handshake.
+    #[arg(long, env = "SOPA_HANDSHAKE_TIMEOUT_MS", default_value_t = Limits::default().handshake_timeout.as_millis() as u64)]
+    handshake_timeout_ms: u64,
+    /// Serve plaintext, accepting any client. For tests only.
+    #[arg(long, env = "SOPA_INSECURE", conflicts_with = "certs")]
+    pub insecure: bool,
+    /// Where the state (every drain and reported failure, the version) is kept: file:PATH
+    /// (written atomically before any change is announced) or memory (lost on exit).
+    #[arg(
+        long,
+        env = "SOPA_STORE",
+        default_value = "file:/var/lib/sopa/controller-state.json"
+    )]
+    pub store: Store,
+    /// Flap damping: a port its switch reports down this many times within
+    /// --flap-window-ms is held down (0: no damping).
+    #[arg(long, env = "SOPA_FLAP_LIMIT", default_value_t = DampingConfig::default().limit)]
+    flap_limit: usize,
+    #[arg(long, env = "SOPA_FLAP_WINDOW_MS", default_value_t = DampingConfig::default().window.as_millis() as u64)]
+    flap_window_ms: u64,
+    /// The first hold of a flapping port; each next one within the window doubles, up to
+    /// --flap-max-hold-ms.
+    #[arg(long, env = "SOPA_FLAP_HOLD_MS", default_value_t = DampingConfig::default().hold.as_millis() as u64)]
+    flap_hold_ms: u64,
+    #[arg(long, env = "SOPA_FLAP_MAX_HOLD_MS", default_value_t = DampingConfig::default().max_hold.as_millis() as u64)]
+    flap_max_hold_ms: u64,
+    /// Heartbeat interval; agents consider the controller gone after three silent ones.
+    #[arg(long, env = "SOPA_HEARTBEAT_MS", default_value_t = 1000)]
+    heartbeat_ms: u64,
+    /// Hedera's scheduling interval (the paper used 5 s).
+    #[arg(long, env = "SOPA_HEDERA_INTERVAL_MS", default_value_t = 1000)]
+    hedera_interval_ms: u64,
+    /// How long a Hedera pin holds without a newer pin set from this controller.
+    #[arg(long, env = "SOPA_PIN_LIFETIME_MS", default_value_t = 5000)]
+    pin_lifetime_ms: u64,
+    /// How long a host whose agent disconnected stays trusted: switches honour its option for
+    /// this long, so a restarting agent (which keeps its datapath) goes unnoticed; after it,
+    /// its edge switch neutralizes any option from that host.
+    #[arg(long, env = "SOPA_AGENT_GRACE_MS", default_value_t = server::DEFAULT_AGENT_GRACE.as_millis() as u64)]
+    agent_grace_ms: u64,
+}
+
+impl Args {
+    /// How the controller runs, from every flag; an error names the bad flag.
+    pub fn options(&self) -> Result<Options> {
+        if self.heartbeat_ms == 0 {
+            bail!("--heartbeat-ms must be at least 1");
+        }
+        if self.hedera_interval_ms == 0 || self.pin_lifetime_ms <= self.hedera_interval_ms {
+            bail!(
+                "--hedera-interval-ms {} and --pin-lifetime-ms {}: the interval must be at least 1 and pins must outlive it",
+                self.hedera_interval_ms,
+                self.pin_lifetime_ms
+            );
+        }
+        if self.flap_limit > 0
+            && (self.flap_hold_ms == 0 || self.flap_max_hold_ms < self.flap_hold_ms)
+        {
+            bail!(
+                "--flap-hold-ms {} and --flap-max-hold-ms {}: a hold must be at least 1 ms and the maximum at least the first hold",
+                self.flap_hold_ms,
+                self.flap_max_hold_ms
+            );
+        }
+        if self.max_connections == 0
+            || self.handshake_timeout_ms == 0
+            || self.max_sessions == Some(0)
+        {
+            bail!(
+                "--max-connections, --handshake-timeout-ms and --max-sessions must be at least 1"
+            );
+        }
+        Ok(Options {
+            heartbeat: Duration::from_millis(self.heartbeat_ms),
+            hedera: HederaConfig {
+                interval: Duration::from_millis(self.hedera_interval_ms),
+                pin_lifetime: Duration::from_millis(self.pin_lifetime_ms),
+                ..HederaConfig::default()
+            },
+            agent_grace: Duration::from_millis(self.agent_grace_ms),
+            max_sessions: self.max_sessions,
+            limits: Limits {
+                max_connections: self.max_connections,
+                handshake_timeout: Duration::from_millis(self.handshake_timeout_ms),
+            },
+            store: self.store.clone(),
+            damping: DampingConfig {
+                limit: self.flap_limit,
+                window: Duration::from_millis(self.flap_window_ms),
+                hold: Duration::from_millis(self.flap_hold_ms),
+                max_hold: Duration::from_millis(self.flap_max_hold_ms),
+            },
+        })
+    }
+}

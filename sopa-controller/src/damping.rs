@@ -1,0 +1,232 @@
+//! Flap damping for switches' port reports, as routing protocols damp flapping routes (RFC
+//! 2439): a port that goes down `limit` times within `window` is held down, and its reports
+//! that it is up again are not applied until the hold ends. Each hold that follows another
+//! within the window doubles (up to `max_hold`); a link that stays quiet for a window starts
+//! again from `hold`. Going down is always applied at once: only coming back is held, so a
+//! flapping link costs the agents one version, not one per flap.
+
+use std::{
+    collections::{BTreeMap, VecDeque},
+    time::{Duration, Instant},
+};
+
+/// The damping rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DampingConfig {
+    /// Downs within `window` that make a flapping link.
+    pub limit: usize,
+    pub window: Duration,
+    /// The first hold; each next one doubles.
+    pub hold: Duration,
+    pub max_hold: Duration,
+}
+
+impl Default for DampingConfig {
+    fn default() -> Self {
+        Self {
+            limit: 3,
+            window: Duration::from_secs(30),
+            hold: Duration::from_secs(5),
+            max_hold: Duration::from_secs(300),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct LinkDamping {
+    downs: VecDeque<Instant>,
+    held_until: Option<Instant>,
+    /// The last hold, doubled by the next one within the window.
+    last_hold: Option<(Instant, Duration)>,
+    /// The last report was "up" while held: applied when the hold ends.
+    up_pending: bool,
+}
+
+/// What to do with a report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Apply it now.
+    Apply,
+    /// Apply it now, and the link is held down until `until` from now on.
+    ApplyAndHold { until: Instant },
+    /// Do not apply it (the link is held down); ask again at `until`.
+    Held { until: Instant },
+}
+
+/// Damping state of every link, keyed by its canonical name.
+#[derive(Debug, Default)]
+pub struct Damper {
+    pub config: DampingConfig,
+    links: BTreeMap<(String, String), LinkDamping>,
+}
+
+impl Damper {
+    pub fn new(config: DampingConfig) -> Self {
+        Self {
+            config,
+            links: BTreeMap::new(),
+        }
+    }
+
+    /// A switch reported `link` down or up at `now`.
+    pub fn report(&mut self, link: &(String, String), down: bool, now: Instant) -> Verdict {
+        let c = self.config;
+        let d = self.links.entry(link.clone()).or_default();
+        let held = d.held_until.filter(|t| *t > now);
+        if !down {
+            return match held {
+                Some(until) => {
+                    d.up_pending = true;
+                    Verdict::Held { until }
+                }
+                None => {
+                    d.up_pending = false;
+                    Verdict::Apply
+                }
+            };
+        }
+        d.up_pending = false;
+        while d
+            .downs
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > c.window)
+        {
+            d.downs.pop_front();
+        }
+        d.downs.push_back(now);
+        if d.downs.len() < c.limit || c.limit == 0 {
+            return Verdict::Apply;
+        }
+        let hold = match d.last_hold {
+            Some((at, h)) if now.duration_since(at) <= c.window + h => (h * 2).min(c.max_hold),
+            _ => c.hold,
+        };
+        let until = now + hold;
+        d.last_hold = Some((now, hold));
+        d.held_until = Some(until);
+        d.downs.clear();
+        Verdict::ApplyAndHold { until }
+    }
+
+    /// `link`'s hold may have ended at `now`: `true` when its pending "up" is to be applied.
+    pub fn release(&mut self, link: &(String, String), now: Instant) -> bool {
+        let Some(d) = self.links.get_mut(link) else {
+            return false;
+        };
+        if d.held_until.is_some_and(|t| t > now) {
+            return false;
+        }
+        d.held_until = None;
+        std::mem::take(&mut d.up_pending)
+    }
+
+    /// Links held down now: the time left, and whether an up waits for its end.
+    pub fn held(&self, now: Instant) -> Vec<((String, String), Duration, bool)> {
+        self.links
+            .iter()
+            .filter_map(|(k, d)| {
+                d.held_until
+                    .filter(|t| *t > now)
+                    .map(|t| (k.clone(), t - now, d.up_pending))
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link() -> (String, String) {
+        ("a0".into(), "e0".into())
+    }
+
+    #[test]
+    fn a_flapping_link_is_held_down_longer_each_time_and_a_quiet_one_is_not() {
+        let mut d = Damper::new(DampingConfig::default());
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let l = link();
+        // Two flaps: applied as they come.
+        for i in 0..2 {
+            assert_eq!(d.report(&l, true, t0 + s(i * 2)), Verdict::Apply);
+            assert_eq!(d.report(&l, false, t0 + s(i * 2 + 1)), Verdict::Apply);
+        }
+        // The third down within 30 s: held for 5 s; its "up" waits.
+        assert_eq!(
+            d.report(&l, true, t0 + s(4)),
+            Verdict::ApplyAndHold { until: t0 + s(9) }
+        );
+        assert_eq!(
+            d.report(&l, false, t0 + s(5)),
+            Verdict::Held { until: t0 + s(9) }
+        );
+        assert!(!d.release(&l, t0 + s(8)), "still held");
+        assert_eq!(d.held(t0 + s(8)), [(l.clone(), s(1), true)]);
+        assert!(
+            d.release(&l, t0 + s(9)),
+            "the pending up is applied at the end"
+        );
+        assert!(!d.release(&l, t0 + s(9)), "once");
+        // Three more downs soon after: held twice as long.
+        for i in 0..2 {
+            assert_eq!(d.report(&l, true, t0 + s(10 + i * 2)), Verdict::Apply);
+            assert_eq!(d.report(&l, false, t0 + s(11 + i * 2)), Verdict::Apply);
+        }
+        assert_eq!(
+            d.report(&l, true, t0 + s(14)),
+            Verdict::ApplyAndHold { until: t0 + s(24) }
+        );
+        // Down again while held: still held, nothing pending.
+        assert_eq!(
+            d.report(&l, false, t0 + s(15)),
+            Verdict::Held { until: t0 + s(24) }
+        );
+        assert!(matches!(d.report(&l, true, t0 + s(16)), Verdict::Apply));
+        assert!(
+            !d.release(&l, t0 + s(24)),
+            "the last report was down: nothing to apply"
+        );
+        // Long quiet: three downs start again from the first hold.
+        let later = t0 + s(1000);
+        for i in 0..2 {
+            d.report(&l, true, later + s(i * 2));
+            d.report(&l, false, later + s(i * 2 + 1));
+        }
+        assert_eq!(
+            d.report(&l, true, later + s(4)),
+            Verdict::ApplyAndHold {
+                until: later + s(9)
+            }
+        );
+        // Downs spread wider than the window never hold.
+        let mut d = Damper::new(DampingConfig::default());
+        for i in 0..10 {
+            assert_eq!(d.report(&l, true, t0 + s(i * 40)), Verdict::Apply);
+            assert_eq!(d.report(&l, false, t0 + s(i * 40 + 1)), Verdict::Apply);
+        }
+    }
+
+    #[test]
+    fn holds_stop_growing_at_the_maximum() {
+        let config = DampingConfig {
+            limit: 1,
+            window: Duration::from_secs(30),
+            hold: Duration::from_secs(100),
+            max_hold: Duration::from_secs(300),
+        };
+        let mut d = Damper::new(config);
+        let l = link();
+        let mut t = Instant::now();
+        let mut holds = Vec::new();
+        for _ in 0..4 {
+            let Verdict::ApplyAndHold { until } = d.report(&l, true, t) else {
+                panic!("a single down holds with limit 1");
+            };
+            holds.push((until - t).as_secs());
+            t = until;
+            d.release(&l, t);
+        }
+        assert_eq!(holds, [100, 200, 300, 300]);
+    }
+}

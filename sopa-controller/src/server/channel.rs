@@ -1,0 +1,528 @@
+//! The push channel's service: each agent's stream, from its hello (held to the identity its
+//! certificate names and to the topology) through snapshots, deltas, pins and heartbeats, to
+//! its end (it left, fell silent for three heartbeats, or its certificate was revoked).
+
+use std::{
+    pin::Pin,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use sopa_channel::{
+    identity,
+    proto::{
+        self, AgentMessage, ControllerMessage, Delta, Heartbeat, MAX_TEXT_BYTES, Role,
+        agent_message, controller_message,
+    },
+};
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::{Stream, wrappers::ReceiverStream};
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{info, warn};
+
+use super::{AgentRecord, Controller};
+use crate::{
+    auth::{DenyList, Peer, Refusal},
+    damping::Verdict,
+    fabric::Fabric,
+};
+
+/// How long an agent has to say hello after opening the stream.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One agent's stream, as the controller knows it.
+struct Session {
+    /// The key of the agent's record: its node from the certificate, or (plaintext) the node
+    /// named in its hello.
+    node: String,
+    /// Its node in the topology.
+    name: String,
+    role: i32,
+    id: u64,
+    peer: Peer,
+}
+
+/// Cuts `s` to at most `max` bytes, at a character boundary.
+fn bounded(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Controller {
+    /// A switch's port report, through flap damping: a down is applied at once; an up of a
+    /// link held down waits for the end of its hold.
+    fn damped_report(self: &Arc<Self>, a: &str, b: &str, down: bool) {
+        if let Err(e) = self.fabric.lock().expect("fabric lock").check_link(a, b) {
+            warn!(error = %e, "a switch agent reported an unknown link");
+            return;
+        }
+        let key = if a <= b {
+            (a.to_owned(), b.to_owned())
+        } else {
+            (b.to_owned(), a.to_owned())
+        };
+        let verdict = self
+            .damper
+            .lock()
+            .expect("damper lock")
+            .report(&key, down, Instant::now());
+        match verdict {
+            Verdict::Held { until } => {
+                info!(link = %format!("{a}:{b}"), held_ms = until.saturating_duration_since(Instant::now()).as_millis() as u64, "a flapping link is up again; held down until its hold ends");
+                return;
+            }
+            Verdict::ApplyAndHold { until } => {
+                warn!(link = %format!("{a}:{b}"), hold_ms = until.saturating_duration_since(Instant::now()).as_millis() as u64, "link flapping: held down");
+                let c = Arc::clone(self);
+                let key = key.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep_until(until.into()).await;
+                    let apply_up = c
+                        .damper
+                        .lock()
+                        .expect("damper lock")
+                        .release(&key, Instant::now());
+                    if apply_up && let Err(e) = c.report_link(&key.0, &key.1, false) {
+                        warn!(error = %e, "ending a flapping link's hold");
+                    }
+                });
+            }
+            Verdict::Apply => {}
+        }
+        if let Err(e) = self.report_link(a, b, down) {
+            warn!(error = %e, "a switch's port report was not applied");
+        }
+    }
+
+    /// One message of an agent's stream.
+    fn handle(self: &Arc<Self>, s: &Session, msg: AgentMessage) {
+        let (node, session) = (s.node.as_str(), s.id);
+        match msg.kind {
+            Some(agent_message::Kind::Ack(a)) => self.record(node, session, |r| {
+                r.applied_version = a.version;
+                r.last_ack = a.version;
+                r.last_ack_at = Some(Instant::now());
+            }),
+            Some(agent_message::Kind::Nack(n)) => {
+                let error = bounded(&n.error, MAX_TEXT_BYTES);
+                warn!(node, version = n.version, error = %error, "agent rejected a version");
+                self.record(node, session, |r| {
+                    r.last_nack = n.version;
+                    r.last_error = error;
+                });
+            }
+            Some(agent_message::Kind::Report(rep)) if s.role == Role::Switch as i32 => {
+                if rep.a != s.name && rep.b != s.name {
+                    self.refusals.refuse(
+                        Refusal::ForeignPort,
+                        &s.peer_name(),
+                        &format!(
+                            "a report of {}:{}, not a port of {}",
+                            bounded(&rep.a, 64),
+                            bounded(&rep.b, 64),
+                            s.name
+                        ),
+                    );
+                } else {
+                    self.damped_report(&rep.a, &rep.b, rep.down);
+                }
+            }
+            Some(agent_message::Kind::Report(_)) => self.refusals.refuse(
+                Refusal::Role,
+                &s.peer_name(),
+                "a link report from a host agent",
+            ),
+            Some(agent_message::Kind::Flows(rep)) => {
+                if s.role != Role::Host as i32 {
+                    self.refusals.refuse(
+                        Refusal::Role,
+                        &s.peer_name(),
+                        "a flow report from a switch agent",
+                    );
+                    return;
+                }
+                let topology = self.fabric.lock().expect("fabric lock").shared_topology();
+                let result = self.hedera.lock().expect("hedera lock").accept_report(
+                    &topology,
+                    &s.name,
+                    &rep,
+                    Instant::now(),
+                );
+                match result {
+                    Ok(()) => {}
+                    Err(e @ crate::hedera::ReportError::NotFromReporter(..)) => self
+                        .refusals
+                        .refuse(Refusal::ForeignFlow, &s.peer_name(), &e.to_string()),
+                    Err(e) => warn!(node, error = %e, "flow report refused"),
+                }
+            }
+            Some(agent_message::Kind::PinAck(ack)) => {
+                if !ack.error.is_empty() {
+                    warn!(node, round = ack.round, error = %bounded(&ack.error, MAX_TEXT_BYTES), "an agent refused its pins");
+                }
+                self.hedera
+                    .lock()
+                    .expect("hedera lock")
+                    .pin_ack(&s.name, &ack);
+            }
+            Some(agent_message::Kind::Hello(_)) => {
+                warn!(node, "a second hello on one stream ignored")
+            }
+            Some(agent_message::Kind::Heartbeat(_)) | None => {}
+        }
+    }
+}
+
+impl Session {
+    /// Who this is, for a refusal's log line.
+    fn peer_name(&self) -> String {
+        match &self.peer.identity {
+            Some(id) => format!("{id} ({})", self.peer.addr),
+            None => format!("{} ({}, unauthenticated)", self.node, self.peer.addr),
+        }
+    }
+}
+
+fn snapshot_msg(f: &Fabric) -> ControllerMessage {
+    ControllerMessage {
+        kind: Some(controller_message::Kind::Snapshot(f.snapshot())),
+    }
+}
+
+fn delta_msg(d: Delta) -> ControllerMessage {
+    ControllerMessage {
+        kind: Some(controller_message::Kind::Delta(d)),
+    }
+}
+
+/// The push channel service.
+pub struct ChannelService {
+    pub controller: Arc<Controller>,
+    /// Certificates refused from now on; their open streams close.
+    pub deny: DenyList,
+}
+
+type Outbound = Pin<Box<dyn Stream<Item = Result<ControllerMessage, Status>> + Send>>;
+
+/// An open agent stream's place in the controller's session count.
+struct SessionSlot(Arc<Controller>);
+
+impl Drop for SessionSlot {
+    fn drop(&mut self) {
+        self.0
+            .sessions_open
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl ChannelService {
+    /// Refuses (counted, logged) with `status`.
+    fn refuse(&self, reason: Refusal, who: &dyn std::fmt::Display, status: Status) -> Status {
+        self.controller
+            .refusals
+            .refuse(reason, who, status.message());
+        status
+    }
+
+    /// Checks a hello against the peer's certificate and the topology; returns the agent's
+    /// record key and its topology name.
+    fn admit(&self, peer: &Peer, hello: &proto::Hello) -> Result<(String, String), Status> {
+        let c = &self.controller;
+        if hello.node.is_empty()
+            || hello.node.len() > identity::MAX_NODE_LEN
+            || hello.topology_name.len() > identity::MAX_NODE_LEN
+            || hello.agent_version.len() > MAX_TEXT_BYTES
+        {
+            return Err(self.refuse(
+                Refusal::FieldTooLong,
+                peer,
+                Status::invalid_argument(format!(
+                    "hello: the node name must be 1 to {} bytes, the topology name at most {}, the agent version at most {MAX_TEXT_BYTES}",
+                    identity::MAX_NODE_LEN,
+                    identity::MAX_NODE_LEN
+                )),
+            ));
+        }
+        let name = if hello.topology_name.is_empty() {
+            hello.node.clone()
+        } else {
+            hello.topology_name.clone()
+        };
+        let claimed = match Role::try_from(hello.role) {
+            Ok(Role::Host) => Some(identity::Role::Host),
+            Ok(Role::Switch) => Some(identity::Role::Switch),
+            _ => None,
+        };
+        let node = match &peer.identity {
+            Some(id) => {
+                if claimed != Some(id.role) || name != id.node {
+                    return Err(self.refuse(
+                        Refusal::Impersonation,
+                        peer,
+                        Status::permission_denied(format!(
+                            "the hello claims {}/{name}, but this certificate is {id}",
+                            claimed.map_or("?", identity::Role::as_str)
+                        )),
+                    ));
+                }
+                id.node.clone()
+            }
+            None => hello.node.clone(),
+        };
+        let Some(claimed) = claimed else {
+            return Err(self.refuse(
+                Refusal::Role,
+                peer,
+                Status::invalid_argument("hello: the role must be host or switch"),
+            ));
+        };
+        let kind_ok = c.node_kind(&name).is_some_and(|k| match claimed {
+            identity::Role::Host => k == sopa_topology::NodeKind::Host,
+            _ => k.is_switch(),
+        });
+        if !kind_ok {
+            return Err(self.refuse(
+                Refusal::UnknownNode,
+                peer,
+                Status::not_found(format!(
+                    "{name} is not a {claimed} of this controller's topology"
+                )),
+            ));
+        }
+        if peer.identity.is_some()
+            && c.agents
+                .lock()
+                .expect("agents lock")
+                .get(&node)
+                .is_some_and(|r| r.connected)
+        {
+            return Err(self.refuse(
+                Refusal::SecondSession,
+                peer,
+                Status::already_exists(format!(
+                    "{node} already has a session; a second one is refused while it lasts"
+                )),
+            ));
+        }
+        Ok((node, name))
+    }
+}
+
+#[tonic::async_trait]
+impl proto::channel::channel_server::Channel for ChannelService {
+    type StreamStream = Outbound;
+
+    async fn stream(
+        &self,
+        request: Request<Streaming<AgentMessage>>,
+    ) -> Result<Response<Outbound>, Status> {
+        let peer = request
+            .extensions()
+            .get::<Peer>()
+            .cloned()
+            .unwrap_or_default();
+        if let Some(serial) = &peer.serial
+            && self.deny.contains(serial)
+        {
+            return Err(self.refuse(
+                Refusal::Revoked,
+                &peer,
+                Status::permission_denied("this certificate is revoked"),
+            ));
+        }
+        if let Some(id) = &peer.identity
+            && !matches!(id.role, identity::Role::Host | identity::Role::Switch)
+        {
+            return Err(self.refuse(
+                Refusal::Role,
+                &peer,
+                Status::permission_denied(format!(
+                    "{id} may not open an agent stream: only host and switch certificates do"
+                )),
+            ));
+        }
+        let controller = Arc::clone(&self.controller);
+        let open = controller
+            .sessions_open
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let slot = SessionSlot(Arc::clone(&controller));
+        if open >= controller.max_sessions {
+            return Err(self.refuse(
+                Refusal::TooManySessions,
+                &peer,
+                Status::resource_exhausted(format!(
+                    "this controller serves at most {} agent streams",
+                    controller.max_sessions
+                )),
+            ));
+        }
+        let mut inbound = request.into_inner();
+        let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.message())
+            .await
+            .map_err(|_| Status::deadline_exceeded("no hello within 10 s"))??
+            .ok_or_else(|| Status::invalid_argument("the stream ended before a hello"))?;
+        let Some(agent_message::Kind::Hello(hello)) = first.kind else {
+            return Err(Status::invalid_argument(
+                "the first message must be a hello",
+            ));
+        };
+        let (node, name) = self.admit(&peer, &hello)?;
+        let session = controller
+            .sessions
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (initial, mut updates, mut last_sent) = {
+            let f = controller.fabric.lock().expect("fabric lock");
+            let updates = controller.updates.subscribe();
+            let initial = match f.deltas_since(hello.epoch, hello.version) {
+                Some(deltas) => deltas.into_iter().map(delta_msg).collect(),
+                None => vec![snapshot_msg(&f)],
+            };
+            (initial, updates, f.version())
+        };
+        {
+            let mut agents = controller.agents.lock().expect("agents lock");
+            // Checked again under the lock: two sessions of one identity racing through
+            // `admit` must not both get in.
+            if peer.identity.is_some() && agents.get(&node).is_some_and(|r| r.connected) {
+                drop(agents);
+                return Err(self.refuse(
+                    Refusal::SecondSession,
+                    &peer,
+                    Status::already_exists(format!("{node} already has a session")),
+                ));
+            }
+            agents.insert(
+                node.clone(),
+                AgentRecord {
+                    role: hello.role,
+                    connected: true,
+                    applied_version: hello.version,
+                    agent_version: hello.agent_version.clone(),
+                    session,
+                    ..AgentRecord::default()
+                },
+            );
+        }
+        info!(node = %node, peer = %peer, version = hello.version, snapshot = initial.len() == 1 && matches!(initial[0].kind, Some(controller_message::Kind::Snapshot(_))), "agent connected");
+        let mut pins = controller.pins.subscribe();
+        let mut peers = controller.peers.subscribe();
+        let mut revoked = self.deny.subscribe();
+        let (tx, rx) = mpsc::channel::<Result<ControllerMessage, Status>>(64);
+        let role = hello.role;
+        let is_host = role == Role::Host as i32;
+        // Three of the agent's heartbeat intervals without a word: it is gone.
+        let agent_heartbeat = match hello.heartbeat_ms {
+            0 => Duration::from_secs(1),
+            ms => Duration::from_millis(u64::from(ms)).min(Duration::from_secs(60)),
+        };
+        let silence = 3 * agent_heartbeat.max(controller.heartbeat);
+        let s = Session {
+            node,
+            name,
+            role,
+            id: session,
+            peer,
+        };
+        if is_host {
+            controller.host_session(&s.name, session, true);
+        }
+        tokio::spawn(async move {
+            let _slot = slot;
+            let send = |m: ControllerMessage| tx.send(Ok(m));
+            let peers_msg = |p: &Arc<proto::PeerAgents>| ControllerMessage {
+                kind: Some(controller_message::Kind::Peers(p.as_ref().clone())),
+            };
+            // The host agents' states come first: a switch installs its plan with its trusted
+            // ports already known.
+            let current = peers.borrow_and_update().clone();
+            let sent_initial = async {
+                send(peers_msg(&current)).await?;
+                for m in initial {
+                    send(m).await?;
+                }
+                Ok::<_, mpsc::error::SendError<_>>(())
+            };
+            let mut why = "the agent left";
+            if sent_initial.await.is_ok() {
+                let mut tick = tokio::time::interval(controller.heartbeat);
+                let mut last_heard = Instant::now();
+                let mut watching_deny_list = true;
+                loop {
+                    tokio::select! {
+                        update = updates.recv() => match update {
+                            Ok(d) if d.version > last_sent => {
+                                last_sent = d.version;
+                                if send(delta_msg((*d).clone())).await.is_err() { break; }
+                            }
+                            Ok(_) => {}
+                            Err(broadcast::error::RecvError::Lagged(_)) => {
+                                let snap = {
+                                    let f = controller.fabric.lock().expect("fabric lock");
+                                    last_sent = f.version();
+                                    snapshot_msg(&f)
+                                };
+                                if send(snap).await.is_err() { break; }
+                            }
+                            Err(broadcast::error::RecvError::Closed) => break,
+                        },
+                        round = pins.recv() => match round {
+                            Ok(sets) => if let Some(set) = sets.get(&s.name) {
+                                let m = ControllerMessage { kind: Some(controller_message::Kind::Pins(set.clone())) };
+                                if send(m).await.is_err() { break; }
+                            },
+                            // A missed round is superseded by the next one.
+                            Err(broadcast::error::RecvError::Lagged(_)) => {}
+                            Err(broadcast::error::RecvError::Closed) => break,
+                        },
+                        changed = peers.changed() => {
+                            if changed.is_err() { break; }
+                            let current = peers.borrow_and_update().clone();
+                            if send(peers_msg(&current)).await.is_err() { break; }
+                        },
+                        changed = revoked.changed(), if watching_deny_list => {
+                            if changed.is_err() { watching_deny_list = false; continue; }
+                            let now_revoked = s.peer.serial.as_ref().is_some_and(|serial| revoked.borrow_and_update().contains(serial));
+                            if now_revoked {
+                                controller.refusals.refuse(Refusal::Revoked, &s.peer_name(), "its certificate was revoked: the stream is closed");
+                                let _ = tx.send(Err(Status::permission_denied("this certificate was revoked"))).await;
+                                why = "its certificate was revoked";
+                                break;
+                            }
+                        },
+                        msg = inbound.message() => match msg {
+                            Ok(Some(m)) => {
+                                last_heard = Instant::now();
+                                controller.handle(&s, m);
+                            }
+                            Ok(None) | Err(_) => break,
+                        },
+                        _ = tick.tick() => {
+                            if last_heard.elapsed() > silence {
+                                why = "it missed three heartbeats";
+                                break;
+                            }
+                            let hb = ControllerMessage { kind: Some(controller_message::Kind::Heartbeat(Heartbeat { unix_ms: now_ms() })) };
+                            if send(hb).await.is_err() { break; }
+                        }
+                    }
+                }
+            }
+            controller.record(&s.node, session, |r| r.connected = false);
+            if is_host {
+                controller.host_session(&s.name, session, false);
+            }
+            info!(node = %s.node, reason = why, "agent disconnected");
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}

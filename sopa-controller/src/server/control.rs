@@ -1,0 +1,120 @@
+//! The operator API behind `sopactl`: link and switch changes for operators, status for
+//! operators and viewers.
+
+use std::sync::Arc;
+
+use sopa_channel::{
+    identity::{self, Identity},
+    proto::{
+        self, ChangeReply, HederaStatusReply, HederaStatusRequest, LinkChange, StatusReply,
+        StatusRequest, SwitchChange,
+    },
+};
+use tonic::{Request, Response, Status};
+
+use super::Controller;
+use crate::{
+    auth::{self, DenyList, Peer, Refusal},
+    fabric::FabricError,
+};
+
+fn to_status(e: FabricError) -> Status {
+    match e {
+        FabricError::UnknownNode(_) | FabricError::NoLink(..) => Status::not_found(e.to_string()),
+        FabricError::NotDurable(_) => Status::unavailable(e.to_string()),
+        _ => Status::invalid_argument(e.to_string()),
+    }
+}
+
+/// The operator API.
+pub struct ControlService {
+    pub controller: Arc<Controller>,
+    pub deny: DenyList,
+}
+
+impl ControlService {
+    /// The caller, if it may do what takes one of `roles`.
+    fn authorize<T>(
+        &self,
+        request: &Request<T>,
+        roles: &[identity::Role],
+        what: &str,
+    ) -> Result<(), Status> {
+        let peer = request
+            .extensions()
+            .get::<Peer>()
+            .cloned()
+            .unwrap_or_default();
+        let refusals = &self.controller.refusals;
+        if let Some(serial) = &peer.serial
+            && self.deny.contains(serial)
+        {
+            let status = Status::permission_denied("this certificate is revoked");
+            refusals.refuse(Refusal::Revoked, &peer, status.message());
+            return Err(status);
+        }
+        if !auth::allowed(&peer, roles) {
+            let names: Vec<&str> = roles.iter().map(|r| r.as_str()).collect();
+            let status = Status::permission_denied(format!(
+                "{} may not {what}: that takes a certificate of role {}",
+                peer.identity
+                    .as_ref()
+                    .map(Identity::to_string)
+                    .unwrap_or_default(),
+                names.join(" or ")
+            ));
+            refusals.refuse(Refusal::Role, &peer, status.message());
+            return Err(status);
+        }
+        Ok(())
+    }
+}
+
+const OPERATORS: &[identity::Role] = &[identity::Role::Operator];
+const READERS: &[identity::Role] = &[identity::Role::Operator, identity::Role::Viewer];
+
+#[tonic::async_trait]
+impl proto::control::control_server::Control for ControlService {
+    async fn set_link(
+        &self,
+        request: Request<LinkChange>,
+    ) -> Result<Response<ChangeReply>, Status> {
+        self.authorize(&request, OPERATORS, "change a link's state")?;
+        let change = request.into_inner();
+        let link = change
+            .link
+            .ok_or_else(|| Status::invalid_argument("no link given"))?;
+        self.controller
+            .set_link(&link.a, &link.b, change.down)
+            .map(Response::new)
+            .map_err(to_status)
+    }
+
+    async fn set_switch(
+        &self,
+        request: Request<SwitchChange>,
+    ) -> Result<Response<ChangeReply>, Status> {
+        self.authorize(&request, OPERATORS, "change a switch's state")?;
+        let change = request.into_inner();
+        self.controller
+            .set_switch(&change.name, change.down)
+            .map(Response::new)
+            .map_err(to_status)
+    }
+
+    async fn status(
+        &self,
+        request: Request<StatusRequest>,
+    ) -> Result<Response<StatusReply>, Status> {
+        self.authorize(&request, READERS, "read the status")?;
+        Ok(Response::new(self.controller.status()))
+    }
+
+    async fn hedera_status(
+        &self,
+        request: Request<HederaStatusRequest>,
+    ) -> Result<Response<HederaStatusReply>, Status> {
+        self.authorize(&request, READERS, "read Hedera's status")?;
+        Ok(Response::new(self.controller.hedera_status()))
+    }
+}
