@@ -269,7 +269,15 @@ fn throughput_table(args: &Args) {
         &log,
     )
     .expect("iperf3 server");
-    std::thread::sleep(Duration::from_millis(300));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !arb.b.tcp_listening(5299).unwrap_or(false) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the iperf3 server does not listen (log {})",
+            log.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     // (name, agent granularity, gso_max_segs set by hand without agents). Per-packet spraying
     // costs mostly segmentation, so it is compared with gso_max_segs 1 without agents too.
     let configs: [(&str, Option<&str>, Option<&str>); 4] = [

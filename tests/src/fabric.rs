@@ -308,32 +308,8 @@ impl Fabric {
             ),
         };
         std::fs::write(&spec, text).map_err(|e| Error::io("writing the topology spec", e))?;
+        self.start_controller()?;
         let socket = format!("unix:{}", self.socket.display());
-        // The testbed's own state file: a restarted controller keeps its drains.
-        let store = format!("file:{}", self.dir.join("controller-state.json").display());
-        self.controller = Some(Process::spawn(
-            None,
-            &bins::sopa_controller(),
-            &[
-                "--topology",
-                spec.to_str().expect("utf-8"),
-                "--listen",
-                &socket,
-                "--insecure",
-                "--store",
-                &store,
-                // The experiments take links down and up on purpose, mode after mode: no
-                // flap damping here (the controller's suites test it).
-                "--flap-limit",
-                "0",
-                "--heartbeat-ms",
-                "500",
-            ],
-            &self.dir.join("controller.log"),
-        )?);
-        wait("the controller's socket", Duration::from_secs(10), || {
-            self.socket.exists()
-        })?;
         let g = self.topo.graph().clone();
         for node in g.nodes.iter().filter(|n| n.kind.is_switch()) {
             self.start_switch(&node.name)?;
@@ -373,6 +349,52 @@ impl Fabric {
     /// Packets that left `switch` by the port each hop value names for destination `dst`
     /// (`tc_forward`'s decision for it, from the topology's forwarding plan), as the
     /// interfaces counted them: element `h` is hop value `h`'s port.
+    /// Starts the controller on the testbed's socket, with the testbed's state file (so a
+    /// restarted controller keeps its drains).
+    pub fn start_controller(&mut self) -> Result<()> {
+        let spec = self.dir.join("topology.toml");
+        let socket = format!("unix:{}", self.socket.display());
+        // The testbed's own state file: a restarted controller keeps its drains.
+        let store = format!("file:{}", self.controller_state_file().display());
+        let _ = std::fs::remove_file(&self.socket);
+        self.controller = Some(Process::spawn(
+            None,
+            &bins::sopa_controller(),
+            &[
+                "--topology",
+                spec.to_str().expect("utf-8"),
+                "--listen",
+                &socket,
+                "--insecure",
+                "--store",
+                &store,
+                // The experiments take links down and up on purpose, mode after mode: no
+                // flap damping here (the controller's suites test it).
+                "--flap-limit",
+                "0",
+                "--heartbeat-ms",
+                "500",
+            ],
+            &self.dir.join("controller.log"),
+        )?);
+        wait("the controller's socket", Duration::from_secs(10), || {
+            self.socket.exists()
+        })?;
+        Ok(())
+    }
+
+    /// Where the testbed's controller keeps its state.
+    pub fn controller_state_file(&self) -> std::path::PathBuf {
+        self.dir.join("controller-state.json")
+    }
+
+    /// Stops the controller (SIGTERM); agents keep their state and retry.
+    pub fn stop_controller(&mut self) {
+        if let Some(mut p) = self.controller.take() {
+            p.stop_with(libc::SIGTERM, Duration::from_secs(10));
+        }
+    }
+
     pub fn hop_ports_tx(&self, switch: &str, dst: std::net::Ipv4Addr) -> Vec<u64> {
         let g = self.topo.graph();
         let n = g.find(switch).expect("a switch");

@@ -120,6 +120,25 @@ impl NetNs {
         })?
     }
 
+    /// Whether a TCP socket listens on `port` in this namespace (IPv4 or IPv6), from the
+    /// kernel's socket tables: a server is waited for by this, not by a sleep.
+    pub fn tcp_listening(&self, port: u16) -> Result<bool> {
+        let suffix = format!(":{port:04X}");
+        self.run(|| {
+            ["tcp", "tcp6"].iter().any(|t| {
+                std::fs::read_to_string(format!("/proc/thread-self/net/{t}"))
+                    .unwrap_or_default()
+                    .lines()
+                    .skip(1)
+                    .any(|l| {
+                        let f: Vec<&str> = l.split_whitespace().collect();
+                        // local_address, then the state: 0A is LISTEN.
+                        f.len() > 3 && f[1].ends_with(&suffix) && f[3] == "0A"
+                    })
+            })
+        })
+    }
+
     /// Runs `f` on a thread that has entered this namespace (only the network namespace: the
     /// mount namespace, and so bpffs, stay shared).
     pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T> {

@@ -264,6 +264,70 @@ fn fat_tree_k4_forwards_by_source_route() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    // A port that goes down while the controller is away is not in its stored state: the
+    // switch reports every port again on its next session, and the restarted controller
+    // learns it.
+    let paths_to_b = |f: &Fabric| {
+        f.host("h0").status().unwrap()["path_table"]["10.1.0.0/24"]
+            .as_array()
+            .map_or(0, Vec::len)
+    };
+    f.stop_controller();
+    f.ns("e0").ip(&["link", "set", &dev, "down"]).unwrap();
+    f.start_controller().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while paths_to_b(&f) != 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the restarted controller did not learn the port that went down while it was away:\n{}",
+            f.switch_log("e0")
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A controller that lost its state (a new one, or one run with --store memory) learns
+    // every port that is down from the switches: each reports all its ports on every new
+    // session, not only changes.
+    let status = |f: &Fabric| -> serde_json::Value {
+        serde_json::from_str(&f.sopactl(&["status", "--json"]).unwrap()).unwrap()
+    };
+    let epoch_before = status(&f)["epoch"].clone();
+    f.stop_controller();
+    std::fs::remove_file(f.controller_state_file()).unwrap();
+    f.start_controller().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = status(&f);
+        if st["epoch"] != epoch_before
+            && st["down_links"]
+                .as_array()
+                .is_some_and(|d| d.iter().any(|l| l == "a1:e0"))
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a controller without state did not learn the port that is down: {st:#}\n{}",
+            f.switch_log("e0")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while paths_to_b(&f) != 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "h0 did not get the new controller's failure"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    f.ns("e0").ip(&["link", "set", &dev, "up"]).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while paths_to_b(&f) != 4 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the port's recovery did not reach h0 after the controller's restart"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let t = tcp_transfer(
         f.ns("h0"),
         f.ns("h4"),
