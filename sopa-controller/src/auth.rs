@@ -17,7 +17,7 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
-    time::{Duration, SystemTime},
+    time::Duration,
 };
 
 use sopa_channel::identity::{Identity, Role};
@@ -229,7 +229,6 @@ pub fn parse_deny_list(path: &Path, text: &str) -> Result<BTreeSet<String>, Deny
 pub struct DenyList {
     path: Option<PathBuf>,
     current: watch::Sender<Arc<BTreeSet<String>>>,
-    loaded: Arc<Mutex<Option<(SystemTime, u64, u64)>>>,
 }
 
 impl DenyList {
@@ -238,7 +237,6 @@ impl DenyList {
         Self {
             path: None,
             current: watch::channel(Arc::default()).0,
-            loaded: Arc::default(),
         }
     }
 
@@ -261,8 +259,7 @@ impl DenyList {
         self.current.subscribe()
     }
 
-    /// Reads the file again if it changed since the last load; `Ok(true)` when the list in
-    /// force changed.
+    /// Reads the file again; `Ok(true)` when the list in force changed.
     pub fn reload(&self) -> Result<bool, DenyListError> {
         let Some(path) = &self.path else {
             return Ok(false);
@@ -271,19 +268,23 @@ impl DenyList {
             path: path.clone(),
             source,
         };
-        let meta = std::fs::metadata(path).map_err(io)?;
-        // A rewrite in place or a rename over it changes one of these.
-        let stamp = (
-            meta.modified().map_err(io)?,
-            meta.len(),
-            std::os::unix::fs::MetadataExt::ino(&meta),
-        );
-        if *self.loaded.lock().expect("deny list lock") == Some(stamp) {
+        // Read on every call (a rewrite can keep size, inode and the mtime tick), and only
+        // a read the file did not change under (a rewrite in place caught halfway): replace
+        // the file with a rename to change it at once.
+        let stamp = |m: &std::fs::Metadata| {
+            (
+                m.modified().ok(),
+                m.len(),
+                std::os::unix::fs::MetadataExt::ino(m),
+            )
+        };
+        let before = std::fs::metadata(path).map_err(io)?;
+        let text = std::fs::read_to_string(path).map_err(io)?;
+        let after = std::fs::metadata(path).map_err(io)?;
+        if stamp(&before) != stamp(&after) {
             return Ok(false);
         }
-        let text = std::fs::read_to_string(path).map_err(io)?;
         let list = parse_deny_list(path, &text)?;
-        *self.loaded.lock().expect("deny list lock") = Some(stamp);
         let changed = self.current.send_if_modified(|cur| {
             if **cur == list {
                 false
@@ -305,10 +306,19 @@ impl DenyList {
         Some(tokio::spawn(async move {
             let mut tick = tokio::time::interval(interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut last_error = String::new();
             loop {
                 tick.tick().await;
-                if let Err(e) = list.reload() {
-                    warn!(error = %e, "the deny list did not reload; the previous one stays in force");
+                match list.reload() {
+                    Ok(_) => last_error.clear(),
+                    Err(e) => {
+                        // Once per distinct error, not once a second.
+                        let e = e.to_string();
+                        if e != last_error {
+                            warn!(error = %e, "the deny list did not reload; the previous one stays in force");
+                            last_error = e;
+                        }
+                    }
                 }
             }
         }))

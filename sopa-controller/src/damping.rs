@@ -40,6 +40,9 @@ struct LinkDamping {
     last_hold: Option<(Instant, Duration)>,
     /// The last report was "up" while held: applied when the hold ends.
     up_pending: bool,
+    /// The last state reported: a down counts as a flap only after an up (both switches of a
+    /// link report it, and every switch reports all its ports on each new session).
+    last_down: Option<bool>,
 }
 
 /// What to do with a report.
@@ -73,6 +76,8 @@ impl Damper {
         let c = self.config;
         let d = self.links.entry(link.clone()).or_default();
         let held = d.held_until.filter(|t| *t > now);
+        let again = d.last_down == Some(down);
+        d.last_down = Some(down);
         if !down {
             return match held {
                 Some(until) => {
@@ -86,6 +91,10 @@ impl Damper {
             };
         }
         d.up_pending = false;
+        if again {
+            // Still down: nothing new to count.
+            return Verdict::Apply;
+        }
         while d
             .downs
             .front()
@@ -189,6 +198,7 @@ mod tests {
         );
         // Long quiet: three downs start again from the first hold.
         let later = t0 + s(1000);
+        d.report(&l, false, later - s(1));
         for i in 0..2 {
             d.report(&l, true, later + s(i * 2));
             d.report(&l, false, later + s(i * 2 + 1));
@@ -199,6 +209,12 @@ mod tests {
                 until: later + s(9)
             }
         );
+        // A down reported again (the link's other switch, or a switch's new session) is not
+        // another flap.
+        let mut d2 = Damper::new(DampingConfig::default());
+        for i in 0..10 {
+            assert_eq!(d2.report(&l, true, t0 + s(i)), Verdict::Apply, "{i}");
+        }
         // Downs spread wider than the window never hold.
         let mut d = Damper::new(DampingConfig::default());
         for i in 0..10 {
@@ -226,6 +242,7 @@ mod tests {
             holds.push((until - t).as_secs());
             t = until;
             d.release(&l, t);
+            d.report(&l, false, t);
         }
         assert_eq!(holds, [100, 200, 300, 300]);
     }

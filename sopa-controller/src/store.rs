@@ -118,10 +118,13 @@ impl Store {
         f.sync_all().map_err(io)?;
         drop(f);
         std::fs::rename(&tmp, path).map_err(io)?;
-        // The rename itself is durable once the folder is synced.
-        std::fs::File::open(&dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io)
+        // The rename itself is durable once the folder is synced. The file already holds the
+        // new state: a failure here is reported, not turned into a refusal (which would undo
+        // in memory what the file keeps).
+        if let Err(e) = std::fs::File::open(&dir).and_then(|d| d.sync_all()) {
+            tracing::warn!(path = %path.display(), error = %e, "syncing the state's folder failed");
+        }
+        Ok(())
     }
 }
 

@@ -118,6 +118,10 @@ impl ServerTls {
             .with_client_cert_verifier(verifier)
             .with_single_cert(chain, key)?;
         config.alpn_protocols = vec![b"h2".to_vec()];
+        // No resumption: every connection presents its certificate and has it checked now
+        // (expiry, the deny list), not once for a chain of resumed sessions.
+        config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+        config.send_tls13_tickets = 0;
         Ok(Self {
             config: Arc::new(config),
             deny,

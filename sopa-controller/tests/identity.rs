@@ -485,6 +485,18 @@ async fn agents_report_only_what_is_their_own() {
         e0.send(report("e1", "a0")).await.unwrap();
     })
     .await;
+    // Pins are a host's business: a switch's acknowledgement is refused.
+    refused_once(&c, Refusal::Role, async {
+        e0.send(AgentMessage {
+            kind: Some(agent_message::Kind::PinAck(sopa_channel::proto::PinAck {
+                round: 1,
+                error: "x".repeat(10_000),
+            })),
+        })
+        .await
+        .unwrap();
+    })
+    .await;
     // Its own port goes through (and shows the rule is not refusing everything).
     e0.send(report("e0", "a0")).await.unwrap();
     until("e0's own port down", || c.controller.version() == 2).await;

@@ -60,48 +60,61 @@ fn now_ms() -> u64 {
 
 impl Controller {
     /// A switch's port report, through flap damping: a down is applied at once; an up of a
-    /// link held down waits for the end of its hold.
+    /// link held down waits for the end of its hold. The verdict and the change are made
+    /// under one lock (the fabric's, then the damper's), so a hold that ends never overtakes
+    /// a later down.
     fn damped_report(self: &Arc<Self>, a: &str, b: &str, down: bool) {
-        if let Err(e) = self.fabric.lock().expect("fabric lock").check_link(a, b) {
-            warn!(error = %e, "a switch agent reported an unknown link");
-            return;
-        }
         let key = if a <= b {
             (a.to_owned(), b.to_owned())
         } else {
             (b.to_owned(), a.to_owned())
         };
-        let verdict = self
-            .damper
-            .lock()
-            .expect("damper lock")
-            .report(&key, down, Instant::now());
-        match verdict {
-            Verdict::Held { until } => {
-                info!(link = %format!("{a}:{b}"), held_ms = until.saturating_duration_since(Instant::now()).as_millis() as u64, "a flapping link is up again; held down until its hold ends");
-                return;
+        let mut hold = None;
+        let result = self.change(|f| {
+            f.check_link(a, b)?;
+            let verdict = self
+                .damper
+                .lock()
+                .expect("damper lock")
+                .report(&key, down, Instant::now());
+            match verdict {
+                Verdict::Held { until } => {
+                    info!(link = %format!("{a}:{b}"), held_ms = until.saturating_duration_since(Instant::now()).as_millis() as u64, "a flapping link is up again; held down until its hold ends");
+                    Ok(None)
+                }
+                Verdict::ApplyAndHold { until } => {
+                    hold = Some(until);
+                    f.report_link(a, b, down)
+                }
+                Verdict::Apply => f.report_link(a, b, down),
             }
-            Verdict::ApplyAndHold { until } => {
-                warn!(link = %format!("{a}:{b}"), hold_ms = until.saturating_duration_since(Instant::now()).as_millis() as u64, "link flapping: held down");
-                let c = Arc::clone(self);
-                let key = key.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep_until(until.into()).await;
-                    let apply_up = c
-                        .damper
-                        .lock()
-                        .expect("damper lock")
-                        .release(&key, Instant::now());
-                    if apply_up && let Err(e) = c.report_link(&key.0, &key.1, false) {
-                        warn!(error = %e, "ending a flapping link's hold");
-                    }
-                });
-            }
-            Verdict::Apply => {}
-        }
-        if let Err(e) = self.report_link(a, b, down) {
+        });
+        if let Err(e) = result {
             warn!(error = %e, "a switch's port report was not applied");
         }
+        let Some(until) = hold else {
+            return;
+        };
+        warn!(link = %format!("{a}:{b}"), hold_ms = until.saturating_duration_since(Instant::now()).as_millis() as u64, "link flapping: held down");
+        let c = Arc::clone(self);
+        tokio::spawn(async move {
+            tokio::time::sleep_until(until.into()).await;
+            let result = c.change(|f| {
+                let up = c
+                    .damper
+                    .lock()
+                    .expect("damper lock")
+                    .release(&key, Instant::now());
+                if up {
+                    f.report_link(&key.0, &key.1, false)
+                } else {
+                    Ok(None)
+                }
+            });
+            if let Err(e) = result {
+                warn!(error = %e, "ending a flapping link's hold");
+            }
+        });
     }
 
     /// One message of an agent's stream.
@@ -166,9 +179,17 @@ impl Controller {
                     Err(e) => warn!(node, error = %e, "flow report refused"),
                 }
             }
-            Some(agent_message::Kind::PinAck(ack)) => {
+            Some(agent_message::Kind::PinAck(_)) if s.role != Role::Host as i32 => {
+                self.refusals.refuse(
+                    Refusal::Role,
+                    &s.peer_name(),
+                    "a pin acknowledgement from a switch agent",
+                )
+            }
+            Some(agent_message::Kind::PinAck(mut ack)) => {
+                ack.error = bounded(&ack.error, MAX_TEXT_BYTES);
                 if !ack.error.is_empty() {
-                    warn!(node, round = ack.round, error = %bounded(&ack.error, MAX_TEXT_BYTES), "an agent refused its pins");
+                    warn!(node, round = ack.round, error = %ack.error, "an agent refused its pins");
                 }
                 self.hedera
                     .lock()
@@ -210,6 +231,8 @@ pub struct ChannelService {
     pub controller: Arc<Controller>,
     /// Certificates refused from now on; their open streams close.
     pub deny: DenyList,
+    /// Served over TLS: a request without a verified identity is refused.
+    pub require_identity: bool,
 }
 
 type Outbound = Pin<Box<dyn Stream<Item = Result<ControllerMessage, Status>> + Send>>;
@@ -331,8 +354,18 @@ impl proto::channel::channel_server::Channel for ChannelService {
             .get::<Peer>()
             .cloned()
             .unwrap_or_default();
+        if self.require_identity && peer.identity.is_none() {
+            return Err(self.refuse(
+                Refusal::NoIdentity,
+                &peer,
+                Status::unauthenticated("no verified certificate on this connection"),
+            ));
+        }
+        // Subscribed before the check: a revocation while the hello is awaited still closes
+        // the stream.
+        let mut revoked = self.deny.subscribe();
         if let Some(serial) = &peer.serial
-            && self.deny.contains(serial)
+            && revoked.borrow_and_update().contains(serial)
         {
             return Err(self.refuse(
                 Refusal::Revoked,
@@ -416,7 +449,6 @@ impl proto::channel::channel_server::Channel for ChannelService {
         info!(node = %node, peer = %peer, version = hello.version, snapshot = initial.len() == 1 && matches!(initial[0].kind, Some(controller_message::Kind::Snapshot(_))), "agent connected");
         let mut pins = controller.pins.subscribe();
         let mut peers = controller.peers.subscribe();
-        let mut revoked = self.deny.subscribe();
         let (tx, rx) = mpsc::channel::<Result<ControllerMessage, Status>>(64);
         let role = hello.role;
         let is_host = role == Role::Host as i32;
@@ -438,7 +470,9 @@ impl proto::channel::channel_server::Channel for ChannelService {
         }
         tokio::spawn(async move {
             let _slot = slot;
-            let send = |m: ControllerMessage| tx.send(Ok(m));
+            // An agent that stops reading (its connection still answering pings) is dropped
+            // once a message waits for three heartbeat intervals, not waited on forever.
+            let send = |m: ControllerMessage| tx.send_timeout(Ok(m), silence);
             let peers_msg = |p: &Arc<proto::PeerAgents>| ControllerMessage {
                 kind: Some(controller_message::Kind::Peers(p.as_ref().clone())),
             };
@@ -450,7 +484,7 @@ impl proto::channel::channel_server::Channel for ChannelService {
                 for m in initial {
                     send(m).await?;
                 }
-                Ok::<_, mpsc::error::SendError<_>>(())
+                Ok::<_, mpsc::error::SendTimeoutError<_>>(())
             };
             let mut why = "the agent left";
             if sent_initial.await.is_ok() {
@@ -494,7 +528,7 @@ impl proto::channel::channel_server::Channel for ChannelService {
                             let now_revoked = s.peer.serial.as_ref().is_some_and(|serial| revoked.borrow_and_update().contains(serial));
                             if now_revoked {
                                 controller.refusals.refuse(Refusal::Revoked, &s.peer_name(), "its certificate was revoked: the stream is closed");
-                                let _ = tx.send(Err(Status::permission_denied("this certificate was revoked"))).await;
+                                let _ = tx.try_send(Err(Status::permission_denied("this certificate was revoked")));
                                 why = "its certificate was revoked";
                                 break;
                             }

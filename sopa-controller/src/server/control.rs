@@ -30,6 +30,8 @@ fn to_status(e: FabricError) -> Status {
 pub struct ControlService {
     pub controller: Arc<Controller>,
     pub deny: DenyList,
+    /// Served over TLS: a request without a verified identity is refused.
+    pub require_identity: bool,
 }
 
 impl ControlService {
@@ -46,6 +48,11 @@ impl ControlService {
             .cloned()
             .unwrap_or_default();
         let refusals = &self.controller.refusals;
+        if self.require_identity && peer.identity.is_none() {
+            let status = Status::unauthenticated("no verified certificate on this connection");
+            refusals.refuse(Refusal::NoIdentity, &peer, status.message());
+            return Err(status);
+        }
         if let Some(serial) = &peer.serial
             && self.deny.contains(serial)
         {

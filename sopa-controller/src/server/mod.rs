@@ -436,9 +436,11 @@ pub async fn serve(
         // and its connection closed by unanswered HTTP/2 pings, not after TCP's 15 minutes.
         .http2_keepalive_interval(Some(sopa_channel::client::KEEPALIVE))
         .http2_keepalive_timeout(Some(sopa_channel::client::KEEPALIVE));
+    let require_identity = tls.is_some();
     let channel = proto::channel::channel_server::ChannelServer::new(ChannelService {
         controller: Arc::clone(&controller),
         deny: deny.clone(),
+        require_identity,
     })
     .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
     .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
@@ -460,10 +462,13 @@ pub async fn serve(
         controller.limits,
         Arc::clone(&controller.refusals),
     );
-    let control =
-        proto::control::control_server::ControlServer::new(ControlService { controller, deny })
-            .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
+    let control = proto::control::control_server::ControlServer::new(ControlService {
+        controller,
+        deny,
+        require_identity,
+    })
+    .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
+    .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
     builder
         .add_service(channel)
         .add_service(control)
