@@ -220,33 +220,21 @@ async fn hosts_stay_live_for_a_grace_period_after_the_start_and_after_their_agen
 /// controller counts it gone after three of its heartbeat intervals, and tells the others.
 #[tokio::test]
 async fn an_agent_that_falls_silent_is_gone_after_three_missed_heartbeats() {
-    use sopa_channel::proto::{
-        AgentMessage, Hello, agent_message, channel::channel_client::ChannelClient,
-    };
+    use sopa_channel::proto::Hello;
     let c = start_controller(18, "127.0.0.1:0").await;
-    let mut client = ChannelClient::connect(format!("http://{}", c.addr))
-        .await
-        .unwrap();
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    // The controller hears the hello after this instant, and nothing after the hello.
+    // The controller hears the hello after this instant, and nothing after the hello: the
+    // stream stays open (tx is kept), and nothing more is sent.
     let hello_sent = std::time::Instant::now();
-    tx.send(AgentMessage {
-        kind: Some(agent_message::Kind::Hello(Hello {
+    let (tx, _inbound) = common::open_raw(
+        c.addr,
+        Hello {
             node: "h6".into(),
             role: 1,
             heartbeat_ms: 200,
             ..Hello::default()
-        })),
-    })
-    .await
-    .unwrap();
-    // The stream stays open (tx is kept), and nothing more is sent.
-    let mut inbound = client
-        .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
-    inbound.message().await.unwrap().unwrap();
+        },
+    )
+    .await;
     until("h6 connected", || {
         c.controller.agents().get("h6").is_some_and(|r| r.connected)
     })
@@ -356,9 +344,7 @@ async fn a_restarted_controller_keeps_every_change_and_continues_the_versions() 
 /// ends, and `status` shows it held meanwhile.
 #[tokio::test]
 async fn a_flapping_port_is_held_down_until_its_hold_ends() {
-    use sopa_channel::proto::{
-        AgentMessage, Hello, LinkReport, agent_message, channel::channel_client::ChannelClient,
-    };
+    use sopa_channel::proto::{AgentMessage, Hello, LinkReport, agent_message};
     use sopa_controller::{damping::DampingConfig, fabric::Fabric};
     use sopa_topology::topology::TopologySpec;
     let c = common::start_controller_fabric(
@@ -374,26 +360,16 @@ async fn a_flapping_port_is_held_down_until_its_hold_ends() {
         },
     )
     .await;
-    let mut client = ChannelClient::connect(format!("http://{}", c.addr))
-        .await
-        .unwrap();
-    let (tx, rx) = tokio::sync::mpsc::channel(16);
-    tx.send(AgentMessage {
-        kind: Some(agent_message::Kind::Hello(Hello {
+    let (tx, _inbound) = common::open_raw(
+        c.addr,
+        Hello {
             node: "e0".into(),
             role: 2,
             heartbeat_ms: 60_000,
             ..Hello::default()
-        })),
-    })
-    .await
-    .unwrap();
-    let mut inbound = client
-        .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
-    inbound.message().await.unwrap().unwrap();
+        },
+    )
+    .await;
     let report = |down| AgentMessage {
         kind: Some(agent_message::Kind::Report(LinkReport {
             a: "e0".into(),

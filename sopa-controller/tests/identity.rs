@@ -8,7 +8,6 @@ mod common;
 use std::{
     net::Ipv4Addr,
     path::{Path, PathBuf},
-    time::Duration,
 };
 
 use common::{Log, Lost, Running, last_version, spawn_agent_watched, start_controller_tls, until};
@@ -445,18 +444,20 @@ async fn one_session_per_identity_and_a_bounded_number_of_sessions() {
         assert_eq!(first.unwrap_err().code(), tonic::Code::ResourceExhausted);
     })
     .await;
-    // One leaves: the slot is free again.
+    // One leaves: once the controller has seen it go, its slot serves the next agent.
     held.pop();
-    let mut served = false;
-    for _ in 0..100 {
-        let (first, _tx, _in) = open_stream(&c, &h3, hello("h3", Claimed::Host)).await;
-        if first.is_ok() {
-            served = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(served, "a freed slot serves the next agent");
+    until("h2's session ended", || {
+        c.controller
+            .agents()
+            .get("h2")
+            .is_some_and(|r| !r.connected)
+    })
+    .await;
+    let (first, _tx, _in) = open_stream(&c, &h3, hello("h3", Claimed::Host)).await;
+    assert!(
+        first.is_ok(),
+        "a freed slot serves the next agent: {first:?}"
+    );
     c.stop().await;
 }
 

@@ -469,7 +469,6 @@ impl proto::channel::channel_server::Channel for ChannelService {
             controller.host_session(&s.name, session, true);
         }
         tokio::spawn(async move {
-            let _slot = slot;
             // An agent that stops reading (its connection still answering pings) is dropped
             // once a message waits for three heartbeat intervals, not waited on forever.
             let send = |m: ControllerMessage| tx.send_timeout(Ok(m), silence);
@@ -551,6 +550,9 @@ impl proto::channel::channel_server::Channel for ChannelService {
                     }
                 }
             }
+            // The slot is free before the record says so: a client that sees the agent gone
+            // finds room for the next one.
+            drop(slot);
             controller.record(&s.node, session, |r| r.connected = false);
             if is_host {
                 controller.host_session(&s.name, session, false);

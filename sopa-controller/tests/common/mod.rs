@@ -313,6 +313,36 @@ pub fn spawn_agent_watched(
     (log, lost, tx)
 }
 
+/// A raw agent stream to a plaintext controller: says `hello`, reads the first message, and
+/// returns the sender (keep it: the stream lasts as long) and the inbound stream.
+pub async fn open_raw(
+    addr: std::net::SocketAddr,
+    hello: sopa_channel::proto::Hello,
+) -> (
+    tokio::sync::mpsc::Sender<sopa_channel::proto::AgentMessage>,
+    tonic::Streaming<sopa_channel::proto::ControllerMessage>,
+) {
+    use sopa_channel::proto::{
+        AgentMessage, agent_message, channel::channel_client::ChannelClient,
+    };
+    let mut client = ChannelClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tx.send(AgentMessage {
+        kind: Some(agent_message::Kind::Hello(hello)),
+    })
+    .await
+    .unwrap();
+    let mut inbound = client
+        .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    inbound.message().await.unwrap().unwrap();
+    (tx, inbound)
+}
+
 pub async fn until(what: &str, mut f: impl FnMut() -> bool) {
     for _ in 0..500 {
         if f() {
