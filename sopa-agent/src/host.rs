@@ -676,9 +676,18 @@ async fn hand_over(node: &str, run_dir: &Path, live: &Record) -> Result<Record> 
         match record {
             Some(r) if r.pid == pid && r.is_live() => {}
             Some(r) if r.kept_attached => return Ok(r),
+            Some(r) if r.pid == pid => {
+                // It ended some other way (its teardown failed, or it was killed): what it
+                // left is adopted or restored as after a crash, as any start would.
+                warn!(
+                    pid,
+                    "the running agent exited without marking its datapath handed over; taking what it left as after a crash"
+                );
+                return Ok(r);
+            }
             Some(r) => {
                 return Err(Error::Config(format!(
-                    "agent {pid} of node {node} exited without handing over its datapath (pid in the record: {})",
+                    "agent {pid} of node {node} exited and agent {} now holds the node; stop it first or start with --takeover again",
                     r.pid
                 )));
             }

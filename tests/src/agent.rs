@@ -70,8 +70,14 @@ impl Agent {
         Self::spawn(ns, node, iface, &source, dir)
     }
 
+    /// A directory of this launch's own (its path table, its log): two agents of one node
+    /// (an upgrade, a takeover, one refused) each keep theirs, and dropping one leaves the
+    /// other's log readable.
     fn dir(node: &str) -> Result<std::path::PathBuf> {
-        let dir = std::env::temp_dir().join(format!("sopa-testbed-{node}"));
+        static LAUNCHES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("sopa-testbed-{node}-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir)
             .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
         Ok(dir)
@@ -106,10 +112,7 @@ impl Agent {
             iface,
         ];
         full.extend_from_slice(source);
-        // A log of its own: two agents of one node (an upgrade, a takeover) each keep theirs.
-        static LAUNCHES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let log = dir.join(format!("agent-{n}.log"));
+        let log = dir.join("agent.log");
         let process = Process::spawn(None, &bins::sopa_agent(), &full, &log)?;
         Ok(Self {
             node: node.to_owned(),
@@ -119,7 +122,7 @@ impl Agent {
     }
 
     /// Waits until the agent has attached and recorded its programs.
-    fn wait_up(&mut self) -> Result<()> {
+    pub fn wait_up(&mut self) -> Result<()> {
         let node = self.node.clone();
         let agent = self;
         let deadline = Instant::now() + Duration::from_secs(20);

@@ -375,14 +375,75 @@ fn a_newer_agent_started_beside_the_running_one_takes_over_without_losing_a_prob
         r.received.len(),
         window.end - window.start
     );
-    assert!(exited.success(), "the old agent exits 0 after handing over");
+    assert!(
+        exited.success(),
+        "the old agent exits 0 after handing over ({exited}); its log:\n{}",
+        old.process.log_text()
+    );
     assert_eq!(lost, 0, "no probe packet lost across the takeover");
     assert_eq!(stamped, udp, "stamped all along");
     let st = new.status().unwrap();
-    assert_eq!(st["adopted"]["how"], "kept attached", "{st:#}");
+    assert_eq!(
+        st["adopted"]["how"],
+        "kept attached",
+        "{st:#}\nthe old agent's log:\n{}",
+        old.process.log_text()
+    );
     assert_eq!(st["adopted"]["stamp_prog_replaced"], stamp_before);
     assert_eq!(st["adopted"]["strip_prog_replaced"], strip_before);
     // The new agent owns everything now: a plain stop restores the host.
+    assert_eq!(new.stop(), Some(0));
+    assert_eq!(arb.a.ip(&["route"]).unwrap(), routes_before);
+    assert!(!pin_dir(arb.a.name()).exists());
+}
+
+/// A running agent that dies instead of handing over (stopped, then killed, while the new
+/// agent waits for it) leaves a datapath the new agent adopts as after a crash: the takeover
+/// still succeeds, and the record says how it went.
+#[test]
+fn a_takeover_whose_running_agent_dies_instead_adopts_what_it_left() {
+    let _serial = one_at_a_time();
+    let arb = Arb::new("d").expect("build A - R - B");
+    let routes_before = arb.a.ip(&["route"]).unwrap();
+    let _cleanup = DetachOnDrop {
+        ns: &arb.a,
+        node: arb.a.name().to_owned(),
+    };
+    let _b = start_b(&arb);
+    let old = start_a(&arb, &["--no-metrics"]);
+    let old_pid = old.process.pid();
+    let (stamp_before, strip_before) = prog_ids(&old);
+    // Stopped, it cannot take the SIGUSR1 the new agent sends.
+    // SAFETY: signalling our own child by its PID.
+    assert_eq!(unsafe { libc::kill(old_pid as i32, libc::SIGSTOP) }, 0);
+    let mut new = Agent::launch(
+        &arb.a,
+        arb.a.name(),
+        &arb.a_if,
+        &Arb::path_table(B_PREFIX, PATHS),
+        &["--no-metrics", "--takeover"],
+    )
+    .expect("the new agent");
+    assert!(
+        new.wait_log("asking the running agent to hand", Duration::from_secs(20)),
+        "{}",
+        new.log()
+    );
+    old.kill();
+    new.wait_up()
+        .unwrap_or_else(|e| panic!("the new agent did not take over: {e}"));
+    let st = new.status().unwrap();
+    assert_eq!(st["adopted"]["how"], "crashed", "{st:#}");
+    assert_eq!(st["adopted"]["pid"], old_pid, "{st:#}");
+    assert_eq!(st["adopted"]["stamp_prog_replaced"], stamp_before);
+    assert_eq!(st["adopted"]["strip_prog_replaced"], strip_before);
+    assert!(
+        new.log()
+            .contains("exited without marking its datapath handed over"),
+        "{}",
+        new.log()
+    );
+    // Everything the dead agent changed is the new one's to restore.
     assert_eq!(new.stop(), Some(0));
     assert_eq!(arb.a.ip(&["route"]).unwrap(), routes_before);
     assert!(!pin_dir(arb.a.name()).exists());
@@ -591,6 +652,7 @@ fn failed_upgrade(arb: &Arb, paths_toml: &str, extra: &[&str]) -> (i32, String) 
         .args(&args)
         .output()
         .expect("sopa-agent run");
+    let _ = std::fs::remove_dir_all(&dir);
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -598,7 +660,7 @@ fn failed_upgrade(arb: &Arb, paths_toml: &str, extra: &[&str]) -> (i32, String) 
 }
 
 fn tempfile_dir(arb: &Arb) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("sopa-testbed-{}", arb.a.name()));
+    let dir = std::env::temp_dir().join(format!("sopa-testbed-upgrade-{}", arb.a.name()));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
