@@ -2,6 +2,10 @@
 //! what the controller sends through an [`Applier`], acknowledge or reject every version, keep
 //! heartbeats both ways, and reconnect with jittered exponential backoff (0.5 s to 30 s). While
 //! the controller is away nothing is undone: the agent keeps its last good state.
+//!
+//! The controller address may list replicas (`https://c1:7470,https://c2:7470`): each attempt
+//! tries them in turn, starting with the one that served last, and only when none serves does
+//! the backoff apply. Replicas that do not lead do not listen.
 
 use std::time::Duration;
 
@@ -102,7 +106,14 @@ pub fn backoff(cfg: &ClientConfig, attempt: u32, jitter: f64) -> Duration {
 enum End {
     Shutdown,
     Lost(String),
+    /// No controller of the list took the connection (none listens: with replicas, an
+    /// election is under way).
+    NoneListens(String),
 }
+
+/// With replicas, how long an agent that finds none listening keeps retrying at the shortest
+/// backoff (refused connections cost the controllers nothing) before the backoff grows again.
+pub const ELECTION_RETRY_FOR: Duration = Duration::from_secs(10);
 
 /// Runs the channel until `shutdown` turns true.
 pub async fn run<A: Applier>(cfg: ClientConfig, applier: &mut A, shutdown: watch::Receiver<bool>) {
@@ -120,19 +131,49 @@ pub async fn run_with_reports<A: Applier, R: Into<agent_message::Kind> + Send>(
 ) {
     let mut attempt = 0u32;
     let mut jitter = Jitter::new();
+    let mut preferred = 0usize;
+    let replicas = endpoints(&cfg.endpoint).len() > 1;
+    let mut none_listen_since: Option<tokio::time::Instant> = None;
     loop {
         let started = tokio::time::Instant::now();
-        match session(&cfg, applier, &mut shutdown, reports.as_mut()).await {
+        match session(
+            &cfg,
+            applier,
+            &mut shutdown,
+            reports.as_mut(),
+            &mut preferred,
+        )
+        .await
+        {
             End::Shutdown => return,
-            End::Lost(why) => {
+            end => {
+                let (why, none_listens) = match end {
+                    End::NoneListens(why) => (why, true),
+                    End::Lost(why) => (why, false),
+                    End::Shutdown => return,
+                };
                 applier.connected(false);
                 applier.lost(&why);
                 // A session that lived a while resets the backoff.
                 if started.elapsed() > cfg.max_backoff {
                     attempt = 0;
                 }
-                let delay = backoff(&cfg, attempt, jitter.factor());
-                attempt = attempt.saturating_add(1);
+                // Replicas none of which listens: a leader is being elected. Try again at the
+                // shortest backoff for a while, so that every agent finds the new leader soon
+                // after it serves.
+                if !none_listens {
+                    none_listen_since = None;
+                }
+                let electing = replicas
+                    && none_listens
+                    && none_listen_since.get_or_insert(started).elapsed() < ELECTION_RETRY_FOR;
+                let delay = if electing {
+                    backoff(&cfg, 0, jitter.factor())
+                } else {
+                    let d = backoff(&cfg, attempt, jitter.factor());
+                    attempt = attempt.saturating_add(1);
+                    d
+                };
                 warn!(reason = %why, retry_in_ms = delay.as_millis() as u64, "controller unreachable; keeping the last good state");
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
@@ -183,16 +224,56 @@ pub async fn connect(
         .map_err(|e| format!("connecting to {endpoint}: {}", source_chain(&e)))
 }
 
+/// The controllers an address list names (`ADDR[,ADDR...]`), in order.
+pub fn endpoints(list: &str) -> Vec<&str> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .collect()
+}
+
+/// Connects to the first controller of `list` that answers, trying them in turn from
+/// `*first`; returns the channel and the index of the one that answered.
+pub async fn connect_any(
+    list: &str,
+    tls: Option<&ClientTlsConfig>,
+    first: usize,
+) -> Result<(tonic::transport::Channel, usize), String> {
+    let all = endpoints(list);
+    if all.is_empty() {
+        return Err(format!("no controller address in {list:?}"));
+    }
+    let mut errors = Vec::new();
+    for i in 0..all.len() {
+        let idx = (first + i) % all.len();
+        match connect(all[idx], tls).await {
+            Ok(c) => return Ok((c, idx)),
+            Err(e) => errors.push(e),
+        }
+    }
+    Err(errors.join("; "))
+}
+
+/// How long opening the stream may take: a controller that accepts connections but does not
+/// answer (stopped, hung) is left for the next one.
+fn open_timeout(cfg: &ClientConfig) -> Duration {
+    (cfg.heartbeat * 3).max(Duration::from_secs(2))
+}
+
 async fn session<A: Applier, R: Into<agent_message::Kind>>(
     cfg: &ClientConfig,
     applier: &mut A,
     shutdown: &mut watch::Receiver<bool>,
     mut reports: Option<&mut mpsc::Receiver<R>>,
+    preferred: &mut usize,
 ) -> End {
-    let channel = match connect(&cfg.endpoint, cfg.tls.as_ref()).await {
+    let (channel, idx) = match connect_any(&cfg.endpoint, cfg.tls.as_ref(), *preferred).await {
         Ok(c) => c,
-        Err(e) => return End::Lost(e),
+        Err(e) => return End::NoneListens(e),
     };
+    // Until the stream is open, the next attempt starts with the next controller.
+    *preferred = idx + 1;
+    let endpoint = endpoints(&cfg.endpoint)[idx].to_owned();
     let mut client = proto::channel::channel_client::ChannelClient::new(channel)
         .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
@@ -210,12 +291,25 @@ async fn session<A: Applier, R: Into<agent_message::Kind>>(
         })),
     };
     let _ = tx.send(hello).await;
-    let mut inbound = match client.stream(ReceiverStream::new(rx)).await {
-        Ok(r) => r.into_inner(),
-        Err(status) => return End::Lost(format!("opening the stream: {}", status_chain(&status))),
+    let opened = tokio::time::timeout(open_timeout(cfg), client.stream(ReceiverStream::new(rx)));
+    let mut inbound = match opened.await {
+        Ok(Ok(r)) => r.into_inner(),
+        Ok(Err(status)) => {
+            return End::Lost(format!(
+                "opening the stream at {endpoint}: {}",
+                status_chain(&status)
+            ));
+        }
+        Err(_) => {
+            return End::Lost(format!(
+                "{endpoint} accepted the connection but did not open the stream within {} ms",
+                open_timeout(cfg).as_millis()
+            ));
+        }
     };
+    *preferred = idx;
     applier.connected(true);
-    info!(endpoint = %cfg.endpoint, epoch, version, "connected to the controller");
+    info!(%endpoint, epoch, version, "connected to the controller");
     let mut tick = tokio::time::interval(cfg.heartbeat);
     let silence = cfg.heartbeat * 3;
     let mut last_heard = tokio::time::Instant::now();

@@ -4,6 +4,12 @@
 //! the time from that call until each agent has applied the new version (the moment before it
 //! sends its ACK), over several rounds, and the controller's memory. Every ACK is then
 //! confirmed at the controller, untimed.
+//!
+//! The failover row: two controller replicas on one etcd (the distribution's `etcd`), every
+//! agent given both; the leader is killed (SIGKILL: its lease runs out, nothing resigns), and
+//! the row gives p50 / p99 / max of the time from the kill until each agent's stream to the
+//! new leader was open again (up to date, it needs no snapshot), and the time until the new
+//! leader served. A change through the new leader then reaches every agent, untimed.
 
 use std::{
     process::{Child, Command, Stdio},
@@ -26,6 +32,8 @@ struct Sim {
     version: u64,
     index: usize,
     applied: Arc<Mutex<Vec<(u64, Instant)>>>,
+    /// When each agent's stream last opened.
+    connected: Arc<Mutex<Vec<Option<Instant>>>>,
 }
 
 impl Applier for Sim {
@@ -47,6 +55,12 @@ impl Applier for Sim {
 
     fn position(&self) -> (u64, u64) {
         (self.epoch, self.version)
+    }
+
+    fn connected(&mut self, up: bool) {
+        if up {
+            self.connected.lock().unwrap()[self.index] = Some(Instant::now());
+        }
     }
 }
 
@@ -129,6 +143,230 @@ fn main() {
     println!(
         "(time from the operator's link-down call until each agent had applied the delta, just before its ACK; every ACK then confirmed at the controller, untimed)"
     );
+    let k = *sizes.last().unwrap();
+    let ttl: u64 = std::env::args()
+        .skip_while(|a| a != "--lease-ttl-s")
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    println!();
+    println!(
+        "{:<14} {:>6} {:>8} {:>12} {:>10} {:>10} {:>10}",
+        "failover", "agents", "lease s", "leader ms", "p50 ms", "p99 ms", "max ms"
+    );
+    runtime.block_on(failover(&bin, k, ttl));
+    println!(
+        "(two replicas on one etcd member; the leader SIGKILLed; times from the kill until the new leader served, and until each agent's stream to it was open again; a change then reached every agent, untimed)"
+    );
+}
+
+/// The child processes of a run, killed on drop.
+struct Children(Vec<Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn failover(bin: &std::path::Path, k: u32, ttl: u64) {
+    let n = (k * k * k / 4) as usize;
+    let dir = std::env::temp_dir().join(format!("sopa-bench-failover-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let spec = dir.join(format!("k{k}.toml"));
+    std::fs::write(&spec, format!("[topology]\nkind = \"fat-tree\"\nk = {k}\n")).unwrap();
+    let (client, peer) = (free_port(), free_port());
+    let etcd_log = dir.join("etcd.log");
+    let etcd = Command::new("etcd")
+        .args([
+            "--name",
+            "m0",
+            "--data-dir",
+            dir.join("etcd").to_str().unwrap(),
+            "--listen-client-urls",
+            &format!("http://127.0.0.1:{client}"),
+            "--advertise-client-urls",
+            &format!("http://127.0.0.1:{client}"),
+            "--listen-peer-urls",
+            &format!("http://127.0.0.1:{peer}"),
+            "--initial-advertise-peer-urls",
+            &format!("http://127.0.0.1:{peer}"),
+            "--initial-cluster",
+            &format!("m0=http://127.0.0.1:{peer}"),
+            "--logger",
+            "zap",
+        ])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&etcd_log).unwrap())
+        .spawn()
+        .expect("etcd is missing: `cargo xtask setup` installs it (Debian's etcd-server)");
+    let mut children = Children(vec![etcd]);
+    let t = Instant::now();
+    while !std::fs::read_to_string(&etcd_log)
+        .unwrap_or_default()
+        .contains("serving client traffic")
+    {
+        assert!(t.elapsed() < Duration::from_secs(30), "etcd did not serve");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let store = format!("etcd:127.0.0.1:{client}");
+    let listens = [free_port(), free_port()].map(|p| format!("127.0.0.1:{p}"));
+    let replica = |i: usize| {
+        Command::new(bin)
+            .args([
+                "--topology",
+                spec.to_str().unwrap(),
+                "--listen",
+                &listens[i],
+                "--insecure",
+                "--store",
+                &store,
+                "--name",
+                &format!("r{i}"),
+                "--lease-ttl-s",
+                &ttl.to_string(),
+            ])
+            .env("SOPA_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let urls: Vec<String> = listens.iter().map(|l| format!("http://{l}")).collect();
+    // r0 first: it leads once it serves; then r1, which waits.
+    children.0.push(replica(0));
+    let mut control = loop {
+        match ControlClient::connect(urls[0].clone()).await {
+            Ok(c) => break c,
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    children.0.push(replica(1));
+    let list = urls.join(",");
+    let applied = Arc::new(Mutex::new(vec![(0u64, Instant::now()); n]));
+    let connected = Arc::new(Mutex::new(vec![None; n]));
+    let (stop, stopped) = watch::channel(false);
+    for i in 0..n {
+        let mut cfg = ClientConfig::new(list.clone(), format!("h{i}"), Role::Host);
+        cfg.heartbeat = Duration::from_secs(1);
+        let mut sim = Sim {
+            epoch: 0,
+            version: 0,
+            index: i,
+            applied: Arc::clone(&applied),
+            connected: Arc::clone(&connected),
+        };
+        let stopped = stopped.clone();
+        tokio::spawn(async move { client::run(cfg, &mut sim, stopped).await });
+    }
+    let all_at = |v: u64| applied.lock().unwrap().iter().all(|(ver, _)| *ver >= v);
+    let t = Instant::now();
+    while !all_at(1) {
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "agents did not all connect"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let version = control
+        .set_link(LinkChange {
+            link: Some(LinkRef {
+                a: "e0".into(),
+                b: "a0".into(),
+            }),
+            down: true,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .version;
+    while !all_at(version) {
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "not every agent got version {version}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The leader dies without a word.
+    let _ = children.0[1].kill();
+    let _ = children.0[1].wait();
+    let killed = Instant::now();
+    let mut control = loop {
+        match ControlClient::connect(urls[1].clone()).await {
+            Ok(c) => break c,
+            Err(_) => {
+                assert!(
+                    killed.elapsed() < Duration::from_secs(60),
+                    "no replica took over"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    let served = killed.elapsed().as_secs_f64() * 1e3;
+    let back = |c: &Vec<Option<Instant>>| c.iter().all(|t| t.is_some_and(|t| t > killed));
+    while !back(&connected.lock().unwrap()) {
+        assert!(
+            killed.elapsed() < Duration::from_secs(120),
+            "not every agent came back"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut times: Vec<f64> = connected
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|t| t.unwrap().duration_since(killed).as_secs_f64() * 1e3)
+        .collect();
+    times.sort_by(f64::total_cmp);
+    // Up to date across the failover, and the new leader's next change reaches everyone.
+    let next = control
+        .set_link(LinkChange {
+            link: Some(LinkRef {
+                a: "e0".into(),
+                b: "a0".into(),
+            }),
+            down: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .version;
+    assert_eq!(next, version + 1, "the versions continue across leaders");
+    let t = Instant::now();
+    while !all_at(next) {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "not every agent got version {next}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    println!(
+        "{:<14} {:>6} {:>8} {:>12.0} {:>10.0} {:>10.0} {:>10.0}",
+        format!("Fat-Tree k={k}"),
+        n,
+        ttl,
+        served,
+        percentile(&times, 0.5),
+        percentile(&times, 0.99),
+        times.last().copied().unwrap_or(0.0),
+    );
+    let _ = stop.send(true);
+    drop(children);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 async fn run(bin: &std::path::Path, k: u32, rounds: usize) {
@@ -170,6 +408,7 @@ async fn run(bin: &std::path::Path, k: u32, rounds: usize) {
         }
     };
     let applied = Arc::new(Mutex::new(vec![(0u64, Instant::now()); n]));
+    let connected = Arc::new(Mutex::new(vec![None; n]));
     let (stop, stopped) = watch::channel(false);
     for i in 0..n {
         let mut cfg = ClientConfig::new(url.clone(), format!("h{i}"), Role::Host);
@@ -179,6 +418,7 @@ async fn run(bin: &std::path::Path, k: u32, rounds: usize) {
             version: 0,
             index: i,
             applied: Arc::clone(&applied),
+            connected: Arc::clone(&connected),
         };
         let stopped = stopped.clone();
         tokio::spawn(async move { client::run(cfg, &mut sim, stopped).await });

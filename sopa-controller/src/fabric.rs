@@ -43,6 +43,7 @@ struct SpecFile {
 /// How many deltas the controller keeps for agents catching up.
 pub const HISTORY: usize = 4096;
 
+#[derive(Clone)]
 pub struct Fabric {
     spec_json: String,
     /// Shared, so work that needs the topology (a Hedera round) runs without the fabric's lock.

@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod certs;
 pub mod damping;
+pub mod election;
 pub mod fabric;
 pub mod hedera;
 pub mod server;

@@ -20,7 +20,7 @@ async fn snapshot_then_deltas_reach_every_agent_in_order() {
     })
     .await;
     for (a, b, down) in [("e0", "a0", true), ("a0", "c0", true), ("e0", "a0", false)] {
-        c.controller.set_link(a, b, down).unwrap();
+        c.controller.set_link(a, b, down).await.unwrap();
     }
     until("version 4 everywhere", || {
         agents.iter().all(|(log, _)| last_version(log) == 4)
@@ -57,9 +57,9 @@ async fn a_nack_keeps_the_last_good_state() {
     let c = start_controller(12, "127.0.0.1:0").await;
     let (log, _stop) = spawn_agent(c.addr, "h5", vec![3], vec![]);
     until("snapshot", || last_version(&log) == 1).await;
-    c.controller.set_link("e0", "a0", true).unwrap();
+    c.controller.set_link("e0", "a0", true).await.unwrap();
     until("version 2", || last_version(&log) == 2).await;
-    c.controller.set_link("e0", "a1", true).unwrap();
+    c.controller.set_link("e0", "a1", true).await.unwrap();
     until("the NACK of 3", || {
         c.controller.agents()["h5"].last_nack == 3
     })
@@ -69,7 +69,7 @@ async fn a_nack_keeps_the_last_good_state() {
     assert_eq!(record.applied_version, 2, "the agent keeps version 2");
     assert_eq!(last_version(&log), 2);
     // The next version does not build on what the agent has: it resyncs and catches up.
-    c.controller.set_link("a0", "c0", true).unwrap();
+    c.controller.set_link("a0", "c0", true).await.unwrap();
     until("version 4 after resync", || last_version(&log) == 4).await;
     let seen: Vec<u64> = log.lock().unwrap().iter().map(|e| e.2).collect();
     assert_eq!(
@@ -85,9 +85,9 @@ async fn a_version_gap_triggers_a_resync() {
     let c = start_controller(13, "127.0.0.1:0").await;
     let (log, _stop) = spawn_agent(c.addr, "h6", vec![], vec![2]);
     until("snapshot", || last_version(&log) == 1).await;
-    c.controller.set_link("e0", "a0", true).unwrap(); // version 2: lost on the way
+    c.controller.set_link("e0", "a0", true).await.unwrap(); // version 2: lost on the way
     tokio::time::sleep(Duration::from_millis(100)).await;
-    c.controller.set_link("e0", "a1", true).unwrap(); // version 3: a gap
+    c.controller.set_link("e0", "a1", true).await.unwrap(); // version 3: a gap
     until("version 3", || last_version(&log) == 3).await;
     let seen: Vec<(&str, u64)> = log.lock().unwrap().iter().map(|e| (e.0, e.2)).collect();
     assert_eq!(
@@ -104,7 +104,7 @@ async fn a_restarted_controller_sends_a_fresh_snapshot() {
     let addr = c.addr;
     let (log, _stop) = spawn_agent(addr, "h7", vec![], vec![]);
     until("snapshot", || last_version(&log) == 1).await;
-    c.controller.set_link("e0", "a0", true).unwrap();
+    c.controller.set_link("e0", "a0", true).await.unwrap();
     until("version 2", || last_version(&log) == 2).await;
     c.stop().await;
     // Away for a while: the agent keeps its state and retries with backoff.
@@ -169,7 +169,7 @@ async fn the_channel_runs_over_a_unix_socket() {
         vec![],
     );
     until("snapshot over the socket", || last_version(&log) == 1).await;
-    c.controller.set_link("e0", "a0", true).unwrap();
+    c.controller.set_link("e0", "a0", true).await.unwrap();
     until("delta over the socket", || last_version(&log) == 2).await;
     c.stop().await;
     let _ = std::fs::remove_file(&path);
@@ -272,24 +272,28 @@ async fn a_restarted_controller_keeps_every_change_and_continues_the_versions() 
     std::fs::create_dir_all(&dir).unwrap();
     let store = Store::File(dir.join("state.json"));
     let start = |epoch: u64| {
-        let spec = TopologySpec::FatTree { k: 4 };
-        let fabric = match store.load().unwrap() {
-            Some(state) => Fabric::restore(spec, &state).unwrap(),
-            None => Fabric::new(spec, epoch).unwrap(),
-        };
-        common::start_controller_fabric(
-            fabric,
-            sopa_controller::server::Options {
-                store: store.clone(),
-                ..common::test_options()
-            },
-        )
+        let store = store.clone();
+        async move {
+            let spec = TopologySpec::FatTree { k: 4 };
+            let fabric = match store.load().await.unwrap() {
+                Some(state) => Fabric::restore(spec, &state).unwrap(),
+                None => Fabric::new(spec, epoch).unwrap(),
+            };
+            common::start_controller_fabric(
+                fabric,
+                sopa_controller::server::Options {
+                    store,
+                    ..common::test_options()
+                },
+            )
+            .await
+        }
     };
     let c = start(31).await;
     let (log, _stop) = spawn_agent(c.addr, "h2", vec![], vec![]);
     until("snapshot", || last_version(&log) == 1).await;
-    c.controller.set_link("e0", "a0", true).unwrap();
-    c.controller.set_switch("c1", true).unwrap();
+    c.controller.set_link("e0", "a0", true).await.unwrap();
+    c.controller.set_switch("c1", true).await.unwrap();
     until("both changes applied", || last_version(&log) == 3).await;
     c.stop().await;
 
@@ -307,7 +311,7 @@ async fn a_restarted_controller_keeps_every_change_and_continues_the_versions() 
     assert_eq!(s.down_switches, ["c1"]);
     let held = Fabric::restore(
         TopologySpec::FatTree { k: 4 },
-        &store.load().unwrap().unwrap(),
+        &store.load().await.unwrap().unwrap(),
     )
     .unwrap()
     .snapshot();
@@ -320,7 +324,7 @@ async fn a_restarted_controller_keeps_every_change_and_continues_the_versions() 
         c.controller.agents().get("h2").is_some_and(|r| r.connected)
     })
     .await;
-    c.controller.set_link("e0", "a0", false).unwrap();
+    c.controller.set_link("e0", "a0", false).await.unwrap();
     until("version 4", || last_version(&log) == 4).await;
     assert_eq!(
         *log.lock().unwrap(),
@@ -331,7 +335,7 @@ async fn a_restarted_controller_keeps_every_change_and_continues_the_versions() 
     // A store that cannot be written: the change is refused and nothing moves.
     std::fs::remove_dir_all(&dir).unwrap();
     std::fs::write(&dir, "a file where the state's folder was").unwrap();
-    let err = c.controller.set_link("e1", "a1", true).unwrap_err();
+    let err = c.controller.set_link("e1", "a1", true).await.unwrap_err();
     assert!(err.to_string().contains("not made durable"), "{err}");
     let s = c.controller.status();
     assert_eq!(s.version, 4);

@@ -65,6 +65,9 @@ pub struct FabricOptions {
     /// Also wire every host to one big switch (the non-blocking ideal), with links shaped like
     /// the fabric's: the `ideal` mode of the experiments routes the hosts through it.
     pub ideal: bool,
+    /// Controller replicas: 1 runs one controller with a state file; 2 or more run that many
+    /// replicas on a three-member etcd cluster (in a namespace of their own), one elected.
+    pub controllers: usize,
 }
 
 impl Default for FabricOptions {
@@ -74,6 +77,7 @@ impl Default for FabricOptions {
             queue_packets: 100,
             host_args: Vec::new(),
             ideal: false,
+            controllers: 1,
         }
     }
 }
@@ -83,6 +87,10 @@ pub struct Fabric {
     pub hosts: BTreeMap<NodeId, Agent>,
     switches: BTreeMap<String, Process>,
     controller: Option<Process>,
+    /// With replicas: the controllers, the etcd cluster they share, and their namespace.
+    replicas: Vec<Process>,
+    etcd: Option<crate::etcd::EtcdCluster>,
+    ctl_ns: Option<NetNs>,
     pub topo: Topology,
     pub prefix: String,
     pub socket: PathBuf,
@@ -111,6 +119,9 @@ impl Fabric {
             hosts: BTreeMap::new(),
             switches: BTreeMap::new(),
             controller: None,
+            replicas: Vec::new(),
+            etcd: None,
+            ctl_ns: None,
             socket: dir.join("controller.sock"),
             namespaces: BTreeMap::new(),
             host_ifaces: BTreeMap::new(),
@@ -308,8 +319,12 @@ impl Fabric {
             ),
         };
         std::fs::write(&spec, text).map_err(|e| Error::io("writing the topology spec", e))?;
-        self.start_controller()?;
-        let socket = format!("unix:{}", self.socket.display());
+        if opts.controllers > 1 {
+            self.start_replicas(opts.controllers)?;
+        } else {
+            self.start_controller()?;
+        }
+        let socket = self.controller_address();
         let g = self.topo.graph().clone();
         for node in g.nodes.iter().filter(|n| n.kind.is_switch()) {
             self.start_switch(&node.name)?;
@@ -380,6 +395,58 @@ impl Fabric {
         wait("the controller's socket", Duration::from_secs(10), || {
             self.socket.exists()
         })?;
+        Ok(())
+    }
+
+    /// Where agents and `sopactl` reach the controller: its socket, or every replica's.
+    pub fn controller_address(&self) -> String {
+        if self.replicas.is_empty() {
+            format!("unix:{}", self.socket.display())
+        } else {
+            replica_address(&self.dir, self.replicas.len())
+        }
+    }
+
+    /// Starts `n` controller replicas on a three-member etcd cluster, all in a namespace of
+    /// their own (`<prefix>-ctl`), each serving on a socket of its own; returns once one is
+    /// elected and serves.
+    pub fn start_replicas(&mut self, n: usize) -> Result<()> {
+        let ns = NetNs::new(&format!("{}-ctl", self.prefix))?;
+        let etcd = crate::etcd::EtcdCluster::start(&ns, &self.dir, 3)?;
+        let spec = self.dir.join("topology.toml");
+        let store = etcd.store_flag();
+        for i in 0..n {
+            let socket = format!("unix:{}", replica_socket(&self.dir, i).display());
+            let name = format!("replica-{i}");
+            self.replicas.push(Process::spawn(
+                Some(&ns),
+                &bins::sopa_controller(),
+                &[
+                    "--topology",
+                    spec.to_str().expect("utf-8"),
+                    "--listen",
+                    &socket,
+                    "--insecure",
+                    "--store",
+                    &store,
+                    "--name",
+                    &name,
+                    "--flap-limit",
+                    "0",
+                    "--heartbeat-ms",
+                    "500",
+                ],
+                &self.dir.join(format!("controller-{i}.log")),
+            )?);
+        }
+        self.etcd = Some(etcd);
+        self.ctl_ns = Some(ns);
+        // Only the elected replica binds its socket.
+        wait(
+            "an elected controller's socket",
+            Duration::from_secs(30),
+            || (0..n).any(|i| replica_socket(&self.dir, i).exists()),
+        )?;
         Ok(())
     }
 
@@ -533,9 +600,9 @@ impl Fabric {
         serde_json::from_slice(&out.stdout).map_err(|e| Error::Failed(e.to_string()))
     }
 
-    /// `sopactl ARGS --controller unix:SOCKET`.
+    /// `sopactl ARGS --controller unix:SOCKET` (every replica's socket, with replicas).
     pub fn sopactl(&self, args: &[&str]) -> Result<String> {
-        let socket = format!("unix:{}", self.socket.display());
+        let socket = self.controller_address();
         let out = std::process::Command::new(bins::sopactl())
             .args(args)
             .args(["--controller", &socket])
@@ -615,6 +682,10 @@ pub struct Detached {
     pub prefix: String,
     pub dir: PathBuf,
     pub socket: PathBuf,
+    /// Where agents and `sopactl` reach the controller (every replica's socket); empty for
+    /// the one controller on `socket`.
+    #[serde(default)]
+    pub controller: String,
     pub topology: String,
     /// Node name -> namespace.
     pub namespaces: BTreeMap<String, String>,
@@ -638,12 +709,28 @@ impl Fabric {
                 .map(Process::leak),
         );
         pids.extend(self.controller.take().map(Process::leak));
+        let controller = if self.replicas.is_empty() {
+            String::new()
+        } else {
+            self.controller_address()
+        };
+        pids.extend(
+            std::mem::take(&mut self.replicas)
+                .into_iter()
+                .map(Process::leak),
+        );
+        if let Some(etcd) = self.etcd.take() {
+            pids.extend(etcd.members.into_iter().flatten().map(Process::leak));
+        }
         let mut namespaces: BTreeMap<String, String> = std::mem::take(&mut self.namespaces)
             .into_iter()
             .map(|(id, ns)| (g.name(id).to_owned(), ns.leak()))
             .collect();
         if let Some(big) = self.ideal.take() {
             namespaces.insert("ideal".into(), big.leak());
+        }
+        if let Some(ctl) = self.ctl_ns.take() {
+            namespaces.insert("ctl".into(), ctl.leak());
         }
         let agents = g
             .nodes
@@ -654,6 +741,7 @@ impl Fabric {
             prefix: self.prefix.clone(),
             dir: self.dir.clone(),
             socket: self.socket.clone(),
+            controller,
             topology: self.topo.name(),
             namespaces,
             agents,
@@ -665,6 +753,15 @@ impl Fabric {
 }
 
 impl Detached {
+    /// Where `sopactl` reaches the controller.
+    pub fn controller_address(&self) -> String {
+        if self.controller.is_empty() {
+            format!("unix:{}", self.socket.display())
+        } else {
+            self.controller.clone()
+        }
+    }
+
     /// Stops every process (SIGTERM, then SIGKILL) and deletes every namespace and file.
     pub fn teardown(&self) {
         for &pid in &self.pids {
@@ -713,8 +810,24 @@ impl Drop for Fabric {
         }
         self.switches.clear();
         self.controller = None;
+        self.replicas.clear();
+        self.etcd = None;
+        self.ctl_ns = None;
         self.namespaces.clear();
         self.ideal = None;
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Replica `i`'s socket.
+fn replica_socket(dir: &std::path::Path, i: usize) -> PathBuf {
+    dir.join(format!("controller-{i}.sock"))
+}
+
+/// Every replica's socket, as a `--controller` list.
+fn replica_address(dir: &std::path::Path, n: usize) -> String {
+    (0..n)
+        .map(|i| format!("unix:{}", replica_socket(dir, i).display()))
+        .collect::<Vec<_>>()
+        .join(",")
 }

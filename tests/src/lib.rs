@@ -6,6 +6,8 @@ pub mod agent;
 pub mod arb;
 pub mod bins;
 pub mod capture;
+pub mod controller_fabric;
+pub mod etcd;
 pub mod experiment;
 pub mod fabric;
 pub mod figures;

@@ -123,6 +123,17 @@ impl NetNs {
     /// Whether a TCP socket listens on `port` in this namespace (IPv4 or IPv6), from the
     /// kernel's socket tables: a server is waited for by this, not by a sleep.
     pub fn tcp_listening(&self, port: u16) -> Result<bool> {
+        self.tcp_in_state(port, "0A")
+    }
+
+    /// Whether a connection to local `port` is established in this namespace (the kernel
+    /// completes it even while the server is stopped: it waits in the accept queue).
+    pub fn tcp_established(&self, port: u16) -> Result<bool> {
+        self.tcp_in_state(port, "01")
+    }
+
+    /// Whether a TCP socket of local `port` is in `state` (the kernel's hex code).
+    fn tcp_in_state(&self, port: u16, state: &str) -> Result<bool> {
         let suffix = format!(":{port:04X}");
         self.run(|| {
             ["tcp", "tcp6"].iter().any(|t| {
@@ -132,8 +143,8 @@ impl NetNs {
                     .skip(1)
                     .any(|l| {
                         let f: Vec<&str> = l.split_whitespace().collect();
-                        // local_address, then the state: 0A is LISTEN.
-                        f.len() > 3 && f[1].ends_with(&suffix) && f[3] == "0A"
+                        // local_address, remote_address, then the state.
+                        f.len() > 3 && f[1].ends_with(&suffix) && f[3] == state
                     })
             })
         })

@@ -15,50 +15,14 @@ use sopa_testbed::{
     NetNs, Process,
     agent::Agent,
     bins,
-    netns::veth,
-    run_name,
+    controller_fabric::ControllerFabric as Fabric,
     traffic::{SendOptions, tcp_transfer},
 };
-
-struct Fabric {
-    a: NetNs,
-    b: NetNs,
-    c: NetNs,
-    _r: NetNs,
-    a_if: String,
-    b_if: String,
-}
 
 /// A (Fat-Tree host h0, 10.0.0.2), B (h4, 10.1.0.2) and the controller C (10.200.0.2), each
 /// behind one plain Linux router.
 fn fabric() -> Fabric {
-    let p = run_name("ctl");
-    let (a, b, c, r) = (
-        NetNs::new(&format!("{p}-a")).unwrap(),
-        NetNs::new(&format!("{p}-b")).unwrap(),
-        NetNs::new(&format!("{p}-c")).unwrap(),
-        NetNs::new(&format!("{p}-r")).unwrap(),
-    );
-    for (ns, i, host, gw, net) in [
-        (&a, "a", "10.0.0.2/24", "10.0.0.1", "10.0.0.1/24"),
-        (&b, "b", "10.1.0.2/24", "10.1.0.1", "10.1.0.1/24"),
-        (&c, "c", "10.200.0.2/24", "10.200.0.1", "10.200.0.1/24"),
-    ] {
-        let (host_if, router_if) = (format!("{p}{i}0"), format!("{p}r{i}"));
-        veth(ns, &host_if, &r, &router_if).unwrap();
-        ns.ip(&["addr", "add", host, "dev", &host_if]).unwrap();
-        r.ip(&["addr", "add", net, "dev", &router_if]).unwrap();
-        ns.ip(&["route", "add", "default", "via", gw]).unwrap();
-    }
-    r.sysctl("net.ipv4.ip_forward", "1").unwrap();
-    Fabric {
-        a_if: format!("{p}a0"),
-        b_if: format!("{p}b0"),
-        a,
-        b,
-        c,
-        _r: r,
-    }
+    Fabric::new("ctl").unwrap()
 }
 
 fn sopactl(args: &[&str]) -> String {

@@ -8,7 +8,8 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-/// Debian packages the tests and demos use, with a command that proves each is present.
+/// Debian packages the tests and demos use, with a command (or, starting with `/`, a file)
+/// that proves each is present.
 const PACKAGES: &[(&str, &str)] = &[
     ("iproute2", "ip"),
     ("iperf3", "iperf3"),
@@ -21,6 +22,14 @@ const PACKAGES: &[(&str, &str)] = &[
     ("g++", "g++"),
     // `systemd-analyze verify` checks the unit in deploy/.
     ("systemd", "systemd-analyze"),
+    // The controller's etcd store: the client's build compiles etcd's protos, and the
+    // replica tests run a real etcd cluster.
+    ("protobuf-compiler", "protoc"),
+    (
+        "libprotobuf-dev",
+        "/usr/include/google/protobuf/descriptor.proto",
+    ),
+    ("etcd-server", "etcd"),
 ];
 
 pub fn workspace_root() -> PathBuf {
@@ -35,6 +44,9 @@ fn say(msg: &str) {
 }
 
 fn has_command(name: &str) -> bool {
+    if name.starts_with('/') {
+        return Path::new(name).exists();
+    }
     Command::new("sh")
         .args(["-c", &format!("command -v {name}")])
         .output()

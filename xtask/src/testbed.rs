@@ -29,6 +29,10 @@ pub enum TestbedCommand {
         /// Drop-tail queue per link direction, in full-size packets.
         #[arg(long, default_value_t = 100)]
         queue: u32,
+        /// Controller replicas: 1 (a state file), or 2 to 5 on a three-member etcd cluster,
+        /// one elected leader (kill it: another takes over).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5))]
+        controllers: u8,
     },
     /// Run a command in a node's namespace: `testbed exec h0 -- ping 10.1.0.2`.
     Exec {
@@ -89,6 +93,7 @@ pub fn run(cmd: TestbedCommand) -> Result<()> {
             rate,
             mode,
             queue,
+            controllers,
         } => {
             if state_file().exists() {
                 bail!(
@@ -103,6 +108,7 @@ pub fn run(cmd: TestbedCommand) -> Result<()> {
                 host_args: vec!["--mode".into(), mode.clone()],
                 queue_packets: queue,
                 ideal: false,
+                controllers: usize::from(controllers),
             };
             eprintln!(
                 "==> building {topo} at {} in namespaces",
@@ -159,11 +165,7 @@ pub fn run(cmd: TestbedCommand) -> Result<()> {
                 }
                 None => status_cmd(
                     &sopa_testbed::bins_release("sopactl"),
-                    &[
-                        "status",
-                        "--controller",
-                        &format!("unix:{}", d.socket.display()),
-                    ],
+                    &["status", "--controller", &d.controller_address()],
                 ),
             }
         }
@@ -182,14 +184,7 @@ fn link(a: &str, b: &str, state: &str) -> Result<()> {
     let d = load()?;
     status_cmd(
         &sopa_testbed::bins_release("sopactl"),
-        &[
-            "link",
-            state,
-            a,
-            b,
-            "--controller",
-            &format!("unix:{}", d.socket.display()),
-        ],
+        &["link", state, a, b, "--controller", &d.controller_address()],
     )
 }
 

@@ -40,7 +40,13 @@ struct Session {
     role: i32,
     id: u64,
     peer: Peer,
+    /// This session's port reports, applied in order by a task of their own, so that a slow
+    /// store never holds up the stream's heartbeats and deltas.
+    reports: tokio::sync::mpsc::Sender<(String, String, bool)>,
 }
+
+/// Port reports one switch may have waiting to be applied.
+const REPORT_QUEUE: usize = 1024;
 
 /// Cuts `s` to at most `max` bytes, at a character boundary.
 fn bounded(s: &str, max: usize) -> String {
@@ -61,9 +67,9 @@ fn now_ms() -> u64 {
 impl Controller {
     /// A switch's port report, through flap damping: a down is applied at once; an up of a
     /// link held down waits for the end of its hold. The verdict and the change are made
-    /// under one lock (the fabric's, then the damper's), so a hold that ends never overtakes
-    /// a later down.
-    fn damped_report(self: &Arc<Self>, a: &str, b: &str, down: bool) {
+    /// within one change (changes run one at a time), so a hold that ends never overtakes a
+    /// later down.
+    async fn damped_report(self: &Arc<Self>, a: &str, b: &str, down: bool) {
         let key = if a <= b {
             (a.to_owned(), b.to_owned())
         } else {
@@ -88,7 +94,8 @@ impl Controller {
                 }
                 Verdict::Apply => f.report_link(a, b, down),
             }
-        });
+        })
+        .await;
         if let Err(e) = result {
             warn!(error = %e, "a switch's port report was not applied");
         }
@@ -99,18 +106,20 @@ impl Controller {
         let c = Arc::clone(self);
         tokio::spawn(async move {
             tokio::time::sleep_until(until.into()).await;
-            let result = c.change(|f| {
-                let up = c
-                    .damper
-                    .lock()
-                    .expect("damper lock")
-                    .release(&key, Instant::now());
-                if up {
-                    f.report_link(&key.0, &key.1, false)
-                } else {
-                    Ok(None)
-                }
-            });
+            let result = c
+                .change(|f| {
+                    let up = c
+                        .damper
+                        .lock()
+                        .expect("damper lock")
+                        .release(&key, Instant::now());
+                    if up {
+                        f.report_link(&key.0, &key.1, false)
+                    } else {
+                        Ok(None)
+                    }
+                })
+                .await;
             if let Err(e) = result {
                 warn!(error = %e, "ending a flapping link's hold");
             }
@@ -146,8 +155,11 @@ impl Controller {
                             s.name
                         ),
                     );
-                } else {
-                    self.damped_report(&rep.a, &rep.b, rep.down);
+                } else if s.reports.try_send((rep.a, rep.b, rep.down)).is_err() {
+                    warn!(
+                        node,
+                        "more than {REPORT_QUEUE} port reports waiting; one dropped (the switch reports every port again when it reconnects)"
+                    );
                 }
             }
             Some(agent_message::Kind::Report(_)) => self.refusals.refuse(
@@ -415,6 +427,16 @@ impl proto::channel::channel_server::Channel for ChannelService {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (initial, mut updates, mut last_sent) = {
             let f = controller.fabric.lock().expect("fabric lock");
+            // A replica whose agents are ahead of it lost the leadership and has not noticed
+            // yet: its snapshot would take them back. Every version was stored before it was
+            // sent, so the leader has it.
+            if controller.replicated() && hello.epoch == f.epoch() && hello.version > f.version() {
+                return Err(Status::unavailable(format!(
+                    "this controller replica is behind (version {}, the agent has {}): another replica leads",
+                    f.version(),
+                    hello.version
+                )));
+            }
             let updates = controller.updates.subscribe();
             let initial = match f.deltas_since(hello.epoch, hello.version) {
                 Some(deltas) => deltas.into_iter().map(delta_msg).collect(),
@@ -458,12 +480,24 @@ impl proto::channel::channel_server::Channel for ChannelService {
             ms => Duration::from_millis(u64::from(ms)).min(Duration::from_secs(60)),
         };
         let silence = 3 * agent_heartbeat.max(controller.heartbeat);
+        let (reports, mut queued) =
+            tokio::sync::mpsc::channel::<(String, String, bool)>(REPORT_QUEUE);
+        {
+            // Ends once the session's sender is gone and every queued report is applied.
+            let c = Arc::clone(&controller);
+            tokio::spawn(async move {
+                while let Some((a, b, down)) = queued.recv().await {
+                    c.damped_report(&a, &b, down).await;
+                }
+            });
+        }
         let s = Session {
             node,
             name,
             role,
             id: session,
             peer,
+            reports,
         };
         if is_host {
             controller.host_session(&s.name, session, true);

@@ -93,6 +93,7 @@ impl proto::control::control_server::Control for ControlService {
             .ok_or_else(|| Status::invalid_argument("no link given"))?;
         self.controller
             .set_link(&link.a, &link.b, change.down)
+            .await
             .map(Response::new)
             .map_err(to_status)
     }
@@ -105,6 +106,7 @@ impl proto::control::control_server::Control for ControlService {
         let change = request.into_inner();
         self.controller
             .set_switch(&change.name, change.down)
+            .await
             .map(Response::new)
             .map_err(to_status)
     }

@@ -72,6 +72,11 @@ pub struct Controller {
     max_sessions: usize,
     limits: Limits,
     store: Store,
+    /// Changes are made one at a time: each is stored before the next is computed.
+    writer: tokio::sync::Mutex<()>,
+    /// Set once this controller must stop serving (a replica whose store refused it as the
+    /// leader), with the reason.
+    stepped_down: tokio::sync::watch::Sender<Option<String>>,
     /// Switches' port reports, damped.
     damper: Mutex<Damper>,
 }
@@ -197,6 +202,8 @@ impl Controller {
             max_sessions,
             limits,
             store,
+            writer: tokio::sync::Mutex::new(()),
+            stepped_down: tokio::sync::watch::channel(None).0,
             damper: Mutex::new(Damper::new(damping)),
         })
     }
@@ -300,36 +307,82 @@ impl Controller {
 
     /// Sets a link's state and pushes the change; the fabric lock orders it with every
     /// subscription, so each agent gets every version after its snapshot exactly once.
-    pub fn set_link(&self, a: &str, b: &str, down: bool) -> Result<ChangeReply, FabricError> {
-        self.change(|f| f.set_link(a, b, down))
+    pub async fn set_link(&self, a: &str, b: &str, down: bool) -> Result<ChangeReply, FabricError> {
+        self.change(|f| f.set_link(a, b, down)).await
     }
 
-    pub fn set_switch(&self, name: &str, down: bool) -> Result<ChangeReply, FabricError> {
-        self.change(|f| f.set_switch(name, down))
+    pub async fn set_switch(&self, name: &str, down: bool) -> Result<ChangeReply, FabricError> {
+        self.change(|f| f.set_switch(name, down)).await
     }
 
     /// A switch's report of a port's carrier.
-    pub fn report_link(&self, a: &str, b: &str, down: bool) -> Result<ChangeReply, FabricError> {
-        self.change(|f| f.report_link(a, b, down))
+    pub async fn report_link(
+        &self,
+        a: &str,
+        b: &str,
+        down: bool,
+    ) -> Result<ChangeReply, FabricError> {
+        self.change(|f| f.report_link(a, b, down)).await
     }
 
-    /// Makes a change, durable before anyone hears of it; one that cannot be stored is undone
-    /// and refused.
-    fn change(
+    /// Makes a change, durable before anyone hears of it: it is made on a copy of the fabric,
+    /// the copy stored, and only then does the copy become the fabric agents and operators see.
+    /// A change that cannot be stored is refused and never made. Changes run one at a time;
+    /// hellos and status reads go on meanwhile (they see the fabric before the change).
+    async fn change(
         &self,
         op: impl FnOnce(&mut Fabric) -> Result<Option<Delta>, FabricError>,
     ) -> Result<ChangeReply, FabricError> {
-        let mut f = self.fabric.lock().expect("fabric lock");
-        let before = f.checkpoint();
-        let delta = op(&mut f)?;
-        if f.changed_since(&before)
-            && let Err(e) = self.store.save(&f.persisted())
+        let _one_at_a_time = self.writer.lock().await;
+        if let Some(why) = self.stepped_down.borrow().clone() {
+            return Err(FabricError::NotDurable(why));
+        }
+        let mut next = self.fabric.lock().expect("fabric lock").clone();
+        let before = next.checkpoint();
+        let delta = op(&mut next)?;
+        if next.changed_since(&before)
+            && let Err(e) = self.store.save(&next.persisted()).await
         {
-            f.rollback(before);
-            warn!(error = %e, "a change could not be stored; undone");
+            warn!(error = %e, "a change could not be stored; not made");
+            if e.ends_leadership() {
+                self.step_down(e.to_string());
+            }
             return Err(FabricError::NotDurable(e.to_string()));
         }
+        let mut f = self.fabric.lock().expect("fabric lock");
+        *f = next;
         Ok(self.publish(&f, delta))
+    }
+
+    /// Whether this controller is one of several replicas (its state is in etcd).
+    pub fn replicated(&self) -> bool {
+        matches!(self.store, Store::Etcd(_))
+    }
+
+    /// Stops taking changes, and tells whoever runs this controller to stop serving.
+    pub fn step_down(&self, why: String) {
+        warn!(reason = %why, "stepping down: no further changes are taken");
+        self.stepped_down.send_if_modified(|cur| {
+            if cur.is_none() {
+                *cur = Some(why);
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// Resolves with the reason once this controller stepped down.
+    pub async fn stepped_down(&self) -> String {
+        let mut rx = self.stepped_down.subscribe();
+        loop {
+            if let Some(why) = rx.borrow_and_update().clone() {
+                return why;
+            }
+            if rx.changed().await.is_err() {
+                return "the controller ended".into();
+            }
+        }
     }
 
     fn publish(&self, f: &Fabric, delta: Option<Delta>) -> ChangeReply {

@@ -1,18 +1,23 @@
 //! Where the controller's state outlives the controller: the epoch, the version, and every link
 //! and switch that is down (an operator's drain or a switch's report). A change is durable
 //! before anyone hears of it: the controller writes it here first, and a change that cannot be
-//! written is undone and refused. A restarted controller continues from the stored state: the
-//! same epoch and the next version, so agents that are up to date need no snapshot.
+//! written is refused and never made. A restarted controller (or a newly elected leader)
+//! continues from the stored state: the same epoch and the next version, so agents that are up
+//! to date need no snapshot.
 //!
-//! `file:PATH` keeps it in one JSON file, replaced atomically (a new file written and synced
-//! beside it, then renamed over it); `memory` keeps nothing (tests, throwaway fabrics).
+//! - `file:PATH` ([`file`]): one JSON file, replaced atomically; one controller.
+//! - `etcd:HOST:PORT,...` ([`etcd`]): one key in etcd, written by compare-and-swap and fenced
+//!   by the writer's leadership lease ([`crate::election`]); two or three controller replicas.
+//! - `memory`: nothing kept (tests, throwaway fabrics).
 
-use std::{
-    io::Write as _,
-    path::{Path, PathBuf},
-};
+pub mod etcd;
+pub mod file;
+
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+
+pub use etcd::EtcdStore;
 
 /// The stored state.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,7 +37,7 @@ pub struct Persisted {
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("--store {0:?}: write file:PATH or memory")]
+    #[error("--store {0:?}: write file:PATH, etcd:HOST:PORT[,HOST:PORT...] or memory")]
     Spec(String),
     #[error("state file {path}: {source}")]
     Io {
@@ -44,23 +49,107 @@ pub enum StoreError {
         "state file {path} does not parse ({message}); restore it from a backup, or move it away to start from an empty state"
     )]
     Parse { path: PathBuf, message: String },
+    #[error(
+        "etcd at {endpoints} did not answer or confirm ({message}); a write under way may or may not have been made"
+    )]
+    Etcd { endpoints: String, message: String },
+    #[error(
+        "etcd key {key} does not hold a controller state ({message}); restore it from a backup (`etcdctl snapshot restore`), or delete the key to start from an empty state"
+    )]
+    Corrupt { key: String, message: String },
+    #[error(
+        "this controller is no longer the leader (the leader is {holder}); nothing was written"
+    )]
+    NotLeader { holder: String },
+    #[error(
+        "the state in etcd changed under this controller (another writer?); nothing was written"
+    )]
+    Conflict,
 }
 
-/// Where the state is kept.
+impl StoreError {
+    /// Whether this controller must stop serving after the error: a replica that lost its
+    /// leadership, or whose last write may or may not have landed, no longer knows the state.
+    pub fn ends_leadership(&self) -> bool {
+        matches!(
+            self,
+            StoreError::NotLeader { .. } | StoreError::Conflict | StoreError::Etcd { .. }
+        )
+    }
+}
+
+/// Where the state is kept, as `--store` names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Store {
+pub enum StoreSpec {
     Memory,
     File(PathBuf),
+    /// etcd's client endpoints (HOST:PORT).
+    Etcd(Vec<String>),
 }
 
-impl std::str::FromStr for Store {
+impl std::str::FromStr for StoreSpec {
     type Err = StoreError;
 
     fn from_str(s: &str) -> Result<Self, StoreError> {
         match s.split_once(':') {
-            _ if s == "memory" => Ok(Store::Memory),
-            Some(("file", path)) if !path.is_empty() => Ok(Store::File(path.into())),
+            _ if s == "memory" => Ok(StoreSpec::Memory),
+            Some(("file", path)) if !path.is_empty() => Ok(StoreSpec::File(path.into())),
+            Some(("etcd", list)) => {
+                let endpoints: Vec<String> = list
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|e| !e.is_empty())
+                    .map(str::to_owned)
+                    .collect();
+                let valid = |e: &String| {
+                    e.rsplit_once(':')
+                        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+                };
+                if endpoints.is_empty() || !endpoints.iter().all(valid) {
+                    return Err(StoreError::Spec(s.to_owned()));
+                }
+                Ok(StoreSpec::Etcd(endpoints))
+            }
             _ => Err(StoreError::Spec(s.to_owned())),
+        }
+    }
+}
+
+impl std::fmt::Display for StoreSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreSpec::Memory => f.write_str("memory"),
+            StoreSpec::File(p) => write!(f, "file:{}", p.display()),
+            StoreSpec::Etcd(e) => write!(f, "etcd:{}", e.join(",")),
+        }
+    }
+}
+
+/// An open store.
+#[derive(Clone, Debug)]
+pub enum Store {
+    Memory,
+    File(PathBuf),
+    /// Boxed: the client is large, the other variants small.
+    Etcd(Box<EtcdStore>),
+}
+
+impl Store {
+    /// The stored state, if there is one.
+    pub async fn load(&self) -> Result<Option<Persisted>, StoreError> {
+        match self {
+            Store::Memory => Ok(None),
+            Store::File(path) => file::load(path),
+            Store::Etcd(e) => e.load().await,
+        }
+    }
+
+    /// Makes `state` durable: when this returns `Ok`, a crash right after loses nothing.
+    pub async fn save(&self, state: &Persisted) -> Result<(), StoreError> {
+        match self {
+            Store::Memory => Ok(()),
+            Store::File(path) => file::save(path, state),
+            Store::Etcd(e) => e.save(state).await,
         }
     }
 }
@@ -70,68 +159,9 @@ impl std::fmt::Display for Store {
         match self {
             Store::Memory => f.write_str("memory"),
             Store::File(p) => write!(f, "file:{}", p.display()),
+            Store::Etcd(e) => write!(f, "etcd:{}", e.endpoints()),
         }
     }
-}
-
-impl Store {
-    /// The stored state, if there is one.
-    pub fn load(&self) -> Result<Option<Persisted>, StoreError> {
-        let Store::File(path) = self else {
-            return Ok(None);
-        };
-        let text = match std::fs::read_to_string(path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => {
-                return Err(StoreError::Io {
-                    path: path.clone(),
-                    source,
-                });
-            }
-        };
-        serde_json::from_str(&text)
-            .map(Some)
-            .map_err(|e| StoreError::Parse {
-                path: path.clone(),
-                message: e.to_string(),
-            })
-    }
-
-    /// Makes `state` durable: when this returns `Ok`, a crash right after loses nothing.
-    pub fn save(&self, state: &Persisted) -> Result<(), StoreError> {
-        let Store::File(path) = self else {
-            return Ok(());
-        };
-        let io = |source| StoreError::Io {
-            path: path.clone(),
-            source,
-        };
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
-            _ => PathBuf::from("."),
-        };
-        let tmp = temp_path(path);
-        let bytes = serde_json::to_vec_pretty(state).expect("the state serializes");
-        let mut f = std::fs::File::create(&tmp).map_err(io)?;
-        f.write_all(&bytes).map_err(io)?;
-        f.sync_all().map_err(io)?;
-        drop(f);
-        std::fs::rename(&tmp, path).map_err(io)?;
-        // The rename itself is durable once the folder is synced. The file already holds the
-        // new state: a failure here is reported, not turned into a refusal (which would undo
-        // in memory what the file keeps).
-        if let Err(e) = std::fs::File::open(&dir).and_then(|d| d.sync_all()) {
-            tracing::warn!(path = %path.display(), error = %e, "syncing the state's folder failed");
-        }
-        Ok(())
-    }
-}
-
-fn temp_path(path: &Path) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_owned();
-    name.push(".tmp");
-    path.with_file_name(name)
 }
 
 #[cfg(test)]
@@ -139,30 +169,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn stores_parse_and_a_file_round_trips_atomically() {
-        assert_eq!("memory".parse::<Store>().unwrap(), Store::Memory);
-        assert!("file:".parse::<Store>().is_err());
-        assert!("etcd".parse::<Store>().is_err());
-        let dir = std::env::temp_dir().join(format!("sopa-store-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("state.json");
-        let store: Store = format!("file:{}", path.display()).parse().unwrap();
-        assert_eq!(store.load().unwrap(), None, "no file yet: no state");
-        let state = Persisted {
-            topology: "{}".into(),
-            epoch: 9,
-            version: 3,
-            down_links: vec![("a0".into(), "e0".into())],
-            reported_down: vec![("a1".into(), "e1".into())],
-            down_switches: vec!["c1".into()],
-        };
-        store.save(&state).unwrap();
-        assert_eq!(store.load().unwrap(), Some(state));
-        assert!(!temp_path(&path).exists(), "no temporary file left");
-        std::fs::write(&path, "{\"epoch\": ").unwrap();
-        let err = store.load().unwrap_err().to_string();
-        assert!(err.contains("does not parse"), "{err}");
-        let _ = std::fs::remove_dir_all(&dir);
+    fn store_specs_parse_and_name_the_bad_one() {
+        assert_eq!("memory".parse::<StoreSpec>().unwrap(), StoreSpec::Memory);
+        assert_eq!(
+            "file:/x/y.json".parse::<StoreSpec>().unwrap(),
+            StoreSpec::File("/x/y.json".into())
+        );
+        assert_eq!(
+            "etcd:10.0.0.1:2379, 10.0.0.2:2379"
+                .parse::<StoreSpec>()
+                .unwrap(),
+            StoreSpec::Etcd(vec!["10.0.0.1:2379".into(), "10.0.0.2:2379".into()])
+        );
+        for bad in [
+            "file:",
+            "etcd",
+            "etcd:",
+            "etcd:host",
+            "etcd:host:port",
+            "s3:x",
+        ] {
+            let err = bad.parse::<StoreSpec>().unwrap_err().to_string();
+            assert!(err.contains(bad), "{bad}: {err}");
+        }
     }
 }

@@ -17,7 +17,8 @@ pub struct ChannelArgs<'a> {
     pub flags: &'a ChannelFlags,
 }
 
-/// The channel settings of `--controller URL`; configuration errors before anything runs.
+/// The channel settings of `--controller URL[,URL...]` (replicas, tried in turn);
+/// configuration errors before anything runs.
 pub fn channel_config(args: &ChannelArgs, url: &str) -> Result<ClientConfig, Error> {
     let mut cfg = ClientConfig::new(url, args.node, args.role);
     cfg.topology_name = args.topology_name.map(str::to_owned);
@@ -25,6 +26,25 @@ pub fn channel_config(args: &ChannelArgs, url: &str) -> Result<ClientConfig, Err
         return Err(Error::Config("--heartbeat-ms must be at least 1".into()));
     }
     cfg.heartbeat = Duration::from_millis(args.flags.heartbeat_ms);
+    let list = sopa_channel::client::endpoints(url);
+    if list.is_empty() {
+        return Err(Error::Config(format!(
+            "--controller {url:?} names no controller"
+        )));
+    }
+    let kind = |e: &str| {
+        if e.starts_with("unix:") {
+            Some("unix".to_owned())
+        } else {
+            e.split_once("://").map(|(s, _)| s.to_owned())
+        }
+    };
+    if list.iter().any(|e| kind(e) != kind(list[0])) {
+        return Err(Error::Config(format!(
+            "--controller {url}: the controllers of a list must all be https:// (or all http://, or all unix:) addresses"
+        )));
+    }
+    let url = list[0];
     if url.starts_with("unix:") {
         // A local socket: who may connect is decided by the socket file's permissions.
         if args.flags.certs.is_some() {

@@ -81,8 +81,9 @@ pub struct RunArgs {
         conflicts_with = "controller"
     )]
     pub paths: Option<PathBuf>,
-    /// The controller (https://HOST:7470): paths come from the topology it pushes, and this
-    /// agent's --node must be a host of that topology.
+    /// The controller (https://HOST:7470), or its replicas as a list
+    /// (https://c1:7470,https://c2:7470, tried in turn): paths come from the topology it
+    /// pushes, and this agent's --node must be a host of that topology.
     #[arg(long, env = "SOPA_CONTROLLER")]
     pub controller: Option<String>,
     #[command(flatten)]
@@ -150,7 +151,8 @@ pub struct SwitchArgs {
     /// This switch's name in the controller's topology (e.g. e0, eps.0.0.1.0); defaults to --node.
     #[arg(long, env = "SOPA_HOST")]
     pub host: Option<String>,
-    /// The controller: https://HOST:PORT (with --certs), http:// (with --insecure), or unix:PATH.
+    /// The controller: https://HOST:PORT (with --certs), http:// (with --insecure), or unix:PATH;
+    /// replicas as a list (https://c1:7470,https://c2:7470, tried in turn).
     #[arg(long, env = "SOPA_CONTROLLER")]
     pub controller: String,
     #[command(flatten)]

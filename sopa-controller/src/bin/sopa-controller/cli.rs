@@ -8,7 +8,7 @@ use sopa_controller::{
     damping::DampingConfig,
     hedera::HederaConfig,
     server::{self, Options},
-    store::Store,
+    store::{Store, StoreSpec},
     transport::Limits,
 };
 
@@ -44,14 +44,36 @@ pub struct Args {
     /// Serve plaintext, accepting any client. For tests only.
     #[arg(long, env = "SOPA_INSECURE", conflicts_with = "certs")]
     pub insecure: bool,
-    /// Where the state (every drain and reported failure, the version) is kept: file:PATH
-    /// (written atomically before any change is announced) or memory (lost on exit).
+    /// Where the state (every drain and reported failure, the version) is kept, durable before
+    /// any change is announced: file:PATH (one controller; written atomically),
+    /// etcd:HOST:PORT[,HOST:PORT...] (two or three replicas: one leads, elected through an
+    /// etcd lease, the others wait and serve nothing), or memory (lost on exit).
     #[arg(
         long,
         env = "SOPA_STORE",
         default_value = "file:/var/lib/sopa/controller-state.json"
     )]
-    pub store: Store,
+    pub store: StoreSpec,
+    /// With an etcd store: etcd's CA, to verify its members over TLS (as etcdctl's --cacert).
+    #[arg(long, env = "SOPA_ETCD_CA", requires_all = ["etcd_cert", "etcd_key"])]
+    pub etcd_ca: Option<PathBuf>,
+    /// With an etcd store: this controller's client certificate for etcd (as etcdctl's --cert).
+    #[arg(long, env = "SOPA_ETCD_CERT", requires = "etcd_ca")]
+    pub etcd_cert: Option<PathBuf>,
+    /// With an etcd store: the key of --etcd-cert (as etcdctl's --key).
+    #[arg(long, env = "SOPA_ETCD_KEY", requires = "etcd_ca")]
+    pub etcd_key: Option<PathBuf>,
+    /// With an etcd store: the key prefix of this fabric's state and leader keys.
+    #[arg(long, env = "SOPA_ETCD_PREFIX", default_value = "/sopa")]
+    pub etcd_prefix: String,
+    /// With an etcd store: how long a leader that stopped renewing its lease (dead, hung, cut
+    /// off) keeps the leadership; etcd raises values below its minimum (1.5 election timeouts).
+    #[arg(long, env = "SOPA_LEASE_TTL_S", default_value_t = 2)]
+    pub lease_ttl_s: u64,
+    /// With an etcd store: this replica's name in the leader key (default: host name and
+    /// --listen).
+    #[arg(long, env = "SOPA_NAME")]
+    pub name: Option<String>,
     /// Flap damping: a port its switch reports down this many times within
     /// --flap-window-ms is held down (0: no damping).
     #[arg(long, env = "SOPA_FLAP_LIMIT", default_value_t = DampingConfig::default().limit)]
@@ -102,6 +124,9 @@ impl Args {
                 self.flap_max_hold_ms
             );
         }
+        if self.lease_ttl_s == 0 {
+            bail!("--lease-ttl-s must be at least 1");
+        }
         if self.max_connections == 0
             || self.handshake_timeout_ms == 0
             || self.max_sessions == Some(0)
@@ -123,13 +148,26 @@ impl Args {
                 max_connections: self.max_connections,
                 handshake_timeout: Duration::from_millis(self.handshake_timeout_ms),
             },
-            store: self.store.clone(),
+            // Opened (and for etcd, elected) by the start, once every flag is checked.
+            store: Store::Memory,
             damping: DampingConfig {
                 limit: self.flap_limit,
                 window: Duration::from_millis(self.flap_window_ms),
                 hold: Duration::from_millis(self.flap_hold_ms),
                 max_hold: Duration::from_millis(self.flap_max_hold_ms),
             },
+        })
+    }
+}
+
+impl Args {
+    /// This replica's name in the leader key.
+    pub fn replica_name(&self) -> String {
+        self.name.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_owned())
+                .unwrap_or_else(|_| "controller".into());
+            format!("{host}/{}", self.listen)
         })
     }
 }

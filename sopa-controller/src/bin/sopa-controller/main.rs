@@ -3,9 +3,9 @@
 mod cli;
 mod start;
 
-use std::{process::ExitCode, time::Duration};
+use std::{process::ExitCode, sync::Arc, time::Duration};
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, bail};
 use clap::Parser as _;
 use sopa_controller::server::{self, Controller};
 use tokio::signal::unix::{SignalKind, signal};
@@ -35,29 +35,58 @@ fn main() -> ExitCode {
 
 async fn run(args: cli::Args) -> Result<()> {
     // Every flag checked before anything is read or written.
-    let options = args.options()?;
+    let mut options = args.options()?;
     // Both handlers first: a signal during the start is taken once it is done.
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let tls = start::tls(&args)?;
-    let fabric = start::fabric(&args)?;
+    let store = start::store(&args).await?;
+    // A replica waits here, serving nothing, until it is elected.
+    let mut leadership = tokio::select! {
+        l = start::elect(&args, &store) => l?,
+        _ = sigint.recv() => { info!("SIGINT while waiting for the leadership"); return Ok(()) }
+        _ = sigterm.recv() => { info!("SIGTERM while waiting for the leadership"); return Ok(()) }
+    };
+    let fabric = start::fabric(&args, &store).await?;
     let listener = start::listener(&args).await?;
     let name = fabric.topology().name();
+    options.store = store;
     let controller = Controller::with_options(fabric, options);
     info!(topology = %name, listen = %args.listen, tls = tls.is_some(), store = %args.store, "controller serving");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serve = server::serve(controller, listener, tls, async {
+    let serve = server::serve(Arc::clone(&controller), listener, tls, async {
         let _ = stopped.await;
     });
     tokio::pin!(serve);
+    let lost = async {
+        match leadership.as_mut() {
+            Some(l) => l.lost().await,
+            None => std::future::pending().await,
+        }
+    };
+    let mut failure = None;
     tokio::select! {
         result = &mut serve => result.context("serving")?,
         _ = sigint.recv() => info!("SIGINT"),
         _ = sigterm.recv() => info!("SIGTERM"),
+        why = lost => failure = Some(format!("lost the leadership: {why}")),
+        why = controller.stepped_down() => failure = Some(why),
     }
     // Agents' streams never end by themselves: give requests a moment, then exit (agents keep
     // their state and reconnect to the next controller).
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(2), serve).await;
+    if let Some(why) = failure {
+        // Whatever is left of the lease goes now: a waiting replica need not wait for it.
+        if let Some(l) = leadership {
+            l.resign().await;
+        }
+        bail!(
+            "{why}; this replica stops serving (its supervisor starts it again, and it waits for the leadership)"
+        );
+    }
+    if let Some(l) = leadership {
+        l.resign().await;
+    }
     Ok(())
 }

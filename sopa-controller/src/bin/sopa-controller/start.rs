@@ -1,18 +1,23 @@
-//! Starting the controller: the fabric from the topology and the stored state, the TLS, the
-//! listener.
+//! Starting the controller: the store (and with etcd, the election), the fabric from the
+//! topology and the stored state, the TLS, the listener.
 
-use std::net::SocketAddr;
+use std::{net::SocketAddr, time::Duration};
 
 use anyhow::{Context as _, Result};
 use sopa_controller::{
-    auth::DenyList, fabric::Fabric, server::Listener, store::Store, transport::ServerTls,
+    auth::DenyList,
+    election::{Candidate, Leadership},
+    fabric::Fabric,
+    server::Listener,
+    store::{EtcdStore, Store, StoreSpec},
+    transport::ServerTls,
 };
 use tracing::{info, warn};
 
 use crate::cli::Args;
 
 /// An epoch for a fabric that has no stored state yet: agents that see a new one start from a
-/// snapshot. Stored, it stays for every later run.
+/// snapshot. Stored, it stays for every later run (and every later leader).
 fn epoch() -> u64 {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -21,33 +26,89 @@ fn epoch() -> u64 {
     (t ^ (u64::from(std::process::id()) << 40)) | 1
 }
 
+/// The store `--store` names, open.
+pub async fn store(args: &Args) -> Result<Store> {
+    match &args.store {
+        StoreSpec::Memory => Ok(Store::Memory),
+        StoreSpec::File(path) => {
+            if let Some(dir) = path.parent()
+                && !dir.as_os_str().is_empty()
+            {
+                std::fs::create_dir_all(dir).with_context(|| {
+                    format!("--store {}: creating {}", args.store, dir.display())
+                })?;
+            }
+            Ok(Store::File(path.clone()))
+        }
+        StoreSpec::Etcd(endpoints) => Ok(Store::Etcd(Box::new(
+            EtcdStore::connect(endpoints, &args.etcd_prefix, etcd_tls(args)?)
+                .await
+                .with_context(|| {
+                    format!(
+                        "--store {}: is etcd running there (`etcdctl --endpoints {} endpoint health`)?",
+                        args.store,
+                        endpoints.join(",")
+                    )
+                })?,
+        ))),
+    }
+}
+
+/// The TLS to etcd that --etcd-ca, --etcd-cert and --etcd-key describe, if any.
+fn etcd_tls(args: &Args) -> Result<Option<etcd_client::TlsOptions>> {
+    let (Some(ca), Some(cert), Some(key)) = (&args.etcd_ca, &args.etcd_cert, &args.etcd_key) else {
+        return Ok(None);
+    };
+    let read = |flag: &str, path: &std::path::Path| {
+        std::fs::read(path).with_context(|| format!("{flag} {}", path.display()))
+    };
+    Ok(Some(
+        etcd_client::TlsOptions::new()
+            .ca_certificate(etcd_client::Certificate::from_pem(read("--etcd-ca", ca)?))
+            .identity(etcd_client::Identity::from_pem(
+                read("--etcd-cert", cert)?,
+                read("--etcd-key", key)?,
+            )),
+    ))
+}
+
+/// With an etcd store, waits until this replica is elected; `None` for the other stores.
+pub async fn elect(args: &Args, store: &Store) -> Result<Option<Leadership>> {
+    let Store::Etcd(etcd) = store else {
+        return Ok(None);
+    };
+    let candidate = Candidate::new(
+        etcd.as_ref().clone(),
+        &args.replica_name(),
+        Duration::from_secs(args.lease_ttl_s),
+    );
+    let leadership = candidate
+        .campaign()
+        .await
+        .with_context(|| format!("--store {}: standing for election", args.store))?;
+    Ok(Some(leadership))
+}
+
 /// The fabric: the stored state of this topology, or a new one (stored at once, so its epoch
 /// is fixed from this run on).
-pub fn fabric(args: &Args) -> Result<Fabric> {
+pub async fn fabric(args: &Args, store: &Store) -> Result<Fabric> {
     let spec_path = args.topology.display().to_string();
     let spec = std::fs::read_to_string(&args.topology)
         .map_err(anyhow::Error::from)
         .and_then(|text| Ok(Fabric::parse_spec(&text, &spec_path)?))
         .with_context(|| format!("--topology {spec_path}"))?;
-    if let Store::File(path) = &args.store
-        && let Some(dir) = path.parent()
-        && !dir.as_os_str().is_empty()
-    {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("--store {}: creating {}", args.store, dir.display()))?;
-    }
-    match args.store.load().context("--store")? {
+    match store.load().await.context("--store")? {
         Some(state) => {
-            let f =
-                Fabric::restore(spec, &state).with_context(|| format!("--store {}", args.store))?;
-            info!(store = %args.store, version = f.version(), down_links = f.down_links().len(), down_switches = f.down_switches().len(), "state restored");
+            let f = Fabric::restore(spec, &state).with_context(|| format!("--store {store}"))?;
+            info!(store = %store, version = f.version(), down_links = f.down_links().len(), down_switches = f.down_switches().len(), "state restored");
             Ok(f)
         }
         None => {
             let f = Fabric::new(spec, epoch())?;
-            args.store
+            store
                 .save(&f.persisted())
-                .with_context(|| format!("--store {}", args.store))?;
+                .await
+                .with_context(|| format!("--store {store}"))?;
             Ok(f)
         }
     }

@@ -14,11 +14,12 @@ use sopa_channel::{
     tls,
 };
 use sopa_controller::certs;
-use tonic::transport::Channel;
+use tonic::{Status, transport::Channel};
 
 #[derive(Args)]
 pub struct Connection {
-    /// The controller, e.g. https://sopa-controller:7470.
+    /// The controller, e.g. https://sopa-controller:7470, or its replicas as a list
+    /// (https://c1:7470,https://c2:7470): tried in turn until one answers.
     #[arg(
         long,
         env = "SOPA_CONTROLLER",
@@ -32,6 +33,10 @@ pub struct Connection {
     /// The name in the controller's certificate.
     #[arg(long, env = "SOPA_CONTROLLER_NAME", default_value = tls::CONTROLLER_NAME)]
     controller_name: String,
+    /// How long one controller of the list has to answer before the next is tried (a leader
+    /// retries a write that etcd did not confirm for up to about 10 s before it refuses it).
+    #[arg(long, env = "SOPA_TIMEOUT_MS", default_value_t = 15000)]
+    timeout_ms: u64,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -84,29 +89,84 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .expect("a tokio runtime")
 }
 
-pub async fn connect(c: &Connection) -> Result<ControlClient<Channel>> {
-    let tls = if c.controller.starts_with("https://") {
+/// The TLS for the controllers of `c`, or none for plaintext ones.
+fn client_tls(c: &Connection) -> Result<Option<tonic::transport::ClientTlsConfig>> {
+    let list = client::endpoints(&c.controller);
+    if list.is_empty() {
+        bail!("--controller {:?} names no controller", c.controller);
+    }
+    if list.iter().all(|e| e.starts_with("https://")) {
         let dir = c
             .certs
             .as_ref()
             .context("an https controller needs --certs DIR (or SOPA_CERTS)")?;
-        Some(tls::client_config(dir, &c.controller_name)?)
-    } else {
-        if c.certs.is_some() {
-            bail!("--certs given for a plaintext controller address; use https://");
-        }
-        None
-    };
-    let channel = client::connect(&c.controller, tls.as_ref())
-        .await
-        .map_err(anyhow::Error::msg)?;
-    if c.controller.starts_with("http://") {
+        return Ok(Some(tls::client_config(dir, &c.controller_name)?));
+    }
+    if list.iter().any(|e| e.starts_with("https://")) {
+        bail!(
+            "--controller {}: the controllers of a list must all be https:// (or all http://)",
+            c.controller
+        );
+    }
+    if c.certs.is_some() {
+        bail!("--certs given for a plaintext controller address; use https://");
+    }
+    if list.iter().any(|e| e.starts_with("http://")) {
         eprintln!(
             "sopactl: plaintext to {}; if the controller serves TLS, use https:// with --certs",
             c.controller
         );
     }
-    Ok(ControlClient::new(channel))
+    Ok(None)
+}
+
+/// Why one controller of the list did not answer.
+enum Failure {
+    Unreachable(String),
+    Refused(Status),
+}
+
+/// Runs `request` against the controllers `--controller` lists, in turn, until one answers: a
+/// replica that does not lead does not listen, a stopped one does not answer within
+/// --timeout-ms, and one that lost the leadership or could not store a change answers
+/// UNAVAILABLE. Any other answer, success or refusal, is the answer. Trying a change again
+/// elsewhere is safe: setting a state twice changes nothing the second time.
+pub async fn call<T, F, Fut>(c: &Connection, what: &str, request: F) -> Result<T>
+where
+    F: Fn(ControlClient<Channel>) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+{
+    let tls = client_tls(c)?;
+    let timeout = std::time::Duration::from_millis(c.timeout_ms);
+    let mut tried = Vec::new();
+    for endpoint in client::endpoints(&c.controller) {
+        let attempt = async {
+            let channel = client::connect(endpoint, tls.as_ref())
+                .await
+                .map_err(Failure::Unreachable)?;
+            let control = ControlClient::new(channel)
+                .max_decoding_message_size(sopa_channel::proto::MAX_MESSAGE_BYTES);
+            request(control).await.map_err(Failure::Refused)
+        };
+        match tokio::time::timeout(timeout, attempt).await {
+            Ok(Ok(reply)) => return Ok(reply.into_inner()),
+            Ok(Err(Failure::Refused(s)))
+                if !matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown) =>
+            {
+                bail!("{what}: {}", s.message())
+            }
+            Ok(Err(Failure::Refused(s))) => tried.push(format!("{endpoint}: {}", s.message())),
+            Ok(Err(Failure::Unreachable(e))) => tried.push(e),
+            Err(_) => tried.push(format!(
+                "{endpoint}: no answer within {} ms (a change it was given may or may not have been made; `sopactl status` shows)",
+                c.timeout_ms
+            )),
+        }
+    }
+    bail!(
+        "{what}: no controller answered ({}); check that one runs and leads",
+        tried.join("; ")
+    )
 }
 
 fn word(s: State) -> &'static str {
@@ -117,19 +177,19 @@ fn word(s: State) -> &'static str {
 }
 
 pub fn link(c: &Connection, state: State, a: &str, b: &str) -> Result<()> {
+    let change = LinkChange {
+        link: Some(LinkRef {
+            a: a.into(),
+            b: b.into(),
+        }),
+        down: matches!(state, State::Down),
+    };
     runtime().block_on(async {
-        let reply = connect(c)
-            .await?
-            .set_link(LinkChange {
-                link: Some(LinkRef {
-                    a: a.into(),
-                    b: b.into(),
-                }),
-                down: matches!(state, State::Down),
-            })
-            .await
-            .map_err(|s| anyhow::anyhow!("link {a} {b}: {}", s.message()))?
-            .into_inner();
+        let reply = call(c, &format!("link {a} {b}"), |mut control| {
+            let change = change.clone();
+            async move { control.set_link(change).await }
+        })
+        .await?;
         let what = if reply.changed { "now" } else { "already" };
         println!(
             "link {a}:{b} {what} {} (version {})",
@@ -141,16 +201,16 @@ pub fn link(c: &Connection, state: State, a: &str, b: &str) -> Result<()> {
 }
 
 pub fn switch(c: &Connection, state: State, name: &str) -> Result<()> {
+    let change = SwitchChange {
+        name: name.into(),
+        down: matches!(state, State::Down),
+    };
     runtime().block_on(async {
-        let reply = connect(c)
-            .await?
-            .set_switch(SwitchChange {
-                name: name.into(),
-                down: matches!(state, State::Down),
-            })
-            .await
-            .map_err(|s| anyhow::anyhow!("switch {name}: {}", s.message()))?
-            .into_inner();
+        let reply = call(c, &format!("switch {name}"), |mut control| {
+            let change = change.clone();
+            async move { control.set_switch(change).await }
+        })
+        .await?;
         let what = if reply.changed { "now" } else { "already" };
         println!(
             "switch {name} {what} {} (version {})",
@@ -163,12 +223,10 @@ pub fn switch(c: &Connection, state: State, name: &str) -> Result<()> {
 
 pub fn status(c: &Connection, json: bool) -> Result<()> {
     runtime().block_on(async {
-        let s = connect(c)
-            .await?
-            .status(StatusRequest {})
-            .await
-            .map_err(|s| anyhow::anyhow!("status: {}", s.message()))?
-            .into_inner();
+        let s = call(c, "status", |mut control| async move {
+            control.status(StatusRequest {}).await
+        })
+        .await?;
         if json {
             let agents: Vec<_> = s
                 .agents

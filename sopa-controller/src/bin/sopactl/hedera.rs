@@ -5,7 +5,7 @@ use anyhow::Result;
 use clap::Subcommand;
 use sopa_channel::proto::{FiveTuple, HederaStatusRequest};
 
-use crate::fabric::{Connection, connect, runtime};
+use crate::fabric::{Connection, call, runtime};
 
 #[derive(Subcommand)]
 pub enum HederaCommand {
@@ -21,12 +21,10 @@ pub enum HederaCommand {
 pub fn run(cmd: HederaCommand) -> Result<()> {
     let HederaCommand::Status { conn, json } = cmd;
     runtime().block_on(async {
-        let s = connect(&conn)
-            .await?
-            .hedera_status(HederaStatusRequest {})
-            .await
-            .map_err(|s| anyhow::anyhow!("hedera status: {}", s.message()))?
-            .into_inner();
+        let s = call(&conn, "hedera status", |mut control| async move {
+            control.hedera_status(HederaStatusRequest {}).await
+        })
+        .await?;
         if json {
             let elephants: Vec<_> = s
                 .elephants
