@@ -507,7 +507,7 @@ impl Fabric {
     pub fn start_switch_with(&mut self, name: &str, extra: &[&str]) -> Result<()> {
         let id = self.topo.graph().find(name).expect("a switch");
         let ns = self.namespaces[&id].name().to_owned();
-        let socket = format!("unix:{}", self.socket.display());
+        let socket = self.controller_address();
         let agent_node = self.switch_node(name);
         let log = self.dir.join(format!("{name}.log"));
         let mut args = vec![
