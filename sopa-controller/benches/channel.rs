@@ -160,6 +160,15 @@ fn main() {
     );
 }
 
+/// A run's folder, removed when the run ends, failed runs included.
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// The child processes of a run, killed on drop.
 struct Children(Vec<Child>);
 
@@ -183,6 +192,7 @@ fn free_port() -> u16 {
 async fn failover(bin: &std::path::Path, k: u32, ttl: u64) {
     let n = (k * k * k / 4) as usize;
     let dir = std::env::temp_dir().join(format!("sopa-bench-failover-{}", std::process::id()));
+    let _remove = RemoveOnDrop(dir.clone());
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let spec = dir.join(format!("k{k}.toml"));
@@ -372,6 +382,7 @@ async fn failover(bin: &std::path::Path, k: u32, ttl: u64) {
 async fn run(bin: &std::path::Path, k: u32, rounds: usize) {
     let n = (k * k * k / 4) as usize;
     let dir = std::env::temp_dir().join(format!("sopa-bench-channel-{}", std::process::id()));
+    let _remove = RemoveOnDrop(dir.clone());
     std::fs::create_dir_all(&dir).unwrap();
     let spec = dir.join(format!("k{k}.toml"));
     std::fs::write(&spec, format!("[topology]\nkind = \"fat-tree\"\nk = {k}\n")).unwrap();
