@@ -160,6 +160,34 @@ fn main() {
     );
 }
 
+/// What the simulated agents applied, when each last connected, and their stop switch.
+type Agents = (
+    Arc<Mutex<Vec<(u64, Instant)>>>,
+    Arc<Mutex<Vec<Option<Instant>>>>,
+    watch::Sender<bool>,
+);
+
+/// Starts `n` simulated agents (h0, h1, ...) on `controllers`, each on its own connection.
+fn spawn_agents(n: usize, controllers: &str) -> Agents {
+    let applied = Arc::new(Mutex::new(vec![(0u64, Instant::now()); n]));
+    let connected = Arc::new(Mutex::new(vec![None; n]));
+    let (stop, stopped) = watch::channel(false);
+    for i in 0..n {
+        let mut cfg = ClientConfig::new(controllers, format!("h{i}"), Role::Host);
+        cfg.heartbeat = Duration::from_secs(1);
+        let mut sim = Sim {
+            epoch: 0,
+            version: 0,
+            index: i,
+            applied: Arc::clone(&applied),
+            connected: Arc::clone(&connected),
+        };
+        let stopped = stopped.clone();
+        tokio::spawn(async move { client::run(cfg, &mut sim, stopped).await });
+    }
+    (applied, connected, stop)
+}
+
 /// A run's folder, removed when the run ends, failed runs included.
 struct RemoveOnDrop(std::path::PathBuf);
 
@@ -265,22 +293,7 @@ async fn failover(bin: &std::path::Path, k: u32, ttl: u64) {
     };
     children.0.push(replica(1));
     let list = urls.join(",");
-    let applied = Arc::new(Mutex::new(vec![(0u64, Instant::now()); n]));
-    let connected = Arc::new(Mutex::new(vec![None; n]));
-    let (stop, stopped) = watch::channel(false);
-    for i in 0..n {
-        let mut cfg = ClientConfig::new(list.clone(), format!("h{i}"), Role::Host);
-        cfg.heartbeat = Duration::from_secs(1);
-        let mut sim = Sim {
-            epoch: 0,
-            version: 0,
-            index: i,
-            applied: Arc::clone(&applied),
-            connected: Arc::clone(&connected),
-        };
-        let stopped = stopped.clone();
-        tokio::spawn(async move { client::run(cfg, &mut sim, stopped).await });
-    }
+    let (applied, connected, stop) = spawn_agents(n, &list);
     let all_at = |v: u64| applied.lock().unwrap().iter().all(|(ver, _)| *ver >= v);
     let t = Instant::now();
     while !all_at(1) {
@@ -418,22 +431,7 @@ async fn run(bin: &std::path::Path, k: u32, rounds: usize) {
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     };
-    let applied = Arc::new(Mutex::new(vec![(0u64, Instant::now()); n]));
-    let connected = Arc::new(Mutex::new(vec![None; n]));
-    let (stop, stopped) = watch::channel(false);
-    for i in 0..n {
-        let mut cfg = ClientConfig::new(url.clone(), format!("h{i}"), Role::Host);
-        cfg.heartbeat = Duration::from_secs(1);
-        let mut sim = Sim {
-            epoch: 0,
-            version: 0,
-            index: i,
-            applied: Arc::clone(&applied),
-            connected: Arc::clone(&connected),
-        };
-        let stopped = stopped.clone();
-        tokio::spawn(async move { client::run(cfg, &mut sim, stopped).await });
-    }
+    let (applied, _connected, stop) = spawn_agents(n, &url);
     let all_at = |v: u64| applied.lock().unwrap().iter().all(|(ver, _)| *ver >= v);
     let start = Instant::now();
     while !all_at(1) {

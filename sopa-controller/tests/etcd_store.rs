@@ -199,7 +199,9 @@ async fn a_waiting_replica_takes_over_when_the_leader_resigns_and_the_old_one_ca
                 .await
         }
     });
-    // While r0 leads, r1 waits.
+    // While r0 leads, r1 waits. A check that something does not happen: it gives r1 time to
+    // win wrongly (a slow machine only makes it weaker, never red without cause); what the
+    // test waits on below is the event itself, r1's election.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiting.is_finished(), "a second leader while r0 leads");
     let fence = leader.fence.clone();
