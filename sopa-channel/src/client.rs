@@ -111,9 +111,14 @@ enum End {
     NoneListens(String),
 }
 
-/// With replicas, how long an agent that finds none listening keeps retrying at the shortest
-/// backoff (refused connections cost the controllers nothing) before the backoff grows again.
+/// With replicas, how long an agent that finds none listening keeps retrying every
+/// [`ELECTION_RETRY_EVERY`] (refused connections cost the controllers nothing) before the
+/// backoff grows again.
 pub const ELECTION_RETRY_FOR: Duration = Duration::from_secs(10);
+
+/// The retry interval while replicas elect a leader (jittered to 0.5-1 times it; the minimum
+/// backoff if that is shorter): the new leader's agents arrive within this time of its start.
+pub const ELECTION_RETRY_EVERY: Duration = Duration::from_millis(200);
 
 /// Runs the channel until `shutdown` turns true.
 pub async fn run<A: Applier>(cfg: ClientConfig, applier: &mut A, shutdown: watch::Receiver<bool>) {
@@ -158,9 +163,8 @@ pub async fn run_with_reports<A: Applier, R: Into<agent_message::Kind> + Send>(
                 if started.elapsed() > cfg.max_backoff {
                     attempt = 0;
                 }
-                // Replicas none of which listens: a leader is being elected. Try again at the
-                // shortest backoff for a while, so that every agent finds the new leader soon
-                // after it serves.
+                // Replicas none of which listens: a leader is being elected. Try again often
+                // for a while, so that every agent finds the new leader soon after it serves.
                 if !none_listens {
                     none_listen_since = None;
                 }
@@ -168,7 +172,9 @@ pub async fn run_with_reports<A: Applier, R: Into<agent_message::Kind> + Send>(
                     && none_listens
                     && none_listen_since.get_or_insert(started).elapsed() < ELECTION_RETRY_FOR;
                 let delay = if electing {
-                    backoff(&cfg, 0, jitter.factor())
+                    cfg.min_backoff
+                        .min(ELECTION_RETRY_EVERY)
+                        .mul_f64(jitter.factor())
                 } else {
                     let d = backoff(&cfg, attempt, jitter.factor());
                     attempt = attempt.saturating_add(1);

@@ -148,7 +148,8 @@ pub struct PeerAgents {
     pub down: Vec<String>,
     /// Topology names of the hosts whose agent is connected, or left less than the
     /// controller's grace period ago (a restart keeps its datapath): switches honour the
-    /// option only on ports facing these hosts.
+    /// option only on ports facing these hosts. Sent to switch agents only: a host agent
+    /// receives it empty, and a message only when `down` changes.
     #[prost(string, repeated, tag = "2")]
     pub live: Vec<String>,
 }
@@ -428,6 +429,17 @@ pub struct StatusReply {
     /// Flapping links held down, whatever their switch reports, for the time left.
     #[prost(message, repeated, tag = "9")]
     pub held_links: Vec<HeldLink>,
+    /// Where the controller keeps its state (`memory`, `file:PATH`, `etcd:ENDPOINTS ...`).
+    #[prost(string, tag = "10")]
+    pub store: String,
+    /// With replicas on etcd, the name of the replica that answered, which leads (replicas
+    /// that do not lead serve nothing); empty for a single controller.
+    #[prost(string, tag = "11")]
+    pub leader: String,
+    /// Changes (an operator's, a switch's report) refused since the controller started because
+    /// they could not be stored.
+    #[prost(uint64, tag = "12")]
+    pub changes_not_stored: u64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

@@ -85,6 +85,24 @@ fn status_kib(pid: u32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The CPU time process `pid` has used (user and system), in milliseconds.
+fn cpu_ms(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command name, which ends at the last ')'.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i).and_then(|v| v.parse::<u64>().ok()))
+        .sum();
+    // SAFETY: sysconf reads a constant of the system.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    ticks as f64 * 1e3 / hz
+}
+
 fn raise_fd_limit() {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
@@ -128,8 +146,17 @@ fn main() {
         .build()
         .unwrap();
     println!(
-        "{:<14} {:>6} {:>8} {:>10} {:>10} {:>10} {:>12} {:>12}",
-        "fabric", "agents", "rounds", "p50 ms", "p99 ms", "max ms", "ctl RSS MiB", "ctl peak MiB"
+        "{:<14} {:>6} {:>8} {:>10} {:>10} {:>10} {:>12} {:>12} {:>14} {:>12}",
+        "fabric",
+        "agents",
+        "rounds",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "ctl RSS MiB",
+        "ctl peak MiB",
+        "ctl CPU ms/chg",
+        "all in s"
     );
     // `--smoke`: the smallest fabric only, to check the benchmark runs.
     let sizes: &[u32] = if std::env::args().any(|a| a == "--smoke") {
@@ -141,7 +168,7 @@ fn main() {
         runtime.block_on(run(&bin, k, rounds));
     }
     println!(
-        "(time from the operator's link-down call until each agent had applied the delta, just before its ACK; every ACK then confirmed at the controller, untimed)"
+        "(time from the operator's link-down call until each agent had applied the delta, just before its ACK; every ACK then confirmed at the controller, untimed. ctl CPU: the controller's CPU time per change, with what it spends as long without changes taken off (heartbeats); all in: until every agent's stream first opened)"
     );
     let k = *sizes.last().unwrap();
     let ttl: u64 = std::env::args()
@@ -431,9 +458,10 @@ async fn run(bin: &std::path::Path, k: u32, rounds: usize) {
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     };
-    let (applied, _connected, stop) = spawn_agents(n, &url);
-    let all_at = |v: u64| applied.lock().unwrap().iter().all(|(ver, _)| *ver >= v);
+    let pid = controller.0.id();
     let start = Instant::now();
+    let (applied, connected, stop) = spawn_agents(n, &url);
+    let all_at = |v: u64| applied.lock().unwrap().iter().all(|(ver, _)| *ver >= v);
     while !all_at(1) {
         assert!(
             start.elapsed() < Duration::from_secs(120),
@@ -441,6 +469,13 @@ async fn run(bin: &std::path::Path, k: u32, rounds: usize) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let all_in = connected
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|t| t.expect("connected").duration_since(start).as_secs_f64())
+        .fold(0.0, f64::max);
+    let (cpu0, t_rounds) = (cpu_ms(pid), Instant::now());
     let mut latencies = Vec::new();
     let mut version = 1;
     for round in 0..rounds * 2 {
@@ -476,6 +511,13 @@ async fn run(bin: &std::path::Path, k: u32, rounds: usize) {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // The controller's CPU for the rounds, less what it spends in as long a time without a
+    // change (every agent's heartbeats).
+    let (busy, span) = (cpu_ms(pid) - cpu0, t_rounds.elapsed());
+    let quiet0 = cpu_ms(pid);
+    tokio::time::sleep(span).await;
+    let quiet = cpu_ms(pid) - quiet0;
+    let per_change = (busy - quiet).max(0.0) / (rounds * 2) as f64;
     // Every ACK arrived at the controller.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -489,11 +531,10 @@ async fn run(bin: &std::path::Path, k: u32, rounds: usize) {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let pid = controller.0.id();
     let (rss, peak) = (status_kib(pid, "VmRSS:"), status_kib(pid, "VmHWM:"));
     latencies.sort_by(f64::total_cmp);
     println!(
-        "{:<14} {:>6} {:>8} {:>10.1} {:>10.1} {:>10.1} {:>12.1} {:>12.1}",
+        "{:<14} {:>6} {:>8} {:>10.1} {:>10.1} {:>10.1} {:>12.1} {:>12.1} {:>14.1} {:>12.2}",
         format!("Fat-Tree k={k}"),
         n,
         rounds,
@@ -501,7 +542,9 @@ async fn run(bin: &std::path::Path, k: u32, rounds: usize) {
         percentile(&latencies, 0.99),
         latencies.last().copied().unwrap_or(0.0),
         rss as f64 / 1024.0,
-        peak as f64 / 1024.0
+        peak as f64 / 1024.0,
+        per_change,
+        all_in
     );
     let _ = stop.send(true);
     drop(controller);

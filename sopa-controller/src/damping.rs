@@ -32,7 +32,7 @@ impl Default for DampingConfig {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct LinkDamping {
     downs: VecDeque<Instant>,
     held_until: Option<Instant>,
@@ -56,6 +56,11 @@ pub enum Verdict {
     Held { until: Instant },
 }
 
+/// One link's damping state as it was, to put back when what was decided from a report could
+/// not be made (the change was not stored).
+#[derive(Debug)]
+pub struct Saved(Option<LinkDamping>);
+
 /// Damping state of every link, keyed by its canonical name.
 #[derive(Debug, Default)]
 pub struct Damper {
@@ -68,6 +73,23 @@ impl Damper {
         Self {
             config,
             links: BTreeMap::new(),
+        }
+    }
+
+    /// `link`'s state now, for [`Damper::restore`].
+    pub fn save(&self, link: &(String, String)) -> Saved {
+        Saved(self.links.get(link).cloned())
+    }
+
+    /// Puts `link`'s state back as it was saved.
+    pub fn restore(&mut self, link: &(String, String), saved: Saved) {
+        match saved.0 {
+            Some(d) => {
+                self.links.insert(link.clone(), d);
+            }
+            None => {
+                self.links.remove(link);
+            }
         }
     }
 
@@ -221,6 +243,37 @@ mod tests {
             assert_eq!(d.report(&l, true, t0 + s(i * 40)), Verdict::Apply);
             assert_eq!(d.report(&l, false, t0 + s(i * 40 + 1)), Verdict::Apply);
         }
+    }
+
+    #[test]
+    fn a_restored_link_decides_as_if_the_reports_since_were_never_made() {
+        let mut d = Damper::new(DampingConfig::default());
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let l = link();
+        for i in 0..2 {
+            d.report(&l, true, t0 + s(i * 2));
+            d.report(&l, false, t0 + s(i * 2 + 1));
+        }
+        let saved = d.save(&l);
+        // The third flap holds the link; its change is then not stored and put back.
+        assert!(matches!(
+            d.report(&l, true, t0 + s(4)),
+            Verdict::ApplyAndHold { .. }
+        ));
+        d.restore(&l, saved);
+        assert!(d.held(t0 + s(5)).is_empty(), "no hold left behind");
+        // The same report again decides the same way: the lost one counted for nothing.
+        assert_eq!(
+            d.report(&l, true, t0 + s(4)),
+            Verdict::ApplyAndHold { until: t0 + s(9) }
+        );
+        // A link never seen before is forgotten again.
+        let other = ("a1".to_owned(), "e1".to_owned());
+        let saved = d.save(&other);
+        d.report(&other, true, t0);
+        d.restore(&other, saved);
+        assert_eq!(d.save(&other).0, None);
     }
 
     #[test]

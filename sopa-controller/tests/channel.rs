@@ -178,6 +178,7 @@ async fn the_channel_runs_over_a_unix_socket() {
 /// What switches are told about host agents, in order: every host of the topology is live for
 /// the grace period after the controller starts (agents still reconnecting), then only hosts
 /// with an agent; a host whose agent leaves is down at once and live for one more grace period.
+/// Host agents are told only who is down, and only when that changes.
 #[tokio::test]
 async fn hosts_stay_live_for_a_grace_period_after_the_start_and_after_their_agent_leaves() {
     let grace = Duration::from_secs(3);
@@ -187,6 +188,7 @@ async fn hosts_stay_live_for_a_grace_period_after_the_start_and_after_their_agen
     let (switch, _switch_stop) =
         common::spawn_agent_peers(c.addr, "e0", sopa_channel::proto::Role::Switch);
     let (_h0, h0_stop) = common::spawn_agent_peers(c.addr, "h0", sopa_channel::proto::Role::Host);
+    let (h1, _h1_stop) = common::spawn_agent_peers(c.addr, "h1", sopa_channel::proto::Role::Host);
     let seen = |n: usize| {
         let switch = std::sync::Arc::clone(&switch);
         move || switch.lock().unwrap().len() >= n
@@ -194,6 +196,8 @@ async fn hosts_stay_live_for_a_grace_period_after_the_start_and_after_their_agen
     until("the start's message", seen(1)).await;
     until("the start-up grace's end", seen(2)).await;
     let h0 = vec!["h0".to_owned()];
+    let h01 = vec!["h0".to_owned(), "h1".to_owned()];
+    let h1_only = vec!["h1".to_owned()];
     h0_stop.send(true).unwrap();
     until("h0's agent gone", seen(3)).await;
     until("h0's grace over", seen(4)).await;
@@ -207,11 +211,25 @@ async fn hosts_stay_live_for_a_grace_period_after_the_start_and_after_their_agen
         got,
         vec![
             (vec![], all),
-            (vec![], h0.clone()),
-            (h0.clone(), h0.clone()),
-            (h0, vec![]),
+            (vec![], h01.clone()),
+            (h0.clone(), h01),
+            (h0, h1_only),
         ],
         "(down, live) in the order sent"
+    );
+    // A host agent reads only who is down: it gets that alone, and only when it changes (the
+    // ends of both grace periods change only the live set).
+    until("h1 told that h0 is down", || h1.lock().unwrap().len() >= 2).await;
+    let got: Vec<(Vec<String>, Vec<String>)> = h1
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|p| (p.down.clone(), p.live.clone()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![(vec![], vec![]), (vec!["h0".to_owned()], vec![])],
+        "(down, live) in the order sent to host h1"
     );
     c.stop().await;
 }
@@ -342,6 +360,84 @@ async fn a_restarted_controller_keeps_every_change_and_continues_the_versions() 
     assert!(s.down_links.is_empty());
     c.stop().await;
     let _ = std::fs::remove_file(&dir);
+}
+
+/// A port report whose change cannot be stored counts for nothing in the damping: no hold is
+/// left behind, and once the store is back the same report is judged as if the lost one had
+/// never come.
+#[tokio::test]
+async fn a_report_that_cannot_be_stored_leaves_the_damping_as_it_was() {
+    use sopa_channel::proto::{AgentMessage, Hello, LinkReport, agent_message};
+    use sopa_controller::{damping::DampingConfig, fabric::Fabric, store::Store};
+    use sopa_topology::topology::TopologySpec;
+    let dir = std::env::temp_dir().join(format!("sopa-damping-store-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let c = common::start_controller_fabric(
+        Fabric::new(TopologySpec::FatTree { k: 4 }, 34).unwrap(),
+        sopa_controller::server::Options {
+            store: Store::File(dir.join("state.json")),
+            damping: DampingConfig {
+                limit: 2,
+                window: Duration::from_secs(60),
+                hold: Duration::from_secs(60),
+                max_hold: Duration::from_secs(60),
+            },
+            ..common::test_options()
+        },
+    )
+    .await;
+    let (tx, _inbound) = common::open_raw(
+        c.addr,
+        Hello {
+            node: "e0".into(),
+            role: 2,
+            heartbeat_ms: 60_000,
+            ..Hello::default()
+        },
+    )
+    .await;
+    let report = |down| AgentMessage {
+        kind: Some(agent_message::Kind::Report(LinkReport {
+            a: "e0".into(),
+            b: "a0".into(),
+            down,
+        })),
+    };
+    tx.send(report(true)).await.unwrap();
+    tx.send(report(false)).await.unwrap();
+    until("the first flap applied", || c.controller.version() == 3).await;
+    // The second down would hold the link; it cannot be stored.
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::write(&dir, "a file where the state's folder was").unwrap();
+    tx.send(report(true)).await.unwrap();
+    until("the report refused", || {
+        c.controller.status().changes_not_stored == 1
+    })
+    .await;
+    let s = c.controller.status();
+    assert_eq!(s.version, 3);
+    assert!(s.down_links.is_empty(), "{s:?}");
+    assert!(
+        s.held_links.is_empty(),
+        "a hold decided from a report that was not made: {s:?}"
+    );
+    // The store back: the same down is the link's second flap, applied and held.
+    std::fs::remove_file(&dir).unwrap();
+    std::fs::create_dir_all(&dir).unwrap();
+    tx.send(report(true)).await.unwrap();
+    until("the down applied", || c.controller.version() == 4).await;
+    let s = c.controller.status();
+    assert_eq!(s.down_links.len(), 1, "{s:?}");
+    assert_eq!(
+        s.held_links.len(),
+        1,
+        "the second flap holds the link: {s:?}"
+    );
+    drop(tx);
+    c.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A port that flaps is held down: its downs are applied at once, its ups only when the hold

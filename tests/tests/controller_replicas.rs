@@ -304,6 +304,16 @@ fn replicas_on_etcd_never_lose_an_acknowledged_change() {
     let second = replicas.leader();
     assert_ne!(second, first);
     let (version, down) = state(&f, || replicas.logs());
+    // `sopactl status` says which replica answered: the one that leads.
+    let said = sopactl(&f, &all_addresses(), &["status"]);
+    assert!(
+        said.stdout.contains(&format!(
+            "controller replica r{second} (leads), state in etcd:"
+        )),
+        "status does not name the leader r{second}: {}{}",
+        said.stdout,
+        said.stderr
+    );
     eprintln!(
         "burst: {} acknowledged, {unanswered} tries unanswered while no replica led; replica {first} killed, replica {second} leads at version {version}; the second change after the kill acknowledged {first_after:?} after it",
         acked.len()

@@ -4,7 +4,7 @@
 
 use std::{
     pin::Pin,
-    sync::Arc,
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -76,13 +76,21 @@ impl Controller {
             (b.to_owned(), a.to_owned())
         };
         let mut hold = None;
-        let result = self.change(|f| {
+        // What the damper decides from a report that is not made counts for nothing: its
+        // state is put back before the next change.
+        let saved = Mutex::new(None);
+        let undo = || {
+            if let Some(s) = saved.lock().expect("saved lock").take() {
+                self.damper.lock().expect("damper lock").restore(&key, s);
+            }
+        };
+        let result = self.change_or_undo(|f| {
             f.check_link(a, b)?;
-            let verdict = self
-                .damper
-                .lock()
-                .expect("damper lock")
-                .report(&key, down, Instant::now());
+            let verdict = {
+                let mut damper = self.damper.lock().expect("damper lock");
+                *saved.lock().expect("saved lock") = Some(damper.save(&key));
+                damper.report(&key, down, Instant::now())
+            };
             match verdict {
                 Verdict::Held { until } => {
                     info!(link = %format!("{a}:{b}"), held_ms = until.saturating_duration_since(Instant::now()).as_millis() as u64, "a flapping link is up again; held down until its hold ends");
@@ -94,10 +102,11 @@ impl Controller {
                 }
                 Verdict::Apply => f.report_link(a, b, down),
             }
-        })
+        }, undo)
         .await;
         if let Err(e) = result {
             warn!(error = %e, "a switch's port report was not applied");
+            return;
         }
         let Some(until) = hold else {
             return;
@@ -106,22 +115,38 @@ impl Controller {
         let c = Arc::clone(self);
         tokio::spawn(async move {
             tokio::time::sleep_until(until.into()).await;
-            let result = c
-                .change(|f| {
-                    let up = c
-                        .damper
-                        .lock()
-                        .expect("damper lock")
-                        .release(&key, Instant::now());
-                    if up {
-                        f.report_link(&key.0, &key.1, false)
-                    } else {
-                        Ok(None)
+            // Until the hold's end is made (a change that cannot be stored is tried again
+            // each second, the hold kept meanwhile), or this controller stepped down.
+            loop {
+                let saved = Mutex::new(None);
+                let undo = || {
+                    if let Some(s) = saved.lock().expect("saved lock").take() {
+                        c.damper.lock().expect("damper lock").restore(&key, s);
                     }
-                })
-                .await;
-            if let Err(e) = result {
-                warn!(error = %e, "ending a flapping link's hold");
+                };
+                let result = c
+                    .change_or_undo(
+                        |f| {
+                            let up = {
+                                let mut damper = c.damper.lock().expect("damper lock");
+                                *saved.lock().expect("saved lock") = Some(damper.save(&key));
+                                damper.release(&key, Instant::now())
+                            };
+                            if up {
+                                f.report_link(&key.0, &key.1, false)
+                            } else {
+                                Ok(None)
+                            }
+                        },
+                        undo,
+                    )
+                    .await;
+                let Err(e) = result else { break };
+                if c.stepped_down.borrow().is_some() {
+                    break;
+                }
+                warn!(error = %e, link = %format!("{}:{}", key.0, key.1), "ending a flapping link's hold; trying again in 1 s");
+                tokio::time::sleep(Duration::from_secs(1)).await;
             }
         });
     }
@@ -506,14 +531,37 @@ impl proto::channel::channel_server::Channel for ChannelService {
             // An agent that stops reading (its connection still answering pings) is dropped
             // once a message waits for three heartbeat intervals, not waited on forever.
             let send = |m: ControllerMessage| tx.send_timeout(Ok(m), silence);
-            let peers_msg = |p: &Arc<proto::PeerAgents>| ControllerMessage {
-                kind: Some(controller_message::Kind::Peers(p.as_ref().clone())),
+            // A switch needs both sets (it honours the option only towards live hosts); a
+            // host agent reads only who is down, so it is sent that alone, and only when it
+            // changes: the live set names every host of the fabric, and a message of it to
+            // each of thousands of hosts on every connect would cost the controller more
+            // than all else it sends them.
+            let mut down_sent: Option<Vec<String>> = None;
+            let mut peers_msg = |p: &Arc<proto::PeerAgents>| {
+                let peers = if is_host {
+                    if down_sent.as_ref() == Some(&p.down) {
+                        return None;
+                    }
+                    down_sent = Some(p.down.clone());
+                    proto::PeerAgents {
+                        down: p.down.clone(),
+                        live: Vec::new(),
+                    }
+                } else {
+                    p.as_ref().clone()
+                };
+                Some(ControllerMessage {
+                    kind: Some(controller_message::Kind::Peers(peers)),
+                })
             };
             // The host agents' states come first: a switch installs its plan with its trusted
             // ports already known.
             let current = peers.borrow_and_update().clone();
+            let first = peers_msg(&current);
             let sent_initial = async {
-                send(peers_msg(&current)).await?;
+                if let Some(m) = first {
+                    send(m).await?;
+                }
                 for m in initial {
                     send(m).await?;
                 }
@@ -554,7 +602,8 @@ impl proto::channel::channel_server::Channel for ChannelService {
                         changed = peers.changed() => {
                             if changed.is_err() { break; }
                             let current = peers.borrow_and_update().clone();
-                            if send(peers_msg(&current)).await.is_err() { break; }
+                            if let Some(m) = peers_msg(&current)
+                                && send(m).await.is_err() { break; }
                         },
                         changed = revoked.changed(), if watching_deny_list => {
                             if changed.is_err() { watching_deny_list = false; continue; }

@@ -79,6 +79,8 @@ pub struct Controller {
     stepped_down: tokio::sync::watch::Sender<Option<String>>,
     /// Switches' port reports, damped.
     damper: Mutex<Damper>,
+    /// Changes refused because they could not be stored.
+    unstored: std::sync::atomic::AtomicU64,
 }
 
 /// How a controller runs.
@@ -205,6 +207,7 @@ impl Controller {
             writer: tokio::sync::Mutex::new(()),
             stepped_down: tokio::sync::watch::channel(None).0,
             damper: Mutex::new(Damper::new(damping)),
+            unstored: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -225,7 +228,17 @@ impl Controller {
                     left: (!up).then(Instant::now),
                 },
             );
-            self.publish_peers_locked(&hosts);
+            // A host that connects while already live and not down changes neither set:
+            // the states are not computed again (each computation walks every host, and
+            // thousands of agents reconnect at once after a failover).
+            let unchanged = up && {
+                let cur = self.peers.borrow();
+                let has = |v: &[String]| v.binary_search_by(|n| n.as_str().cmp(name)).is_ok();
+                has(&cur.live) && !has(&cur.down)
+            };
+            if !unchanged {
+                self.publish_peers_locked(&hosts);
+            }
         }
         if !up {
             let controller = Arc::clone(self);
@@ -333,17 +346,37 @@ impl Controller {
         &self,
         op: impl FnOnce(&mut Fabric) -> Result<Option<Delta>, FabricError>,
     ) -> Result<ChangeReply, FabricError> {
+        self.change_or_undo(op, || {}).await
+    }
+
+    /// [`Controller::change`], with `undo` run when the change is not made (`op` failed, or
+    /// its result could not be stored) before the next change begins: it puts back what `op`
+    /// changed outside the fabric.
+    async fn change_or_undo(
+        &self,
+        op: impl FnOnce(&mut Fabric) -> Result<Option<Delta>, FabricError>,
+        undo: impl FnOnce(),
+    ) -> Result<ChangeReply, FabricError> {
         let _one_at_a_time = self.writer.lock().await;
         if let Some(why) = self.stepped_down.borrow().clone() {
             return Err(FabricError::NotDurable(why));
         }
         let mut next = self.fabric.lock().expect("fabric lock").clone();
         let before = next.checkpoint();
-        let delta = op(&mut next)?;
+        let delta = match op(&mut next) {
+            Ok(d) => d,
+            Err(e) => {
+                undo();
+                return Err(e);
+            }
+        };
         if next.changed_since(&before)
             && let Err(e) = self.store.save(&next.persisted()).await
         {
             warn!(error = %e, "a change could not be stored; not made");
+            self.unstored
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            undo();
             if e.ends_leadership() {
                 self.step_down(e.to_string());
             }
@@ -453,6 +486,9 @@ impl Controller {
                     count,
                 })
                 .collect(),
+            store: self.store.to_string(),
+            leader: self.store.leader().unwrap_or_default(),
+            changes_not_stored: self.unstored.load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 

@@ -127,6 +127,20 @@ impl EtcdStore {
         }
     }
 
+    /// The name this controller was elected under, once it was.
+    pub fn leader(&self) -> Option<String> {
+        self.fence
+            .lock()
+            .expect("fence lock")
+            .as_ref()
+            .map(|f| f.name.clone())
+    }
+
+    /// The folder of keys the state and the leader key live under.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     /// From now on every write is fenced by `fence` (this controller was elected).
     pub fn fence_with(&self, fence: Fence) {
         *self.fence.lock().expect("fence lock") = Some(fence);

@@ -154,12 +154,23 @@ impl Store {
     }
 }
 
+impl Store {
+    /// With replicas, the name this controller leads under (`None` until it is elected, and
+    /// for a single controller).
+    pub fn leader(&self) -> Option<String> {
+        match self {
+            Store::Etcd(e) => e.leader(),
+            Store::Memory | Store::File(_) => None,
+        }
+    }
+}
+
 impl std::fmt::Display for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Store::Memory => f.write_str("memory"),
             Store::File(p) => write!(f, "file:{}", p.display()),
-            Store::Etcd(e) => write!(f, "etcd:{}", e.endpoints()),
+            Store::Etcd(e) => write!(f, "etcd:{} (keys under {})", e.endpoints(), e.prefix()),
         }
     }
 }

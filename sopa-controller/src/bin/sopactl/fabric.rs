@@ -243,6 +243,7 @@ pub fn status(c: &Connection, json: bool) -> Result<()> {
             println!(
                 "{}",
                 serde_json::to_string_pretty(&serde_json::json!({
+                    "leader": s.leader, "store": s.store, "changes_not_stored": s.changes_not_stored,
                     "epoch": s.epoch, "version": s.version, "topology": serde_json::from_str::<serde_json::Value>(&s.topology).unwrap_or_default(),
                     "down_links": down, "down_switches": s.down_switches, "agents": agents,
                     "drained_links": s.drained_links.iter().map(|l| format!("{}:{}", l.a, l.b)).collect::<Vec<_>>(),
@@ -251,6 +252,16 @@ pub fn status(c: &Connection, json: bool) -> Result<()> {
                 }))?
             );
             return Ok(());
+        }
+        match s.leader.as_str() {
+            "" => println!("controller, state in {}", s.store),
+            leader => println!("controller replica {leader} (leads), state in {}", s.store),
+        }
+        if s.changes_not_stored > 0 {
+            println!(
+                "{} changes refused since the start because they could not be stored: see the controller's log",
+                s.changes_not_stored
+            );
         }
         println!("controller epoch {:x}, version {}, topology {}", s.epoch, s.version, s.topology);
         let drained: Vec<(&str, &str)> = s.drained_links.iter().map(|l| (l.a.as_str(), l.b.as_str())).collect();
