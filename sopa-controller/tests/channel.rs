@@ -362,12 +362,42 @@ async fn a_restarted_controller_keeps_every_change_and_continues_the_versions() 
     let _ = std::fs::remove_file(&dir);
 }
 
+/// A raw stream of switch e0 (a slow heartbeat of its own: the test sends only reports).
+async fn switch_e0(
+    addr: std::net::SocketAddr,
+) -> (
+    tokio::sync::mpsc::Sender<sopa_channel::proto::AgentMessage>,
+    tonic::Streaming<sopa_channel::proto::ControllerMessage>,
+) {
+    common::open_raw(
+        addr,
+        sopa_channel::proto::Hello {
+            node: "e0".into(),
+            role: 2,
+            heartbeat_ms: 60_000,
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+/// e0's report of its port towards a0.
+fn e0_a0_report(down: bool) -> sopa_channel::proto::AgentMessage {
+    use sopa_channel::proto::{AgentMessage, LinkReport, agent_message};
+    AgentMessage {
+        kind: Some(agent_message::Kind::Report(LinkReport {
+            a: "e0".into(),
+            b: "a0".into(),
+            down,
+        })),
+    }
+}
+
 /// A port report whose change cannot be stored counts for nothing in the damping: no hold is
 /// left behind, and once the store is back the same report is judged as if the lost one had
 /// never come.
 #[tokio::test]
 async fn a_report_that_cannot_be_stored_leaves_the_damping_as_it_was() {
-    use sopa_channel::proto::{AgentMessage, Hello, LinkReport, agent_message};
     use sopa_controller::{damping::DampingConfig, fabric::Fabric, store::Store};
     use sopa_topology::topology::TopologySpec;
     let dir = std::env::temp_dir().join(format!("sopa-damping-store-{}", std::process::id()));
@@ -388,30 +418,14 @@ async fn a_report_that_cannot_be_stored_leaves_the_damping_as_it_was() {
         },
     )
     .await;
-    let (tx, _inbound) = common::open_raw(
-        c.addr,
-        Hello {
-            node: "e0".into(),
-            role: 2,
-            heartbeat_ms: 60_000,
-            ..Hello::default()
-        },
-    )
-    .await;
-    let report = |down| AgentMessage {
-        kind: Some(agent_message::Kind::Report(LinkReport {
-            a: "e0".into(),
-            b: "a0".into(),
-            down,
-        })),
-    };
-    tx.send(report(true)).await.unwrap();
-    tx.send(report(false)).await.unwrap();
+    let (tx, _inbound) = switch_e0(c.addr).await;
+    tx.send(e0_a0_report(true)).await.unwrap();
+    tx.send(e0_a0_report(false)).await.unwrap();
     until("the first flap applied", || c.controller.version() == 3).await;
     // The second down would hold the link; it cannot be stored.
     std::fs::remove_dir_all(&dir).unwrap();
     std::fs::write(&dir, "a file where the state's folder was").unwrap();
-    tx.send(report(true)).await.unwrap();
+    tx.send(e0_a0_report(true)).await.unwrap();
     until("the report refused", || {
         c.controller.status().changes_not_stored == 1
     })
@@ -426,7 +440,7 @@ async fn a_report_that_cannot_be_stored_leaves_the_damping_as_it_was() {
     // The store back: the same down is the link's second flap, applied and held.
     std::fs::remove_file(&dir).unwrap();
     std::fs::create_dir_all(&dir).unwrap();
-    tx.send(report(true)).await.unwrap();
+    tx.send(e0_a0_report(true)).await.unwrap();
     until("the down applied", || c.controller.version() == 4).await;
     let s = c.controller.status();
     assert_eq!(s.down_links.len(), 1, "{s:?}");
@@ -444,7 +458,6 @@ async fn a_report_that_cannot_be_stored_leaves_the_damping_as_it_was() {
 /// ends, and `status` shows it held meanwhile.
 #[tokio::test]
 async fn a_flapping_port_is_held_down_until_its_hold_ends() {
-    use sopa_channel::proto::{AgentMessage, Hello, LinkReport, agent_message};
     use sopa_controller::{damping::DampingConfig, fabric::Fabric};
     use sopa_topology::topology::TopologySpec;
     let c = common::start_controller_fabric(
@@ -460,31 +473,15 @@ async fn a_flapping_port_is_held_down_until_its_hold_ends() {
         },
     )
     .await;
-    let (tx, _inbound) = common::open_raw(
-        c.addr,
-        Hello {
-            node: "e0".into(),
-            role: 2,
-            heartbeat_ms: 60_000,
-            ..Hello::default()
-        },
-    )
-    .await;
-    let report = |down| AgentMessage {
-        kind: Some(agent_message::Kind::Report(LinkReport {
-            a: "e0".into(),
-            b: "a0".into(),
-            down,
-        })),
-    };
+    let (tx, _inbound) = switch_e0(c.addr).await;
     // One flap: down and up, both applied.
-    tx.send(report(true)).await.unwrap();
-    tx.send(report(false)).await.unwrap();
+    tx.send(e0_a0_report(true)).await.unwrap();
+    tx.send(e0_a0_report(false)).await.unwrap();
     until("the first flap applied", || c.controller.version() == 3).await;
     // The second down within the window: applied, and the link held down.
-    tx.send(report(true)).await.unwrap();
+    tx.send(e0_a0_report(true)).await.unwrap();
     until("the second down applied", || c.controller.version() == 4).await;
-    tx.send(report(false)).await.unwrap();
+    tx.send(e0_a0_report(false)).await.unwrap();
     until("the up taken and held", || {
         c.controller
             .status()

@@ -11,7 +11,7 @@ use std::{
 use sopa_channel::{
     identity,
     proto::{
-        self, AgentMessage, ControllerMessage, Delta, Heartbeat, MAX_TEXT_BYTES, Role,
+        self, AgentMessage, ChangeReply, ControllerMessage, Delta, Heartbeat, MAX_TEXT_BYTES, Role,
         agent_message, controller_message,
     },
 };
@@ -23,8 +23,8 @@ use tracing::{info, warn};
 use super::{AgentRecord, Controller};
 use crate::{
     auth::{DenyList, Peer, Refusal},
-    damping::Verdict,
-    fabric::Fabric,
+    damping::{Damper, Verdict},
+    fabric::{Fabric, FabricError},
 };
 
 /// How long an agent has to say hello after opening the stream.
@@ -76,34 +76,22 @@ impl Controller {
             (b.to_owned(), a.to_owned())
         };
         let mut hold = None;
-        // What the damper decides from a report that is not made counts for nothing: its
-        // state is put back before the next change.
-        let saved = Mutex::new(None);
-        let undo = || {
-            if let Some(s) = saved.lock().expect("saved lock").take() {
-                self.damper.lock().expect("damper lock").restore(&key, s);
-            }
-        };
-        let result = self.change_or_undo(|f| {
-            f.check_link(a, b)?;
-            let verdict = {
-                let mut damper = self.damper.lock().expect("damper lock");
-                *saved.lock().expect("saved lock") = Some(damper.save(&key));
-                damper.report(&key, down, Instant::now())
-            };
-            match verdict {
-                Verdict::Held { until } => {
-                    info!(link = %format!("{a}:{b}"), held_ms = until.saturating_duration_since(Instant::now()).as_millis() as u64, "a flapping link is up again; held down until its hold ends");
-                    Ok(None)
+        let result = self
+            .damped_change(&key, |f, damper| {
+                f.check_link(a, b)?;
+                match damper.report(&key, down, Instant::now()) {
+                    Verdict::Held { until } => {
+                        info!(link = %format!("{a}:{b}"), held_ms = until.saturating_duration_since(Instant::now()).as_millis() as u64, "a flapping link is up again; held down until its hold ends");
+                        Ok(None)
+                    }
+                    Verdict::ApplyAndHold { until } => {
+                        hold = Some(until);
+                        f.report_link(a, b, down)
+                    }
+                    Verdict::Apply => f.report_link(a, b, down),
                 }
-                Verdict::ApplyAndHold { until } => {
-                    hold = Some(until);
-                    f.report_link(a, b, down)
-                }
-                Verdict::Apply => f.report_link(a, b, down),
-            }
-        }, undo)
-        .await;
+            })
+            .await;
         if let Err(e) = result {
             warn!(error = %e, "a switch's port report was not applied");
             return;
@@ -118,28 +106,14 @@ impl Controller {
             // Until the hold's end is made (a change that cannot be stored is tried again
             // each second, the hold kept meanwhile), or this controller stepped down.
             loop {
-                let saved = Mutex::new(None);
-                let undo = || {
-                    if let Some(s) = saved.lock().expect("saved lock").take() {
-                        c.damper.lock().expect("damper lock").restore(&key, s);
-                    }
-                };
                 let result = c
-                    .change_or_undo(
-                        |f| {
-                            let up = {
-                                let mut damper = c.damper.lock().expect("damper lock");
-                                *saved.lock().expect("saved lock") = Some(damper.save(&key));
-                                damper.release(&key, Instant::now())
-                            };
-                            if up {
-                                f.report_link(&key.0, &key.1, false)
-                            } else {
-                                Ok(None)
-                            }
-                        },
-                        undo,
-                    )
+                    .damped_change(&key, |f, damper| {
+                        if damper.release(&key, Instant::now()) {
+                            f.report_link(&key.0, &key.1, false)
+                        } else {
+                            Ok(None)
+                        }
+                    })
                     .await;
                 let Err(e) = result else { break };
                 if c.stepped_down.borrow().is_some() {
@@ -149,6 +123,30 @@ impl Controller {
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         });
+    }
+
+    /// [`Controller::change`] made of what the damper decides about `key`: if the change is
+    /// not made, the damper's state for that link is put back, so a report that was not made
+    /// counts for nothing.
+    async fn damped_change(
+        &self,
+        key: &(String, String),
+        op: impl FnOnce(&mut Fabric, &mut Damper) -> Result<Option<Delta>, FabricError>,
+    ) -> Result<ChangeReply, FabricError> {
+        let saved = Mutex::new(None);
+        self.change_or_undo(
+            |f| {
+                let mut damper = self.damper.lock().expect("damper lock");
+                *saved.lock().expect("saved lock") = Some(damper.save(key));
+                op(f, &mut damper)
+            },
+            || {
+                if let Some(s) = saved.lock().expect("saved lock").take() {
+                    self.damper.lock().expect("damper lock").restore(key, s);
+                }
+            },
+        )
+        .await
     }
 
     /// One message of an agent's stream.

@@ -152,9 +152,7 @@ impl Store {
             Store::Etcd(e) => e.save(state).await,
         }
     }
-}
 
-impl Store {
     /// With replicas, the name this controller leads under (`None` until it is elected, and
     /// for a single controller).
     pub fn leader(&self) -> Option<String> {
