@@ -74,6 +74,15 @@ pub struct HostOptions {
 }
 
 /// The node's pin folder. bpffs refuses names containing '.', so dots become ':' there.
+/// Bytes the table's encoding adds to every packet it carries a path in.
+fn overhead(table: &PathTable) -> u32 {
+    if table.srv6.is_some() {
+        sopa_common::srv6::IPV6_HLEN as u32
+    } else {
+        u32::from(sopa_common::wire::OPTION_LEN)
+    }
+}
+
 pub fn pin_dir(node: &str) -> PathBuf {
     Path::new(BPFFS_ROOT).join(node.replace('.', ":"))
 }
@@ -280,6 +289,7 @@ impl Host {
         let started = async {
             if opts.lower_route_mtu {
                 let mut k = RouteKeeper::new(link.clone(), journal.clone())?;
+                k.set_overhead(overhead(&opts.paths));
                 // Routes first: by the time the first packet is stamped, they fit it.
                 k.ensure(opts.paths.destinations.keys()).await?;
                 keeper = Some(k);
@@ -439,6 +449,7 @@ impl Host {
             maps.set_first_path(sopa_common::maps::first_path::HASH)?;
             if !(adopting && opts.paths_from_controller) {
                 maps.apply_paths(&opts.paths)?;
+                maps.apply_srv6(opts.paths.srv6.as_ref())?;
             }
             // Programs last: by the time the first packet is stamped, the routes fit it.
             datapath.attach_host(&opts.iface, xdp_mode, opts.tcx_order)
@@ -509,8 +520,20 @@ impl Host {
     /// Installs `table` as the datapath's whole path table (make-before-break), first giving
     /// new fabric prefixes their lowered route MTU. Used when the controller pushes paths.
     pub async fn apply_table(&mut self, table: &PathTable) -> Result<()> {
+        if let Some((keeper, _)) = &self.routes {
+            keeper.lock().await.set_overhead(overhead(table));
+        }
         self.prepare_routes(table.destinations.keys()).await?;
-        self.maps.lock().expect("maps lock").apply_paths(table)
+        let mut maps = self.maps.lock().expect("maps lock");
+        // Paths and their uSIDs both in place before the encoding that needs them; a stale
+        // entry of either goes after.
+        if table.srv6.is_some() {
+            maps.apply_paths(table)?;
+            maps.apply_srv6(table.srv6.as_ref())
+        } else {
+            maps.apply_srv6(None)?;
+            maps.apply_paths(table)
+        }
     }
 
     /// Rewrites the path sets of some prefixes only (each one atomically).

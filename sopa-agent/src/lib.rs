@@ -12,6 +12,7 @@ pub mod mode;
 pub mod netlink;
 pub mod path_table;
 pub mod routes;
+pub mod srv6;
 pub mod status;
 pub mod switch;
 pub mod sysctl;

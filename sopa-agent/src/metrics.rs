@@ -130,9 +130,10 @@ impl Collector for DatapathCollector {
             None,
             prometheus_client::metrics::MetricType::Counter,
         )?;
-        for (i, name) in stamp_reason::NAMES[..stamp_reason::VERDICTS]
+        for (i, name) in stamp_reason::NAMES
             .iter()
             .enumerate()
+            .filter(|(i, _)| stamp_reason::is_verdict(*i as u32))
         {
             let labels = [("reason", *name)];
             ConstCounter::new(stamp[i]).encode(family.encode_family(&labels)?)?;
@@ -208,7 +209,7 @@ impl Collector for DatapathCollector {
         for (i, name) in strip_reason::NAMES
             .iter()
             .enumerate()
-            .take(strip_reason::TCP_DATA as usize)
+            .filter(|(i, _)| strip_reason::is_verdict(*i as u32))
         {
             let labels = [("reason", *name)];
             ConstCounter::new(strip[i]).encode(family.encode_family(&labels)?)?;

@@ -12,15 +12,34 @@
 //! paths = [[0], [1]]            # one decision: hop1 is "none" (0xFF on the wire)
 //! ```
 //!
+//! In the SRv6 encoding (`crate::srv6`) every destination also names, per path, the uSIDs of
+//! the switches the path chooses, and the uSIDs after them up to its rack switch:
+//!
+//! ```toml
+//! encoding = "srv6"             # or "ipv4-option", the default
+//! [srv6]
+//! source = "fd00:101:1::2"      # the outer source address: this host's IPv6 address
+//! receive = "fcbb:bb00:e002::"  # the outer destination this host receives on
+//!
+//! [[destination]]
+//! prefix = "10.101.2.0/24"
+//! paths = [[0], [1]]
+//! segments = [[0x0100], [0x0101]]   # per path
+//! tail = []                         # after them (the destination's rack switch)
+//! ```
+//!
 //! The controller replaces this file in production; it stays as the offline mode.
 
-use std::{collections::BTreeMap, path::Path};
+use std::{collections::BTreeMap, net::Ipv6Addr, path::Path};
 
 use serde::Deserialize;
 use sopa_common::{maps::MAX_PATHS, wire::HOP_NONE};
 pub use sopa_topology::{Hops, Prefix};
 
-use crate::error::{Error, Result};
+use crate::{
+    error::{Error, Result},
+    srv6::{Srv6Paths, Srv6Table},
+};
 
 /// Highest hop value a path may name (0xFF means "no second decision").
 pub const MAX_HOP: u8 = HOP_NONE - 1;
@@ -29,14 +48,25 @@ pub const MAX_HOP: u8 = HOP_NONE - 1;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PathTable {
     pub destinations: BTreeMap<Prefix, Vec<Hops>>,
+    /// The SRv6 encoding's uSIDs; `None`: the IPv4 option.
+    pub srv6: Option<Srv6Table>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileV1 {
     version: Option<i64>,
+    encoding: Option<String>,
+    srv6: Option<Srv6V1>,
     #[serde(default)]
     destination: Vec<DestinationV1>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Srv6V1 {
+    source: String,
+    receive: String,
 }
 
 #[derive(Deserialize)]
@@ -44,6 +74,16 @@ struct FileV1 {
 struct DestinationV1 {
     prefix: String,
     paths: Vec<Vec<i64>>,
+    segments: Option<Vec<Vec<i64>>>,
+    tail: Option<Vec<i64>>,
+}
+
+/// A uSID of a path table file.
+fn usid(v: i64, at: &str) -> Result<u16, String> {
+    u16::try_from(v)
+        .ok()
+        .filter(|v| *v != 0)
+        .ok_or_else(|| format!("{at}: uSID {v} is out of range (1 to 0xFFFF)"))
 }
 
 impl PathTable {
@@ -69,6 +109,38 @@ impl PathTable {
                 "version {version} is not supported; this agent reads version 1"
             ));
         }
+        let srv6 = match file.encoding.as_deref() {
+            None | Some("ipv4-option") => None,
+            Some("srv6") => {
+                let Some(s) = &file.srv6 else {
+                    return Err("encoding \"srv6\" needs an [srv6] table with this host's \
+                                source and receive addresses"
+                        .into());
+                };
+                let addr = |name: &str, v: &str| {
+                    v.parse::<Ipv6Addr>()
+                        .map_err(|_| format!("[srv6] {name} = {v:?} is not an IPv6 address"))
+                };
+                Some(Srv6Table {
+                    source: addr("source", &s.source)?,
+                    receive: addr("receive", &s.receive)?,
+                    destinations: BTreeMap::new(),
+                })
+            }
+            Some(other) => {
+                return Err(format!(
+                    "encoding {other:?} is not known: use \"ipv4-option\" or \"srv6\""
+                ));
+            }
+        };
+        if srv6.is_none() && file.srv6.is_some() {
+            return Err(
+                "an [srv6] table without encoding = \"srv6\": add the encoding, or \
+                        remove the table"
+                    .into(),
+            );
+        }
+        let mut srv6 = srv6;
         let mut destinations = BTreeMap::new();
         for (i, entry) in file.destination.iter().enumerate() {
             let at = format!("destination {} ({:?})", i + 1, entry.prefix);
@@ -114,11 +186,49 @@ impl PathTable {
                 }
                 paths.push(hops);
             }
+            match (&mut srv6, &entry.segments) {
+                (Some(table), Some(segments)) => {
+                    if segments.len() != paths.len() {
+                        return Err(format!(
+                            "{at}: {} segment lists for {} paths; give one per path",
+                            segments.len(),
+                            paths.len()
+                        ));
+                    }
+                    let mut s = Srv6Paths::default();
+                    for (j, (hops, list)) in paths.iter().zip(segments).enumerate() {
+                        let at = format!("{at}, segments {}", j + 1);
+                        let list = list
+                            .iter()
+                            .map(|v| usid(*v, &at))
+                            .collect::<Result<Vec<_>, _>>()?;
+                        s.chosen.insert(*hops, list);
+                    }
+                    for v in entry.tail.iter().flatten() {
+                        s.tail.push(usid(*v, &format!("{at}, tail"))?);
+                    }
+                    table.destinations.insert(prefix, s);
+                }
+                (Some(_), None) => {
+                    return Err(format!(
+                        "{at}: encoding \"srv6\" needs the uSIDs of every path: add segments"
+                    ));
+                }
+                (None, Some(_)) => {
+                    return Err(format!(
+                        "{at}: segments are uSIDs of the \"srv6\" encoding; set encoding = \"srv6\""
+                    ));
+                }
+                (None, None) => {}
+            }
             if destinations.insert(prefix, paths).is_some() {
                 return Err(format!("{at}: prefix {prefix} is listed twice"));
             }
         }
-        Ok(Self { destinations })
+        if let Some(t) = &srv6 {
+            t.validate()?;
+        }
+        Ok(Self { destinations, srv6 })
     }
 
     pub fn len(&self) -> usize {
@@ -167,6 +277,54 @@ mod tests {
                 }
             ]
         );
+    }
+
+    #[test]
+    fn an_srv6_table_parses_and_its_mistakes_are_named() {
+        let table = PathTable::parse(
+            r#"
+            encoding = "srv6"
+            [srv6]
+            source = "fd00:101:1::2"
+            receive = "fcbb:bb00:e002::"
+            [[destination]]
+            prefix = "10.101.2.0/24"
+            paths = [[0], [1]]
+            segments = [[0x0100], [0x0101]]
+            tail = [0x0200]
+            "#,
+        )
+        .unwrap();
+        let s = table.srv6.unwrap();
+        let p: Prefix = "10.101.2.0/24".parse().unwrap();
+        let one = Hops {
+            hop0: 1,
+            hop1: HOP_NONE,
+        };
+        assert_eq!(s.destinations[&p].chosen[&one], vec![0x0101]);
+        assert_eq!(s.destinations[&p].tail, vec![0x0200]);
+        let base = "[srv6]\nsource = \"fd00::2\"\nreceive = \"fcbb:bb00:e002::\"\n\
+                    [[destination]]\nprefix = \"10.1.0.0/24\"\npaths = [[0], [1]]\n";
+        for (text, needle) in [
+            (format!("encoding = \"srv6\"\n{base}"), "add segments"),
+            (
+                format!("encoding = \"srv6\"\n{base}segments = [[1]]"),
+                "1 segment lists for 2 paths",
+            ),
+            (
+                format!("encoding = \"srv6\"\n{base}segments = [[1], [70000]]"),
+                "uSID 70000 is out of range",
+            ),
+            (format!("{base}segments = [[1], [2]]"), "without encoding"),
+            (
+                format!("encoding = \"mpls\"\n{base}"),
+                "encoding \"mpls\" is not known",
+            ),
+            ("encoding = \"srv6\"".to_owned(), "needs an [srv6] table"),
+        ] {
+            let e = err(&text);
+            assert!(e.contains(needle), "{text}: {e}");
+        }
     }
 
     #[test]

@@ -1,5 +1,7 @@
-//! The fabric routes of a host: every fabric prefix routed with an MTU 4 bytes under the
-//! interface's, so a full-size packet still fits once stamped, and kept so while routing
+//! The fabric routes of a host: every fabric prefix routed with an MTU under the interface's by
+//! what the encoding adds (4 bytes for the option, 40 for SRv6's outer header; a fabric whose
+//! links carry 40 more than the hosts' MTU loses nothing), so a full-size packet still fits once
+//! stamped, and kept so while routing
 //! daemons and operators change routes under the agent (rtnetlink route events). Every change
 //! is in the journal before it is made.
 //!
@@ -26,7 +28,7 @@ use crate::{
     path_table::Prefix,
 };
 
-/// Bytes the option adds to every stamped packet.
+/// Bytes the option adds to every stamped packet (the default overhead).
 const OPTION_BYTES: u32 = sopa_common::wire::OPTION_LEN as u32;
 /// `RTPROT_STATIC`: the origin of the copies the agent adds.
 const RTPROT_STATIC: u8 = 4;
@@ -47,6 +49,8 @@ pub struct RouteKeeper {
     elsewhere: HashSet<Prefix>,
     /// Re-applications per prefix in the current window.
     reapplied: HashMap<Prefix, (Instant, u32)>,
+    /// What the encoding adds to a packet.
+    overhead: u32,
 }
 
 /// The main table (unicast routes, and the prefixes of routes that send nothing anywhere) and
@@ -74,7 +78,17 @@ impl RouteKeeper {
             kept: BTreeSet::new(),
             elsewhere: HashSet::new(),
             reapplied: HashMap::new(),
+            overhead: OPTION_BYTES,
         })
+    }
+
+    /// Sets what the encoding adds to a packet; a change has the next [`Self::ensure`] see to
+    /// every prefix again.
+    pub fn set_overhead(&mut self, bytes: u32) {
+        if bytes != self.overhead {
+            self.overhead = bytes;
+            self.kept.clear();
+        }
     }
 
     /// Lowers the routes of the `prefixes` not seen to yet, and keeps them so from now on. A
@@ -169,7 +183,7 @@ impl RouteKeeper {
             blocks,
             changes,
         } = now;
-        let target = self.link.mtu.saturating_sub(OPTION_BYTES);
+        let target = self.link.mtu.saturating_sub(self.overhead);
         let our_copy = |r: &Route| {
             changes
                 .iter()
@@ -204,7 +218,8 @@ impl RouteKeeper {
             }
             return Err(Error::Config(format!(
                 "no route to fabric prefix {prefix} in the main table; add the route to the \
-                 fabric first (the agent lowers its MTU by {OPTION_BYTES})"
+                 fabric first (the agent lowers its MTU by {})",
+                self.overhead
             )));
         };
         if base.multipath {

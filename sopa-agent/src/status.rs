@@ -321,7 +321,12 @@ impl Status {
             "xdp_strip: {}",
             nonzero(
                 &self.strip,
-                &strip_reason::NAMES[..strip_reason::TCP_DATA as usize]
+                &strip_reason::NAMES
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| strip_reason::is_verdict(*i as u32))
+                    .map(|(_, n)| *n)
+                    .collect::<Vec<_>>()
             )
         );
         let _ = writeln!(

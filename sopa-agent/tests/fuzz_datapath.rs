@@ -273,8 +273,10 @@ fn tc_stamp_survives_generated_packets() {
     let (mut stamped, mut untouched, mut refused) = (0u64, 0u64, 0u64);
     let (mut restamped_count, mut dropped) = (0u64, 0u64);
     let verdicts = |m: &sopa_agent::datapath::MapSet| -> u64 {
-        m.stamp_counters().unwrap()[..stamp_reason::VERDICTS]
-            .iter()
+        let c = m.stamp_counters().unwrap();
+        (0..stamp_reason::COUNT)
+            .filter(|i| stamp_reason::is_verdict(*i))
+            .map(|i| c[i as usize])
             .sum()
     };
     let before = verdicts(&maps);
@@ -392,8 +394,10 @@ fn xdp_strip_survives_generated_packets() {
     let mut r = Rng(0xdead_beef_cafe);
     let (mut removed, mut untouched, mut refused) = (0u64, 0u64, 0u64);
     let verdicts = |m: &sopa_agent::datapath::MapSet| -> u64 {
-        m.strip_counters().unwrap()[..strip_reason::TCP_DATA as usize]
-            .iter()
+        let c = m.strip_counters().unwrap();
+        (0..strip_reason::COUNT)
+            .filter(|i| strip_reason::is_verdict(*i))
+            .map(|i| c[i as usize])
             .sum()
     };
     let before = verdicts(&maps);

@@ -146,12 +146,15 @@ fn counters_of_the_previous_layout_are_carried_over_by_name() {
         assert_eq!(counter(&stamp, &stamp_reason::NAMES, name), 0, "{name}");
     }
     let strip = open(&pins.0.join(STRIP_STATS_MAP));
-    for (i, name) in strip_reason::NAMES.iter().enumerate() {
+    for (i, name) in layout::PREDECESSORS[1].old_names.iter().enumerate() {
         assert_eq!(
             counter(&strip, &strip_reason::NAMES, name),
             (i as u64 + 1) * n,
             "{name}"
         );
+    }
+    for name in ["decapsulated", "foreign_srv6"] {
+        assert_eq!(counter(&strip, &strip_reason::NAMES, name), 0, "{name}");
     }
     // tc_forward's V1 counters keep their names; `untrusted` is new.
     let forward = open(&pins.0.join(FWD_STATS_MAP));

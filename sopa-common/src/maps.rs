@@ -53,6 +53,81 @@ pub mod first_path {
     pub const NAMES: [&str; 2] = ["hash", "zero"];
 }
 
+/// How the chosen path travels, and this host's SRv6 addresses: a one-entry array. A map of its
+/// own, so a datapath of an older layout reads the default ([`encoding::IPV4_OPTION`]) from a
+/// fresh one.
+pub const ENCAP_MAP: &str = "SOPA_ENCAP_V1";
+
+/// Values of [`Encap::encoding`].
+pub mod encoding {
+    /// The paper's: the hop bytes in an IPv4 option, for software or programmable switches.
+    pub const IPV4_OPTION: u32 = 0;
+    /// The path as a uSID list in an outer IPv6 header (`crate::srv6`), for any SRv6 fabric.
+    pub const SRV6: u32 = 1;
+    pub const NAMES: [&str; 2] = ["ipv4-option", "srv6"];
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Encap {
+    /// One of [`encoding`].
+    pub encoding: u32,
+    pub _pad: u32,
+    /// The outer header's source address: this host's IPv6 address.
+    pub source: [u8; 16],
+    /// The outer destination this host receives on (the block and its local uSID): `xdp_strip`
+    /// removes the outer header of exactly these packets.
+    pub receive: [u8; 16],
+}
+const _: () = assert!(size_of::<Encap>() == 40);
+
+/// SRv6: destination prefix -> what ends its paths' uSID lists (LPM trie keyed like
+/// [`PATHS_MAP`]). A prefix without an entry is not encapsulated.
+pub const SRV6_DESTS_MAP: &str = "SOPA_SRV6D_V1";
+/// uSIDs between the path's chosen switches and the destination host's local uSID.
+pub const MAX_TAIL: usize = 2;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Srv6Dest {
+    /// The [`SRV6_SEGS_MAP`] group that names the switches of this prefix's paths.
+    pub group: u16,
+    /// Valid entries of `tail`.
+    pub tail_len: u16,
+    /// uSIDs after the chosen switches (the destination's rack switch).
+    pub tail: [u16; MAX_TAIL],
+    /// The host bits of the prefix (host order): a destination's local uSID is
+    /// `srv6::LIB_BASE | (daddr & host_mask)`.
+    pub host_mask: u32,
+}
+const _: () = assert!(size_of::<Srv6Dest>() == 12);
+
+/// SRv6: (group, hop pair) -> the uSIDs of the switches the path chooses (hash). Destinations
+/// whose paths name the same switches for the same hop pairs share a group (every destination
+/// of a Fat-Tree shares one), so the map grows with the paths of one source, not with
+/// destinations times paths.
+pub const SRV6_SEGS_MAP: &str = "SOPA_SRV6S_V1";
+pub const SRV6_SEGS_CAPACITY: u32 = 65_536;
+/// uSIDs of the switches one path chooses.
+pub const MAX_CHOSEN: usize = 3;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SegKey {
+    pub group: u16,
+    pub hops: [u8; 2],
+}
+const _: () = assert!(size_of::<SegKey>() == 4);
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Segments {
+    /// Valid entries of `usids`.
+    pub len: u16,
+    pub usids: [u16; MAX_CHOSEN],
+}
+const _: () = assert!(size_of::<Segments>() == 8);
+
 /// Destination prefix -> candidate paths (LPM trie keyed by the IPv4 address, network order).
 pub const PATHS_MAP: &str = "SOPA_PATHS_V1";
 /// Destination prefixes (one per edge/access switch of a fabric).
@@ -178,7 +253,10 @@ pub mod stamp_reason {
     /// Not a verdict: stamped packets that already carried this fabric's option, whose hop
     /// bytes were replaced with our own choice (a sender cannot pick its path).
     pub const RESTAMPED: u32 = 17;
-    pub const COUNT: u32 = 18;
+    /// Passed as it is: the encoding is SRv6 and the destination or the chosen path has no
+    /// uSIDs (a path table without them, or one being replaced).
+    pub const NO_SEGMENTS: u32 = 18;
+    pub const COUNT: u32 = 19;
     const _: () = assert!(COUNT <= super::REASON_SLOTS);
     /// Names in index order, for status and metrics.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -200,9 +278,12 @@ pub mod stamp_reason {
         "flows_created",
         "flow_table_full",
         "restamped",
+        "no_segments",
     ];
-    /// The verdicts: every packet is counted under exactly one of `NAMES[..VERDICTS]`.
-    pub const VERDICTS: usize = PINNED as usize;
+    /// Whether counter `i` is a verdict: every packet is counted under exactly one verdict.
+    pub const fn is_verdict(i: u32) -> bool {
+        i < PINNED || (i >= NO_SEGMENTS && i < COUNT)
+    }
 }
 
 /// Per-CPU packet counters of `tc_stamp`, indexed by [`stamp_reason`], [`REASON_SLOTS`] long.
@@ -226,7 +307,12 @@ pub mod strip_reason {
     /// Not verdicts: TCP data packets seen and those that arrived out of order.
     pub const TCP_DATA: u32 = 8;
     pub const TCP_REORDERED: u32 = 9;
-    pub const COUNT: u32 = 10;
+    /// The outer IPv6 header of a packet sent to this host's SRv6 address was removed.
+    pub const DECAPSULATED: u32 = 10;
+    /// IPv6 with an outer destination in the uSID block that is not this host's, or that is
+    /// not a packet of ours (a routing header, another payload): left alone.
+    pub const FOREIGN_SRV6: u32 = 11;
+    pub const COUNT: u32 = 12;
     const _: () = assert!(COUNT <= super::REASON_SLOTS);
     pub const NAMES: [&str; COUNT as usize] = [
         "stripped",
@@ -239,7 +325,13 @@ pub mod strip_reason {
         "adjust_failed",
         "tcp_data",
         "tcp_reordered",
+        "decapsulated",
+        "foreign_srv6",
     ];
+    /// Whether counter `i` is a verdict (every packet counts under exactly one).
+    pub const fn is_verdict(i: u32) -> bool {
+        i < TCP_DATA || (i >= DECAPSULATED && i < COUNT)
+    }
 }
 
 /// Per-CPU packet counters of `xdp_strip`, indexed by [`strip_reason`], [`REASON_SLOTS`] long.
@@ -255,6 +347,10 @@ mod pod {
     unsafe impl aya::Pod for FlowState {}
     unsafe impl aya::Pod for ReorderState {}
     unsafe impl aya::Pod for Pin {}
+    unsafe impl aya::Pod for Encap {}
+    unsafe impl aya::Pod for Srv6Dest {}
+    unsafe impl aya::Pod for SegKey {}
+    unsafe impl aya::Pod for Segments {}
 }
 
 /// Switch role: destination prefix -> this switch's forwarding decision (LPM trie keyed by the

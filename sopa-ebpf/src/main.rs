@@ -13,6 +13,7 @@
 
 mod baseline;
 mod packet;
+mod srv6;
 mod tc_forward;
 mod tc_stamp;
 mod xdp_strip;
@@ -24,9 +25,9 @@ use aya_ebpf::{
     programs::{TcContext, XdpContext},
 };
 use sopa_common::maps::{
-    Config, FLOWS_CAPACITY, FWD_CAPACITY, FlowKey, FlowState, FwdEntry, HOP_STATS_LEN, MAX_UPLINKS,
-    PATHS_CAPACITY, PINS_CAPACITY, PathSet, Pin, REASON_SLOTS, REORDER_CAPACITY, ReorderState,
-    TRUST_CAPACITY,
+    Config, Encap, FLOWS_CAPACITY, FWD_CAPACITY, FlowKey, FlowState, FwdEntry, HOP_STATS_LEN,
+    MAX_UPLINKS, PATHS_CAPACITY, PINS_CAPACITY, PathSet, Pin, REASON_SLOTS, REORDER_CAPACITY,
+    ReorderState, SRV6_SEGS_CAPACITY, SegKey, Segments, Srv6Dest, TRUST_CAPACITY,
 };
 
 // Names must equal the constants of `sopa_common::maps` (checked by the agent's loader tests).
@@ -38,6 +39,15 @@ static START: Array<u32> = Array::pinned(1, 0);
 
 #[map(name = "SOPA_PATHS_V1")]
 static PATHS: LpmTrie<[u8; 4], PathSet> = LpmTrie::pinned(PATHS_CAPACITY, 0);
+
+#[map(name = "SOPA_ENCAP_V1")]
+static ENCAP: Array<Encap> = Array::pinned(1, 0);
+
+#[map(name = "SOPA_SRV6D_V1")]
+static SRV6_DESTS: LpmTrie<[u8; 4], Srv6Dest> = LpmTrie::pinned(PATHS_CAPACITY, 0);
+
+#[map(name = "SOPA_SRV6S_V1")]
+static SRV6_SEGS: HashMap<SegKey, Segments> = HashMap::pinned(SRV6_SEGS_CAPACITY, 0);
 
 #[map(name = "SOPA_FLOWS_V1")]
 static FLOWS: LruHashMap<FlowKey, FlowState> = LruHashMap::pinned(FLOWS_CAPACITY, 0);
@@ -78,7 +88,8 @@ pub fn tc_forward(ctx: TcContext) -> i32 {
     action
 }
 
-/// Host egress: stamp the source-route option on fabric-bound TCP/UDP packets.
+/// Host egress: give fabric-bound TCP/UDP packets their path, as the source-route option or as
+/// an outer SRv6 header.
 #[classifier]
 pub fn tc_stamp(ctx: TcContext) -> i32 {
     let reason = match tc_stamp::try_stamp(&ctx) {
@@ -94,7 +105,8 @@ pub fn tc_stamp(ctx: TcContext) -> i32 {
     TC_ACT_UNSPEC
 }
 
-/// Host ingress: remove our option before the stack sees the packet; measure reordering.
+/// Host ingress: remove our option or our outer SRv6 header before the stack sees the packet;
+/// measure reordering.
 #[xdp]
 pub fn xdp_strip(ctx: XdpContext) -> u32 {
     let reason = match xdp_strip::try_strip(&ctx) {

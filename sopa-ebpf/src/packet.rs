@@ -28,6 +28,8 @@ pub fn count(stats: &PerCpuArray<u64>, index: u32, n: u64) {
 pub struct Ipv4 {
     pub version: u8,
     pub ihl: u8,
+    /// DSCP and ECN.
+    pub tos: u8,
     pub tot_len: u16,
     /// Flags and fragment offset, host order.
     pub frag: u16,
@@ -42,6 +44,7 @@ impl Ipv4 {
         Self {
             version: h[0] >> 4,
             ihl: h[0] & 0x0F,
+            tos: h[1],
             tot_len: u16::from_be_bytes([h[2], h[3]]),
             frag: u16::from_be_bytes([h[6], h[7]]),
             proto: h[9],

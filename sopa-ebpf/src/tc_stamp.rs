@@ -1,5 +1,6 @@
 //! `tc_stamp`, TC egress on the host's fabric interface: choose a path for the packet and write
-//! it into the 4-byte source-route option after the IPv4 base header.
+//! it into the 4-byte source-route option after the IPv4 base header, or, in the SRv6 encoding,
+//! into the destination of an outer IPv6 header (`crate::srv6`).
 //!
 //! Only IHL-5, unfragmented TCP/UDP packets to a fabric prefix are stamped, and only when the
 //! option still fits the interface's MTU (a packet that would not is passed unstamped: never
@@ -22,12 +23,14 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::warn;
 use sopa_common::{
-    maps::{FlowState, MAX_PATHS, mode, stamp_reason as reason},
+    maps::{FlowState, MAX_PATHS, encoding, mode, stamp_reason as reason},
     wire::{
         ETH_HLEN, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP, IPV4_BASE_LEN, IPV4_STAMPED_LEN, OPTION_LEN,
         OPTION_TYPE, checksum_adjust, word,
     },
 };
+
+use crate::srv6::OUTER_LEN;
 
 use crate::{
     CONFIG, FLOWS, HOP_STATS, PATHS, PINS,
@@ -36,7 +39,7 @@ use crate::{
 
 /// A pointer to a `T` at `offset`, pulling non-linear data into the head first if needed.
 #[inline(always)]
-fn tc_ptr<T>(ctx: &TcContext, offset: usize) -> Option<*mut T> {
+pub(crate) fn tc_ptr<T>(ctx: &TcContext, offset: usize) -> Option<*mut T> {
     if let Some(p) = ptr_at::<T>(ctx.data(), ctx.data_end(), offset) {
         return Some(p);
     }
@@ -67,17 +70,24 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
         // SAFETY: bounds checked by tc_ptr.
         unsafe { *option == [OPTION_TYPE, OPTION_LEN] }
     };
-    if ip.ihl > 5 && !forged {
+    let encap = crate::ENCAP.get(0).copied().unwrap_or_default();
+    let srv6 = encap.encoding == encoding::SRV6;
+    // In the SRv6 encoding no switch reads the option: one a sender set itself is left in place
+    // like any other.
+    if ip.ihl > 5 && (!forged || srv6) {
         return Err(reason::HAS_OPTIONS);
     }
-    let choice = match choose(ctx, &ip, forged) {
+    let extra = if srv6 { OUTER_LEN } else { OPTION_LEN.into() };
+    let choice = match choose(ctx, &ip, forged, extra) {
         Ok(choice) => choice,
         Err(_) if forged => return Err(reason::FORGED_DROPPED),
         Err(why) => return Err(why),
     };
     // Before stamping: growing a GSO packet's header resets its segment count.
     let segs = segments(ctx);
-    if forged {
+    if srv6 {
+        crate::srv6::encapsulate(ctx, &ip, &encap, choice.hops)?;
+    } else if forged {
         restamp(ctx, choice.hops).map_err(|_| reason::FORGED_DROPPED)?;
         count(&crate::STAMP_STATS, reason::RESTAMPED, 1);
     } else {
@@ -104,9 +114,10 @@ struct Choice {
     stateless: bool,
 }
 
-/// The path for a stampable packet, with the flow's state updated.
+/// The path for a stampable packet, with the flow's state updated; `extra` is what the
+/// encoding adds to the packet.
 #[inline(always)]
-fn choose(ctx: &TcContext, ip: &Ipv4, forged: bool) -> Result<Choice, u32> {
+fn choose(ctx: &TcContext, ip: &Ipv4, forged: bool, extra: u16) -> Result<Choice, u32> {
     if ip.is_fragment() {
         return Err(reason::FRAGMENT);
     }
@@ -137,12 +148,13 @@ fn choose(ctx: &TcContext, ip: &Ipv4, forged: bool) -> Result<Choice, u32> {
         return Err(reason::NO_PATH);
     }
     // A length the header cannot say once stamped: BIG TCP (IPv4 GSO past 64 KB) sets
-    // `tot_len` to 0 and the kernel takes the length from the skb, and 4 more bytes would
-    // overflow a `tot_len` of 65,532 or more. Such a packet leaves as it is.
-    if !forged && (ip.tot_len == 0 || ip.tot_len > u16::MAX - u16::from(OPTION_LEN)) {
+    // `tot_len` to 0 and the kernel takes the length from the skb (nor can the outer IPv6
+    // header's payload length say it), and 4 more bytes would overflow a `tot_len` of 65,532 or
+    // more. Such a packet leaves as it is.
+    if !forged && (ip.tot_len == 0 || ip.tot_len > u16::MAX - extra) {
         return Err(reason::TOO_BIG);
     }
-    if !forged && !fits_with_option(ctx) {
+    if !forged && !fits_with(ctx, extra) {
         return Err(reason::TOO_BIG);
     }
 
@@ -264,18 +276,19 @@ fn restamp(ctx: &TcContext, [hop0, hop1]: [u8; 2]) -> Result<(), u32> {
     Ok(())
 }
 
-/// Whether a packet sent as it is (not GSO) still fits the interface's MTU with the option
-/// added. The agent lowers the route MTUs for this, but a sender may ignore them
-/// (`IP_PMTUDISC_INTERFACE`/`OMIT`, an upper device with a larger MTU): such a packet, stamped,
-/// would be dropped. A GSO packet is checked once stamped ([`segments_fit`]).
+/// Whether a packet sent as it is (not GSO) still fits the interface's MTU with `extra` bytes
+/// added. The agent lowers the route MTUs for this (or the fabric's MTU is larger), but a
+/// sender may ignore them (`IP_PMTUDISC_INTERFACE`/`OMIT`, an upper device with a larger
+/// MTU): such a packet, stamped, would be dropped. A GSO packet is checked once stamped
+/// ([`segments_fit`]) or, for SRv6, before (`crate::srv6`).
 #[inline(always)]
-fn fits_with_option(ctx: &TcContext) -> bool {
+fn fits_with(ctx: &TcContext, extra: u16) -> bool {
     if is_gso(ctx) {
         return true;
     }
     let mut mtu: u32 = 0;
     // SAFETY: the helper reads the skb and writes the u32 it is given.
-    let ret = unsafe { bpf_check_mtu(ctx.skb.skb.cast(), 0, &mut mtu, i32::from(OPTION_LEN), 0) };
+    let ret = unsafe { bpf_check_mtu(ctx.skb.skb.cast(), 0, &mut mtu, i32::from(extra), 0) };
     // A helper error (none is possible for the skb's own device) stamps as before.
     ret != i64::from(BPF_MTU_CHK_RET_FRAG_NEEDED)
 }
@@ -300,7 +313,7 @@ fn segments_fit(ctx: &TcContext) -> bool {
 }
 
 #[inline(always)]
-fn is_gso(ctx: &TcContext) -> bool {
+pub(crate) fn is_gso(ctx: &TcContext) -> bool {
     // SAFETY: reading a field of the context the kernel handed us.
     unsafe { (*ctx.skb.skb).gso_size != 0 }
 }

@@ -1,5 +1,6 @@
 //! `xdp_strip`, XDP on the host's fabric interface: remove our source-route option before the
-//! stack (and GRO, which never merges packets carrying options) sees it, and measure reordering.
+//! stack (and GRO, which never merges packets carrying options) sees it, or the outer SRv6
+//! header of a packet sent to this host (`crate::srv6`), and measure reordering.
 //!
 //! Only our own option is removed: IHL 6 whose option is type 0x9E, length 4. A foreign option,
 //! or ours with a length that does not match, is left alone and counted.
@@ -7,6 +8,7 @@
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_xdp_adjust_head, programs::XdpContext};
 use sopa_common::{
     maps::{ReorderState, strip_reason as reason},
+    srv6::ETH_P_IPV6,
     wire::{
         ETH_HLEN, ETH_P_IP, IPPROTO_TCP, IPV4_BASE_LEN, IPV4_STAMPED_LEN, OPTION_LEN,
         OPTION_OFFSET, OPTION_TYPE, checksum_adjust, word,
@@ -26,7 +28,19 @@ pub fn try_strip(ctx: &XdpContext) -> Result<u32, u32> {
     let ether_type: *const [u8; 2] =
         ptr_at(ctx.data(), ctx.data_end(), 12).ok_or(reason::TOO_SHORT)?;
     // SAFETY: bounds checked by ptr_at.
-    if u16::from_be_bytes(unsafe { *ether_type }) != ETH_P_IP {
+    let ether_type = u16::from_be_bytes(unsafe { *ether_type });
+    if ether_type == ETH_P_IPV6 {
+        if let crate::srv6::Inner::Ipv4 = crate::srv6::decapsulate(ctx)? {
+            let header: *const [u8; IPV4_BASE_LEN] =
+                ptr_at(ctx.data(), ctx.data_end(), ETH_HLEN).ok_or(reason::DECAPSULATED)?;
+            let ip = Ipv4::parse(unsafe { &*header });
+            if ip.version == 4 && ip.ihl == 5 {
+                measure_reordering(ctx, &ip);
+            }
+        }
+        return Ok(reason::DECAPSULATED);
+    }
+    if ether_type != ETH_P_IP {
         return Err(reason::NOT_IPV4);
     }
     let header: *const [u8; IPV4_BASE_LEN] =

@@ -7,16 +7,34 @@ use aya::{
     maps::{Array, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray, lpm_trie::Key},
 };
 use sopa_common::maps::{
-    CONFIG_MAP, Config, FLOWS_MAP, FWD_MAP, FWD_STATS_MAP, FWD_UPLINK_STATS_MAP, FlowKey,
-    FlowState, FwdEntry, HOP_STATS_MAP, MAX_PATHS, MAX_UPLINKS, PATHS_MAP, PINS_MAP, PathSet, Pin,
-    STAMP_STATS_MAP, START_MAP, STRIP_STATS_MAP, TRUST_MAP, forward_reason, stamp_reason,
-    strip_reason,
+    CONFIG_MAP, Config, ENCAP_MAP, Encap, FLOWS_MAP, FWD_MAP, FWD_STATS_MAP, FWD_UPLINK_STATS_MAP,
+    FlowKey, FlowState, FwdEntry, HOP_STATS_MAP, MAX_PATHS, MAX_UPLINKS, PATHS_MAP, PINS_MAP,
+    PathSet, Pin, SRV6_DESTS_MAP, SRV6_SEGS_MAP, STAMP_STATS_MAP, START_MAP, STRIP_STATS_MAP,
+    SegKey, Segments, Srv6Dest, TRUST_MAP, encoding, forward_reason, stamp_reason, strip_reason,
 };
 
 use crate::{
     error::{Error, Result},
     path_table::{Hops, PathTable, Prefix},
+    srv6::Srv6Table,
 };
+
+/// The SRv6 encoding's maps (absent in the pins of a datapath an older agent left).
+pub struct Srv6Maps {
+    encap: Array<MapData, Encap>,
+    dests: LpmTrie<MapData, [u8; 4], Srv6Dest>,
+    segs: HashMap<MapData, SegKey, Segments>,
+}
+
+impl Srv6Maps {
+    fn from_maps(encap: Map, dests: Map, segs: Map) -> Result<Self> {
+        Ok(Self {
+            encap: encap.try_into().map_err(map_err(ENCAP_MAP))?,
+            dests: dests.try_into().map_err(map_err(SRV6_DESTS_MAP))?,
+            segs: segs.try_into().map_err(map_err(SRV6_SEGS_MAP))?,
+        })
+    }
+}
 
 pub struct MapSet {
     config: Array<MapData, Config>,
@@ -32,10 +50,32 @@ pub struct MapSet {
     strip_names: &'static [&'static str],
     flows: HashMap<MapData, FlowKey, FlowState>,
     pins: HashMap<MapData, FlowKey, Pin>,
+    srv6: Option<Srv6Maps>,
 }
 
 fn map_err(name: &'static str) -> impl Fn(MapError) -> Error {
     Error::map(name)
+}
+
+impl Srv6Maps {
+    /// Removes every destination and segment entry.
+    fn clear(&mut self) -> Result<()> {
+        let dests: Vec<Key<[u8; 4]>> = self.dests.keys().filter_map(|k| k.ok()).collect();
+        for k in dests {
+            match self.dests.remove(&k) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(source) => return Err(Error::map(SRV6_DESTS_MAP)(source)),
+            }
+        }
+        let segs: Vec<SegKey> = self.segs.keys().filter_map(|k| k.ok()).collect();
+        for k in segs {
+            match self.segs.remove(&k) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(source) => return Err(Error::map(SRV6_SEGS_MAP)(source)),
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Counters of one program, summed over CPUs, in index order.
@@ -61,6 +101,11 @@ impl MapSet {
             take(PINS_MAP)?,
         )?;
         set.start = Some(start.try_into().map_err(map_err(START_MAP))?);
+        set.srv6 = Some(Srv6Maps::from_maps(
+            take(ENCAP_MAP)?,
+            take(SRV6_DESTS_MAP)?,
+            take(SRV6_SEGS_MAP)?,
+        )?);
         Ok(set)
     }
 
@@ -97,6 +142,10 @@ impl MapSet {
             Ok(m) => Some(m.try_into().map_err(map_err(START_MAP))?),
             Err(_) => None,
         };
+        set.srv6 = match (open(ENCAP_MAP), open(SRV6_DESTS_MAP), open(SRV6_SEGS_MAP)) {
+            (Ok(e), Ok(d), Ok(s)) => Some(Srv6Maps::from_maps(e, d, s)?),
+            _ => None,
+        };
         Ok(set)
     }
 
@@ -120,6 +169,7 @@ impl MapSet {
             strip_names: &strip_reason::NAMES,
             flows: flows.try_into().map_err(map_err(FLOWS_MAP))?,
             pins: pins.try_into().map_err(map_err(PINS_MAP))?,
+            srv6: None,
         })
     }
 
@@ -233,6 +283,79 @@ impl MapSet {
         self.paths
             .insert(&key(prefix), set, 0)
             .map_err(map_err(PATHS_MAP))
+    }
+
+    /// The encoding and this host's SRv6 addresses (the IPv4 option where the datapath has no
+    /// SRv6 maps).
+    pub fn encap(&self) -> Result<Encap> {
+        match &self.srv6 {
+            Some(m) => m.encap.get(&0, 0).map_err(map_err(ENCAP_MAP)),
+            None => Ok(Encap::default()),
+        }
+    }
+
+    /// Makes the datapath encode paths as `srv6` says (`None`: the IPv4 option), without a
+    /// moment in which a packet finds half of it: switching to SRv6, every uSID is in place
+    /// before the encoding changes; switching back, the encoding changes first. Within SRv6,
+    /// new and changed entries are written before stale ones go.
+    pub fn apply_srv6(&mut self, srv6: Option<&Srv6Table>) -> Result<()> {
+        let Some(m) = self.srv6.as_mut() else {
+            if srv6.is_none() {
+                return Ok(());
+            }
+            return Err(Error::Config(format!(
+                "this datapath was left by an older agent and has no {ENCAP_MAP}: start this \
+                 agent version on the node first"
+            )));
+        };
+        let Some(table) = srv6 else {
+            m.encap
+                .set(0, Encap::default(), 0)
+                .map_err(map_err(ENCAP_MAP))?;
+            return m.clear();
+        };
+        table.validate().map_err(Error::Config)?;
+        let compiled = table.compile();
+        for (k, v) in &compiled.segs {
+            m.segs.insert(k, v, 0).map_err(map_err(SRV6_SEGS_MAP))?;
+        }
+        for (p, d) in &compiled.dests {
+            m.dests
+                .insert(&key(p), d, 0)
+                .map_err(map_err(SRV6_DESTS_MAP))?;
+        }
+        let encap = Encap {
+            encoding: encoding::SRV6,
+            _pad: 0,
+            source: table.source.octets(),
+            receive: table.receive.octets(),
+        };
+        m.encap.set(0, encap, 0).map_err(map_err(ENCAP_MAP))?;
+        let stale: Vec<Key<[u8; 4]>> = m
+            .dests
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| !compiled.dests.contains_key(&prefix_of(k)))
+            .collect();
+        for k in stale {
+            match m.dests.remove(&k) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(source) => return Err(Error::map(SRV6_DESTS_MAP)(source)),
+            }
+        }
+        let stale: Vec<SegKey> = m
+            .segs
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| !compiled.segs.contains_key(k))
+            .collect();
+        for k in stale {
+            match m.segs.remove(&k) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(source) => return Err(Error::map(SRV6_SEGS_MAP)(source)),
+            }
+        }
+        Ok(())
     }
 
     /// The path table as the datapath holds it.

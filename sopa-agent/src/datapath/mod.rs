@@ -106,12 +106,15 @@ pub struct Datapath {
 
 /// Every map of this datapath layout, as pinned: a `SOPA_*` pin not in this list belongs to
 /// another layout (see [`layout`]).
-pub const MAP_NAMES: [&str; 13] = {
+pub const MAP_NAMES: [&str; 16] = {
     use sopa_common::maps::*;
     [
         CONFIG_MAP,
         START_MAP,
         PATHS_MAP,
+        ENCAP_MAP,
+        SRV6_DESTS_MAP,
+        SRV6_SEGS_MAP,
         FLOWS_MAP,
         PINS_MAP,
         REORDER_MAP,

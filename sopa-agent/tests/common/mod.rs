@@ -1,7 +1,105 @@
 //! Packet helpers shared by the BPF_PROG_TEST_RUN fixture tables.
 #![allow(dead_code)]
 
-use sopa_common::wire::ipv4_header_checksum;
+use std::{
+    path::PathBuf,
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use aya::programs::{TestRun as _, TestRunOptions};
+use sopa_agent::{
+    datapath::{Datapath, MapSet},
+    path_table::PathTable,
+};
+use sopa_common::{maps::Config, wire::ipv4_header_checksum};
+
+/// TCX_NEXT: the packet goes on to the programs and filters attached after ours.
+pub const TC_ACT_UNSPEC: u32 = -1i32 as u32;
+pub const TC_ACT_SHOT: u32 = 2;
+pub const XDP_PASS: u32 = 2;
+
+/// A loaded datapath whose pins live in a folder of its own, removed on drop.
+pub struct Fixture {
+    pub datapath: Datapath,
+    pub maps: MapSet,
+    pub pins: PathBuf,
+}
+
+impl Fixture {
+    pub fn new(table: &str, mode: u32) -> Self {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let pins = PathBuf::from(format!(
+            "/sys/fs/bpf/sopa-test-fixtures-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let datapath = Datapath::load(&pins).expect("the programs load and pass the verifier");
+        Self::from_loaded(datapath, pins, table, mode)
+    }
+
+    pub fn from_loaded(mut datapath: Datapath, pins: PathBuf, table: &str, mode: u32) -> Self {
+        let mut maps = datapath.take_maps().unwrap();
+        maps.set_config(Config { mode, hash_seed: 7 }).unwrap();
+        let table = PathTable::parse(table).unwrap();
+        maps.apply_paths(&table).unwrap();
+        maps.apply_srv6(table.srv6.as_ref()).unwrap();
+        Self {
+            datapath,
+            maps,
+            pins,
+        }
+    }
+
+    pub fn stamp(&mut self, packet: &[u8]) -> Vec<u8> {
+        let (action, out) = self.stamp_with(packet, None);
+        assert_eq!(action, TC_ACT_UNSPEC, "tc_stamp passes this packet on");
+        out
+    }
+
+    /// tc_stamp's action and output for `packet`, with `ctx` as its `__sk_buff`.
+    pub fn stamp_with(&mut self, packet: &[u8], ctx: Option<&[u8]>) -> (u32, Vec<u8>) {
+        let mut out = vec![0u8; packet.len() + 64];
+        let opts = TestRunOptions {
+            data_in: Some(packet),
+            data_out: Some(&mut out),
+            ctx_in: ctx,
+            ..Default::default()
+        };
+        let result = self
+            .datapath
+            .stamp_program()
+            .test_run(opts)
+            .expect("test_run tc_stamp");
+        out.truncate(result.data_size_out as usize);
+        (result.return_value, out)
+    }
+
+    pub fn strip(&mut self, packet: &[u8]) -> Vec<u8> {
+        let mut out = vec![0u8; packet.len() + 64];
+        let opts = TestRunOptions {
+            data_in: Some(packet),
+            data_out: Some(&mut out),
+            ..Default::default()
+        };
+        let result = self
+            .datapath
+            .strip_program()
+            .test_run(opts)
+            .expect("test_run xdp_strip");
+        assert_eq!(
+            result.return_value, XDP_PASS,
+            "xdp_strip always passes packets on"
+        );
+        out.truncate(result.data_size_out as usize);
+        out
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.pins);
+    }
+}
 
 /// The fixtures' path table: a single-decision prefix with 3 paths, a two-decision one with 4.
 pub const TABLE: &str = r#"
@@ -38,4 +136,13 @@ pub fn with_option(original: &[u8], hop0: u8, hop1: u8) -> Vec<u8> {
 pub fn checksum_ok(frame: &[u8]) -> bool {
     let ihl = usize::from(frame[14] & 0x0f) * 4;
     sopa_common::wire::ipv4_header_checksum(&frame[14..14 + ihl]) == 0
+}
+
+/// An `__sk_buff` for BPF_PROG_TEST_RUN: a GSO packet of `segs` segments carrying `gso_size`
+/// bytes of payload each (offsets of `gso_segs` and `gso_size` in the UAPI struct).
+pub fn gso_ctx(segs: u32, gso_size: u32) -> [u8; 192] {
+    let mut ctx = [0u8; 192];
+    ctx[164..168].copy_from_slice(&segs.to_ne_bytes());
+    ctx[176..180].copy_from_slice(&gso_size.to_ne_bytes());
+    ctx
 }

@@ -1,0 +1,252 @@
+//! The SRv6 encoding on a host: per destination prefix, the uSIDs of the switches each path
+//! chooses and the uSIDs after them, as a path table file or the controller's topology gives
+//! them, checked and compiled into the datapath's two maps (`sopa_common::srv6` has the wire
+//! format).
+//!
+//! Compiling groups the destinations: those whose paths name the same switches for the same hop
+//! pairs share one set of (group, hops) entries, so every destination of a Fat-Tree needs one
+//! group and the segment map grows with one source's paths, not with destinations times paths.
+
+use std::{collections::BTreeMap, net::Ipv6Addr};
+
+use sopa_common::{
+    maps::{MAX_CHOSEN, MAX_TAIL, SegKey, Segments, Srv6Dest},
+    srv6::{LIB_BASE, MAX_GLOBAL_USID, MAX_HOST_OFFSET, USID_SLOTS, address},
+};
+
+use crate::path_table::{Hops, Prefix};
+
+/// This host's SRv6 addresses and every destination's uSIDs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Srv6Table {
+    /// The outer source address: this host's IPv6 address.
+    pub source: Ipv6Addr,
+    /// The outer destination this host receives on: the block and its local uSID.
+    pub receive: Ipv6Addr,
+    pub destinations: BTreeMap<Prefix, Srv6Paths>,
+}
+
+/// One destination prefix's uSIDs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Srv6Paths {
+    /// Per path (its hop pair), the uSIDs of the switches it chooses, in order.
+    pub chosen: BTreeMap<Hops, Vec<u16>>,
+    /// The uSIDs after them, up to the destination's rack switch.
+    pub tail: Vec<u16>,
+}
+
+/// The map entries of a table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Compiled {
+    pub dests: BTreeMap<Prefix, Srv6Dest>,
+    pub segs: BTreeMap<SegKey, Segments>,
+}
+
+/// The outer destination this host receives on, given its address and its rack's prefix.
+pub fn receive_address(own: std::net::Ipv4Addr, rack: &Prefix) -> Option<Ipv6Addr> {
+    let lid = local_usid(own, rack)?;
+    Some(Ipv6Addr::from(address(&[lid])))
+}
+
+/// The local uSID of the host at `addr` in `rack`.
+pub fn local_usid(addr: std::net::Ipv4Addr, rack: &Prefix) -> Option<u16> {
+    let offset = u32::from(addr) & host_mask(rack.len);
+    (offset <= MAX_HOST_OFFSET).then_some(LIB_BASE | offset as u16)
+}
+
+fn host_mask(len: u8) -> u32 {
+    u32::MAX.checked_shr(u32::from(len)).unwrap_or(0)
+}
+
+impl Srv6Table {
+    /// Checks every list against what one address can carry; the error names the prefix.
+    pub fn validate(&self) -> Result<(), String> {
+        for (prefix, paths) in &self.destinations {
+            if host_mask(prefix.len) > MAX_HOST_OFFSET {
+                return Err(format!(
+                    "prefix {prefix}: hosts of a prefix shorter than /19 have offsets past the \
+                     local uSIDs (0xE000 + up to 0x1FFF); split it into /19 or longer prefixes"
+                ));
+            }
+            if paths.tail.len() > MAX_TAIL {
+                return Err(format!(
+                    "prefix {prefix}: {} tail uSIDs, more than the datapath's {MAX_TAIL}",
+                    paths.tail.len()
+                ));
+            }
+            for (hops, usids) in &paths.chosen {
+                if usids.len() > MAX_CHOSEN {
+                    return Err(format!(
+                        "prefix {prefix}, path {hops}: {} chosen switches, more than the \
+                         datapath's {MAX_CHOSEN}",
+                        usids.len()
+                    ));
+                }
+                if usids.len() + paths.tail.len() + 1 > USID_SLOTS {
+                    return Err(format!(
+                        "prefix {prefix}, path {hops}: {} uSIDs with the tail and the host's, \
+                         more than the {USID_SLOTS} one address holds (a segment routing header \
+                         is not built)",
+                        usids.len() + paths.tail.len() + 1
+                    ));
+                }
+            }
+            for u in paths.chosen.values().flatten().chain(&paths.tail) {
+                if *u == 0 || *u > MAX_GLOBAL_USID {
+                    return Err(format!(
+                        "prefix {prefix}: uSID {u:#06x} is not a switch's (1 to {MAX_GLOBAL_USID:#06x}; \
+                         0 ends a list, 0xE000 and up are local)"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The map entries, destinations grouped.
+    pub fn compile(&self) -> Compiled {
+        let mut groups: Vec<BTreeMap<Hops, Vec<u16>>> = Vec::new();
+        let mut out = Compiled::default();
+        for (prefix, paths) in &self.destinations {
+            let fits = |g: &BTreeMap<Hops, Vec<u16>>| {
+                paths
+                    .chosen
+                    .iter()
+                    .all(|(h, u)| g.get(h).is_none_or(|v| v == u))
+            };
+            let group = match groups.iter().position(fits) {
+                Some(i) => i,
+                None => {
+                    groups.push(BTreeMap::new());
+                    groups.len() - 1
+                }
+            };
+            for (h, u) in &paths.chosen {
+                groups[group].insert(*h, u.clone());
+            }
+            let mut tail = [0u16; MAX_TAIL];
+            for (slot, u) in tail.iter_mut().zip(&paths.tail) {
+                *slot = *u;
+            }
+            out.dests.insert(
+                *prefix,
+                Srv6Dest {
+                    group: group as u16,
+                    tail_len: paths.tail.len() as u16,
+                    tail,
+                    host_mask: host_mask(prefix.len),
+                },
+            );
+        }
+        for (i, g) in groups.iter().enumerate() {
+            for (h, u) in g {
+                let mut usids = [0u16; MAX_CHOSEN];
+                for (slot, v) in usids.iter_mut().zip(u) {
+                    *slot = *v;
+                }
+                out.segs.insert(
+                    SegKey {
+                        group: i as u16,
+                        hops: [h.hop0, h.hop1],
+                    },
+                    Segments {
+                        len: u.len() as u16,
+                        usids,
+                    },
+                );
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sopa_common::wire::HOP_NONE;
+
+    use super::*;
+
+    fn hops(hop0: u8, hop1: u8) -> Hops {
+        Hops { hop0, hop1 }
+    }
+
+    /// (prefix, per hop pair its chosen uSIDs, tail)
+    type Dest<'a> = (&'a str, &'a [((u8, u8), &'a [u16])], &'a [u16]);
+
+    fn table(dests: &[Dest]) -> Srv6Table {
+        Srv6Table {
+            source: "fd00::1".parse().unwrap(),
+            receive: "fcbb:bb00:e002::".parse().unwrap(),
+            destinations: dests
+                .iter()
+                .map(|(p, chosen, tail)| {
+                    (
+                        p.parse().unwrap(),
+                        Srv6Paths {
+                            chosen: chosen
+                                .iter()
+                                .map(|((a, b), u)| (hops(*a, *b), u.to_vec()))
+                                .collect(),
+                            tail: tail.to_vec(),
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn destinations_that_agree_share_a_group_and_those_that_conflict_do_not() {
+        let t = table(&[
+            (
+                "10.1.0.0/24",
+                &[((0, HOP_NONE), &[10]), ((1, HOP_NONE), &[11])],
+                &[20],
+            ),
+            (
+                "10.2.0.0/24",
+                &[((0, 0), &[10, 30]), ((1, 0), &[11, 31])],
+                &[40, 21],
+            ),
+            ("10.3.0.0/24", &[((0, HOP_NONE), &[12])], &[22]),
+        ]);
+        t.validate().unwrap();
+        let c = t.compile();
+        let group = |p: &str| c.dests[&p.parse::<Prefix>().unwrap()].group;
+        assert_eq!(group("10.1.0.0/24"), 0);
+        assert_eq!(group("10.2.0.0/24"), 0, "no hop pair in common: one group");
+        assert_eq!(group("10.3.0.0/24"), 1, "(0, none) names another switch");
+        assert_eq!(c.segs.len(), 5);
+        let s = c.segs[&SegKey {
+            group: 0,
+            hops: [1, 0],
+        }];
+        assert_eq!((s.len, s.usids), (2, [11, 31, 0]));
+        let d = c.dests[&"10.2.0.0/24".parse::<Prefix>().unwrap()];
+        assert_eq!((d.tail_len, d.tail, d.host_mask), (2, [40, 21], 0xFF));
+    }
+
+    #[test]
+    fn lists_one_address_cannot_hold_and_bad_usids_are_refused_by_name() {
+        let full = table(&[("10.1.0.0/24", &[((0, 0), &[1, 2, 3])], &[4, 5])]);
+        full.validate().expect("six uSIDs fill one address");
+        let long = table(&[("10.1.0.0/24", &[((0, 0), &[1, 2, 3, 4])], &[])]);
+        let e = long.validate().unwrap_err();
+        assert!(e.contains("10.1.0.0/24") && e.contains("4 chosen"), "{e}");
+        let tail = table(&[("10.1.0.0/24", &[((0, 0), &[1])], &[4, 5, 6])]);
+        assert!(tail.validate().unwrap_err().contains("3 tail uSIDs"));
+        let local = table(&[("10.1.0.0/24", &[((0, 0), &[0xE001])], &[])]);
+        assert!(local.validate().unwrap_err().contains("0xe001"));
+        let wide = table(&[("10.0.0.0/16", &[((0, 0), &[1])], &[])]);
+        assert!(wide.validate().unwrap_err().contains("/19"));
+    }
+
+    #[test]
+    fn a_host_receives_on_its_local_usid() {
+        let rack: Prefix = "10.101.2.0/24".parse().unwrap();
+        assert_eq!(
+            receive_address("10.101.2.2".parse().unwrap(), &rack),
+            Some("fcbb:bb00:e002::".parse().unwrap())
+        );
+    }
+}

@@ -1,0 +1,386 @@
+//! Fixture tables for the SRv6 encoding of `tc_stamp` and `xdp_strip`, run through
+//! BPF_PROG_TEST_RUN (needs root): byte-exact encapsulation for every path, the flow label,
+//! decapsulation back to the original bytes, and every packet that is not ours left alone.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use etherparse::PacketBuilder;
+use sopa_common::{
+    hash::flow_hash,
+    maps::{FlowKey, mode, stamp_reason, strip_reason},
+    srv6::{NEXTHDR_IPV4, address, outer_header},
+};
+
+use common::{Fixture, TC_ACT_UNSPEC, gso_ctx};
+
+/// A single-decision prefix with 3 paths and a two-decision one with 4, as in the option's
+/// fixtures, each path naming the switches it chooses.
+const TABLE: &str = r#"
+encoding = "srv6"
+[srv6]
+source = "fd00:a:1::2"
+receive = "fcbb:bb00:e002::"
+
+[[destination]]
+prefix = "10.2.0.0/24"
+paths = [[0], [1], [2]]
+segments = [[0x0100], [0x0101], [0x0102]]
+tail = [0x0200]
+
+[[destination]]
+prefix = "10.3.0.0/19"
+paths = [[0, 0], [0, 1], [1, 0], [1, 1]]
+segments = [[0x0100, 0x0300], [0x0100, 0x0301], [0x0101, 0x0302], [0x0101, 0x0303]]
+tail = [0x0110, 0x0210]
+"#;
+
+const SOURCE: [u8; 16] = [0xfd, 0, 0, 0xa, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+const SRC: [u8; 4] = [10, 1, 0, 2];
+const DST: [u8; 4] = [10, 2, 0, 2];
+/// Offset 0x102 in 10.3.0.0/19: local uSID 0xE102.
+const DST_INTER_POD: [u8; 4] = [10, 3, 1, 2];
+
+const MAC_DST: [u8; 6] = [2, 0, 0, 0, 0, 2];
+const MAC_SRC: [u8; 6] = [2, 0, 0, 0, 0, 1];
+
+fn tcp_tos(dst: [u8; 4], sport: u16, tos: u8, payload: &[u8]) -> Vec<u8> {
+    let builder = PacketBuilder::ethernet2(MAC_SRC, MAC_DST)
+        .ipv4(SRC, dst, 64)
+        .tcp(sport, 5001, 1, 65535)
+        .ack(1);
+    let mut out = Vec::new();
+    builder.write(&mut out, payload).unwrap();
+    out[15] = tos;
+    common::fix_ipv4_checksum(&mut out);
+    out
+}
+
+fn tcp(dst: [u8; 4], sport: u16, payload: &[u8]) -> Vec<u8> {
+    tcp_tos(dst, sport, 0, payload)
+}
+
+fn udp(dst: [u8; 4], payload: &[u8]) -> Vec<u8> {
+    let builder = PacketBuilder::ethernet2(MAC_SRC, MAC_DST)
+        .ipv4(SRC, dst, 64)
+        .udp(4000, 4001);
+    let mut out = Vec::new();
+    builder.write(&mut out, payload).unwrap();
+    out
+}
+
+fn key(dst: [u8; 4], sport: u16) -> FlowKey {
+    FlowKey {
+        saddr: u32::from_ne_bytes(SRC),
+        daddr: u32::from_ne_bytes(dst),
+        sport: sport.to_be(),
+        dport: 5001u16.to_be(),
+        proto: 6,
+        _pad: [0; 3],
+    }
+}
+
+/// The outer destination of TABLE's path `index` to 10.3.1.2.
+fn inter_pod_address(index: u32) -> [u8; 16] {
+    let chosen = [
+        [0x0100, 0x0300],
+        [0x0100, 0x0301],
+        [0x0101, 0x0302],
+        [0x0101, 0x0303],
+    ];
+    let [a, b] = chosen[index as usize % 4];
+    address(&[a, b, 0x0110, 0x0210, 0xE102])
+}
+
+/// `inner` (an Ethernet frame of IPv4) with the outer header of `dst` and flow label `label`.
+fn encapsulated(inner: &[u8], dst: &[u8; 16], label: u32) -> Vec<u8> {
+    let ip = &inner[14..];
+    let mut out = inner[..12].to_vec();
+    out.extend(0x86DDu16.to_be_bytes());
+    let len = u16::from_be_bytes([ip[2], ip[3]]);
+    out.extend(outer_header(len, NEXTHDR_IPV4, ip[1], label, &SOURCE, dst));
+    out.extend(ip);
+    out
+}
+
+/// The flow label of an encapsulated frame.
+fn label_of(frame: &[u8]) -> u32 {
+    u32::from_be_bytes([0, frame[15] & 0xF, frame[16], frame[17]])
+}
+
+fn verdicts(before: &[u64], after: &[u64], names: &[&'static str]) -> Vec<&'static str> {
+    (0..names.len())
+        .filter(|&i| after[i] > before[i])
+        .map(|i| names[i])
+        .collect()
+}
+
+#[test]
+fn every_path_is_encapsulated_byte_for_byte_in_round_robin() {
+    let mut f = Fixture::new(TABLE, mode::SOPA);
+    let sport = 4242;
+    let start = flow_hash(&key(DST_INTER_POD, sport), 7) % 4;
+    let mut label = None;
+    for i in 0..8u32 {
+        let packet = tcp_tos(DST_INTER_POD, sport, 0xB8 | (i % 3) as u8, &[i as u8; 100]);
+        let out = f.stamp(&packet);
+        let l = label_of(&out);
+        assert_eq!(*label.get_or_insert(l), l, "one flow, one label");
+        let want = encapsulated(&packet, &inter_pod_address(start + i), l);
+        assert_eq!(out, want, "packet {i}: path {}", (start + i) % 4);
+    }
+    let c = f.maps.stamp_counters().unwrap();
+    assert_eq!(c[stamp_reason::STAMPED as usize], 8);
+    let hops = f.maps.hop_counters().unwrap();
+    assert_eq!((hops[0], hops[1], hops[256], hops[257]), (4, 4, 4, 4));
+}
+
+#[test]
+fn a_single_decision_path_ends_with_the_rack_switch_and_the_host() {
+    let mut f = Fixture::new(TABLE, mode::SOPA);
+    let packet = udp(DST, b"one decision");
+    let out = f.stamp(&packet);
+    let index = (0..3)
+        .find(|i| out[14 + 24..14 + 40] == address(&[0x0100 + i, 0x0200, 0xE002]))
+        .expect("the destination is one of the three paths' lists");
+    assert_eq!(
+        out,
+        encapsulated(
+            &packet,
+            &address(&[0x0100 + index, 0x0200, 0xE002]),
+            label_of(&out)
+        )
+    );
+}
+
+#[test]
+fn flows_get_labels_of_their_own() {
+    let mut f = Fixture::new(TABLE, mode::SOPA);
+    let labels: BTreeSet<u32> = (0..16)
+        .map(|sport| label_of(&f.stamp(&tcp(DST_INTER_POD, 1000 + sport, b"x"))))
+        .collect();
+    // 20-bit labels of 16 flows: a collision is possible, a handful is not.
+    assert!(labels.len() >= 14, "{labels:x?}");
+}
+
+#[test]
+fn decapsulation_gives_back_the_original_frame() {
+    let mut f = Fixture::new(TABLE, mode::SOPA);
+    let before = f.maps.strip_counters().unwrap();
+    let inner = tcp(DST, 7, &[9; 300]);
+    let ours = encapsulated(&inner, &address(&[0xE002]), 0x12345);
+    assert_eq!(f.strip(&ours), inner);
+    let after = f.maps.strip_counters().unwrap();
+    assert_eq!(
+        verdicts(&before, &after, &strip_reason::NAMES),
+        ["tcp_data", "decapsulated"]
+    );
+}
+
+#[test]
+fn congestion_marked_on_the_outer_header_reaches_the_inner_one() {
+    let mut f = Fixture::new(TABLE, mode::SOPA);
+    // Inner ECT(0), outer CE.
+    let inner = tcp_tos(DST, 7, 0x02, b"marked");
+    let mut ours = encapsulated(&inner, &address(&[0xE002]), 1);
+    ours[15] |= 0x30;
+    let out = f.strip(&ours);
+    assert_eq!(out[15], 0x03, "CE inside");
+    assert!(common::checksum_ok(&out), "the checksum follows");
+    let mut want = inner.clone();
+    want[15] = 0x03;
+    common::fix_ipv4_checksum(&mut want);
+    assert_eq!(out, want);
+}
+
+#[test]
+fn packets_that_are_not_ours_pass_as_they_are() {
+    let mut f = Fixture::new(TABLE, mode::SOPA);
+    let inner = tcp(DST, 7, b"x");
+    let mut srh = encapsulated(&inner, &address(&[0xE002]), 1);
+    srh[14 + 6] = 43; // a routing header follows: another SR domain's packet
+    let mut udp6 = Vec::new();
+    PacketBuilder::ethernet2(MAC_SRC, MAC_DST)
+        .ipv6([0xfd; 16], [0xfe; 16], 64)
+        .udp(1, 2)
+        .write(&mut udp6, b"six")
+        .unwrap();
+    // (name, frame, strip verdict)
+    let cases = [
+        (
+            "another host's local uSID",
+            encapsulated(&inner, &address(&[0xE003]), 1),
+            strip_reason::FOREIGN_SRV6,
+        ),
+        (
+            "a list this host is not at the end of",
+            encapsulated(&inner, &address(&[0x0200, 0xE002]), 1),
+            strip_reason::FOREIGN_SRV6,
+        ),
+        ("a routing header", srh, strip_reason::FOREIGN_SRV6),
+        ("plain IPv6", udp6, strip_reason::NOT_IPV4),
+        (
+            "an IPv6 header cut short",
+            encapsulated(&inner, &address(&[0xE002]), 1)[..40].to_vec(),
+            strip_reason::NOT_IPV4,
+        ),
+    ];
+    for (name, frame, reason) in cases {
+        let before = f.maps.strip_counters().unwrap();
+        assert_eq!(f.strip(&frame), frame, "{name}: untouched");
+        let after = f.maps.strip_counters().unwrap();
+        assert_eq!(
+            verdicts(&before, &after, &strip_reason::NAMES),
+            [strip_reason::NAMES[reason as usize]],
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn what_srv6_cannot_carry_leaves_unencapsulated() {
+    let mut f = Fixture::new(TABLE, mode::SOPA);
+    let mut icmp = Vec::new();
+    PacketBuilder::ethernet2(MAC_SRC, MAC_DST)
+        .ipv4(SRC, DST, 64)
+        .icmpv4_echo_request(1, 1)
+        .write(&mut icmp, b"ping")
+        .unwrap();
+    let mut fragment = udp(DST, b"frag");
+    fragment[20] = 0x20; // more fragments
+    common::fix_ipv4_checksum(&mut fragment);
+    let mut options = tcp(DST, 9, b"x");
+    options.splice(34..34, [0x9E, 4, 0, 0]);
+    options[14] = 0x46;
+    let tot = u16::from_be_bytes([options[16], options[17]]) + 4;
+    options[16..18].copy_from_slice(&tot.to_be_bytes());
+    common::fix_ipv4_checksum(&mut options);
+    let cases = [
+        ("icmp", icmp, stamp_reason::NOT_TCP_UDP),
+        ("a fragment", fragment, stamp_reason::FRAGMENT),
+        (
+            "outside the fabric",
+            tcp([192, 168, 7, 1], 9, b"x"),
+            stamp_reason::NOT_FABRIC,
+        ),
+        (
+            "an IPv4 option, even ours",
+            options,
+            stamp_reason::HAS_OPTIONS,
+        ),
+        (
+            "a packet already encapsulated",
+            encapsulated(&tcp(DST, 7, b"x"), &address(&[0x0100, 0xE002]), 1),
+            stamp_reason::NOT_IPV4,
+        ),
+        // (BPF_PROG_TEST_RUN refuses an skb whose IPv4 header is cut: the ports are cut here.)
+        (
+            "truncated ports",
+            tcp(DST, 9, b"")[..36].to_vec(),
+            stamp_reason::TOO_SHORT,
+        ),
+    ];
+    for (name, packet, reason) in cases {
+        let before = f.maps.stamp_counters().unwrap();
+        let (action, out) = f.stamp_with(&packet, None);
+        assert_eq!(action, TC_ACT_UNSPEC, "{name}: passed on");
+        assert_eq!(out, packet, "{name}: untouched");
+        let after = f.maps.stamp_counters().unwrap();
+        let counted: Vec<&str> = verdicts(&before, &after, &stamp_reason::NAMES)
+            .into_iter()
+            .filter(|n| {
+                stamp_reason::is_verdict(
+                    stamp_reason::NAMES.iter().position(|x| x == n).unwrap() as u32
+                )
+            })
+            .collect();
+        assert_eq!(counted, [stamp_reason::NAMES[reason as usize]], "{name}");
+    }
+}
+
+#[test]
+fn a_pinned_path_without_usids_leaves_unencapsulated() {
+    // Hedera pins name hop pairs; one the table has no uSIDs for is not guessed at.
+    let mut f = Fixture::new(TABLE, mode::PINNED);
+    let sport = 77;
+    let pin = sopa_common::maps::Pin {
+        hops: [9, 9],
+        _pad: [0; 6],
+        expires_ns: u64::MAX,
+    };
+    f.maps
+        .replace_pins(&[(key(DST_INTER_POD, sport), pin)])
+        .unwrap();
+    let packet = tcp(DST_INTER_POD, sport, b"x");
+    let before = f.maps.stamp_counters().unwrap();
+    assert_eq!(f.stamp(&packet), packet);
+    let after = f.maps.stamp_counters().unwrap();
+    assert_eq!(
+        after[stamp_reason::NO_SEGMENTS as usize],
+        before[stamp_reason::NO_SEGMENTS as usize] + 1
+    );
+}
+
+#[test]
+fn switching_encodings_at_run_time_takes_effect_on_the_next_packet() {
+    let mut f = Fixture::new(TABLE, mode::SOPA);
+    let packet = tcp(DST, 5, b"x");
+    assert_eq!(f.stamp(&packet).len(), packet.len() + 40);
+    f.maps.apply_srv6(None).unwrap();
+    assert_eq!(f.stamp(&packet).len(), packet.len() + 4, "the option again");
+    let table = sopa_agent::path_table::PathTable::parse(TABLE).unwrap();
+    f.maps.apply_srv6(table.srv6.as_ref()).unwrap();
+    assert_eq!(f.stamp(&packet).len(), packet.len() + 40);
+}
+
+#[test]
+fn a_packet_the_outer_header_would_take_past_the_mtu_passes_unencapsulated() {
+    // BPF_PROG_TEST_RUN sends the packet out of the namespace's loopback: give it a host's MTU.
+    let ns = sopa_testbed::netns::NetNs::new(&sopa_testbed::netns::run_name("mtu6")).unwrap();
+    ns.ip(&["link", "set", "lo", "mtu", "1500"]).unwrap();
+    let mut f = Fixture::new(TABLE, mode::SOPA);
+    // (name, packet, __sk_buff, verdict)
+    type Case = (&'static str, Vec<u8>, Option<[u8; 192]>, u32);
+    let cases: Vec<Case> = vec![
+        // IP length 1461: 40 more is one past the MTU.
+        (
+            "one byte too long",
+            tcp(DST, 1, &[7; 1421]),
+            None,
+            stamp_reason::TOO_BIG,
+        ),
+        (
+            "just fits",
+            tcp(DST, 2, &[7; 1420]),
+            None,
+            stamp_reason::STAMPED,
+        ),
+        (
+            "gso segments that would not fit",
+            tcp(DST, 3, &[7; 2842]),
+            Some(gso_ctx(2, 1421)),
+            stamp_reason::TOO_BIG,
+        ),
+    ];
+    ns.run(|| {
+        for (name, packet, ctx, reason) in cases {
+            let before = f.maps.stamp_counters().unwrap();
+            let (action, out) = f.stamp_with(&packet, ctx.as_ref().map(|c| &c[..]));
+            assert_eq!(action, TC_ACT_UNSPEC, "{name}: passed on");
+            let after = f.maps.stamp_counters().unwrap();
+            assert_eq!(
+                after[reason as usize],
+                before[reason as usize] + 1,
+                "{name}: counted as {}",
+                stamp_reason::NAMES[reason as usize]
+            );
+            if reason == stamp_reason::STAMPED {
+                assert_eq!(out.len(), packet.len() + 40, "{name}");
+            } else {
+                assert_eq!(out, packet, "{name}: untouched");
+            }
+        }
+    })
+    .unwrap();
+}

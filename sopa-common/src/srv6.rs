@@ -1,0 +1,169 @@
+//! The SRv6 encoding: the path as a list of micro-SIDs (uSIDs, RFC 9800's NEXT-C-SID flavour) in
+//! the destination address of an outer IPv6 header that the sending host puts in front of the
+//! packet (reduced encapsulation: no segment routing header while the list fits one address).
+//!
+//! ```text
+//! outer destination:  fcbb:bb00 : uSID 1 : uSID 2 : ... : LID : 0 ...
+//!                     '- block -' '- one per switch the path names -' '- the host -'
+//! ```
+//!
+//! - The block is 32 bits, every uSID 16, so one address holds [`USID_SLOTS`] of them.
+//! - A switch owns one global uSID. Its locator `block:uSID::/48` is a `seg6local` End route
+//!   with the NEXT-C-SID flavour: it shifts the list left by one uSID and forwards on the new
+//!   destination, exactly what SONiC's uN and SAI's uSID behaviours do in hardware.
+//! - The list ends with the destination host's local uSID ([`LIB_BASE`] plus the host's offset
+//!   in its rack's prefix): after the host's rack switch consumed its own uSID, that switch
+//!   routes the address to the host port, and the host's XDP program removes the outer header.
+//!
+//! Outer header fields: version 6, traffic class copied from the inner packet (DSCP and ECN),
+//! flow label from the inner flow's hash (so receivers' NICs keep spreading flows over their
+//! queues, and IPv6 multipath routes hash per flow), next header 4 (IPv4 inside) or 41 (IPv6
+//! inside), hop limit [`HOP_LIMIT`].
+
+/// EtherType of IPv6, host order.
+pub const ETH_P_IPV6: u16 = 0x86DD;
+/// IPv6 fixed header length: what the outer header adds to every packet.
+pub const IPV6_HLEN: usize = 40;
+/// Next header of an IPv4 packet inside IPv6 (IP-in-IPv6).
+pub const NEXTHDR_IPV4: u8 = 4;
+/// Next header of an IPv6 packet inside IPv6.
+pub const NEXTHDR_IPV6: u8 = 41;
+/// The outer header's hop limit.
+pub const HOP_LIMIT: u8 = 64;
+
+/// The uSID block, the first 32 bits of every path address (`fcbb:bb00::/32`, the block of the
+/// uSID examples in RFC 9800 and in SONiC's documentation).
+pub const BLOCK: [u16; 2] = [0xFCBB, 0xBB00];
+/// uSIDs one address holds after the block.
+pub const USID_SLOTS: usize = 6;
+/// Local uSIDs (the LIB of RFC 9800's example allocation, `0xE000..=0xFFFF`): meaningful only on
+/// the switch whose uSID came before them. A host's local uSID is `LIB_BASE` plus its offset in
+/// its rack's prefix.
+pub const LIB_BASE: u16 = 0xE000;
+/// The largest offset of a host in its rack's prefix that has a local uSID.
+pub const MAX_HOST_OFFSET: u32 = 0x1FFF;
+/// Global uSIDs, for switches: `1..LIB_BASE` (0 ends a list).
+pub const MAX_GLOBAL_USID: u16 = LIB_BASE - 1;
+
+/// The 128-bit address of a uSID list: the block, then `usids` in order, zero-filled.
+/// `usids` longer than [`USID_SLOTS`] are cut (callers check the length first).
+pub fn address(usids: &[u16]) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[0..2].copy_from_slice(&BLOCK[0].to_be_bytes());
+    out[2..4].copy_from_slice(&BLOCK[1].to_be_bytes());
+    for (i, u) in usids.iter().take(USID_SLOTS).enumerate() {
+        out[4 + 2 * i..6 + 2 * i].copy_from_slice(&u.to_be_bytes());
+    }
+    out
+}
+
+/// The local uSID of the host at `offset` in its rack's prefix, if it has one.
+pub const fn host_lid(offset: u32) -> Option<u16> {
+    if offset > MAX_HOST_OFFSET {
+        None
+    } else {
+        Some(LIB_BASE | offset as u16)
+    }
+}
+
+/// The outer flow label of a flow whose hash is `hash`: the upper bits rotated down, as the
+/// kernel's own IPv6 tunnels and Cilium do, cut to 20 bits.
+pub const fn flow_label(hash: u32) -> u32 {
+    hash.rotate_left(16) & 0xF_FFFF
+}
+
+/// The outer IPv6 header: `payload_len` the inner packet's whole length, `next` its next-header
+/// value, `tclass` the inner packet's DSCP and ECN byte.
+pub const fn outer_header(
+    payload_len: u16,
+    next: u8,
+    tclass: u8,
+    label: u32,
+    src: &[u8; 16],
+    dst: &[u8; 16],
+) -> [u8; IPV6_HLEN] {
+    let mut h = [0u8; IPV6_HLEN];
+    let first = (6u32 << 28) | ((tclass as u32) << 20) | (label & 0xF_FFFF);
+    let f = first.to_be_bytes();
+    h[0] = f[0];
+    h[1] = f[1];
+    h[2] = f[2];
+    h[3] = f[3];
+    let l = payload_len.to_be_bytes();
+    h[4] = l[0];
+    h[5] = l[1];
+    h[6] = next;
+    h[7] = HOP_LIMIT;
+    let mut i = 0;
+    while i < 16 {
+        h[8 + i] = src[i];
+        h[24 + i] = dst[i];
+        i += 1;
+    }
+    h
+}
+
+/// RFC 6040 (normal mode) at decapsulation: the inner ECN field after an outer one of `outer`.
+/// Congestion marked on the outer header (CE) reaches an ECN-capable inner packet; a not-ECT
+/// inner packet keeps its field (the egress would drop it instead: we leave that to the stack).
+pub const fn decapsulated_ecn(outer: u8, inner: u8) -> u8 {
+    const CE: u8 = 0b11;
+    if outer & 0b11 == CE && inner & 0b11 != 0 {
+        CE
+    } else {
+        inner & 0b11
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_address_is_the_block_then_the_usids_zero_filled() {
+        assert_eq!(
+            address(&[0x0100, 0x0203, 0xE002]),
+            [
+                0xFC, 0xBB, 0xBB, 0x00, 0x01, 0x00, 0x02, 0x03, 0xE0, 0x02, 0, 0, 0, 0, 0, 0
+            ]
+        );
+        assert_eq!(address(&[1, 2, 3, 4, 5, 6, 7])[14..], [0, 6]);
+    }
+
+    #[test]
+    fn the_outer_header_reads_back_with_a_standard_parser_of_the_fields() {
+        let h = outer_header(1500, NEXTHDR_IPV4, 0xB9, 0x12345, &[1; 16], &address(&[7]));
+        assert_eq!(h[0] >> 4, 6);
+        assert_eq!(((h[0] & 0xF) << 4) | (h[1] >> 4), 0xB9);
+        assert_eq!(
+            u32::from_be_bytes([0, h[1] & 0xF, h[2], h[3]]),
+            0x12345,
+            "flow label"
+        );
+        assert_eq!(u16::from_be_bytes([h[4], h[5]]), 1500);
+        assert_eq!((h[6], h[7]), (4, 64));
+        assert_eq!(h[8..24], [1; 16]);
+        assert_eq!(h[24..30], [0xFC, 0xBB, 0xBB, 0x00, 0, 7]);
+    }
+
+    #[test]
+    fn local_usids_cover_the_host_offsets_of_a_19_bit_prefix() {
+        assert_eq!(host_lid(2), Some(0xE002));
+        assert_eq!(host_lid(MAX_HOST_OFFSET), Some(0xFFFF));
+        assert_eq!(host_lid(MAX_HOST_OFFSET + 1), None);
+    }
+
+    #[test]
+    fn congestion_marked_outside_reaches_an_ecn_capable_packet_inside() {
+        assert_eq!(decapsulated_ecn(0b11, 0b10), 0b11);
+        assert_eq!(decapsulated_ecn(0b11, 0b01), 0b11);
+        assert_eq!(decapsulated_ecn(0b11, 0b00), 0b00);
+        assert_eq!(decapsulated_ecn(0b10, 0b01), 0b01);
+    }
+
+    #[test]
+    fn a_flow_label_is_20_bits() {
+        assert_eq!(flow_label(0xFFFF_FFFF), 0xF_FFFF);
+        assert_eq!(flow_label(0x0001_0000), 1);
+    }
+}

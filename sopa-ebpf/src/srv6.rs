@@ -1,0 +1,261 @@
+//! The SRv6 encoding at both ends (`sopa_common::srv6` has the format): `tc_stamp` puts an outer
+//! IPv6 header whose destination is the chosen path's uSID list in front of the packet,
+//! `xdp_strip` removes it at the destination host before GRO.
+
+use aya_ebpf::{
+    bindings::{
+        BPF_F_ADJ_ROOM_ENCAP_L3_IPV6, BPF_F_ADJ_ROOM_FIXED_GSO, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC,
+    },
+    helpers::{bpf_check_mtu, bpf_get_hash_recalc, bpf_xdp_adjust_head},
+    maps::lpm_trie::Key,
+    programs::{TcContext, XdpContext},
+};
+use sopa_common::{
+    maps::{
+        Encap, MAX_CHOSEN, MAX_TAIL, SegKey, encoding, stamp_reason as stamp, strip_reason as strip,
+    },
+    srv6::{
+        BLOCK, ETH_P_IPV6, IPV6_HLEN, LIB_BASE, MAX_HOST_OFFSET, NEXTHDR_IPV4, NEXTHDR_IPV6,
+        USID_SLOTS, decapsulated_ecn, flow_label, outer_header,
+    },
+    wire::{ETH_HLEN, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP, IPV4_BASE_LEN, checksum_adjust, word},
+};
+
+use crate::{
+    ENCAP, SRV6_DESTS, SRV6_SEGS,
+    packet::{Ipv4, ptr_at},
+    tc_stamp::{is_gso, tc_ptr},
+};
+
+/// What the outer header adds to a packet.
+pub const OUTER_LEN: u16 = IPV6_HLEN as u16;
+
+/// Shifts one 16-bit word into a 128-bit value held as two halves.
+#[inline(always)]
+fn push(acc: &mut (u64, u64), word: u16) {
+    acc.0 = (acc.0 << 16) | (acc.1 >> 48);
+    acc.1 = (acc.1 << 16) | u64::from(word);
+}
+
+/// The outer destination of path `hops` to `ip.daddr`: the block, the chosen switches' uSIDs,
+/// the destination's tail, its local uSID.
+#[inline(always)]
+fn path_address(ip: &Ipv4, hops: [u8; 2]) -> Result<[u8; 16], u32> {
+    let dest = SRV6_DESTS
+        .get(Key::new(32, ip.daddr))
+        .ok_or(stamp::NO_SEGMENTS)?;
+    let segs = SRV6_SEGS
+        .get_ptr(&SegKey {
+            group: dest.group,
+            hops,
+        })
+        // SAFETY: a pointer from a successful lookup, read once (the agent replaces whole
+        // values).
+        .map(|p| unsafe { core::ptr::read_volatile(p) })
+        .ok_or(stamp::NO_SEGMENTS)?;
+    let offset = u32::from_be_bytes(ip.daddr) & dest.host_mask;
+    let (chosen, tail) = (usize::from(segs.len), usize::from(dest.tail_len));
+    if offset > MAX_HOST_OFFSET
+        || chosen > MAX_CHOSEN
+        || tail > MAX_TAIL
+        || chosen + tail + 1 > USID_SLOTS
+    {
+        return Err(stamp::NO_SEGMENTS);
+    }
+    let mut acc = (0u64, 0u64);
+    push(&mut acc, BLOCK[0]);
+    push(&mut acc, BLOCK[1]);
+    let mut words = 2;
+    for i in 0..MAX_CHOSEN {
+        if i < chosen {
+            push(&mut acc, segs.usids[i]);
+            words += 1;
+        }
+    }
+    for i in 0..MAX_TAIL {
+        if i < tail {
+            push(&mut acc, dest.tail[i]);
+            words += 1;
+        }
+    }
+    push(&mut acc, LIB_BASE | offset as u16);
+    words += 1;
+    for _ in 0..8 {
+        if words < 8 {
+            push(&mut acc, 0);
+            words += 1;
+        }
+    }
+    let (hi, lo) = (acc.0.to_be_bytes(), acc.1.to_be_bytes());
+    let mut out = [0u8; 16];
+    let mut i = 0;
+    while i < 8 {
+        out[i] = hi[i];
+        out[8 + i] = lo[i];
+        i += 1;
+    }
+    Ok(out)
+}
+
+/// Whether every segment of a GSO packet still fits the interface's MTU with the outer header
+/// on. Checked before encapsulating: room made for a tunnel header cannot be taken back cleanly.
+#[inline(always)]
+fn gso_segments_fit(ctx: &TcContext, ip: &Ipv4) -> Result<bool, u32> {
+    // Only IHL-5 packets are encapsulated.
+    let l4 = ETH_HLEN + IPV4_BASE_LEN;
+    let l4_header = if ip.proto == IPPROTO_TCP {
+        let offset: *const u8 = tc_ptr(ctx, l4 + 12).ok_or(stamp::TOO_SHORT)?;
+        // SAFETY: bounds checked by tc_ptr.
+        u32::from(unsafe { *offset } >> 4) * 4
+    } else if ip.proto == IPPROTO_UDP {
+        8
+    } else {
+        return Ok(false);
+    };
+    let mut mtu: u32 = 0;
+    // SAFETY: the helper reads the skb and writes the u32 it is given (the device's MTU).
+    unsafe { bpf_check_mtu(ctx.skb.skb.cast(), 0, &mut mtu, 0, 0) };
+    // SAFETY: reading a field of the context the kernel handed us.
+    let gso_size = u32::from(unsafe { (*ctx.skb.skb).gso_size });
+    let segment = IPV4_BASE_LEN as u32 + l4_header + gso_size + u32::from(OUTER_LEN);
+    Ok(mtu == 0 || segment <= mtu)
+}
+
+/// Puts the outer IPv6 header of path `hops` in front of the IPv4 packet `ip`.
+#[inline(always)]
+pub fn encapsulate(ctx: &TcContext, ip: &Ipv4, encap: &Encap, hops: [u8; 2]) -> Result<(), u32> {
+    let dst = path_address(ip, hops)?;
+    if is_gso(ctx) && !gso_segments_fit(ctx, ip)? {
+        return Err(stamp::TOO_BIG);
+    }
+    // The inner flow's hash (the socket's, for local TCP), read before the packet changes.
+    // SAFETY: the helper reads and may set the skb's hash.
+    let label = flow_label(unsafe { bpf_get_hash_recalc(ctx.skb.skb) });
+    // FIXED_GSO keeps gso_size, so a segment grows by exactly the outer header: the fabric's
+    // MTU is 40 more than the hosts' (or the agent lowered the route MTUs by 40).
+    ctx.adjust_room(
+        i32::from(OUTER_LEN),
+        BPF_ADJ_ROOM_MAC,
+        u64::from(BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 | BPF_F_ADJ_ROOM_FIXED_GSO),
+    )
+    .map_err(|_| stamp::ADJUST_FAILED)?;
+    let head: *mut [u8; ETH_HLEN + IPV6_HLEN] = tc_ptr(ctx, 0).ok_or(stamp::ADJUST_FAILED)?;
+    // SAFETY: bounds checked by tc_ptr after the room was made.
+    let h = unsafe { &mut *head };
+    // The kernel switched the skb's protocol; the frame's EtherType is ours to write.
+    [h[12], h[13]] = ETH_P_IPV6.to_be_bytes();
+    let outer = outer_header(ip.tot_len, NEXTHDR_IPV4, ip.tos, label, &encap.source, &dst);
+    let mut i = 0;
+    while i < IPV6_HLEN {
+        h[ETH_HLEN + i] = outer[i];
+        i += 1;
+    }
+    Ok(())
+}
+
+/// What [`decapsulate`] found inside.
+pub enum Inner {
+    Ipv4,
+    Ipv6,
+}
+
+/// Removes the outer header of an IPv6 frame sent to this host's SRv6 address. Anything else
+/// is left alone: `Err` says why.
+#[inline(always)]
+pub fn decapsulate(ctx: &XdpContext) -> Result<Inner, u32> {
+    let encap = ENCAP.get(0).copied().unwrap_or_default();
+    if encap.encoding != encoding::SRV6 {
+        return Err(strip::NOT_IPV4);
+    }
+    let head: *mut [u8; ETH_HLEN + IPV6_HLEN] =
+        ptr_at(ctx.data(), ctx.data_end(), 0).ok_or(strip::NOT_IPV4)?;
+    // SAFETY: bounds checked by ptr_at.
+    let f = unsafe { &mut *head };
+    let o = ETH_HLEN;
+    let mut da = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        da[i] = f[o + 24 + i];
+        i += 1;
+    }
+    // One comparison of the whole address (a byte-by-byte one branches the verifier 16 times).
+    let ours = u128::from_ne_bytes(da) == u128::from_ne_bytes(encap.receive);
+    if !ours {
+        let in_block = u32::from_be_bytes([da[0], da[1], da[2], da[3]])
+            == (u32::from(BLOCK[0]) << 16) | u32::from(BLOCK[1]);
+        return Err(if in_block {
+            strip::FOREIGN_SRV6
+        } else {
+            strip::NOT_IPV4
+        });
+    }
+    let (inner, ether_type) = match (f[o] >> 4, f[o + 6]) {
+        (6, NEXTHDR_IPV4) => (Inner::Ipv4, ETH_P_IP),
+        (6, NEXTHDR_IPV6) => (Inner::Ipv6, ETH_P_IPV6),
+        _ => return Err(strip::FOREIGN_SRV6),
+    };
+    let outer_ecn = ((f[o] << 4) | (f[o + 1] >> 4)) & 0b11;
+    // Ethernet addresses into place in front of the inner packet; what they overwrite is kept
+    // until the head moved, so a failure leaves the packet whole.
+    let mut saved = [0u8; ETH_HLEN];
+    let mut i = 0;
+    while i < ETH_HLEN {
+        saved[i] = f[IPV6_HLEN + i];
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 12 {
+        f[IPV6_HLEN + i] = f[i];
+        i += 1;
+    }
+    [f[IPV6_HLEN + 12], f[IPV6_HLEN + 13]] = ether_type.to_be_bytes();
+    // SAFETY: plain helper call on our context.
+    if unsafe { bpf_xdp_adjust_head(ctx.ctx, i32::from(OUTER_LEN)) } != 0 {
+        // The head did not move, but the helper voided every packet pointer: fetch it again.
+        if let Some(head) = ptr_at::<[u8; ETH_HLEN + IPV6_HLEN]>(ctx.data(), ctx.data_end(), 0) {
+            // SAFETY: bounds checked by ptr_at.
+            let f = unsafe { &mut *head };
+            let mut i = 0;
+            while i < ETH_HLEN {
+                f[IPV6_HLEN + i] = saved[i];
+                i += 1;
+            }
+        }
+        return Err(strip::ADJUST_FAILED);
+    }
+    propagate_ecn(ctx, &inner, outer_ecn);
+    Ok(inner)
+}
+
+/// RFC 6040: congestion marked on the outer header is carried into the inner one.
+#[inline(always)]
+fn propagate_ecn(ctx: &XdpContext, inner: &Inner, outer_ecn: u8) {
+    match inner {
+        Inner::Ipv4 => {
+            let Some(h) = ptr_at::<[u8; IPV4_BASE_LEN]>(ctx.data(), ctx.data_end(), ETH_HLEN)
+            else {
+                return;
+            };
+            // SAFETY: bounds checked by ptr_at.
+            let h = unsafe { &mut *h };
+            let ecn = decapsulated_ecn(outer_ecn, h[1] & 0b11);
+            if ecn != h[1] & 0b11 {
+                let old = word(h[0], h[1]);
+                h[1] = (h[1] & !0b11) | ecn;
+                let check =
+                    checksum_adjust(u16::from_be_bytes([h[10], h[11]]), old, word(h[0], h[1]));
+                [h[10], h[11]] = check.to_be_bytes();
+            }
+        }
+        Inner::Ipv6 => {
+            let Some(h) = ptr_at::<[u8; 2]>(ctx.data(), ctx.data_end(), ETH_HLEN) else {
+                return;
+            };
+            // SAFETY: bounds checked by ptr_at.
+            let h = unsafe { &mut *h };
+            let inner = (h[1] >> 4) & 0b11;
+            let ecn = decapsulated_ecn(outer_ecn, inner);
+            h[1] = (h[1] & !0b0011_0000) | (ecn << 4);
+        }
+    }
+}
