@@ -88,11 +88,12 @@ impl std::fmt::Debug for MapSet {
 impl Collector for DatapathCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         let maps = self.maps.lock().expect("metrics maps lock");
-        let (Ok(stamp), Ok(strip), Ok(hops), Ok(config)) = (
+        let (Ok(stamp), Ok(strip), Ok(hops), Ok(config), Ok(encap)) = (
             maps.stamp_counters(),
             maps.strip_counters(),
             maps.hop_counters(),
             maps.config(),
+            maps.encap(),
         ) else {
             warn!("reading the datapath's maps for metrics failed");
             return Ok(());
@@ -322,6 +323,18 @@ impl Collector for DatapathCollector {
         for m in 0..mode::COUNT {
             let labels = [("mode", mode_name(m))];
             ConstGauge::new(i64::from(m == config.mode)).encode(family.encode_family(&labels)?)?;
+        }
+
+        let mut family = encoder.encode_descriptor(
+            "sopa_encoding",
+            "How the datapath carries the chosen path (1 for the active encoding)",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (e, name) in sopa_common::maps::encoding::NAMES.iter().enumerate() {
+            let labels = [("encoding", *name)];
+            ConstGauge::new(i64::from(e as u32 == encap.encoding))
+                .encode(family.encode_family(&labels)?)?;
         }
         Ok(())
     }

@@ -49,6 +49,10 @@ pub struct Status {
     pub iface: String,
     pub ifindex: u32,
     pub mode: String,
+    /// How paths travel: `ipv4-option` or `srv6`.
+    pub encoding: String,
+    /// The SRv6 encoding's outer source and receive addresses.
+    pub srv6: Option<Srv6Addresses>,
     /// The mode an operator set at run time (`sopa-agent mode`), kept across restarts.
     pub mode_set_at_run_time: Option<crate::mode::RuntimeMode>,
     /// Where new flows start their round robin: `hash` (the default) or `zero` (the paper's).
@@ -92,6 +96,12 @@ pub struct Status {
 }
 
 #[derive(Debug, Serialize)]
+pub struct Srv6Addresses {
+    pub source: std::net::Ipv6Addr,
+    pub receive: std::net::Ipv6Addr,
+}
+
+#[derive(Debug, Serialize)]
 pub struct FlowTable {
     pub entries: u64,
     pub capacity: u64,
@@ -116,6 +126,7 @@ pub fn read(node: &str, run_dir: &Path, pin_dir: &Path) -> Result<Status> {
     })?;
     let maps = MapSet::from_pins(pin_dir)?;
     let config = maps.config()?;
+    let encap = maps.encap()?;
     let table = maps.paths()?;
     let stamp = maps.stamp_counters()?;
     let strip = maps.strip_counters()?;
@@ -164,6 +175,15 @@ pub fn read(node: &str, run_dir: &Path, pin_dir: &Path) -> Result<Status> {
         iface: record.iface.clone(),
         ifindex: record.ifindex,
         mode: mode_name(config.mode).to_owned(),
+        encoding: sopa_common::maps::encoding::NAMES
+            .get(encap.encoding as usize)
+            .copied()
+            .unwrap_or("unknown")
+            .to_owned(),
+        srv6: (encap.encoding == sopa_common::maps::encoding::SRV6).then(|| Srv6Addresses {
+            source: encap.source.into(),
+            receive: encap.receive.into(),
+        }),
         mode_set_at_run_time: crate::mode::RuntimeMode::load(run_dir).ok().flatten(),
         first_path: sopa_common::maps::first_path::NAMES
             .get(maps.first_path()? as usize)
@@ -258,9 +278,16 @@ impl Status {
         }
         let _ = writeln!(
             s,
-            "interface {} (ifindex {}), mode {}{set}, granularity {}, xdp {}",
-            self.iface, self.ifindex, self.mode, self.granularity, self.xdp_mode
+            "interface {} (ifindex {}), mode {}{set}, encoding {}, granularity {}, xdp {}",
+            self.iface, self.ifindex, self.mode, self.encoding, self.granularity, self.xdp_mode
         );
+        if let Some(a) = &self.srv6 {
+            let _ = writeln!(
+                s,
+                "srv6: outer source {}, receives on {}",
+                a.source, a.receive
+            );
+        }
         if let (Some(stamp), Some(strip)) = (self.stamp_prog_id, self.strip_prog_id) {
             let _ = writeln!(
                 s,

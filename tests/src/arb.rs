@@ -18,6 +18,15 @@ pub struct Arb {
     pub b_addr: Ipv4Addr,
 }
 
+/// R's uSIDs in the SRv6 encoding: one per path (each a `seg6local` End locator with the
+/// NEXT-C-SID flavour), and one per rack (A's and B's host routes hang under them).
+pub const R_PATH_USIDS: [u16; 3] = [0x0100, 0x0101, 0x0102];
+pub const A_RACK_USID: u16 = 0x0201;
+pub const B_RACK_USID: u16 = 0x0202;
+/// A's and B's IPv6 addresses, and R's on each link.
+pub const A_ADDR6: &str = "fd00:101:1::2";
+pub const B_ADDR6: &str = "fd00:101:2::2";
+
 /// A's prefix and B's prefix (each host's rack).
 pub const A_PREFIX: &str = "10.101.1.0/24";
 pub const B_PREFIX: &str = "10.101.2.0/24";
@@ -64,6 +73,89 @@ impl Arb {
             a_addr: Ipv4Addr::new(10, 101, 1, 2),
             b_addr: Ipv4Addr::new(10, 101, 2, 2),
         })
+    }
+
+    /// Makes R a plain Linux SRv6 node (no program of ours): IPv6 on every link, forwarding,
+    /// one End (NEXT-C-SID) locator per path, and A's and B's SRv6 addresses routed under
+    /// their rack's uSID; every link at MTU `mtu` (a fabric's: the hosts' 1500 plus the 40 of
+    /// the outer header loses no goodput).
+    pub fn make_srv6(&self, paths: usize, mtu: u32) -> Result<()> {
+        let mtu = mtu.to_string();
+        for (ns, dev) in [
+            (&self.a, &self.a_if),
+            (&self.r, &self.r_a_if),
+            (&self.r, &self.r_b_if),
+            (&self.b, &self.b_if),
+        ] {
+            ns.ip(&["link", "set", dev, "mtu", &mtu])?;
+        }
+        let six = |ns: &NetNs, addr: &str, dev: &str| {
+            ns.ip(&["-6", "addr", "add", addr, "dev", dev, "nodad"])
+        };
+        six(&self.a, &format!("{A_ADDR6}/64"), &self.a_if)?;
+        six(&self.r, "fd00:101:1::1/64", &self.r_a_if)?;
+        six(&self.r, "fd00:101:2::1/64", &self.r_b_if)?;
+        six(&self.b, &format!("{B_ADDR6}/64"), &self.b_if)?;
+        self.r.sysctl("net.ipv6.conf.all.forwarding", "1")?;
+        for usid in &R_PATH_USIDS[..paths] {
+            self.r.ip(&[
+                "-6",
+                "route",
+                "add",
+                &format!("fcbb:bb00:{usid:x}::/48"),
+                "encap",
+                "seg6local",
+                "action",
+                "End",
+                "flavors",
+                "next-csid",
+                "lblen",
+                "32",
+                "nflen",
+                "16",
+                "dev",
+                &self.r_a_if,
+            ])?;
+        }
+        for (rack, via, dev) in [
+            (A_RACK_USID, A_ADDR6, &self.r_a_if),
+            (B_RACK_USID, B_ADDR6, &self.r_b_if),
+        ] {
+            self.r.ip(&[
+                "-6",
+                "route",
+                "add",
+                &format!("fcbb:bb00:{rack:x}:e002::/64"),
+                "via",
+                via,
+                "dev",
+                dev,
+            ])?;
+        }
+        Ok(())
+    }
+
+    /// The SRv6 path table of a host at `own` (its rack's uSID `own_rack`) towards `prefix`
+    /// (rack uSID `rack`): `paths` single-decision paths, path `i` through R's uSID `i`.
+    pub fn srv6_path_table(
+        own: &str,
+        own_rack: u16,
+        prefix: &str,
+        rack: u16,
+        paths: usize,
+    ) -> String {
+        let hops: Vec<String> = (0..paths).map(|h| format!("[{h}]")).collect();
+        let segs: Vec<String> = R_PATH_USIDS[..paths]
+            .iter()
+            .map(|u| format!("[{u:#06x}]"))
+            .collect();
+        format!(
+            "version = 1\nencoding = \"srv6\"\n\n[srv6]\nsource = \"{own}\"\n\
+             receive = \"fcbb:bb00:{own_rack:x}:e002::\"\n\n[[destination]]\n\
+             prefix = \"{prefix}\"\npaths = [{}]\nsegments = [{}]\ntail = [{rack:#06x}]\n",
+            hops.join(", "),
+            segs.join(", ")
+        )
     }
 
     /// A path table with `paths` single-decision paths towards `prefix`.

@@ -17,6 +17,60 @@ pub fn has_ipv4_options(frame: &[u8]) -> bool {
     frame.len() > 14 && frame[12..14] == [8, 0] && frame[14] & 0x0f != 5
 }
 
+/// The IPv4 options and TCP payload length of a captured TCP frame from `src`. Frames are
+/// truncated to their headers, so only header slices are parsed.
+pub fn tcp_from(frame: &[u8], src: std::net::Ipv4Addr) -> Option<(Vec<u8>, usize)> {
+    if frame.len() < 14 || frame[12..14] != [0x08, 0x00] {
+        return None;
+    }
+    let ip = etherparse::Ipv4HeaderSlice::from_slice(&frame[14..]).ok()?;
+    if ip.source_addr() != src || ip.protocol() != etherparse::IpNumber::TCP {
+        return None;
+    }
+    let tcp = etherparse::TcpHeaderSlice::from_slice(&frame[14 + ip.slice().len()..]).ok()?;
+    let payload = usize::from(ip.total_len()).saturating_sub(ip.slice().len() + tcp.slice().len());
+    Some((ip.options().to_vec(), payload))
+}
+
+/// IPv4 IDs (16 bits) of packets in capture order, unwrapped to a monotonic counter: each ID
+/// is taken as the value nearest the previous one.
+pub fn unwrap_ids(packets: &[(u16, u8, usize)]) -> Vec<Sent> {
+    let mut last: Option<i64> = None;
+    packets
+        .iter()
+        .map(|&(id, hop, payload)| {
+            let value = match last {
+                None => i64::from(id),
+                Some(prev) => prev + i64::from(id.wrapping_sub(prev as u16) as i16),
+            };
+            last = Some(value);
+            (value, hop, payload)
+        })
+        .collect()
+}
+
+/// A packet in send order: (unwrapped IPv4 ID, path, payload bytes).
+pub type Sent = (i64, u8, usize);
+
+/// Consecutive data packets in send order (by unwrapped IPv4 ID) from `(id, path, payload)`
+/// triples, and those where the path did not advance by one (mod `paths`): the round robin's
+/// breaks, with the packets around each.
+pub fn cycle_breaks(stamped: &[(u16, u8, usize)], paths: u8) -> (usize, Vec<(Sent, Sent)>) {
+    let mut in_send_order = unwrap_ids(stamped);
+    in_send_order.retain(|&(_, _, payload)| payload > 0);
+    in_send_order.sort_unstable();
+    let (mut pairs, mut breaks) = (0, Vec::new());
+    for w in in_send_order.windows(2) {
+        if w[1].0 == w[0].0 + 1 {
+            pairs += 1;
+            if w[1].1 != (w[0].1 + 1) % paths {
+                breaks.push((w[0], w[1]));
+            }
+        }
+    }
+    (pairs, breaks)
+}
+
 /// Bytes kept of every frame: Ethernet, IPv4 with options, TCP with options.
 pub const SNAPLEN: u32 = 128;
 

@@ -3,49 +3,16 @@
 
 use std::{io::Read as _, net::TcpStream, os::fd::AsRawFd as _, process::Command, time::Duration};
 
-use etherparse::{Ipv4HeaderSlice, TcpHeaderSlice};
 use sopa_testbed::{
     agent::Agent,
     arb::{A_PREFIX, Arb, B_PREFIX},
     bins,
-    capture::Capture,
+    capture::{Capture, cycle_breaks, tcp_from},
     resilience::{PATHS, start_a, start_b},
     traffic::{SendOptions, tcp_transfer},
 };
 
 const MIB: u64 = 1 << 20;
-
-/// The IPv4 options and TCP payload length of a captured TCP frame from `src`. Frames are
-/// truncated to their headers, so only header slices are parsed.
-fn tcp_from(frame: &[u8], src: std::net::Ipv4Addr) -> Option<(Vec<u8>, usize)> {
-    if frame.len() < 14 || frame[12..14] != [0x08, 0x00] {
-        return None;
-    }
-    let ip = Ipv4HeaderSlice::from_slice(&frame[14..]).ok()?;
-    if ip.source_addr() != src || ip.protocol() != etherparse::IpNumber::TCP {
-        return None;
-    }
-    let tcp = TcpHeaderSlice::from_slice(&frame[14 + ip.slice().len()..]).ok()?;
-    let payload = usize::from(ip.total_len()).saturating_sub(ip.slice().len() + tcp.slice().len());
-    Some((ip.options().to_vec(), payload))
-}
-
-/// IPv4 IDs (16 bits) of packets in capture order, unwrapped to a monotonic counter: each ID
-/// is taken as the value nearest the previous one.
-fn unwrap_ids(packets: &[(u16, u8, usize)]) -> Vec<(i64, u8, usize)> {
-    let mut last: Option<i64> = None;
-    packets
-        .iter()
-        .map(|&(id, hop, payload)| {
-            let value = match last {
-                None => i64::from(id),
-                Some(prev) => prev + i64::from(id.wrapping_sub(prev as u16) as i16),
-            };
-            last = Some(value);
-            (value, hop, payload)
-        })
-        .collect()
-}
 
 fn metrics(agent_ns: &sopa_testbed::NetNs) -> String {
     agent_ns
@@ -160,18 +127,7 @@ fn option_on_the_wire_at_r_gone_at_b_transfer_intact() {
         full_size > data_packets / 2,
         "full-MSS stamped packets ({full_size}) got through"
     );
-    let mut in_send_order = unwrap_ids(&stamped);
-    in_send_order.retain(|&(_, _, payload)| payload > 0);
-    in_send_order.sort_unstable();
-    let (mut pairs, mut breaks) = (0, Vec::new());
-    for w in in_send_order.windows(2) {
-        if w[1].0 == w[0].0 + 1 {
-            pairs += 1;
-            if w[1].1 != (w[0].1 + 1) % PATHS {
-                breaks.push((w[0], w[1]));
-            }
-        }
-    }
+    let (pairs, breaks) = cycle_breaks(&stamped, PATHS);
     assert!(pairs > 30_000, "{pairs} consecutive packets");
     assert!(
         breaks.is_empty(),

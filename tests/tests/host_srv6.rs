@@ -1,0 +1,197 @@
+//! The SRv6 encoding on a real routed path: A - R - B, R a plain Linux SRv6 node (the kernel's
+//! `seg6local` End behaviour with the NEXT-C-SID flavour, no program of ours), agents on A and
+//! B. Needs root; every namespace, process and file is removed on drop, also on failure.
+
+use std::net::Ipv6Addr;
+
+use sopa_testbed::{
+    agent::Agent,
+    arb::{A_ADDR6, A_PREFIX, A_RACK_USID, Arb, B_ADDR6, B_PREFIX, B_RACK_USID},
+    capture::{Capture, cycle_breaks, tcp_from},
+    traffic::{SendOptions, tcp_transfer},
+};
+
+const MIB: u64 = 1 << 20;
+const PATHS: u8 = 3;
+
+/// An encapsulated frame from `src6` as the outer header shows it: (destination, flow label,
+/// outer payload length) and the inner packet as an Ethernet frame of IPv4.
+fn outer(frame: &[u8], src6: Ipv6Addr) -> Option<(Ipv6Addr, u32, u16, Vec<u8>)> {
+    if frame.len() < 54 || frame[12..14] != [0x86, 0xDD] || frame[14 + 6] != 4 {
+        return None;
+    }
+    let src: [u8; 16] = frame[22..38].try_into().unwrap();
+    if Ipv6Addr::from(src) != src6 {
+        return None;
+    }
+    let dst: [u8; 16] = frame[38..54].try_into().unwrap();
+    let label = u32::from_be_bytes([0, frame[15] & 0xF, frame[16], frame[17]]);
+    let len = u16::from_be_bytes([frame[18], frame[19]]);
+    let mut inner = frame[..12].to_vec();
+    inner.extend([0x08, 0x00]);
+    inner.extend(&frame[54..]);
+    Some((Ipv6Addr::from(dst), label, len, inner))
+}
+
+#[test]
+fn srv6_over_a_linux_usid_node_paths_cycle_and_b_sees_the_inner_packet_only() {
+    let arb = Arb::new("s").expect("build A - R - B");
+    // Fabric links 40 bytes above the hosts' 1500: the outer header costs no goodput.
+    arb.make_srv6(usize::from(PATHS), 1540)
+        .expect("R as an SRv6 node");
+    let routes_before = arb.a.ip(&["route"]).unwrap();
+    let agent_a = Agent::start(
+        &arb.a,
+        arb.a.name(),
+        &arb.a_if,
+        &Arb::srv6_path_table(A_ADDR6, A_RACK_USID, B_PREFIX, B_RACK_USID, PATHS.into()),
+        &[],
+    )
+    .expect("agent on A");
+    let agent_b = Agent::start(
+        &arb.b,
+        arb.b.name(),
+        &arb.b_if,
+        &Arb::srv6_path_table(B_ADDR6, B_RACK_USID, A_PREFIX, A_RACK_USID, PATHS.into()),
+        &["--no-metrics"],
+    )
+    .expect("agent on B");
+    let routes = arb.a.ip(&["route"]).unwrap();
+    assert!(
+        routes.contains("10.101.2.0/24 via 10.101.1.1") && routes.contains("mtu 1500"),
+        "the fabric route at the interface's 1540 less the outer header's 40:\n{routes}"
+    );
+
+    let at_r = Capture::start(&arb.r, &arb.r_a_if).unwrap();
+    let at_b = Capture::start(&arb.b, &arb.b_if).unwrap();
+    let transfer = tcp_transfer(
+        &arb.a,
+        &arb.b,
+        arb.b_addr,
+        5001,
+        50 * MIB,
+        &SendOptions::default(),
+    )
+    .expect("50 MiB from A to B");
+    let at_r = at_r.finish().unwrap();
+    let at_b = at_b.finish().unwrap();
+    assert!(transfer.intact(), "sha256 differs");
+    eprintln!(
+        "50 MiB in {:.2} s: {:.0} Mbit/s",
+        transfer.seconds,
+        transfer.mbit_per_s()
+    );
+
+    // At R: every TCP packet from A is inside an outer IPv6 header from A's address to a
+    // uSID list naming one of R's path uSIDs, then B's rack and B; the lists cycle in the
+    // order A sent the packets (the inner IPv4 ID).
+    let a6: Ipv6Addr = A_ADDR6.parse().unwrap();
+    let lists: Vec<Ipv6Addr> = (0..PATHS)
+        .map(|i| {
+            format!(
+                "fcbb:bb00:{:x}:{B_RACK_USID:x}:e002::",
+                0x100 + u16::from(i)
+            )
+            .parse()
+            .unwrap()
+        })
+        .collect();
+    // The capture socket shares the frame's header with R's own processing, which shifts the
+    // list in place (the clone's header is writable): a frame read after that shows the list
+    // R made of it, which names no path any more.
+    let shifted: Ipv6Addr = format!("fcbb:bb00:{B_RACK_USID:x}:e002::").parse().unwrap();
+    let (mut sent, mut labels, mut full_size, mut plain, mut read_late) =
+        (Vec::new(), Vec::new(), 0, 0, 0);
+    for frame in &at_r.frames {
+        if tcp_from(frame, arb.a_addr).is_some() {
+            plain += 1;
+            continue;
+        }
+        let Some((dst, label, len, inner)) = outer(frame, a6) else {
+            continue;
+        };
+        let Some((options, payload)) = tcp_from(&inner, arb.a_addr) else {
+            continue;
+        };
+        if dst == shifted {
+            read_late += 1;
+            continue;
+        }
+        assert!(options.is_empty(), "no option inside");
+        let path = lists
+            .iter()
+            .position(|l| *l == dst)
+            .unwrap_or_else(|| panic!("outer destination {dst} is none of the paths' lists"));
+        sent.push((
+            u16::from_be_bytes([inner[18], inner[19]]),
+            path as u8,
+            payload,
+        ));
+        labels.push(label);
+        if len == 1500 {
+            full_size += 1;
+        }
+    }
+    assert_eq!(plain, 0, "TCP packets from A at R without the outer header");
+    assert!(
+        read_late * 100 < sent.len(),
+        "{read_late} frames read after R shifted their list, of {}",
+        sent.len()
+    );
+    let (pairs, breaks) = cycle_breaks(&sent, PATHS);
+    assert!(pairs > 30_000, "{pairs} consecutive packets");
+    assert!(
+        breaks.is_empty(),
+        "the uSID lists do not cycle in send order ({pairs} consecutive pairs; around each \
+         break: {breaks:?})"
+    );
+    assert!(
+        full_size > sent.len() / 2,
+        "full-size inner packets (1500, in an outer payload of 1500): {full_size} of {}",
+        sent.len()
+    );
+    // The label is the flow's hash (the socket's txhash): one flow keeps one, except where
+    // the kernel rehashes the socket to move it (after a timeout or a spurious retransmission,
+    // as IPv6 flow-label repathing does).
+    labels.sort_unstable();
+    labels.dedup();
+    assert!(
+        labels.len() <= 4,
+        "one flow, one flow label save a rehash or two: {labels:x?}"
+    );
+    eprintln!("flow labels at R: {labels:x?}");
+
+    // At B's stack (the capture runs after XDP): the inner packets only.
+    let (mut inner_at_b, mut outer_at_b) = (0, 0);
+    for f in &at_b.frames {
+        if tcp_from(f, arb.a_addr).is_some() {
+            inner_at_b += 1;
+        }
+        // (Neighbour discovery is IPv6 too: only encapsulated packets count.)
+        if f.len() > 54 && f[12..14] == [0x86, 0xDD] && f[14 + 6] == 4 {
+            outer_at_b += 1;
+        }
+    }
+    assert!(inner_at_b > 30_000, "B saw {inner_at_b} packets");
+    assert_eq!(outer_at_b, 0, "encapsulated packets reached B's stack");
+
+    let a = agent_a.status().unwrap();
+    let b = agent_b.status().unwrap();
+    assert_eq!(a["encoding"], "srv6");
+    assert_eq!(a["srv6"]["source"], A_ADDR6);
+    assert!(a["stamp"]["stamped"].as_u64().unwrap() >= sent.len() as u64);
+    assert_eq!(
+        a["stamp"]["too_big"], 0,
+        "every packet fit once encapsulated"
+    );
+    assert!(b["strip"]["decapsulated"].as_u64().unwrap() >= inner_at_b);
+    let hop0: Vec<u64> = (0..PATHS)
+        .map(|h| a["hop0"][h.to_string()].as_u64().unwrap_or(0))
+        .collect();
+    let (lo, hi) = (hop0.iter().min().unwrap(), hop0.iter().max().unwrap());
+    assert!(hi - lo <= 1, "one flow, round robin: {hop0:?}");
+
+    assert_eq!(agent_a.stop(), Some(0));
+    assert_eq!(agent_b.stop(), Some(0));
+    assert_eq!(arb.a.ip(&["route"]).unwrap(), routes_before);
+}
