@@ -42,6 +42,10 @@ pub enum Change {
         old: Route,
         new: Route,
     },
+    /// An IPv6 route a switch installed (SRv6 encoding; undo: remove it).
+    Route6Added {
+        route: crate::netlink::Route6,
+    },
 }
 
 /// What a running agent records about itself.
@@ -459,6 +463,7 @@ async fn redo_one(change: &Change, netlink: &Netlink) -> Result<()> {
         Change::GsoMaxSegs { index, new, .. } => netlink.set_gso_max_segs(*index, *new).await,
         Change::RouteAdded { route } => netlink.add_route(route, true).await,
         Change::RouteReplaced { new, .. } => netlink.add_route(new, true).await,
+        Change::Route6Added { route } => netlink.add_route6(route).await,
     }
 }
 
@@ -522,6 +527,9 @@ async fn undo_one(change: &Change, netlink: &Netlink) -> Result<()> {
                 not_ours("the route")
             }
         }
+        // Removed with its next hops or behaviour: a route someone replaced since with another
+        // one does not match, and stays.
+        Change::Route6Added { route } => netlink.delete_route6(route).await,
     }
 }
 

@@ -7,10 +7,15 @@ use sopa_channel::{
     proto::{Delta, PinSet, Snapshot},
     view::FabricView,
 };
-use sopa_topology::paths::PathTable as Candidates;
+use sopa_topology::{paths::PathTable as Candidates, srv6::Encoding};
 use tracing::{info, warn};
 
-use crate::{changes::ControllerState, host::Host, path_table::PathTable};
+use crate::{
+    changes::ControllerState,
+    host::Host,
+    path_table::PathTable,
+    srv6::{Srv6Paths, Srv6Table},
+};
 
 pub struct HostApplier<'a> {
     host: &'a mut Host,
@@ -44,6 +49,33 @@ fn table_of(c: &Candidates, only: Option<&[usize]>) -> PathTable {
         t.destinations.insert(d.prefix(), d.alive_hops().collect());
     }
     t
+}
+
+/// This host's SRv6 addresses and every destination's uSID lists, from the pushed topology.
+fn srv6_table(
+    topo: &sopa_topology::Topology,
+    candidates: &Candidates,
+) -> Result<Srv6Table, String> {
+    let plan = sopa_topology::srv6::host_plan(topo, candidates).map_err(|e| e.to_string())?;
+    let table = Srv6Table {
+        source: plan.source,
+        receive: plan.receive,
+        destinations: plan
+            .destinations
+            .into_iter()
+            .map(|d| {
+                (
+                    d.prefix,
+                    Srv6Paths {
+                        chosen: d.chosen.into_iter().collect(),
+                        tail: d.tail,
+                    },
+                )
+            })
+            .collect(),
+    };
+    table.validate()?;
+    Ok(table)
 }
 
 impl<'a> HostApplier<'a> {
@@ -109,7 +141,10 @@ impl Applier for HostApplier<'_> {
             })?;
         let candidates =
             Candidates::compute(topo, src, &view.failures).map_err(|e| e.to_string())?;
-        let table = table_of(&candidates, None);
+        let mut table = table_of(&candidates, None);
+        if view.encoding == Encoding::Srv6 {
+            table.srv6 = Some(srv6_table(topo, &candidates)?);
+        }
         self.host
             .apply_table(&table)
             .await
@@ -118,6 +153,7 @@ impl Applier for HostApplier<'_> {
             epoch = s.epoch,
             version = s.version,
             prefixes = table.len(),
+            encoding = %view.encoding,
             "applied the controller's snapshot"
         );
         self.view = Some(view);

@@ -25,6 +25,7 @@ use sopa_topology::{
     LinkId, NodeKind, Prefix, Topology,
     forwarding::{self, SwitchPlan},
     paths::Failures,
+    srv6::{self as plan6, Encoding, Srv6Route},
 };
 use tracing::{info, warn};
 
@@ -33,7 +34,7 @@ use crate::{
     datapath::{Datapath, TcxOrder, maps::ForwardMaps},
     error::{Error, Result},
     host::{check_privileges, pin_dir, run_dir, validate_node},
-    netlink::{Netlink, Route},
+    netlink::{Action6, Netlink, Route, Route6},
     sysctl,
 };
 
@@ -65,6 +66,9 @@ pub struct Switch {
     /// Counters of an older layout's datapath, carried over once the first plan replaced its
     /// programs.
     carry: Option<crate::datapath::layout::Carry>,
+    /// How the hosts carry the path: in SRv6 this switch is a plain Linux SRv6 node (IPv6
+    /// routes and `seg6local` End), and `tc_forward` is not attached.
+    encoding: Encoding,
 }
 
 /// One port of this switch: the interface and the neighbour behind it.
@@ -120,6 +124,33 @@ fn ports_from(
         }
     }
     Ok(ports)
+}
+
+/// Sets `key` to `value`, recorded in `journal` with the value from before any agent: one entry
+/// per setting, however many restarts (an adopted journal already holds it). A kernel without
+/// the setting is said and left.
+fn set_sysctl(journal: &mut Journal, key: &str, value: &str) -> Result<()> {
+    let Ok(old) = sysctl::read(key) else {
+        warn!(key, "this kernel lacks the sysctl; leaving it");
+        return Ok(());
+    };
+    let recorded = journal.record.changes.iter_mut().find_map(|c| match c {
+        Change::Sysctl { key: k, new, .. } if k == key => Some(new),
+        _ => None,
+    });
+    match recorded {
+        Some(new) if *new == value => {}
+        Some(new) => {
+            *new = value.to_owned();
+            journal.save()?;
+        }
+        None => journal.push(Change::Sysctl {
+            key: key.into(),
+            old,
+            new: value.to_owned(),
+        })?,
+    }
+    sysctl::write(key, value)
 }
 
 impl Switch {
@@ -238,29 +269,7 @@ impl Switch {
                     opts.hash_seed.to_string(),
                 ),
             ] {
-                let Ok(old) = sysctl::read(key) else {
-                    warn!(key, "this kernel lacks the sysctl; leaving it");
-                    continue;
-                };
-                // An adopted journal already holds the value from before any agent: one entry
-                // per setting, however many restarts.
-                let recorded = journal.record.changes.iter_mut().find_map(|c| match c {
-                    Change::Sysctl { key: k, new, .. } if k == key => Some(new),
-                    _ => None,
-                });
-                match recorded {
-                    Some(new) if *new == value => {}
-                    Some(new) => {
-                        *new = value.clone();
-                        journal.save()?;
-                    }
-                    None => journal.push(Change::Sysctl {
-                        key: key.into(),
-                        old,
-                        new: value.clone(),
-                    })?,
-                }
-                sysctl::write(key, &value)?;
+                set_sysctl(&mut journal, key, &value)?;
             }
             Ok::<_, Error>((datapath, maps, carry))
         };
@@ -276,6 +285,7 @@ impl Switch {
                 live_hosts: None,
                 tcx_order: opts.tcx_order,
                 carry,
+                encoding: Encoding::default(),
             }),
             Err(e) => {
                 if !adopting {
@@ -286,9 +296,16 @@ impl Switch {
         }
     }
 
-    /// Installs the plan of `node` in `topo` under `failures`: routes, decisions, and
-    /// `tc_forward` on each port.
-    pub async fn apply(&mut self, topo: &Topology, node: &str, failures: &Failures) -> Result<()> {
+    /// Installs the plan of `node` in `topo` under `failures`: routes, and, for the IPv4
+    /// option, decisions and `tc_forward` on each port; for SRv6, the IPv6 routes and the
+    /// `seg6local` End locator instead, no program attached.
+    pub async fn apply(
+        &mut self,
+        topo: &Topology,
+        node: &str,
+        failures: &Failures,
+        encoding: Encoding,
+    ) -> Result<()> {
         let g = topo.graph();
         let me = g
             .find(node)
@@ -302,7 +319,18 @@ impl Switch {
         let plan: SwitchPlan = forwarding::plan_under(topo, me, failures);
         let ports = self.ports(topo, me).await?;
         self.install_routes(&plan.routes, &ports).await?;
-        for d in &plan.decisions {
+        if encoding == Encoding::Srv6 {
+            let journal = self.journal.as_mut().expect("running");
+            set_sysctl(journal, "net.ipv6.conf.all.forwarding", "1")?;
+        }
+        self.encoding = encoding;
+        self.install_srv6(topo, me, failures, &ports).await?;
+        let decisions: &[forwarding::Decision] = if encoding == Encoding::Srv6 {
+            &[]
+        } else {
+            &plan.decisions
+        };
+        for d in decisions {
             let mut e = FwdEntry::PASS;
             e.hop_byte = d.hop_byte;
             e.count = d.uplinks.len().min(MAX_UPLINKS) as u8;
@@ -345,6 +373,16 @@ impl Switch {
         let mut ifindexes: Vec<u32> = ports.values().map(|p| p.ifindex).collect();
         ifindexes.sort_unstable();
         ifindexes.dedup();
+        if encoding == Encoding::Srv6 {
+            if !self.attached.is_empty() {
+                warn!(
+                    ports = self.attached.len(),
+                    "the fabric moved to SRv6: tc_forward stays attached to the ports it was on \
+                     (it passes IPv6 untouched) until this agent restarts with --reset"
+                );
+            }
+            ifindexes.clear();
+        }
         for ifindex in ifindexes {
             if !self.attached.contains(&ifindex) {
                 let name = self.netlink.link_name(ifindex).await?;
@@ -361,8 +399,9 @@ impl Switch {
         }
         info!(
             node,
+            %encoding,
             routes = plan.routes.len(),
-            decisions = plan.decisions.len(),
+            decisions = decisions.len(),
             ports = self.attached.len(),
             "switch plan installed"
         );
@@ -425,7 +464,120 @@ impl Switch {
             .ok_or_else(|| Error::Config(format!("node {node:?} is not in the topology")))?;
         let routes = forwarding::routes(topo, me, failures);
         let ports = self.ports(topo, me).await?;
-        self.install_routes(&routes, &ports).await
+        self.install_routes(&routes, &ports).await?;
+        self.install_srv6(topo, me, failures, &ports).await
+    }
+
+    /// Makes this switch's SRv6 routes exactly those of its plan under `failures` (none in the
+    /// IPv4 option's encoding), each replaced atomically, the journal kept current.
+    async fn install_srv6(
+        &mut self,
+        topo: &Topology,
+        me: u32,
+        failures: &Failures,
+        ports: &HashMap<LinkId, Port>,
+    ) -> Result<()> {
+        let mut wanted = BTreeMap::new();
+        if self.encoding == Encoding::Srv6 {
+            // On a port, not `lo`: the kernel turns an IPv6 route through the loopback device
+            // into a reject route (a packet to the locator then counts as InNoRoutes).
+            let Some(anchor) = ports.values().map(|p| p.ifindex).min() else {
+                return Err(Error::Config(
+                    "no port of this switch carries its link address: nothing to route".into(),
+                ));
+            };
+            let g = topo.graph();
+            let plan = plan6::switch_routes(topo, me, failures)
+                .map_err(|e| Error::Config(e.to_string()))?;
+            for r in plan {
+                let route = match r {
+                    Srv6Route::End { usid } => {
+                        let (dst, len) = plan6::locator(usid);
+                        Route6 {
+                            dst,
+                            len,
+                            action: Action6::UsidEnd { oif: anchor },
+                        }
+                    }
+                    Srv6Route::Locator { usid, links } => {
+                        let nexthops: Vec<(std::net::Ipv6Addr, u32)> = links
+                            .iter()
+                            .filter_map(|l| {
+                                let p = ports.get(l)?;
+                                let (a, b) = plan6::link_addresses6(*l);
+                                let theirs = if g.links[*l as usize].a == me { b } else { a };
+                                Some((theirs, p.ifindex))
+                            })
+                            .collect();
+                        if nexthops.is_empty() {
+                            warn!(usid, "no port up towards this locator");
+                            continue;
+                        }
+                        let (dst, len) = plan6::locator(usid);
+                        Route6 {
+                            dst,
+                            len,
+                            action: Action6::Via { nexthops },
+                        }
+                    }
+                    Srv6Route::Host { host, addr, link } => {
+                        let Some(p) = ports.get(&link) else {
+                            continue;
+                        };
+                        let v4 = g.node(host).addr.expect("hosts have addresses");
+                        Route6 {
+                            dst: addr,
+                            len: 64,
+                            action: Action6::Via {
+                                nexthops: vec![(plan6::embed(v4), p.ifindex)],
+                            },
+                        }
+                    }
+                };
+                wanted.insert((route.dst, route.len), route);
+            }
+        }
+        let journal = self.journal.as_mut().expect("running");
+        let current: BTreeMap<(std::net::Ipv6Addr, u8), (usize, Route6)> = journal
+            .record
+            .changes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| match c {
+                Change::Route6Added { route } => Some(((route.dst, route.len), (i, route.clone()))),
+                _ => None,
+            })
+            .collect();
+        // New and changed routes first (each replaced atomically), stale ones after.
+        for (key, r) in &wanted {
+            match current.get(key) {
+                Some((_, old)) if old == r => {}
+                Some((i, _)) => {
+                    self.netlink.add_route6(r).await?;
+                    journal.record.changes[*i] = Change::Route6Added { route: r.clone() };
+                }
+                None => {
+                    self.netlink.add_route6(r).await?;
+                    journal
+                        .record
+                        .changes
+                        .push(Change::Route6Added { route: r.clone() });
+                }
+            }
+        }
+        let mut gone = Vec::new();
+        for (key, (i, old)) in &current {
+            if !wanted.contains_key(key) {
+                self.netlink.delete_route6(old).await?;
+                gone.push(*i);
+            }
+        }
+        gone.sort_unstable();
+        for i in gone.into_iter().rev() {
+            journal.record.changes.remove(i);
+        }
+        journal.save()?;
+        Ok(())
     }
 
     /// Makes this switch's fabric routes exactly `routes` (host /32s excepted: the kernel routes
@@ -666,7 +818,7 @@ impl Applier for SwitchApplier<'_> {
     async fn snapshot(&mut self, s: &Snapshot) -> std::result::Result<(), String> {
         let view = FabricView::from_snapshot(s).map_err(|e| e.to_string())?;
         self.switch
-            .apply(&view.topology, &self.node, &view.failures)
+            .apply(&view.topology, &self.node, &view.failures, view.encoding)
             .await
             .map_err(|e| e.to_string())?;
         if let Some(tx) = self.reports.take() {

@@ -327,6 +327,10 @@ pub struct Snapshot {
     pub down_links: Vec<LinkRef>,
     #[prost(string, repeated, tag = "5")]
     pub down_switches: Vec<String>,
+    /// How the hosts carry the path (`sopa_topology::srv6::Encoding`): `ipv4-option`, `srv6`;
+    /// empty (a controller older than the SRv6 encoding) is `ipv4-option`.
+    #[prost(string, tag = "6")]
+    pub encoding: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

@@ -1,7 +1,7 @@
 //! An agent's view of the fabric, built from a snapshot and moved forward by deltas. Every
 //! message is checked completely before anything changes: a bad delta leaves the view as it was.
 
-use sopa_topology::{LinkId, Topology, paths::Failures, topology::TopologySpec};
+use sopa_topology::{LinkId, Topology, paths::Failures, srv6::Encoding, topology::TopologySpec};
 
 use crate::proto::{Delta, LinkRef, Snapshot, change};
 
@@ -23,6 +23,8 @@ pub enum ViewError {
     UnknownSwitch(String),
     #[error("a change without content")]
     Empty,
+    #[error("{0}")]
+    BadEncoding(String),
 }
 
 impl ViewError {
@@ -38,6 +40,7 @@ pub struct FabricView {
     pub spec: TopologySpec,
     pub topology: Topology,
     pub failures: Failures,
+    pub encoding: Encoding,
 }
 
 /// A validated change: the links whose state to set, or the switch.
@@ -51,6 +54,15 @@ impl FabricView {
         let spec: TopologySpec =
             serde_json::from_str(&s.topology).map_err(|e| ViewError::BadSpec(e.to_string()))?;
         let topology = Topology::build(&spec).map_err(|e| ViewError::BadTopology(e.to_string()))?;
+        let encoding = match s.encoding.as_str() {
+            "" => Encoding::Ipv4Option,
+            e => e.parse().map_err(ViewError::BadEncoding)?,
+        };
+        if encoding == Encoding::Srv6 {
+            // Every switch needs a uSID: refused before anything is applied.
+            sopa_topology::srv6::Usids::of(&topology)
+                .map_err(|e| ViewError::BadTopology(e.to_string()))?;
+        }
         let mut failures = Failures::none(topology.graph());
         let mut resolved = Vec::new();
         for l in &s.down_links {
@@ -68,6 +80,7 @@ impl FabricView {
             spec,
             topology,
             failures,
+            encoding,
         })
     }
 

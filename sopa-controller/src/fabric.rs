@@ -5,7 +5,7 @@
 use std::collections::{BTreeSet, VecDeque};
 
 use serde::Deserialize;
-use sopa_topology::{Topology, paths::Failures, topology::TopologySpec};
+use sopa_topology::{Topology, paths::Failures, srv6::Encoding, topology::TopologySpec};
 
 use sopa_channel::proto::{Change, Delta, LinkChange, LinkRef, Snapshot, SwitchChange, change};
 
@@ -37,6 +37,9 @@ pub enum FabricError {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SpecFile {
+    /// How hosts carry the path: `ipv4-option` (the default) or `srv6`.
+    #[serde(default)]
+    encoding: Encoding,
     topology: TopologySpec,
 }
 
@@ -57,6 +60,8 @@ pub struct Fabric {
     reported_down: BTreeSet<(String, String)>,
     down_switches: BTreeSet<String>,
     history: VecDeque<Delta>,
+    /// Not part of the stored state: a restart with another encoding keeps the fabric's.
+    encoding: Encoding,
 }
 
 /// The fabric as it was before a change, to return to when the change cannot be stored.
@@ -87,6 +92,7 @@ impl Fabric {
             reported_down: BTreeSet::new(),
             down_switches: BTreeSet::new(),
             history: VecDeque::new(),
+            encoding: Encoding::default(),
         })
     }
 
@@ -98,16 +104,46 @@ impl Fabric {
     /// k = 4
     /// ```
     pub fn parse_spec(text: &str, path: &str) -> Result<TopologySpec, FabricError> {
+        Self::parse_spec_file(text, path).map(|(spec, _)| spec)
+    }
+
+    /// Parses a topology spec file with the fabric's encoding:
+    ///
+    /// ```toml
+    /// encoding = "srv6"      # or "ipv4-option", the default
+    /// [topology]
+    /// kind = "fat-tree"
+    /// k = 4
+    /// ```
+    pub fn parse_spec_file(
+        text: &str,
+        path: &str,
+    ) -> Result<(TopologySpec, Encoding), FabricError> {
         let file: SpecFile = toml::from_str(text).map_err(|e| FabricError::Spec {
             path: path.to_owned(),
             message: e.to_string().trim().to_owned(),
         })?;
         // Building it is the consistency check.
-        Topology::build(&file.topology).map_err(|e| FabricError::Spec {
+        let topology = Topology::build(&file.topology).map_err(|e| FabricError::Spec {
             path: path.to_owned(),
             message: e.to_string(),
         })?;
-        Ok(file.topology)
+        if file.encoding == Encoding::Srv6 {
+            sopa_topology::srv6::Usids::of(&topology).map_err(|e| FabricError::Spec {
+                path: path.to_owned(),
+                message: format!("encoding \"srv6\": {e}"),
+            })?;
+        }
+        Ok((file.topology, file.encoding))
+    }
+
+    /// Sets how hosts carry the path; pushed with every snapshot.
+    pub fn set_encoding(&mut self, encoding: Encoding) {
+        self.encoding = encoding;
+    }
+
+    pub fn encoding(&self) -> Encoding {
+        self.encoding
     }
 
     /// The fabric of a stored state: its epoch, its version (the next change is one more),
@@ -364,6 +400,7 @@ impl Fabric {
             topology: self.spec_json.clone(),
             down_links: self.down_links(),
             down_switches: self.down_switches(),
+            encoding: self.encoding.name().to_owned(),
         }
     }
 
@@ -393,6 +430,7 @@ impl Fabric {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sopa_channel::view::FabricView;
 
     fn fabric() -> Fabric {
         Fabric::new(TopologySpec::FatTree { k: 4 }, 7).unwrap()
@@ -499,6 +537,38 @@ mod tests {
         assert!(f.deltas_since(8, 2).is_none(), "another epoch: snapshot");
         assert!(f.deltas_since(7, 9).is_none(), "ahead of us: snapshot");
         assert!(f.deltas_since(7, 0).is_none(), "nothing applied: snapshot");
+    }
+
+    #[test]
+    fn the_encoding_is_read_from_the_spec_file_and_pushed_with_every_snapshot() {
+        let (spec, enc) = Fabric::parse_spec_file(
+            "encoding = \"srv6\"\n[topology]\nkind = \"fat-tree\"\nk = 4\n",
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(enc, Encoding::Srv6);
+        let mut f = Fabric::new(spec, 1).unwrap();
+        assert_eq!(f.snapshot().encoding, "ipv4-option", "the default");
+        f.set_encoding(enc);
+        assert_eq!(f.snapshot().encoding, "srv6");
+        let view = FabricView::from_snapshot(&f.snapshot()).unwrap();
+        assert_eq!(view.encoding, Encoding::Srv6);
+        let e = Fabric::parse_spec_file(
+            "encoding = \"mpls\"\n[topology]\nkind = \"fat-tree\"\nk = 4\n",
+            "t.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("t.toml") && e.contains("mpls"), "{e}");
+        // A controller older than the encoding sends none: the option.
+        let old = Snapshot {
+            encoding: String::new(),
+            ..f.snapshot()
+        };
+        assert_eq!(
+            FabricView::from_snapshot(&old).unwrap().encoding,
+            Encoding::Ipv4Option
+        );
     }
 
     #[test]

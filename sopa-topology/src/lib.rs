@@ -11,6 +11,7 @@ pub mod modric;
 pub mod paths;
 pub mod prefix;
 pub mod properties;
+pub mod srv6;
 pub mod topology;
 
 pub use graph::{Graph, LinkId, NodeId, NodeKind, Speed};

@@ -13,6 +13,7 @@ use std::{
 use sopa_topology::{
     NodeId, NodeKind, Topology,
     forwarding::{gateway, link_addresses},
+    srv6::{Encoding, embed, link_addresses6},
     topology::TopologySpec,
 };
 
@@ -68,7 +69,13 @@ pub struct FabricOptions {
     /// Controller replicas: 1 runs one controller with a state file; 2 or more run that many
     /// replicas on a three-member etcd cluster (in a namespace of their own), one elected.
     pub controllers: usize,
+    /// How hosts carry the path. SRv6 gives every link IPv6 addresses (the topology's plan)
+    /// and runs every link at [`SRV6_FABRIC_MTU`], the hosts' 1500 plus the outer header.
+    pub encoding: Encoding,
 }
+
+/// Fabric links' MTU in the SRv6 encoding: hosts keep 1500 on their routes.
+pub const SRV6_FABRIC_MTU: u32 = 1540;
 
 impl Default for FabricOptions {
     fn default() -> Self {
@@ -78,6 +85,7 @@ impl Default for FabricOptions {
             host_args: Vec::new(),
             ideal: false,
             controllers: 1,
+            encoding: Encoding::default(),
         }
     }
 }
@@ -100,6 +108,7 @@ pub struct Fabric {
     /// The big switch of the non-blocking ideal ([`FabricOptions::ideal`]).
     ideal: Option<NetNs>,
     dir: PathBuf,
+    pub encoding: Encoding,
 }
 
 /// The big switch's address on every host link of the ideal, and the routing table and rule
@@ -129,7 +138,9 @@ impl Fabric {
             topo,
             prefix,
             dir,
+            encoding: opts.encoding,
         };
+        let srv6 = opts.encoding == Encoding::Srv6;
         let g = fabric.topo.graph().clone();
         for (id, node) in g.nodes.iter().enumerate() {
             let ns = NetNs::new(&format!("{}-{}", fabric.prefix, node.name))?;
@@ -145,6 +156,11 @@ impl Fabric {
             );
             let (na, nb) = (&fabric.namespaces[&link.a], &fabric.namespaces[&link.b]);
             veth(na, &ia, nb, &ib)?;
+            if srv6 {
+                let mtu = SRV6_FABRIC_MTU.to_string();
+                na.ip(&["link", "set", &ia, "mtu", &mtu])?;
+                nb.ip(&["link", "set", &ib, "mtu", &mtu])?;
+            }
             let host_end = [(link.a, &ia, link.b, &ib), (link.b, &ib, link.a, &ia)]
                 .into_iter()
                 .find(|(n, ..)| g.node(*n).kind == NodeKind::Host);
@@ -179,12 +195,45 @@ impl Fabric {
                         "dev",
                         tor_if,
                     ])?;
+                    if srv6 {
+                        let six = |v: &str| embed(v.parse().expect("an IPv4 address")).to_string();
+                        let (h6, gw6) = (six(&h), six(&gw));
+                        for (ns, local, peer, dev) in
+                            [(hns, &h6, &gw6, host_if), (tns, &gw6, &h6, tor_if)]
+                        {
+                            ns.ip(&[
+                                "-6",
+                                "addr",
+                                "add",
+                                local,
+                                "peer",
+                                &format!("{peer}/128"),
+                                "dev",
+                                dev,
+                                "nodad",
+                            ])?;
+                        }
+                    }
                     fabric.host_ifaces.insert(host, host_if.clone());
                 }
                 None => {
                     let (a, b) = link_addresses(l as u32);
                     na.ip(&["addr", "add", &format!("{a}/31"), "dev", &ia])?;
                     nb.ip(&["addr", "add", &format!("{b}/31"), "dev", &ib])?;
+                    if srv6 {
+                        let (a, b) = link_addresses6(l as u32);
+                        for (ns, addr, dev) in [(na, a, &ia), (nb, b, &ib)] {
+                            ns.ip(&[
+                                "-6",
+                                "addr",
+                                "add",
+                                &format!("{addr}/127"),
+                                "dev",
+                                dev,
+                                "nodad",
+                            ])?;
+                        }
+                    }
                 }
             }
             if let Some(rate) = opts.rate_mbit {
@@ -311,13 +360,16 @@ impl Fabric {
     /// Starts the controller, then every switch agent, then every host agent.
     pub fn start(&mut self, opts: &FabricOptions) -> Result<()> {
         let spec = self.dir.join("topology.toml");
-        let text = match self.topo.spec() {
-            TopologySpec::FatTree { k } => format!("[topology]\nkind = \"fat-tree\"\nk = {k}\n"),
-            TopologySpec::Modric(p) => format!(
-                "[topology]\nkind = \"modric\"\nm = {}\nn = {}\nq = {}\nx = {}\ny = {}\n",
-                p.m, p.n, p.q, p.x, p.y
-            ),
-        };
+        let text = format!("encoding = \"{}\"\n", self.encoding)
+            + &match self.topo.spec() {
+                TopologySpec::FatTree { k } => {
+                    format!("[topology]\nkind = \"fat-tree\"\nk = {k}\n")
+                }
+                TopologySpec::Modric(p) => format!(
+                    "[topology]\nkind = \"modric\"\nm = {}\nn = {}\nq = {}\nx = {}\ny = {}\n",
+                    p.m, p.n, p.q, p.x, p.y
+                ),
+            };
         std::fs::write(&spec, text).map_err(|e| Error::io("writing the topology spec", e))?;
         if opts.controllers > 1 {
             self.start_replicas(opts.controllers)?;

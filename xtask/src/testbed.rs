@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use anyhow::{Context as _, Result, bail};
 use clap::Subcommand;
 use sopa_testbed::fabric::{Detached, Fabric, FabricOptions};
-use sopa_topology::topology::TopologySpec;
+use sopa_topology::{srv6::Encoding, topology::TopologySpec};
 
 use crate::{demo::build_release, setup};
 
@@ -33,6 +33,10 @@ pub enum TestbedCommand {
         /// one elected leader (kill it: another takes over).
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5))]
         controllers: u8,
+        /// How hosts carry the path: ipv4-option (switches run tc_forward) or srv6 (switches
+        /// are plain Linux SRv6 routers, links at 1540).
+        #[arg(long, default_value = "ipv4-option")]
+        encoding: Encoding,
     },
     /// Run a command in a node's namespace: `testbed exec h0 -- ping 10.1.0.2`.
     Exec {
@@ -94,6 +98,7 @@ pub fn run(cmd: TestbedCommand) -> Result<()> {
             mode,
             queue,
             controllers,
+            encoding,
         } => {
             if state_file().exists() {
                 bail!(
@@ -109,6 +114,7 @@ pub fn run(cmd: TestbedCommand) -> Result<()> {
                 queue_packets: queue,
                 ideal: false,
                 controllers: usize::from(controllers),
+                encoding,
             };
             eprintln!(
                 "==> building {topo} at {} in namespaces",
@@ -126,7 +132,7 @@ pub fn run(cmd: TestbedCommand) -> Result<()> {
             std::fs::create_dir_all(state_file().parent().expect("a folder"))?;
             std::fs::write(state_file(), serde_json::to_vec_pretty(&d)?)?;
             println!(
-                "{} is up: {} namespaces, hosts in {mode} mode.",
+                "{} is up: {} namespaces, hosts in {mode} mode, paths as {encoding}.",
                 d.topology,
                 d.namespaces.len()
             );

@@ -4,6 +4,7 @@
 mod codec;
 mod ethtool;
 mod route;
+mod route6;
 
 use std::net::Ipv4Addr;
 
@@ -23,6 +24,7 @@ use rtnetlink::Handle;
 pub use self::{
     ethtool::link_speed_mbit,
     route::{KernelMessage, Route, covering_route},
+    route6::{Action6, Route6},
 };
 use crate::{
     error::{Error, Result},
@@ -252,6 +254,30 @@ impl Netlink {
         .await
         .map(drop)
         .map_err(|err| Error::netlink(format!("installing route {}", route.prefix), err))
+    }
+
+    /// Adds an IPv6 route, or replaces the route of the same prefix.
+    pub async fn add_route6(&self, route: &Route6) -> Result<()> {
+        self.route_request(
+            RouteNetlinkMessage::NewRoute(route.to_message()),
+            NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
+        )
+        .await
+        .map(drop)
+        .map_err(|err| Error::netlink(format!("installing IPv6 route {}", route.name()), err))
+    }
+
+    pub async fn delete_route6(&self, route: &Route6) -> Result<()> {
+        let request = RouteNetlinkMessage::DelRoute(route.to_message());
+        match self.route_request(request, NLM_F_ACK).await {
+            Ok(_) => Ok(()),
+            // Already gone (the interface went away, or someone removed it): nothing to undo.
+            Err(err) if errno(&err) == Some(libc::ESRCH) => Ok(()),
+            Err(err) => Err(Error::netlink(
+                format!("removing IPv6 route {}", route.name()),
+                err,
+            )),
+        }
     }
 
     pub async fn delete_route(&self, route: &Route) -> Result<()> {

@@ -93,18 +93,22 @@ pub async fn elect(args: &Args, store: &Store) -> Result<Option<Leadership>> {
 /// is fixed from this run on).
 pub async fn fabric(args: &Args, store: &Store) -> Result<Fabric> {
     let spec_path = args.topology.display().to_string();
-    let spec = std::fs::read_to_string(&args.topology)
+    let (spec, encoding) = std::fs::read_to_string(&args.topology)
         .map_err(anyhow::Error::from)
-        .and_then(|text| Ok(Fabric::parse_spec(&text, &spec_path)?))
+        .and_then(|text| Ok(Fabric::parse_spec_file(&text, &spec_path)?))
         .with_context(|| format!("--topology {spec_path}"))?;
+    info!(%encoding, "hosts carry the path in this encoding");
     match store.load().await.context("--store")? {
         Some(state) => {
-            let f = Fabric::restore(spec, &state).with_context(|| format!("--store {store}"))?;
+            let mut f =
+                Fabric::restore(spec, &state).with_context(|| format!("--store {store}"))?;
+            f.set_encoding(encoding);
             info!(store = %store, version = f.version(), down_links = f.down_links().len(), down_switches = f.down_switches().len(), "state restored");
             Ok(f)
         }
         None => {
-            let f = Fabric::new(spec, epoch())?;
+            let mut f = Fabric::new(spec, epoch())?;
+            f.set_encoding(encoding);
             store
                 .save(&f.persisted())
                 .await

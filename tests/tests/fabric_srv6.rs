@@ -1,0 +1,178 @@
+//! Fabrics of plain Linux SRv6 routers in namespaces: the controller pushes `encoding = "srv6"`,
+//! every switch agent installs IPv6 routes and its `seg6local` End (NEXT-C-SID) locator through
+//! rtnetlink and attaches no program, hosts put each packet's path in an outer IPv6 header.
+//! Needs root.
+
+use std::time::{Duration, Instant};
+
+use sopa_testbed::{
+    NetNs,
+    capture::Capture,
+    fabric::{Fabric, FabricOptions},
+    reach::all_pairs_tcp,
+    traffic::{SendOptions, tcp_transfer},
+};
+use sopa_topology::{modric::ModricParams, srv6::Encoding, topology::TopologySpec};
+
+fn srv6_fabric(spec: &TopologySpec) -> Fabric {
+    let opts = FabricOptions {
+        rate_mbit: None,
+        encoding: Encoding::Srv6,
+        ..FabricOptions::default()
+    };
+    let mut f = Fabric::build(spec, &opts).expect("build the fabric");
+    f.start(&opts).expect("start controller and agents");
+    f.wait_ready(Duration::from_secs(60))
+        .expect("every agent ready");
+    f
+}
+
+/// Every host reaches every other one over TCP.
+fn all_pairs(f: &Fabric) {
+    let g = f.topo.graph().clone();
+    let hosts: Vec<(&NetNs, std::net::Ipv4Addr)> = g
+        .nodes
+        .iter()
+        .filter(|n| !n.kind.is_switch())
+        .map(|n| (f.ns(&n.name), n.addr.unwrap()))
+        .collect();
+    let failed = all_pairs_tcp(&hosts, 7100).unwrap();
+    assert!(failed.is_empty(), "unreachable: {failed:?}");
+}
+
+/// Equal within 5% (at least 16 packets): the interfaces also count the kernel's own messages
+/// (neighbour discovery, MLD reports).
+fn balanced(per_port: &[u64], least: u64) -> bool {
+    let (lo, hi) = (
+        *per_port.iter().min().unwrap(),
+        *per_port.iter().max().unwrap(),
+    );
+    lo > least && hi - lo <= (lo / 20).max(16)
+}
+
+/// Since `before`, per element.
+fn since(now: Vec<u64>, before: &[u64]) -> Vec<u64> {
+    now.iter().zip(before).map(|(a, b)| a - b).collect()
+}
+
+/// No switch has a program of ours attached: `bpftool net` in its namespace lists none.
+fn no_program_on_any_switch(f: &Fabric) {
+    for n in f.topo.graph().nodes.iter().filter(|n| n.kind.is_switch()) {
+        let out = f
+            .ns(&n.name)
+            .run(|| {
+                std::process::Command::new("bpftool")
+                    .args(["net", "show"])
+                    .output()
+            })
+            .unwrap()
+            .expect("bpftool net show");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "bpftool on {}: {out:?}", n.name);
+        assert!(
+            !text.contains("tc_forward") && !text.contains("tcx/"),
+            "{}: a program is attached:\n{text}",
+            n.name
+        );
+    }
+}
+
+/// Waits until `host`'s path table lists `want` paths for `prefix`.
+fn wait_paths(f: &Fabric, host: &str, prefix: &str, want: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while f.host(host).status().unwrap()["path_table"][prefix]
+        .as_array()
+        .map_or(0, Vec::len)
+        != want
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{host} did not get {want} paths to {prefix}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn fat_tree_k4_of_linux_srv6_routers_carries_the_round_robin_exactly() {
+    let f = srv6_fabric(&TopologySpec::FatTree { k: 4 });
+    no_program_on_any_switch(&f);
+    let e0 = f.ns("e0").ip(&["-6", "route", "show"]).unwrap();
+    assert!(
+        e0.contains("encap seg6local action End flavors next-csid lblen 32 nflen 16"),
+        "e0's own locator is a uSID End route:\n{e0}"
+    );
+    all_pairs(&f);
+
+    // h0 -> h4 (inter-pod): four paths, each leaving e0 by its aggregation switch and a0/a1
+    // by its core; what left each port is equal.
+    let h4: std::net::Ipv4Addr = "10.1.0.2".parse().unwrap();
+    let ports = |f: &Fabric| {
+        let mut v = f.hop_ports_tx("e0", h4);
+        v.extend(f.hop_ports_tx("a0", h4));
+        v.extend(f.hop_ports_tx("a1", h4));
+        v
+    };
+    let g = f.topo.graph().clone();
+    let before = ports(&f);
+    let at_h4 = Capture::start(f.ns("h4"), &f.host_ifaces[&g.find("h4").unwrap()]).unwrap();
+    let t = tcp_transfer(
+        f.ns("h0"),
+        f.ns("h4"),
+        h4,
+        7000,
+        8 << 20,
+        &SendOptions::default(),
+    )
+    .expect("h0 -> h4");
+    assert!(t.intact());
+    let frames = at_h4.finish().unwrap().frames;
+    let outer = frames
+        .iter()
+        .filter(|fr| fr.len() > 54 && fr[12..14] == [0x86, 0xDD] && fr[20] == 4)
+        .count();
+    assert!(
+        frames.len() > 1000 && outer == 0,
+        "{outer} of {} frames at h4's stack still had the outer header",
+        frames.len()
+    );
+    let sent = since(ports(&f), &before);
+    eprintln!(
+        "h0 -> h4: {:.0} Mbit/s; out of e0's 2 uplinks, a0's 2 and a1's 2: {sent:?}",
+        t.mbit_per_s()
+    );
+    assert!(balanced(&sent[..2], 2000), "e0's uplinks: {sent:?}");
+    assert!(balanced(&sent[2..], 1000), "the four core ports: {sent:?}");
+    let status = f.host("h0").status().unwrap();
+    assert_eq!(status["encoding"], "srv6");
+    assert_eq!(status["stamp"]["too_big"], 0);
+
+    // e0 - a0 down: the hosts drop its paths and no packet crosses it.
+    let out = f.sopactl(&["link", "down", "e0", "a0"]).unwrap();
+    assert!(out.contains("now down"), "{out}");
+    wait_paths(&f, "h0", "10.1.0.0/24", 2);
+    let before = f.hop_ports_tx("e0", h4);
+    let t = tcp_transfer(
+        f.ns("h0"),
+        f.ns("h4"),
+        h4,
+        7001,
+        8 << 20,
+        &SendOptions::default(),
+    )
+    .expect("h0 -> h4 with e0:a0 down");
+    assert!(t.intact());
+    let sent = since(f.hop_ports_tx("e0", h4), &before);
+    // A drained link's carrier stays up: the kernel's own messages may still cross it.
+    assert!(sent[0] < 16, "packets crossed the failed link: {sent:?}");
+    assert!(sent[1] > 4000, "the flow went through a1: {sent:?}");
+    f.sopactl(&["link", "up", "e0", "a0"]).unwrap();
+    wait_paths(&f, "h0", "10.1.0.0/24", 4);
+}
+
+#[test]
+fn modric_2x2_of_linux_srv6_routers_reaches_every_pair() {
+    let f = srv6_fabric(&TopologySpec::Modric(ModricParams::new(2, 2, 1, 2, 2)));
+    no_program_on_any_switch(&f);
+    all_pairs(&f);
+}
