@@ -60,6 +60,7 @@ fn srv6_table(
     let table = Srv6Table {
         source: plan.source,
         receive: plan.receive,
+        fabric6: Some(sopa_topology::srv6::HOST6_PREFIX),
         destinations: plan
             .destinations
             .into_iter()

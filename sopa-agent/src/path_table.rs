@@ -18,8 +18,10 @@
 //! ```toml
 //! encoding = "srv6"             # or "ipv4-option", the default
 //! [srv6]
-//! source = "fd00:101:1::2"      # the outer source address: this host's IPv6 address
+//! source = "fd00:5a::a65:102"   # the outer source address: this host's IPv6 address
 //! receive = "fcbb:bb00:e002::"  # the outer destination this host receives on
+//! fabric6 = "fd00:5a::/96"      # optional: IPv6 to this /96 (whose last 32 bits are the
+//!                               # host's IPv4 address) takes that IPv4 address's paths
 //!
 //! [[destination]]
 //! prefix = "10.101.2.0/24"
@@ -67,6 +69,7 @@ struct FileV1 {
 struct Srv6V1 {
     source: String,
     receive: String,
+    fabric6: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -121,9 +124,23 @@ impl PathTable {
                     v.parse::<Ipv6Addr>()
                         .map_err(|_| format!("[srv6] {name} = {v:?} is not an IPv6 address"))
                 };
+                let fabric6 = match &s.fabric6 {
+                    None => None,
+                    Some(v) => Some(
+                        v.strip_suffix("/96")
+                            .and_then(|a| a.parse::<Ipv6Addr>().ok())
+                            .ok_or_else(|| {
+                                format!(
+                                    "[srv6] fabric6 = {v:?} is not an IPv6 /96 (the hosts' \
+                                     addresses embed their IPv4 ones in its last 32 bits)"
+                                )
+                            })?,
+                    ),
+                };
                 Some(Srv6Table {
                     source: addr("source", &s.source)?,
                     receive: addr("receive", &s.receive)?,
+                    fabric6,
                     destinations: BTreeMap::new(),
                 })
             }

@@ -23,6 +23,10 @@ pub struct Srv6Table {
     pub source: Ipv6Addr,
     /// The outer destination this host receives on: the block and its local uSID.
     pub receive: Ipv6Addr,
+    /// The /96 of the fabric's IPv6 host addresses (each embeds its host's IPv4 address):
+    /// IPv6 to it takes the embedded IPv4 destination's paths. `None`: IPv6 is not
+    /// encapsulated.
+    pub fabric6: Option<Ipv6Addr>,
     pub destinations: BTreeMap<Prefix, Srv6Paths>,
 }
 
@@ -59,8 +63,24 @@ fn host_mask(len: u8) -> u32 {
 }
 
 impl Srv6Table {
+    /// The /96 as the datapath holds it.
+    pub fn fabric6_bytes(&self) -> [u8; 12] {
+        let mut out = [0; 12];
+        if let Some(p) = self.fabric6 {
+            out.copy_from_slice(&p.octets()[..12]);
+        }
+        out
+    }
+
     /// Checks every list against what one address can carry; the error names the prefix.
     pub fn validate(&self) -> Result<(), String> {
+        if let Some(p) = self.fabric6
+            && p.octets()[12..] != [0; 4]
+        {
+            return Err(format!(
+                "fabric6 {p}/96 has host bits set: the last 32 bits are each host's IPv4 address"
+            ));
+        }
         for (prefix, paths) in &self.destinations {
             if host_mask(prefix.len) > MAX_HOST_OFFSET {
                 return Err(format!(
@@ -177,6 +197,7 @@ mod tests {
         Srv6Table {
             source: "fd00::1".parse().unwrap(),
             receive: "fcbb:bb00:e002::".parse().unwrap(),
+            fabric6: None,
             destinations: dests
                 .iter()
                 .map(|(p, chosen, tail)| {

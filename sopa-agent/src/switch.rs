@@ -153,6 +153,24 @@ fn set_sysctl(journal: &mut Journal, key: &str, value: &str) -> Result<()> {
     sysctl::write(key, value)
 }
 
+/// The IPv6 next hops of switch `me` over `links`: the far end of each link that has a port.
+fn next_hops6(
+    g: &sopa_topology::Graph,
+    me: u32,
+    links: &[LinkId],
+    ports: &HashMap<LinkId, Port>,
+) -> Vec<(std::net::Ipv6Addr, u32)> {
+    links
+        .iter()
+        .filter_map(|l| {
+            let p = ports.get(l)?;
+            let (a, b) = plan6::link_addresses6(*l);
+            let theirs = if g.links[*l as usize].a == me { b } else { a };
+            Some((theirs, p.ifindex))
+        })
+        .collect()
+}
+
 impl Switch {
     pub async fn start(opts: &SwitchOptions) -> Result<Self> {
         validate_node(&opts.node)?;
@@ -499,16 +517,19 @@ impl Switch {
                             action: Action6::UsidEnd { oif: anchor },
                         }
                     }
+                    Srv6Route::Rack6 { addr, len, links } => {
+                        let nexthops = next_hops6(g, me, &links, ports);
+                        if nexthops.is_empty() {
+                            continue;
+                        }
+                        Route6 {
+                            dst: addr,
+                            len,
+                            action: Action6::Via { nexthops },
+                        }
+                    }
                     Srv6Route::Locator { usid, links } => {
-                        let nexthops: Vec<(std::net::Ipv6Addr, u32)> = links
-                            .iter()
-                            .filter_map(|l| {
-                                let p = ports.get(l)?;
-                                let (a, b) = plan6::link_addresses6(*l);
-                                let theirs = if g.links[*l as usize].a == me { b } else { a };
-                                Some((theirs, p.ifindex))
-                            })
-                            .collect();
+                        let nexthops = next_hops6(g, me, &links, ports);
                         if nexthops.is_empty() {
                             warn!(usid, "no port up towards this locator");
                             continue;

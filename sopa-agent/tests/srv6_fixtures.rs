@@ -10,7 +10,7 @@ use etherparse::PacketBuilder;
 use sopa_common::{
     hash::flow_hash,
     maps::{FlowKey, mode, stamp_reason, strip_reason},
-    srv6::{NEXTHDR_IPV4, address, outer_header},
+    srv6::{NEXTHDR_IPV4, NEXTHDR_IPV6, address, outer_header},
 };
 
 use common::{Fixture, TC_ACT_UNSPEC, gso_ctx};
@@ -22,6 +22,7 @@ encoding = "srv6"
 [srv6]
 source = "fd00:a:1::2"
 receive = "fcbb:bb00:e002::"
+fabric6 = "fd00:5a::/96"
 
 [[destination]]
 prefix = "10.2.0.0/24"
@@ -272,7 +273,7 @@ fn what_srv6_cannot_carry_leaves_unencapsulated() {
         (
             "a packet already encapsulated",
             encapsulated(&tcp(DST, 7, b"x"), &address(&[0x0100, 0xE002]), 1),
-            stamp_reason::NOT_IPV4,
+            stamp_reason::NOT_TCP_UDP,
         ),
         // (BPF_PROG_TEST_RUN refuses an skb whose IPv4 header is cut: the ports are cut here.)
         (
@@ -383,4 +384,109 @@ fn a_packet_the_outer_header_would_take_past_the_mtu_passes_unencapsulated() {
         }
     })
     .unwrap();
+}
+
+/// The fabric's IPv6 address of an IPv4 one (fd00:5a::/96 + the 32 bits).
+fn six(v4: [u8; 4]) -> [u8; 16] {
+    let mut a = [0u8; 16];
+    a[..4].copy_from_slice(&[0xfd, 0, 0, 0x5a]);
+    a[12..].copy_from_slice(&v4);
+    a
+}
+
+fn tcp6(dst: [u8; 16], sport: u16, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    PacketBuilder::ethernet2(MAC_SRC, MAC_DST)
+        .ipv6(six(SRC), dst, 64)
+        .tcp(sport, 5001, 1, 65535)
+        .write(&mut out, payload)
+        .unwrap();
+    out
+}
+
+/// `inner` (an Ethernet frame of IPv6) with the outer header of `dst` and flow label `label`.
+fn encapsulated6(inner: &[u8], dst: &[u8; 16], label: u32) -> Vec<u8> {
+    let ip = &inner[14..];
+    let mut out = inner[..14].to_vec();
+    let len = u16::from_be_bytes([ip[4], ip[5]]) + 40;
+    let tclass = (ip[0] << 4) | (ip[1] >> 4);
+    out.extend(outer_header(len, NEXTHDR_IPV6, tclass, label, &SOURCE, dst));
+    out.extend(ip);
+    out
+}
+
+#[test]
+fn ipv6_to_the_fabric_takes_the_paths_of_the_ipv4_address_it_embeds() {
+    let mut f = Fixture::new(TABLE, mode::SOPA);
+    let sport = 4343;
+    // The flow as the datapath keys it: the embedded IPv4 addresses.
+    let start = flow_hash(&key(DST_INTER_POD, sport), 7) % 4;
+    for i in 0..8u32 {
+        let packet = tcp6(six(DST_INTER_POD), sport, &[i as u8; 200]);
+        let out = f.stamp(&packet);
+        let want = encapsulated6(&packet, &inter_pod_address(start + i), label_of(&out));
+        assert_eq!(out, want, "packet {i}: path {}", (start + i) % 4);
+        // And back: B's xdp_strip gives the original frame.
+        let mut arriving = want.clone();
+        arriving[14 + 24..14 + 40].copy_from_slice(&address(&[0xE002]));
+        assert_eq!(f.strip(&arriving), packet, "packet {i} decapsulated");
+    }
+}
+
+#[test]
+fn ipv6_that_srv6_does_not_carry_leaves_unencapsulated() {
+    let mut f = Fixture::new(TABLE, mode::SOPA);
+    let with_next = |next: u8| {
+        let mut p = tcp6(six(DST), 9, b"x");
+        p[14 + 6] = next;
+        p
+    };
+    let cases = [
+        (
+            "a hop-by-hop header",
+            with_next(0),
+            stamp_reason::HAS_OPTIONS,
+        ),
+        ("a routing header", with_next(43), stamp_reason::HAS_OPTIONS),
+        (
+            "a destination options header",
+            with_next(60),
+            stamp_reason::HAS_OPTIONS,
+        ),
+        ("a fragment header", with_next(44), stamp_reason::FRAGMENT),
+        ("icmpv6", with_next(58), stamp_reason::NOT_TCP_UDP),
+        (
+            "IPv4 inside already",
+            with_next(4),
+            stamp_reason::NOT_TCP_UDP,
+        ),
+        (
+            "outside the fabric's /96",
+            tcp6(
+                [0xfd, 0, 0, 0x5b, 0, 0, 0, 0, 0, 0, 0, 0, 10, 2, 0, 2],
+                9,
+                b"x",
+            ),
+            stamp_reason::NOT_FABRIC,
+        ),
+        // (BPF_PROG_TEST_RUN refuses an skb whose IPv6 header is cut: the ports are cut here.)
+        (
+            "truncated ports",
+            tcp6(six(DST), 9, b"")[..56].to_vec(),
+            stamp_reason::TOO_SHORT,
+        ),
+    ];
+    for (name, packet, reason) in cases {
+        let before = f.maps.stamp_counters().unwrap();
+        let (action, out) = f.stamp_with(&packet, None);
+        assert_eq!(action, TC_ACT_UNSPEC, "{name}: passed on");
+        assert_eq!(out, packet, "{name}: untouched");
+        let after = f.maps.stamp_counters().unwrap();
+        assert_eq!(
+            after[reason as usize],
+            before[reason as usize] + 1,
+            "{name}: counted as {}",
+            stamp_reason::NAMES[reason as usize]
+        );
+    }
 }

@@ -78,8 +78,13 @@ pub struct Encap {
     /// The outer destination this host receives on (the block and its local uSID): `xdp_strip`
     /// removes the outer header of exactly these packets.
     pub receive: [u8; 16],
+    /// The /96 of the fabric's IPv6 host addresses, which embed the hosts' IPv4 ones: an IPv6
+    /// packet to it takes the paths of the embedded IPv4 destination. All zero: IPv6 is not
+    /// encapsulated.
+    pub fabric6: [u8; 12],
+    pub _pad2: u32,
 }
-const _: () = assert!(size_of::<Encap>() == 40);
+const _: () = assert!(size_of::<Encap>() == 56);
 
 /// SRv6: destination prefix -> what ends its paths' uSID lists (LPM trie keyed like
 /// [`PATHS_MAP`]). A prefix without an entry is not encapsulated.

@@ -72,6 +72,26 @@ impl Ipv4 {
     }
 }
 
+/// The fields of an IPv6 fixed header the programs use.
+pub struct Ipv6 {
+    pub version: u8,
+    pub tclass: u8,
+    pub payload_len: u16,
+    pub next: u8,
+}
+
+impl Ipv6 {
+    #[inline(always)]
+    pub fn parse(h: &[u8; 40]) -> Self {
+        Self {
+            version: h[0] >> 4,
+            tclass: (h[0] << 4) | (h[1] >> 4),
+            payload_len: u16::from_be_bytes([h[4], h[5]]),
+            next: h[6],
+        }
+    }
+}
+
 /// Writes the RFC 1071 checksum of the IPv4 header `h` (`N` bytes, a multiple of 2) into it.
 #[inline(always)]
 pub fn set_ipv4_checksum<const N: usize>(h: &mut [u8; N]) {

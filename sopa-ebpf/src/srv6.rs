@@ -100,9 +100,13 @@ fn path_address(ip: &Ipv4, hops: [u8; 2]) -> Result<[u8; 16], u32> {
 /// Whether every segment of a GSO packet still fits the interface's MTU with the outer header
 /// on. Checked before encapsulating: room made for a tunnel header cannot be taken back cleanly.
 #[inline(always)]
-fn gso_segments_fit(ctx: &TcContext, ip: &Ipv4) -> Result<bool, u32> {
-    // Only IHL-5 packets are encapsulated.
-    let l4 = ETH_HLEN + IPV4_BASE_LEN;
+fn gso_segments_fit(ctx: &TcContext, ip: &Ipv4, inner: &Inner) -> Result<bool, u32> {
+    // Only IHL-5 IPv4 packets and IPv6 ones without extension headers are encapsulated.
+    let l3 = match inner {
+        Inner::Ipv4 => IPV4_BASE_LEN,
+        Inner::Ipv6 => IPV6_HLEN,
+    };
+    let l4 = ETH_HLEN + l3;
     let l4_header = if ip.proto == IPPROTO_TCP {
         let offset: *const u8 = tc_ptr(ctx, l4 + 12).ok_or(stamp::TOO_SHORT)?;
         // SAFETY: bounds checked by tc_ptr.
@@ -117,15 +121,22 @@ fn gso_segments_fit(ctx: &TcContext, ip: &Ipv4) -> Result<bool, u32> {
     unsafe { bpf_check_mtu(ctx.skb.skb.cast(), 0, &mut mtu, 0, 0) };
     // SAFETY: reading a field of the context the kernel handed us.
     let gso_size = u32::from(unsafe { (*ctx.skb.skb).gso_size });
-    let segment = IPV4_BASE_LEN as u32 + l4_header + gso_size + u32::from(OUTER_LEN);
+    let segment = l3 as u32 + l4_header + gso_size + u32::from(OUTER_LEN);
     Ok(mtu == 0 || segment <= mtu)
 }
 
-/// Puts the outer IPv6 header of path `hops` in front of the IPv4 packet `ip`.
+/// Puts the outer IPv6 header of path `hops` in front of the packet `ip` describes (an IPv6
+/// one by its embedded IPv4 addresses, its whole length and its traffic class).
 #[inline(always)]
-pub fn encapsulate(ctx: &TcContext, ip: &Ipv4, encap: &Encap, hops: [u8; 2]) -> Result<(), u32> {
+pub fn encapsulate(
+    ctx: &TcContext,
+    ip: &Ipv4,
+    encap: &Encap,
+    hops: [u8; 2],
+    inner: Inner,
+) -> Result<(), u32> {
     let dst = path_address(ip, hops)?;
-    if is_gso(ctx) && !gso_segments_fit(ctx, ip)? {
+    if is_gso(ctx) && !gso_segments_fit(ctx, ip, &inner)? {
         return Err(stamp::TOO_BIG);
     }
     // The inner flow's hash (the socket's, for local TCP), read before the packet changes.
@@ -144,7 +155,11 @@ pub fn encapsulate(ctx: &TcContext, ip: &Ipv4, encap: &Encap, hops: [u8; 2]) -> 
     let h = unsafe { &mut *head };
     // The kernel switched the skb's protocol; the frame's EtherType is ours to write.
     [h[12], h[13]] = ETH_P_IPV6.to_be_bytes();
-    let outer = outer_header(ip.tot_len, NEXTHDR_IPV4, ip.tos, label, &encap.source, &dst);
+    let next = match inner {
+        Inner::Ipv4 => NEXTHDR_IPV4,
+        Inner::Ipv6 => NEXTHDR_IPV6,
+    };
+    let outer = outer_header(ip.tot_len, next, ip.tos, label, &encap.source, &dst);
     let mut i = 0;
     while i < IPV6_HLEN {
         h[ETH_HLEN + i] = outer[i];
@@ -153,7 +168,7 @@ pub fn encapsulate(ctx: &TcContext, ip: &Ipv4, encap: &Encap, hops: [u8; 2]) -> 
     Ok(())
 }
 
-/// What [`decapsulate`] found inside.
+/// What is inside an outer header.
 pub enum Inner {
     Ipv4,
     Ipv6,

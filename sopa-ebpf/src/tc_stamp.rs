@@ -24,13 +24,17 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use sopa_common::{
     maps::{FlowState, MAX_PATHS, encoding, mode, stamp_reason as reason},
+    srv6::{ETH_P_IPV6, IPV6_HLEN},
     wire::{
         ETH_HLEN, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP, IPV4_BASE_LEN, IPV4_STAMPED_LEN, OPTION_LEN,
         OPTION_TYPE, checksum_adjust, word,
     },
 };
 
-use crate::srv6::OUTER_LEN;
+use crate::{
+    packet::Ipv6,
+    srv6::{Inner, OUTER_LEN},
+};
 
 use crate::{
     CONFIG, FLOWS, HOP_STATS, PATHS, PINS,
@@ -53,7 +57,11 @@ pub(crate) fn tc_ptr<T>(ctx: &TcContext, offset: usize) -> Option<*mut T> {
 pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
     let ether_type: *const [u8; 2] = tc_ptr(ctx, 12).ok_or(reason::TOO_SHORT)?;
     // SAFETY: bounds checked by tc_ptr.
-    if u16::from_be_bytes(unsafe { *ether_type }) != ETH_P_IP {
+    let ether_type = u16::from_be_bytes(unsafe { *ether_type });
+    if ether_type == ETH_P_IPV6 {
+        return stamp_ipv6(ctx);
+    }
+    if ether_type != ETH_P_IP {
         return Err(reason::NOT_IPV4);
     }
     let header: *const [u8; IPV4_BASE_LEN] = tc_ptr(ctx, ETH_HLEN).ok_or(reason::TOO_SHORT)?;
@@ -78,7 +86,12 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
         return Err(reason::HAS_OPTIONS);
     }
     let extra = if srv6 { OUTER_LEN } else { OPTION_LEN.into() };
-    let choice = match choose(ctx, &ip, forged, extra) {
+    let l4 = if forged {
+        ETH_HLEN + IPV4_STAMPED_LEN
+    } else {
+        ETH_HLEN + IPV4_BASE_LEN
+    };
+    let choice = match choose(ctx, &ip, forged, extra, l4) {
         Ok(choice) => choice,
         Err(_) if forged => return Err(reason::FORGED_DROPPED),
         Err(why) => return Err(why),
@@ -86,13 +99,72 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
     // Before stamping: growing a GSO packet's header resets its segment count.
     let segs = segments(ctx);
     if srv6 {
-        crate::srv6::encapsulate(ctx, &ip, &encap, choice.hops)?;
+        crate::srv6::encapsulate(ctx, &ip, &encap, choice.hops, Inner::Ipv4)?;
     } else if forged {
         restamp(ctx, choice.hops).map_err(|_| reason::FORGED_DROPPED)?;
         count(&crate::STAMP_STATS, reason::RESTAMPED, 1);
     } else {
         stamp(ctx, &ip, choice.hops)?;
     }
+    Ok(counted(&choice, segs))
+}
+
+/// IPv6 in the SRv6 encoding: a TCP or UDP packet without extension headers to the fabric's
+/// /96 takes the paths of the IPv4 address its destination embeds.
+#[inline(always)]
+fn stamp_ipv6(ctx: &TcContext) -> Result<u32, u32> {
+    let encap = crate::ENCAP.get(0).copied().unwrap_or_default();
+    if encap.encoding != encoding::SRV6 {
+        return Err(reason::NOT_IPV4);
+    }
+    let header: *const [u8; IPV6_HLEN] = tc_ptr(ctx, ETH_HLEN).ok_or(reason::TOO_SHORT)?;
+    // SAFETY: bounds checked by tc_ptr.
+    let h = unsafe { &*header };
+    let ip6 = Ipv6::parse(h);
+    if ip6.version != 6 {
+        return Err(reason::BAD_HEADER);
+    }
+    match ip6.next {
+        IPPROTO_TCP | IPPROTO_UDP => {}
+        // Hop-by-hop, routing, destination options: extension headers, like IPv4 options.
+        0 | 43 | 60 => return Err(reason::HAS_OPTIONS),
+        44 => return Err(reason::FRAGMENT),
+        // IP-in-IPv6 (an outer header already), ICMPv6, ESP, anything else.
+        _ => return Err(reason::NOT_TCP_UDP),
+    }
+    let mut fabric = true;
+    let mut i = 0;
+    while i < 12 {
+        fabric &= h[24 + i] == encap.fabric6[i];
+        i += 1;
+    }
+    if !fabric || encap.fabric6 == [0; 12] {
+        return Err(reason::NOT_FABRIC);
+    }
+    // The flow and the paths as for the embedded IPv4 addresses; the length is the whole
+    // packet's, as an IPv4 header's would be.
+    let ip = Ipv4 {
+        version: 4,
+        ihl: 5,
+        tos: ip6.tclass,
+        tot_len: ip6.payload_len.saturating_add(IPV6_HLEN as u16),
+        frag: 0,
+        proto: ip6.next,
+        saddr: [h[20], h[21], h[22], h[23]],
+        daddr: [h[36], h[37], h[38], h[39]],
+    };
+    if ip6.payload_len > u16::MAX - 2 * IPV6_HLEN as u16 {
+        return Err(reason::TOO_BIG);
+    }
+    let choice = choose(ctx, &ip, false, OUTER_LEN, ETH_HLEN + IPV6_HLEN)?;
+    let segs = segments(ctx);
+    crate::srv6::encapsulate(ctx, &ip, &encap, choice.hops, Inner::Ipv6)?;
+    Ok(counted(&choice, segs))
+}
+
+/// Counts a stamped packet's path and how it was chosen.
+#[inline(always)]
+fn counted(choice: &Choice, segs: u64) -> u32 {
     count(&HOP_STATS, u32::from(choice.hops[0]), segs);
     count(&HOP_STATS, 256 + u32::from(choice.hops[1]), segs);
     if choice.stateless {
@@ -101,7 +173,7 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
     if choice.pinned {
         count(&crate::STAMP_STATS, reason::PINNED, 1);
     }
-    Ok(reason::STAMPED)
+    reason::STAMPED
 }
 
 /// A path chosen for a packet.
@@ -115,20 +187,15 @@ struct Choice {
 }
 
 /// The path for a stampable packet, with the flow's state updated; `extra` is what the
-/// encoding adds to the packet.
+/// encoding adds to the packet, `l4` where its ports are.
 #[inline(always)]
-fn choose(ctx: &TcContext, ip: &Ipv4, forged: bool, extra: u16) -> Result<Choice, u32> {
+fn choose(ctx: &TcContext, ip: &Ipv4, forged: bool, extra: u16, l4: usize) -> Result<Choice, u32> {
     if ip.is_fragment() {
         return Err(reason::FRAGMENT);
     }
     if ip.proto != IPPROTO_TCP && ip.proto != IPPROTO_UDP {
         return Err(reason::NOT_TCP_UDP);
     }
-    let l4 = if forged {
-        ETH_HLEN + IPV4_STAMPED_LEN
-    } else {
-        ETH_HLEN + IPV4_BASE_LEN
-    };
     let ports: *const [u8; 4] = tc_ptr(ctx, l4).ok_or(reason::TOO_SHORT)?;
     let key = ip.flow_key(unsafe { &*ports });
 

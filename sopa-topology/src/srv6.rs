@@ -209,12 +209,20 @@ pub enum Srv6Route {
         addr: Ipv6Addr,
         link: LinkId,
     },
+    /// A rack's IPv6 prefix (its IPv4 one embedded), over the links its IPv4 route takes:
+    /// IPv6 that is not encapsulated (neighbour discovery aside: ICMPv6, a host without an
+    /// agent) is routed like IPv4.
+    Rack6 {
+        addr: Ipv6Addr,
+        len: u8,
+        links: Vec<LinkId>,
+    },
 }
 
 /// Switch `node`'s SRv6 routes under `failures`: its own locator; its neighbours' locators over
 /// the direct links (the lists name the next switch after a decision, always a neighbour);
-/// every rack switch's locator over the live shortest paths, as the IPv4 rack routes go; and,
-/// at a rack switch, each host's receive address.
+/// every rack switch's locator and every rack's IPv6 prefix over the live shortest paths, as
+/// the IPv4 rack routes go; and, at a rack switch, each host's receive address.
 pub fn switch_routes(topo: &Topology, node: NodeId, failures: &Failures) -> Result<Vec<Srv6Route>> {
     let usids = Usids::of(topo)?;
     let g = topo.graph();
@@ -245,6 +253,11 @@ pub fn switch_routes(topo: &Topology, node: NodeId, failures: &Failures) -> Resu
         let Some(rack) = racks.iter().find(|r| r.prefix == route.prefix) else {
             continue;
         };
+        out.push(Srv6Route::Rack6 {
+            addr: embed(route.prefix.addr),
+            len: 96 + route.prefix.len,
+            links: route.links.clone(),
+        });
         if neighbours.contains(&rack.tor) {
             continue;
         }

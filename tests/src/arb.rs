@@ -23,9 +23,12 @@ pub struct Arb {
 pub const R_PATH_USIDS: [u16; 3] = [0x0100, 0x0101, 0x0102];
 pub const A_RACK_USID: u16 = 0x0201;
 pub const B_RACK_USID: u16 = 0x0202;
-/// A's and B's IPv6 addresses, and R's on each link.
-pub const A_ADDR6: &str = "fd00:101:1::2";
-pub const B_ADDR6: &str = "fd00:101:2::2";
+/// A's and B's IPv6 addresses: the fabric's plan (`sopa_topology::srv6::embed`), the /96
+/// `fd00:5a::` with each host's IPv4 address in the last 32 bits (10.101.1.2, 10.101.2.2).
+pub const A_ADDR6: &str = "fd00:5a::a65:102";
+pub const B_ADDR6: &str = "fd00:5a::a65:202";
+/// The /96 of the hosts' IPv6 addresses.
+pub const FABRIC6: &str = "fd00:5a::/96";
 
 /// A's prefix and B's prefix (each host's rack).
 pub const A_PREFIX: &str = "10.101.1.0/24";
@@ -92,10 +95,16 @@ impl Arb {
         let six = |ns: &NetNs, addr: &str, dev: &str| {
             ns.ip(&["-6", "addr", "add", addr, "dev", dev, "nodad"])
         };
-        six(&self.a, &format!("{A_ADDR6}/64"), &self.a_if)?;
-        six(&self.r, "fd00:101:1::1/64", &self.r_a_if)?;
-        six(&self.r, "fd00:101:2::1/64", &self.r_b_if)?;
-        six(&self.b, &format!("{B_ADDR6}/64"), &self.b_if)?;
+        // Each rack's IPv6 prefix is its IPv4 one embedded: /96 + 24.
+        six(&self.a, &format!("{A_ADDR6}/120"), &self.a_if)?;
+        six(&self.r, "fd00:5a::a65:101/120", &self.r_a_if)?;
+        six(&self.r, "fd00:5a::a65:201/120", &self.r_b_if)?;
+        six(&self.b, &format!("{B_ADDR6}/120"), &self.b_if)?;
+        // The agent lowers IPv4 fabric routes only: the IPv6 ones get the hosts' MTU here.
+        let host_mtu = (mtu.parse::<u32>().unwrap_or(1500) - 40).to_string();
+        for (ns, gw) in [(&self.a, "fd00:5a::a65:101"), (&self.b, "fd00:5a::a65:201")] {
+            ns.ip(&["-6", "route", "add", "default", "via", gw, "mtu", &host_mtu])?;
+        }
         self.r.sysctl("net.ipv6.conf.all.forwarding", "1")?;
         for usid in &R_PATH_USIDS[..paths] {
             self.r.ip(&[
@@ -151,7 +160,8 @@ impl Arb {
             .collect();
         format!(
             "version = 1\nencoding = \"srv6\"\n\n[srv6]\nsource = \"{own}\"\n\
-             receive = \"fcbb:bb00:{own_rack:x}:e002::\"\n\n[[destination]]\n\
+             receive = \"fcbb:bb00:{own_rack:x}:e002::\"\nfabric6 = \"{FABRIC6}\"\n\n\
+             [[destination]]\n\
              prefix = \"{prefix}\"\npaths = [{}]\nsegments = [{}]\ntail = [{rack:#06x}]\n",
             hops.join(", "),
             segs.join(", ")

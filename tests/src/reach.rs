@@ -8,11 +8,14 @@ use std::{
 
 use crate::{NetNs, Result};
 
-/// Returns the (from, to) pairs that could not connect.
-pub fn all_pairs_tcp(hosts: &[(&NetNs, Ipv4Addr)], port: u16) -> Result<Vec<(Ipv4Addr, Ipv4Addr)>> {
+/// Returns the (from, to) pairs that could not connect (IPv4 or IPv6 addresses).
+pub fn all_pairs_tcp<A>(hosts: &[(&NetNs, A)], port: u16) -> Result<Vec<(A, A)>>
+where
+    A: Copy + PartialEq + Into<std::net::IpAddr> + Send + 'static,
+{
     let mut listeners = Vec::new();
     for (ns, addr) in hosts {
-        let listen = SocketAddr::from((*addr, port));
+        let listen = SocketAddr::from(((*addr).into(), port));
         let l = ns
             .run(move || TcpListener::bind(listen))?
             .map_err(|e| crate::Error::io(format!("listening on {listen}"), e))?;
@@ -21,7 +24,7 @@ pub fn all_pairs_tcp(hosts: &[(&NetNs, Ipv4Addr)], port: u16) -> Result<Vec<(Ipv
     }
     let mut failed = Vec::new();
     for (ns, from) in hosts {
-        let targets: Vec<Ipv4Addr> = hosts
+        let targets: Vec<A> = hosts
             .iter()
             .map(|(_, a)| *a)
             .filter(|a| a != from)
@@ -31,7 +34,7 @@ pub fn all_pairs_tcp(hosts: &[(&NetNs, Ipv4Addr)], port: u16) -> Result<Vec<(Ipv
                 .into_iter()
                 .filter(|to| {
                     TcpStream::connect_timeout(
-                        &SocketAddr::from((*to, port)),
+                        &SocketAddr::from(((*to).into(), port)),
                         Duration::from_secs(2),
                     )
                     .is_err()

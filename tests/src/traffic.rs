@@ -401,7 +401,8 @@ pub fn send(to: SocketAddr, bytes: u64, opts: &SendOptions) -> Result<Sent> {
         ));
     }
     // MPTCP sockets take no IP_MTU_DISCOVER (the subflows do PMTU discovery themselves).
-    if opts.dont_fragment && !opts.mptcp {
+    // IPv6 never fragments in the network: the option is IPv4's.
+    if opts.dont_fragment && !opts.mptcp && to.is_ipv4() {
         setsockopt(
             fd,
             libc::IPPROTO_IP,
@@ -474,6 +475,18 @@ pub fn tcp_transfer(
     src: &NetNs,
     dst: &NetNs,
     addr: Ipv4Addr,
+    port: u16,
+    bytes: u64,
+    opts: &SendOptions,
+) -> Result<Transfer> {
+    tcp_transfer_to(src, dst, addr.into(), port, bytes, opts)
+}
+
+/// [`tcp_transfer`] to an address of either family.
+pub fn tcp_transfer_to(
+    src: &NetNs,
+    dst: &NetNs,
+    addr: std::net::IpAddr,
     port: u16,
     bytes: u64,
     opts: &SendOptions,

@@ -10,9 +10,13 @@ use sopa_testbed::{
     capture::Capture,
     fabric::{Fabric, FabricOptions},
     reach::all_pairs_tcp,
-    traffic::{SendOptions, tcp_transfer},
+    traffic::{SendOptions, tcp_transfer, tcp_transfer_to},
 };
-use sopa_topology::{modric::ModricParams, srv6::Encoding, topology::TopologySpec};
+use sopa_topology::{
+    modric::ModricParams,
+    srv6::{Encoding, embed},
+    topology::TopologySpec,
+};
 
 fn srv6_fabric(spec: &TopologySpec) -> Fabric {
     let opts = FabricOptions {
@@ -27,7 +31,7 @@ fn srv6_fabric(spec: &TopologySpec) -> Fabric {
     f
 }
 
-/// Every host reaches every other one over TCP.
+/// Every host reaches every other one over TCP, on IPv4 and on IPv6.
 fn all_pairs(f: &Fabric) {
     let g = f.topo.graph().clone();
     let hosts: Vec<(&NetNs, std::net::Ipv4Addr)> = g
@@ -37,7 +41,11 @@ fn all_pairs(f: &Fabric) {
         .map(|n| (f.ns(&n.name), n.addr.unwrap()))
         .collect();
     let failed = all_pairs_tcp(&hosts, 7100).unwrap();
-    assert!(failed.is_empty(), "unreachable: {failed:?}");
+    assert!(failed.is_empty(), "unreachable over IPv4: {failed:?}");
+    let hosts6: Vec<(&NetNs, std::net::Ipv6Addr)> =
+        hosts.iter().map(|(ns, a)| (*ns, embed(*a))).collect();
+    let failed = all_pairs_tcp(&hosts6, 7101).unwrap();
+    assert!(failed.is_empty(), "unreachable over IPv6: {failed:?}");
 }
 
 /// Equal within 5% (at least 16 packets): the interfaces also count the kernel's own messages
@@ -146,6 +154,27 @@ fn fat_tree_k4_of_linux_srv6_routers_carries_the_round_robin_exactly() {
     let status = f.host("h0").status().unwrap();
     assert_eq!(status["encoding"], "srv6");
     assert_eq!(status["stamp"]["too_big"], 0);
+
+    // The same over IPv6: the paths of the IPv4 address h4's IPv6 one embeds.
+    let before = ports(&f);
+    let t = tcp_transfer_to(
+        f.ns("h0"),
+        f.ns("h4"),
+        embed(h4).into(),
+        7002,
+        8 << 20,
+        &SendOptions::default(),
+    )
+    .expect("h0 -> h4 over IPv6");
+    assert!(t.intact());
+    let sent = since(ports(&f), &before);
+    eprintln!(
+        "h0 -> h4 over IPv6: {:.0} Mbit/s; out of e0's 2 uplinks, a0's 2 and a1's 2: {sent:?}",
+        t.mbit_per_s()
+    );
+    assert!(balanced(&sent[..2], 2000), "e0's uplinks: {sent:?}");
+    assert!(balanced(&sent[2..], 1000), "the four core ports: {sent:?}");
+    assert_eq!(f.host("h0").status().unwrap()["stamp"]["too_big"], 0);
 
     // e0 - a0 down: the hosts drop its paths and no packet crosses it.
     let out = f.sopactl(&["link", "down", "e0", "a0"]).unwrap();

@@ -1,6 +1,6 @@
 //! The SRv6 encoding on a real routed path: A - R - B, R a plain Linux SRv6 node (the kernel's
 //! `seg6local` End behaviour with the NEXT-C-SID flavour, no program of ours), agents on A and
-//! B. Needs root; every namespace, process and file is removed on drop, also on failure.
+//! B, IPv4 and IPv6 inside. Needs root; every namespace, process and file is removed on drop, also on failure.
 
 use std::net::Ipv6Addr;
 
@@ -8,7 +8,7 @@ use sopa_testbed::{
     agent::Agent,
     arb::{A_ADDR6, A_PREFIX, A_RACK_USID, Arb, B_ADDR6, B_PREFIX, B_RACK_USID},
     capture::{Capture, cycle_breaks, tcp_from},
-    traffic::{SendOptions, tcp_transfer},
+    traffic::{SendOptions, tcp_transfer, tcp_transfer_to},
 };
 
 const MIB: u64 = 1 << 20;
@@ -190,6 +190,67 @@ fn srv6_over_a_linux_usid_node_paths_cycle_and_b_sees_the_inner_packet_only() {
         .collect();
     let (lo, hi) = (hop0.iter().min().unwrap(), hop0.iter().max().unwrap());
     assert!(hi - lo <= 1, "one flow, round robin: {hop0:?}");
+
+    // IPv6 inside: the same paths, the outer header's next header 41.
+    let before = agent_a.status().unwrap()["stamp"]["stamped"]
+        .as_u64()
+        .unwrap();
+    let at_r = Capture::start(&arb.r, &arb.r_a_if).unwrap();
+    let transfer = tcp_transfer_to(
+        &arb.a,
+        &arb.b,
+        B_ADDR6.parse::<Ipv6Addr>().unwrap().into(),
+        5002,
+        50 * MIB,
+        &SendOptions::default(),
+    )
+    .expect("50 MiB from A to B over IPv6");
+    let at_r = at_r.finish().unwrap();
+    assert!(transfer.intact(), "sha256 differs over IPv6");
+    eprintln!(
+        "IPv6: 50 MiB in {:.2} s: {:.0} Mbit/s",
+        transfer.seconds,
+        transfer.mbit_per_s()
+    );
+    // Per path, the IPv6-in-IPv6 frames from A (a frame read after R shifted its list, see
+    // above, names none).
+    let mut per_path = [0u64; PATHS as usize];
+    let mut plain6 = 0;
+    for f in &at_r.frames {
+        if f.len() < 54 || f[12..14] != [0x86, 0xDD] {
+            continue;
+        }
+        let src: [u8; 16] = f[22..38].try_into().unwrap();
+        if Ipv6Addr::from(src) != a6 {
+            continue;
+        }
+        match f[20] {
+            41 => {
+                let dst: [u8; 16] = f[38..54].try_into().unwrap();
+                if let Some(p) = lists.iter().position(|l| *l == Ipv6Addr::from(dst)) {
+                    per_path[p] += 1;
+                }
+            }
+            6 => plain6 += 1,
+            _ => {}
+        }
+    }
+    eprintln!("IPv6 in IPv6 at R per path: {per_path:?}");
+    assert_eq!(
+        plain6, 0,
+        "TCP over IPv6 from A at R without the outer header"
+    );
+    let (lo, hi) = (
+        per_path.iter().min().unwrap(),
+        per_path.iter().max().unwrap(),
+    );
+    assert!(*lo > 10_000 && hi - lo <= lo / 100, "{per_path:?}");
+    let a = agent_a.status().unwrap();
+    assert!(a["stamp"]["stamped"].as_u64().unwrap() - before >= per_path.iter().sum::<u64>());
+    assert_eq!(
+        a["stamp"]["too_big"], 0,
+        "every IPv6 packet fit once encapsulated"
+    );
 
     assert_eq!(agent_a.stop(), Some(0));
     assert_eq!(agent_b.stop(), Some(0));

@@ -329,6 +329,8 @@ impl MapSet {
             _pad: 0,
             source: table.source.octets(),
             receive: table.receive.octets(),
+            fabric6: table.fabric6_bytes(),
+            _pad2: 0,
         };
         m.encap.set(0, encap, 0).map_err(map_err(ENCAP_MAP))?;
         let stale: Vec<Key<[u8; 4]>> = m
