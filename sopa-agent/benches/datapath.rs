@@ -1,7 +1,8 @@
 //! `cargo xtask bench datapath`: the cost of the datapath, measured side by side in one run.
 //!
 //! 1. ns per packet of `tc_stamp` and `xdp_strip` against programs that do nothing, through
-//!    BPF_PROG_TEST_RUN, runs interleaved so both see the same machine.
+//!    BPF_PROG_TEST_RUN, runs interleaved so both see the same machine: the IPv4 option and the
+//!    SRv6 encoding (a second datapath, encapsulating) side by side.
 //! 2. Single-stream TCP throughput A -> R -> B (iperf3, cubic) without agents and with agents
 //!    at both granularities, rounds interleaved; medians and ratios.
 
@@ -91,6 +92,25 @@ fn test_run_table(args: &Args) {
     )
     .unwrap();
     maps.apply_paths(&table).unwrap();
+    // The same paths in the SRv6 encoding, on a datapath of its own.
+    let pins6 = std::path::PathBuf::from(format!("/sys/fs/bpf/sopa-bench6-{}", std::process::id()));
+    let mut dp6 = Datapath::load(&pins6).expect("load the SRv6 datapath");
+    let mut maps6 = dp6.take_maps().unwrap();
+    maps6
+        .set_config(Config {
+            mode: mode::SOPA,
+            hash_seed: 1,
+        })
+        .unwrap();
+    let table6 = PathTable::parse(
+        "encoding = \"srv6\"\n[srv6]\nsource = \"fd00:5a::a65:102\"\n\
+         receive = \"fcbb:bb00:9:e102::\"\n[[destination]]\nprefix = \"10.3.0.0/19\"\n\
+         paths = [[0, 0], [0, 1], [1, 0], [1, 1]]\n\
+         segments = [[1, 3], [1, 4], [2, 5], [2, 6]]\ntail = [9]",
+    )
+    .unwrap();
+    maps6.apply_paths(&table6).unwrap();
+    maps6.apply_srv6(table6.srv6.as_ref()).unwrap();
     let mut baseline = EbpfLoader::new()
         .default_map_pin_directory(&pins)
         .load(datapath::OBJECT)
@@ -132,6 +152,30 @@ fn test_run_table(args: &Args) {
         "the benchmark packet is stamped"
     );
 
+    let encapsulated = {
+        let r = dp6
+            .stamp_program()
+            .test_run(TestRunOptions {
+                data_in: Some(&fabric),
+                data_out: Some(&mut out),
+                ..Default::default()
+            })
+            .unwrap();
+        let mut p = out[..r.data_size_out as usize].to_vec();
+        assert_eq!(
+            p.len(),
+            fabric.len() + 40,
+            "the benchmark packet is encapsulated"
+        );
+        // As it arrives: the list consumed down to the destination's own address.
+        p[14 + 24..14 + 40].copy_from_slice(
+            &"fcbb:bb00:9:e102::"
+                .parse::<std::net::Ipv6Addr>()
+                .unwrap()
+                .octets(),
+        );
+        p
+    };
     let mut meters = [
         Meter {
             name: "tc: empty program (baseline)",
@@ -163,11 +207,21 @@ fn test_run_table(args: &Args) {
             total_ns: 0,
             runs: 0,
         },
+        Meter {
+            name: "tc_stamp, fabric TCP (SRv6 encapsulated)",
+            total_ns: 0,
+            runs: 0,
+        },
+        Meter {
+            name: "xdp_strip, SRv6 (decapsulated)",
+            total_ns: 0,
+            runs: 0,
+        },
     ];
     let batch = 10_000u32.min(args.runs);
     let batches = args.runs.div_ceil(batch);
     eprintln!(
-        "test_run: {} runs of each of 6 programs, interleaved in batches of {batch}",
+        "test_run: {} runs of each of 8 programs, interleaved in batches of {batch}",
         batches * batch
     );
     for _ in 0..batches {
@@ -178,15 +232,18 @@ fn test_run_table(args: &Args) {
                         0 => tc_pass_ref(&mut baseline).test_run(opts),
                         1 | 2 => dp.stamp_program().test_run(opts),
                         3 => xdp_pass_ref(&mut baseline).test_run(opts),
+                        6 => dp6.stamp_program().test_run(opts),
+                        7 => dp6.strip_program().test_run(opts),
                         _ => dp.strip_program().test_run(opts),
                     }
                     .expect("test_run");
                     r.duration.as_nanos()
                 };
                 let input: &[u8] = match i {
-                    0 | 1 | 3 => &fabric,
+                    0 | 1 | 3 | 6 => &fabric,
                     2 => &outside,
                     4 => &stamped,
+                    7 => &encapsulated,
                     _ => &fabric,
                 };
                 meter.total_ns += run_once(&mut f, input, &mut out);
@@ -202,7 +259,7 @@ fn test_run_table(args: &Args) {
         "program", "ns/packet", "over baseline", "ratio"
     );
     for (i, m) in meters.iter().enumerate() {
-        let base = if i < 3 {
+        let base = if i < 3 || i == 6 {
             mean(&meters[0])
         } else {
             mean(&meters[3])
@@ -215,9 +272,20 @@ fn test_run_table(args: &Args) {
             mean(m) / base
         );
     }
+    let over = |i: usize, base: usize| mean(&meters[i]) - mean(&meters[base]);
+    println!(
+        "SRv6 over the option: encapsulating {:+.1} ns/packet ({:.2}x the option's cost), \
+         decapsulating {:+.1} ns/packet ({:.2}x)",
+        over(6, 1),
+        over(6, 0) / over(1, 0),
+        over(7, 4),
+        over(7, 3) / over(4, 3)
+    );
     drop(baseline);
     drop(dp);
+    drop(dp6);
     let _ = std::fs::remove_dir_all(&pins);
+    let _ = std::fs::remove_dir_all(&pins6);
 }
 
 fn tc_pass_ref(ebpf: &mut aya::Ebpf) -> &mut SchedClassifier {

@@ -1,7 +1,9 @@
 //! `cargo xtask bench fabric --experiment sec4.2|permutation|production|failure --modes
 //! sopa,rps,ecmp,hedera,single --repeat N [--topo fat-tree:4] [--rate 100] [--mb 10] [--seed S]
-//! [--flows-per-host 20]`: the SOPA paper's experiments on the
-//! namespace fabric, the modes measured side by side in one run on one fabric.
+//! [--flows-per-host 20] [--encoding ipv4-option,srv6]`: the SOPA paper's experiments on the
+//! namespace fabric, the modes measured side by side in one run on one fabric. With several
+//! encodings, the fabric is built once per encoding in the same run (the same topology, rate
+//! and seed; an SRv6 fabric's links at 1540), and the means are compared mode by mode.
 //!
 //! Modes: `sopa` (per-flow round-robin source routing), `rps` (a random path per packet),
 //! `ecmp` (no option: the switches' own kernel multipath), each optionally with ablations:
@@ -17,9 +19,10 @@
 use std::time::Duration;
 
 use sopa_testbed::{
-    experiment::{self, MIN_IDLE_PCT, Plan, Report},
-    fabric::{Fabric, FabricOptions, parse_topo},
+    experiment::{self, MIN_IDLE_PCT, ModeResult, Plan, Report},
+    fabric::{Fabric, FabricOptions, SRV6_FABRIC_MTU, parse_topo},
 };
+use sopa_topology::srv6::Encoding;
 
 struct Args {
     experiment: String,
@@ -35,6 +38,8 @@ struct Args {
     /// A toy-size run that checks the benchmark runs end to end: the verdict is printed and the
     /// JSON marked as always, but an invalid verdict does not fail the run.
     smoke: bool,
+    /// The encodings to measure, each on a fabric of its own.
+    encodings: Vec<Encoding>,
 }
 
 fn args() -> Args {
@@ -55,6 +60,7 @@ fn args() -> Args {
         flows_per_host: 20,
         out: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../results"),
         smoke: false,
+        encodings: vec![Encoding::Ipv4Option],
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -75,6 +81,15 @@ fn args() -> Args {
             "--flows-per-host" => a.flows_per_host = value().parse().expect("--flows-per-host N"),
             "--out" => a.out = value().into(),
             "--smoke" => a.smoke = true,
+            "--encoding" => {
+                a.encodings = value()
+                    .split(',')
+                    .map(|e| {
+                        e.parse()
+                            .unwrap_or_else(|e: String| panic!("--encoding: {e}"))
+                    })
+                    .collect()
+            }
             "--bench" => {}
             other => panic!("unknown flag {other}"),
         }
@@ -111,14 +126,92 @@ fn main() {
         return replot(&path);
     }
     let a = args();
+    let mut measured = Vec::new();
+    let mut valid = true;
+    for &encoding in &a.encodings {
+        let (results, ok) = run_one(&a, encoding);
+        valid &= ok;
+        measured.push((encoding, results));
+    }
+    if measured.len() > 1 {
+        compare(&a, &measured);
+    }
+    if !valid {
+        println!("INVALID: the fidelity check failed; the JSON and figures above are marked so");
+        if !a.smoke {
+            std::process::exit(2);
+        }
+    }
+}
+
+/// Wire bytes and TCP payload of a full-size packet (1500-byte inner IPv4 packet, timestamps
+/// on) in each encoding: the ceiling of the goodput ratio on rate-limited links.
+fn full_size(encoding: Encoding) -> (f64, f64) {
+    match encoding {
+        // The route MTU is 4 under the link's 1500: the option fits in it.
+        Encoding::Ipv4Option => (1500.0 + 14.0, 1496.0 - 52.0),
+        // Links at 1540: the 1500-byte inner packet and the 40-byte outer header.
+        Encoding::Srv6 => (f64::from(SRV6_FABRIC_MTU) + 14.0, 1500.0 - 52.0),
+    }
+}
+
+/// The means of every mode side by side, each encoding over the first.
+fn compare(a: &Args, measured: &[(Encoding, Vec<ModeResult>)]) {
+    let (base, base_results) = &measured[0];
+    println!();
+    println!(
+        "encodings side by side ({} on {} at {} Mbit/s, the same seed):",
+        a.experiment, a.topo, a.rate
+    );
+    let (bw, bp) = full_size(*base);
+    for (enc, results) in &measured[1..] {
+        let (w, p) = full_size(*enc);
+        println!(
+            "{:<12} {:>12} {:>12} {:>8}",
+            "mode",
+            base.name(),
+            enc.name(),
+            "ratio"
+        );
+        for r in results {
+            let Some(b) = base_results.iter().find(|b| b.mode == r.mode) else {
+                continue;
+            };
+            if b.mean <= 0.0 {
+                continue;
+            }
+            println!(
+                "{:<12} {:>12.3} {:>12.3} {:>8.3}",
+                r.mode,
+                b.mean,
+                r.mean,
+                r.mean / b.mean
+            );
+        }
+        println!(
+            "(the header ceiling: a full-size packet carries {p:.0} payload bytes in {w:.0} on \
+             the wire with {enc}, {bp:.0} in {bw:.0} with {base}: at most {:.3} of its goodput \
+             on rate-limited links)",
+            (p / w) / (bp / bw)
+        );
+    }
+}
+
+/// Measures every mode on a fabric of `encoding`; prints its table, writes its JSON and
+/// figures. Returns the results and whether the fidelity checks held.
+fn run_one(a: &Args, encoding: Encoding) -> (Vec<ModeResult>, bool) {
     let spec = parse_topo(&a.topo).unwrap_or_else(|e| panic!("{e}"));
     let opts = FabricOptions {
         rate_mbit: Some(a.rate),
         // The non-blocking ideal is a mode of the run: its big switch is built beside the fabric.
         ideal: a.modes.iter().any(|m| m.starts_with("ideal")),
+        encoding,
         ..FabricOptions::default()
     };
-    eprintln!("building {} at {} Mbit/s", a.topo, a.rate);
+    eprintln!(
+        "building {} at {} Mbit/s, paths as {encoding}",
+        a.topo, a.rate
+    );
     let mut f = Fabric::build(&spec, &opts).expect("build the fabric");
     f.start(&opts).expect("start the agents");
     f.wait_ready(Duration::from_secs(120))
@@ -144,10 +237,14 @@ fn main() {
         .fold(f64::INFINITY, f64::min);
     let cpu_ok = min_idle >= MIN_IDLE_PCT;
     let valid = fidelity_ok && cpu_ok;
+    let suffix = match encoding {
+        Encoding::Ipv4Option => String::new(),
+        e => format!("-{e}"),
+    };
     let name = if valid {
-        format!("fabric-{}", a.experiment)
+        format!("fabric-{}{suffix}", a.experiment)
     } else {
-        format!("fabric-{}-INVALID", a.experiment)
+        format!("fabric-{}{suffix}-INVALID", a.experiment)
     };
     let figures =
         sopa_testbed::figures::write(&report, &a.out, &name).expect("writing the figures");
@@ -160,7 +257,7 @@ fn main() {
 
     println!();
     println!(
-        "{} on {} at {} Mbit/s, {}, {} round(s), cubic",
+        "{} on {} at {} Mbit/s, paths as {encoding}, {}, {} round(s), cubic",
         a.experiment,
         a.topo,
         a.rate,
@@ -299,6 +396,7 @@ fn main() {
     let path = a.out.join(format!("{name}.json"));
     let json = serde_json::json!({
         "experiment": a.experiment, "topology": a.topo, "rate_mbit": a.rate, "flow_mb": a.mb, "repeat": a.repeat,
+        "encoding": encoding.name(),
         "valid": valid,
         "fidelity": { "alone_fraction": alone_fraction, "alone_tries": alone_tries, "alone_ok": fidelity_ok, "min_idle_cpu_pct": min_idle, "cpu_ok": cpu_ok }, "modes": results,
     });
@@ -307,10 +405,5 @@ fn main() {
     for fig in &figures {
         println!("figure: {}", fig.display());
     }
-    if !valid {
-        println!("INVALID: the fidelity check failed; the JSON and figures above are marked so");
-        if !a.smoke {
-            std::process::exit(2);
-        }
-    }
+    (results, valid)
 }

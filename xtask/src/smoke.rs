@@ -95,6 +95,38 @@ pub fn run(timeout: Duration) -> Result<Vec<Outcome>> {
         row.name = format!("smoke bench fabric {experiment}");
         rows.push(row);
     }
+    // Both encodings, each on its fabric, compared in one run.
+    let mut row = bench(
+        &benches,
+        "fabric",
+        &[
+            "--smoke",
+            "--experiment",
+            "permutation",
+            "--encoding",
+            "ipv4-option,srv6",
+            "--modes",
+            "sopa,ecmp,hedera",
+            "--rate",
+            "10",
+            "--mb",
+            "1",
+            "--out",
+            &out_s,
+        ],
+        timeout,
+    )?;
+    let written = [
+        "fabric-permutation-srv6.json",
+        "fabric-permutation-srv6-INVALID.json",
+    ]
+    .iter()
+    .any(|n| out.join(n).exists());
+    if row.note.is_none() && !written {
+        row.note = Some(format!("wrote no fabric-permutation-srv6.json in {out_s}"));
+    }
+    row.name = "smoke bench fabric --encoding ipv4-option,srv6".into();
+    rows.push(row);
     let sec42 = ["fabric-sec4.2.json", "fabric-sec4.2-INVALID.json"]
         .map(|n| out.join(n))
         .into_iter()
