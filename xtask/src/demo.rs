@@ -34,6 +34,10 @@ pub struct DemoArgs {
     /// packet (gso_max_segs 1) or burst.
     #[arg(long, default_value = "packet")]
     granularity: String,
+    /// Fabric demo: how hosts carry the path, ipv4-option (switches run tc_forward) or srv6
+    /// (switches are plain Linux SRv6 routers, no program on them).
+    #[arg(long, default_value = "ipv4-option")]
+    encoding: sopa_topology::srv6::Encoding,
 }
 
 /// Builds the agent, the controller, sopactl and sopa-traffic in release and points the
@@ -51,7 +55,13 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         bail!("the demo creates network namespaces and loads eBPF programs: run as root");
     }
     if !args.arb {
-        return crate::fabric_demo::run(args.rate, args.flow_mb);
+        return crate::fabric_demo::run(args.rate, args.flow_mb, args.encoding);
+    }
+    if args.encoding != sopa_topology::srv6::Encoding::Ipv4Option {
+        bail!(
+            "--arb shows the option on the wire; SRv6 has the fabric demo: `cargo xtask demo \
+             --encoding srv6` (and A - R - B in tests/tests/host_srv6.rs)"
+        );
     }
     if args.paths == 0 || args.paths > 254 {
         bail!("--paths {} must be from 1 to 254", args.paths);

@@ -12,23 +12,33 @@ use sopa_testbed::{
     fabric::{Fabric, FabricOptions},
     traffic::Transfer,
 };
-use sopa_topology::topology::TopologySpec;
+use sopa_topology::{srv6::Encoding, topology::TopologySpec};
 
 use crate::demo::build_release;
 
-/// Packets through each of the four core paths of pod 0's uplinks: (aggregation, core).
+/// Packets through each of the four core paths of pod 0's uplinks: (aggregation, core). With
+/// the option, what `tc_forward` redirected; in SRv6 (no program on a switch), what left each
+/// core port, as the interfaces counted it.
 fn core_paths(f: &Fabric) -> Result<[u64; 4]> {
     let mut out = [0; 4];
     for (i, agg) in ["a0", "a1"].iter().enumerate() {
-        let s = f.switch_status(agg)?;
-        for j in 0..2 {
-            out[2 * i + j] = s["uplinks"][j].as_u64().unwrap_or(0);
+        let per_port: Vec<u64> = match f.encoding {
+            Encoding::Ipv4Option => {
+                let s = f.switch_status(agg)?;
+                (0..2)
+                    .map(|j| s["uplinks"][j].as_u64().unwrap_or(0))
+                    .collect()
+            }
+            Encoding::Srv6 => f.hop_ports_tx(agg, "10.1.0.2".parse().expect("an address")),
+        };
+        for (j, n) in per_port.into_iter().take(2).enumerate() {
+            out[2 * i + j] = n;
         }
     }
     Ok(out)
 }
 
-pub fn run(rate: u32, mb: u64) -> Result<()> {
+pub fn run(rate: u32, mb: u64, encoding: Encoding) -> Result<()> {
     let bar = ProgressBar::new(7);
     bar.set_style(
         ProgressStyle::with_template("{spinner} [{pos}/{len}] {msg}").expect("a valid template"),
@@ -38,10 +48,11 @@ pub fn run(rate: u32, mb: u64) -> Result<()> {
     build_release()?;
     bar.inc(1);
     bar.set_message(format!(
-        "building a Fat-Tree k=4 in namespaces: 36 nodes, 48 links at {rate} Mbit/s"
+        "building a Fat-Tree k=4 in namespaces: 36 nodes, 48 links at {rate} Mbit/s, paths as {encoding}"
     ));
     let opts = FabricOptions {
         rate_mbit: Some(rate),
+        encoding,
         ..FabricOptions::default()
     };
     let mut f =
@@ -87,7 +98,7 @@ pub fn run(rate: u32, mb: u64) -> Result<()> {
 
     println!();
     println!(
-        "SOPA paper section 4.2 on a Fat-Tree k=4 of namespaces, links at {rate} Mbit/s, {mb} MB per flow (cubic)"
+        "SOPA paper section 4.2 on a Fat-Tree k=4 of namespaces, links at {rate} Mbit/s, {mb} MB per flow (cubic), paths as {encoding}"
     );
     println!("{:-<96}", "");
     println!(
@@ -113,14 +124,27 @@ pub fn run(rate: u32, mb: u64) -> Result<()> {
             mb.join("  ")
         );
         if mode == "sopa" {
-            println!("{:<6} packets source-routed per core path: {packets:?}", "");
+            let how = match encoding {
+                Encoding::Ipv4Option => "source-routed per core path (tc_forward's counters)",
+                Encoding::Srv6 => "out of each core port (uSID lists; the interfaces' counters)",
+            };
+            println!("{:<6} packets {how}: {packets:?}", "");
         }
     }
     println!("{:-<96}", "");
+    let (payload, wire) = match encoding {
+        Encoding::Ipv4Option => (1444.0, 1514.0),
+        Encoding::Srv6 => (1448.0, 1554.0),
+    };
     println!(
-        "throughput in Mbit/s per flow; each host's uplink carries two flows, so the fair share is about {:.0} (a flow's ceiling is 1444/1514 of the link with the option).",
-        f64::from(rate) * 1444.0 / 1514.0 / 2.0
+        "throughput in Mbit/s per flow; each host's uplink carries two flows, so the fair share is about {:.0} (a flow's ceiling is {payload}/{wire} of the link with {encoding}).",
+        f64::from(rate) * payload / wire / 2.0
     );
+    if encoding == Encoding::Srv6 {
+        println!(
+            "srv6: each packet leaves its host inside an outer IPv6 header whose destination is the path as a uSID list; the switches are plain Linux SRv6 routers (seg6local End, NEXT-C-SID), no program on any."
+        );
+    }
     println!(
         "sopa: every flow round-robins its packets over the 4 core paths; ecmp: the hosts stamp nothing (mode off) and the switches' kernel multipath picks one path per flow."
     );
