@@ -290,6 +290,8 @@ impl Host {
             if opts.lower_route_mtu {
                 let mut k = RouteKeeper::new(link.clone(), journal.clone())?;
                 k.set_overhead(overhead(&opts.paths));
+                k.ensure6(opts.paths.srv6.as_ref().and_then(|s| s.fabric6))
+                    .await?;
                 // Routes first: by the time the first packet is stamped, they fit it.
                 k.ensure(opts.paths.destinations.keys()).await?;
                 keeper = Some(k);
@@ -521,7 +523,11 @@ impl Host {
     /// new fabric prefixes their lowered route MTU. Used when the controller pushes paths.
     pub async fn apply_table(&mut self, table: &PathTable) -> Result<()> {
         if let Some((keeper, _)) = &self.routes {
-            keeper.lock().await.set_overhead(overhead(table));
+            let mut keeper = keeper.lock().await;
+            keeper.set_overhead(overhead(table));
+            keeper
+                .ensure6(table.srv6.as_ref().and_then(|s| s.fabric6))
+                .await?;
         }
         self.prepare_routes(table.destinations.keys()).await?;
         let mut maps = self.maps.lock().expect("maps lock");

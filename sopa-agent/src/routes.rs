@@ -24,7 +24,7 @@ use tracing::{info, warn};
 use crate::{
     changes::{Change, SharedJournal},
     error::{Error, Result},
-    netlink::{self, Link, Netlink, Route},
+    netlink::{self, Action6, Link, Netlink, Route, Route6},
     path_table::Prefix,
 };
 
@@ -80,6 +80,67 @@ impl RouteKeeper {
             reapplied: HashMap::new(),
             overhead: OPTION_BYTES,
         })
+    }
+
+    /// The SRv6 encoding's IPv6 side: IPv6 to the fabric's /96 (`fabric6`) must fit the
+    /// interface once encapsulated, so the /96 is routed as the route that covers it, with an
+    /// MTU [`Self::overhead`] under the interface's; a copy is added where that route's MTU is
+    /// larger (and removed when no longer needed, or with `None`). Seen to at every table the
+    /// controller or the file gives; unlike the IPv4 prefixes, not watched between them.
+    pub async fn ensure6(&mut self, fabric6: Option<std::net::Ipv6Addr>) -> Result<()> {
+        let target = self.link.mtu.saturating_sub(self.overhead);
+        let ours: Vec<Route6> = self
+            .journal
+            .changes()
+            .into_iter()
+            .filter_map(|c| match c {
+                Change::Route6Added { route } => Some(route),
+                _ => None,
+            })
+            .collect();
+        let routes = self.netlink.routes6().await?;
+        let others: Vec<&Route6> = routes
+            .iter()
+            .filter(|r| !ours.iter().any(|o| o.dst == r.dst && o.len == r.len))
+            .collect();
+        let want = fabric6.and_then(|prefix| {
+            let base = others
+                .iter()
+                .filter(|r| r.covers(prefix, 96))
+                .filter(|r| matches!(&r.action, Action6::Via { nexthops } if nexthops.iter().all(|(_, oif)| *oif == self.link.index)))
+                .max_by_key(|r| r.len)?;
+            (base.mtu.unwrap_or(self.link.mtu) > target).then(|| Route6 {
+                dst: prefix,
+                len: 96,
+                action: base.action.clone(),
+                mtu: Some(target),
+            })
+        });
+        if fabric6.is_some()
+            && want.is_none()
+            && !others.iter().any(|r| r.covers(fabric6.expect("some"), 96))
+        {
+            warn!(prefix = ?fabric6, "no IPv6 route towards the fabric's /96 through this interface: its IPv6 is not encapsulated");
+        }
+        for old in &ours {
+            if Some(old) != want.as_ref() {
+                self.netlink.delete_route6(old).await?;
+                let gone = old.clone();
+                self.journal
+                    .forget(|c| matches!(c, Change::Route6Added { route } if *route == gone))?;
+            }
+        }
+        if let Some(r) = want
+            && !ours.contains(&r)
+        {
+            // In the journal first: a crash in between leaves a record of a route that may not
+            // exist, which the undo tolerates, never a route without a record.
+            self.journal
+                .push(Change::Route6Added { route: r.clone() })?;
+            self.netlink.add_route6(&r).await?;
+            info!(route = %r.name(), mtu = target, "IPv6 to the fabric routed with the MTU the outer header leaves");
+        }
+        Ok(())
     }
 
     /// Sets what the encoding adds to a packet; a change has the next [`Self::ensure`] see to

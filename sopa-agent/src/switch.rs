@@ -515,6 +515,7 @@ impl Switch {
                             dst,
                             len,
                             action: Action6::UsidEnd { oif: anchor },
+                            mtu: None,
                         }
                     }
                     Srv6Route::Rack6 { addr, len, links } => {
@@ -526,6 +527,7 @@ impl Switch {
                             dst: addr,
                             len,
                             action: Action6::Via { nexthops },
+                            mtu: None,
                         }
                     }
                     Srv6Route::Locator { usid, links } => {
@@ -539,6 +541,7 @@ impl Switch {
                             dst,
                             len,
                             action: Action6::Via { nexthops },
+                            mtu: None,
                         }
                     }
                     Srv6Route::Host { host, addr, link } => {
@@ -552,6 +555,7 @@ impl Switch {
                             action: Action6::Via {
                                 nexthops: vec![(plan6::embed(v4), p.ifindex)],
                             },
+                            mtu: None,
                         }
                     }
                 };

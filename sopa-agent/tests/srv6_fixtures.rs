@@ -301,6 +301,31 @@ fn what_srv6_cannot_carry_leaves_unencapsulated() {
 }
 
 #[test]
+fn a_hedera_pin_takes_the_usids_of_its_hop_pair() {
+    let mut f = Fixture::new(TABLE, mode::PINNED);
+    let sport = 78;
+    let pin = sopa_common::maps::Pin {
+        hops: [1, 1],
+        _pad: [0; 6],
+        expires_ns: u64::MAX,
+    };
+    f.maps
+        .replace_pins(&[(key(DST_INTER_POD, sport), pin)])
+        .unwrap();
+    for i in 0..4 {
+        let packet = tcp(DST_INTER_POD, sport, &[i; 64]);
+        let out = f.stamp(&packet);
+        // TABLE's path (1, 1) is the fourth: uSIDs 0x0101, 0x0303.
+        assert_eq!(
+            out,
+            encapsulated(&packet, &inter_pod_address(3), label_of(&out))
+        );
+    }
+    let c = f.maps.stamp_counters().unwrap();
+    assert_eq!(c[stamp_reason::PINNED as usize], 4);
+}
+
+#[test]
 fn a_pinned_path_without_usids_leaves_unencapsulated() {
     // Hedera pins name hop pairs; one the table has no uSIDs for is not guessed at.
     let mut f = Fixture::new(TABLE, mode::PINNED);

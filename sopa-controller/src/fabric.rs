@@ -572,6 +572,20 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_specs_parse() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/controller");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            Fabric::parse_spec_file(&text, &path.display().to_string())
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            seen += 1;
+        }
+        assert!(seen >= 3, "{seen} specs in {}", dir.display());
+    }
+
+    #[test]
     fn spec_files_parse_and_are_checked() {
         let ft = Fabric::parse_spec("[topology]\nkind = \"fat-tree\"\nk = 4\n", "t.toml").unwrap();
         assert_eq!(ft, TopologySpec::FatTree { k: 4 });

@@ -100,10 +100,8 @@ impl Arb {
         six(&self.r, "fd00:5a::a65:101/120", &self.r_a_if)?;
         six(&self.r, "fd00:5a::a65:201/120", &self.r_b_if)?;
         six(&self.b, &format!("{B_ADDR6}/120"), &self.b_if)?;
-        // The agent lowers IPv4 fabric routes only: the IPv6 ones get the hosts' MTU here.
-        let host_mtu = (mtu.parse::<u32>().unwrap_or(1500) - 40).to_string();
         for (ns, gw) in [(&self.a, "fd00:5a::a65:101"), (&self.b, "fd00:5a::a65:201")] {
-            ns.ip(&["-6", "route", "add", "default", "via", gw, "mtu", &host_mtu])?;
+            ns.ip(&["-6", "route", "add", "default", "via", gw])?;
         }
         self.r.sysctl("net.ipv6.conf.all.forwarding", "1")?;
         for usid in &R_PATH_USIDS[..paths] {

@@ -213,13 +213,7 @@ impl Fabric {
                                 "nodad",
                             ])?;
                         }
-                        // The agent lowers IPv4 fabric routes only: the IPv6 default route
-                        // gets the hosts' MTU here (the outer header fits the links).
-                        let host_mtu = (SRV6_FABRIC_MTU - 40).to_string();
-                        hns.ip(&[
-                            "-6", "route", "add", "default", "via", &gw6, "dev", host_if, "mtu",
-                            &host_mtu,
-                        ])?;
+                        hns.ip(&["-6", "route", "add", "default", "via", &gw6, "dev", host_if])?;
                     }
                     fabric.host_ifaces.insert(host, host_if.clone());
                 }

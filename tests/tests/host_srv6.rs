@@ -61,6 +61,11 @@ fn srv6_over_a_linux_usid_node_paths_cycle_and_b_sees_the_inner_packet_only() {
         routes.contains("10.101.2.0/24 via 10.101.1.1") && routes.contains("mtu 1500"),
         "the fabric route at the interface's 1540 less the outer header's 40:\n{routes}"
     );
+    let routes6 = arb.a.ip(&["-6", "route"]).unwrap();
+    assert!(
+        routes6.contains("fd00:5a::/96 via fd00:5a::a65:101") && routes6.contains("mtu 1500"),
+        "IPv6 to the fabric's /96 as the default route goes, at 1540 less 40:\n{routes6}"
+    );
 
     let at_r = Capture::start(&arb.r, &arb.r_a_if).unwrap();
     let at_b = Capture::start(&arb.b, &arb.b_if).unwrap();
@@ -255,4 +260,8 @@ fn srv6_over_a_linux_usid_node_paths_cycle_and_b_sees_the_inner_packet_only() {
     assert_eq!(agent_a.stop(), Some(0));
     assert_eq!(agent_b.stop(), Some(0));
     assert_eq!(arb.a.ip(&["route"]).unwrap(), routes_before);
+    assert!(
+        !arb.a.ip(&["-6", "route"]).unwrap().contains("fd00:5a::/96"),
+        "the stop removed the IPv6 route it added"
+    );
 }

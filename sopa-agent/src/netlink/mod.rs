@@ -256,6 +256,18 @@ impl Netlink {
         .map_err(|err| Error::netlink(format!("installing route {}", route.prefix), err))
     }
 
+    /// The unicast IPv6 routes of the main table that forward over next hops.
+    pub async fn routes6(&self) -> Result<Vec<Route6>> {
+        let mut query = RouteMessage::default();
+        query.header.address_family = AddressFamily::Inet6;
+        query.header.table = RouteHeader::RT_TABLE_MAIN;
+        let messages = self
+            .route_request(RouteNetlinkMessage::GetRoute(query), NLM_F_DUMP)
+            .await
+            .map_err(|err| Error::netlink("listing IPv6 routes", err))?;
+        Ok(messages.iter().filter_map(Route6::from_message).collect())
+    }
+
     /// Adds an IPv6 route, or replaces the route of the same prefix.
     pub async fn add_route6(&self, route: &Route6) -> Result<()> {
         self.route_request(

@@ -37,12 +37,16 @@ pub struct Route6 {
     pub dst: Ipv6Addr,
     pub len: u8,
     pub action: Action6,
+    /// The route's MTU, where it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Action6 {
-    /// Forward over these (gateway, interface) next hops (several: multipath).
+    /// Forward over these (gateway, interface) next hops (several: multipath); gateway `::`
+    /// for a next hop on the link itself.
     Via { nexthops: Vec<(Ipv6Addr, u32)> },
     /// `seg6local` End, NEXT-C-SID flavour (32-bit block, 16-bit uSIDs), on interface `oif`.
     UsidEnd { oif: u32 },
@@ -64,6 +68,65 @@ impl Route6 {
         format!("{}/{}", self.dst, self.len)
     }
 
+    /// Whether this route's prefix holds `addr`/`len`.
+    pub fn covers(&self, addr: Ipv6Addr, len: u8) -> bool {
+        let mask = |l: u8| u128::MAX.checked_shl(128 - u32::from(l)).unwrap_or(0);
+        self.len <= len
+            && u128::from(addr) & mask(self.len) == u128::from(self.dst) & mask(self.len)
+    }
+
+    /// A unicast route of the main IPv6 table, forwarding over next hops (nothing else: local,
+    /// encapsulating and other tables' routes are `None`).
+    pub(crate) fn from_message(msg: &RouteMessage) -> Option<Self> {
+        use netlink_packet_route::route::RouteMetric;
+        if msg.header.kind != RouteType::Unicast
+            || msg.header.address_family != AddressFamily::Inet6
+        {
+            return None;
+        }
+        let mut table = u32::from(msg.header.table);
+        let (mut dst, mut gw, mut oif, mut mtu) = (Ipv6Addr::UNSPECIFIED, None, None, None);
+        let mut nexthops = Vec::new();
+        for attr in &msg.attributes {
+            match attr {
+                RouteAttribute::Destination(RouteAddress::Inet6(a)) => dst = *a,
+                RouteAttribute::Gateway(RouteAddress::Inet6(a)) => gw = Some(*a),
+                RouteAttribute::Oif(i) => oif = Some(*i),
+                RouteAttribute::Table(t) => table = *t,
+                RouteAttribute::Encap(_) | RouteAttribute::EncapType(_) => return None,
+                RouteAttribute::Metrics(m) => {
+                    for metric in m {
+                        if let RouteMetric::Mtu(v) = metric {
+                            mtu = (*v > 0).then_some(*v);
+                        }
+                    }
+                }
+                RouteAttribute::MultiPath(hops) => {
+                    for hop in hops {
+                        let gw = hop.attributes.iter().find_map(|a| match a {
+                            RouteAttribute::Gateway(RouteAddress::Inet6(g)) => Some(*g),
+                            _ => None,
+                        });
+                        nexthops.push((gw.unwrap_or(Ipv6Addr::UNSPECIFIED), hop.interface_index));
+                    }
+                }
+                _ => {}
+            }
+        }
+        if table != u32::from(RouteHeader::RT_TABLE_MAIN) {
+            return None;
+        }
+        if nexthops.is_empty() {
+            nexthops.push((gw.unwrap_or(Ipv6Addr::UNSPECIFIED), oif?));
+        }
+        Some(Self {
+            dst,
+            len: msg.header.destination_prefix_length,
+            action: Action6::Via { nexthops },
+            mtu,
+        })
+    }
+
     pub(crate) fn to_message(&self) -> RouteMessage {
         let mut msg = RouteMessage::default();
         msg.header.address_family = AddressFamily::Inet6;
@@ -77,8 +140,10 @@ impl Route6 {
         match &self.action {
             Action6::Via { nexthops } => match nexthops.as_slice() {
                 [(gw, oif)] => {
-                    msg.attributes
-                        .push(RouteAttribute::Gateway(RouteAddress::Inet6(*gw)));
+                    if !gw.is_unspecified() {
+                        msg.attributes
+                            .push(RouteAttribute::Gateway(RouteAddress::Inet6(*gw)));
+                    }
                     msg.attributes.push(RouteAttribute::Oif(*oif));
                 }
                 hops => {
@@ -117,6 +182,11 @@ impl Route6 {
                 msg.attributes.push(RouteAttribute::Oif(*oif));
             }
         }
+        if let Some(mtu) = self.mtu {
+            msg.attributes.push(RouteAttribute::Metrics(vec![
+                netlink_packet_route::route::RouteMetric::Mtu(mtu),
+            ]));
+        }
         msg
     }
 }
@@ -128,11 +198,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_route_with_an_mtu_reads_back_as_it_was_written() {
+        let r = Route6 {
+            dst: "fd00:5a::".parse().unwrap(),
+            len: 96,
+            action: Action6::Via {
+                nexthops: vec![("fd00:5a::a65:101".parse().unwrap(), 3)],
+            },
+            mtu: Some(1500),
+        };
+        assert_eq!(Route6::from_message(&r.to_message()), Some(r.clone()));
+        assert!(r.covers("fd00:5a::".parse().unwrap(), 96));
+        assert!(!r.covers("fd00:5b::".parse().unwrap(), 96));
+        let default = Route6 {
+            dst: Ipv6Addr::UNSPECIFIED,
+            len: 0,
+            ..r
+        };
+        assert!(default.covers("fd00:5b::".parse().unwrap(), 96));
+    }
+
+    #[test]
     fn the_end_route_carries_the_attributes_iproute2_writes() {
         let r = Route6 {
             dst: "fcbb:bb00:5::".parse().unwrap(),
             len: 48,
             action: Action6::UsidEnd { oif: 1 },
+            mtu: None,
         };
         let msg = r.to_message();
         let mut bytes = vec![0; msg.buffer_len()];
