@@ -99,29 +99,40 @@ impl RouteKeeper {
             })
             .collect();
         let routes = self.netlink.routes6().await?;
-        let others: Vec<&Route6> = routes
-            .iter()
-            .filter(|r| !ours.iter().any(|o| o.dst == r.dst && o.len == r.len))
-            .collect();
+        // Ours are the routes exactly as the journal has them; any other, even of the same
+        // prefix, belongs to someone else.
+        let others: Vec<&Route6> = routes.iter().filter(|r| !ours.contains(r)).collect();
         let want = fabric6.and_then(|prefix| {
-            let base = others
+            let Some(base) = others
                 .iter()
                 .filter(|r| r.covers(prefix, 96))
-                .filter(|r| matches!(&r.action, Action6::Via { nexthops } if nexthops.iter().all(|(_, oif)| *oif == self.link.index)))
-                .max_by_key(|r| r.len)?;
-            (base.mtu.unwrap_or(self.link.mtu) > target).then(|| Route6 {
+                .max_by_key(|r| r.len)
+            else {
+                warn!(%prefix, "no IPv6 route covers the fabric's /96: its IPv6 is not encapsulated");
+                return None;
+            };
+            let via_us = matches!(&base.action, Action6::Via { nexthops }
+                if nexthops.iter().all(|(_, oif)| *oif == self.link.index));
+            if !via_us {
+                warn!(%prefix, route = %base.name(), "the fabric's /96 is routed through another interface; left alone");
+                return None;
+            }
+            let mtu = base.mtu.unwrap_or(self.link.mtu);
+            if base.len >= 96 {
+                // A route of exactly the /96 that the agent did not add: not replaced (an
+                // operator's or a daemon's), said when its MTU is too large.
+                if mtu > target {
+                    warn!(route = %base.name(), mtu, target, "the fabric's /96 has a route of its own with a larger MTU than encapsulated IPv6 fits: lower it to the target; the agent changes no IPv6 route it did not add");
+                }
+                return None;
+            }
+            (mtu > target).then(|| Route6 {
                 dst: prefix,
                 len: 96,
                 action: base.action.clone(),
                 mtu: Some(target),
             })
         });
-        if fabric6.is_some()
-            && want.is_none()
-            && !others.iter().any(|r| r.covers(fabric6.expect("some"), 96))
-        {
-            warn!(prefix = ?fabric6, "no IPv6 route towards the fabric's /96 through this interface: its IPv6 is not encapsulated");
-        }
         for old in &ours {
             if Some(old) != want.as_ref() {
                 self.netlink.delete_route6(old).await?;

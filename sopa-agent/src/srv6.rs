@@ -11,7 +11,7 @@ use std::{collections::BTreeMap, net::Ipv6Addr};
 
 use sopa_common::{
     maps::{MAX_CHOSEN, MAX_TAIL, SegKey, Segments, Srv6Dest},
-    srv6::{LIB_BASE, MAX_GLOBAL_USID, MAX_HOST_OFFSET, USID_SLOTS, address},
+    srv6::{MAX_GLOBAL_USID, MAX_HOST_OFFSET, USID_SLOTS},
 };
 
 use crate::path_table::{Hops, Prefix};
@@ -44,18 +44,6 @@ pub struct Srv6Paths {
 pub struct Compiled {
     pub dests: BTreeMap<Prefix, Srv6Dest>,
     pub segs: BTreeMap<SegKey, Segments>,
-}
-
-/// The outer destination this host receives on, given its address and its rack's prefix.
-pub fn receive_address(own: std::net::Ipv4Addr, rack: &Prefix) -> Option<Ipv6Addr> {
-    let lid = local_usid(own, rack)?;
-    Some(Ipv6Addr::from(address(&[lid])))
-}
-
-/// The local uSID of the host at `addr` in `rack`.
-pub fn local_usid(addr: std::net::Ipv4Addr, rack: &Prefix) -> Option<u16> {
-    let offset = u32::from(addr) & host_mask(rack.len);
-    (offset <= MAX_HOST_OFFSET).then_some(LIB_BASE | offset as u16)
 }
 
 fn host_mask(len: u8) -> u32 {
@@ -260,14 +248,5 @@ mod tests {
         assert!(local.validate().unwrap_err().contains("0xe001"));
         let wide = table(&[("10.0.0.0/16", &[((0, 0), &[1])], &[])]);
         assert!(wide.validate().unwrap_err().contains("/19"));
-    }
-
-    #[test]
-    fn a_host_receives_on_its_local_usid() {
-        let rack: Prefix = "10.101.2.0/24".parse().unwrap();
-        assert_eq!(
-            receive_address("10.101.2.2".parse().unwrap(), &rack),
-            Some("fcbb:bb00:e002::".parse().unwrap())
-        );
     }
 }

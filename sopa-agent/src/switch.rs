@@ -498,13 +498,20 @@ impl Switch {
         let mut wanted = BTreeMap::new();
         if self.encoding == Encoding::Srv6 {
             // On a port, not `lo`: the kernel turns an IPv6 route through the loopback device
-            // into a reject route (a packet to the locator then counts as InNoRoutes).
-            let Some(anchor) = ports.values().map(|p| p.ifindex).min() else {
+            // into a reject route (a packet to the locator then counts as InNoRoutes). A port
+            // whose link is up: one set down takes its IPv6 routes with it, and the plan of that
+            // failure moves the locator to another port.
+            let g = topo.graph();
+            let up = ports
+                .iter()
+                .filter(|(l, _)| failures.usable(g, **l))
+                .map(|(_, p)| p.ifindex)
+                .min();
+            let Some(anchor) = up.or_else(|| ports.values().map(|p| p.ifindex).min()) else {
                 return Err(Error::Config(
                     "no port of this switch carries its link address: nothing to route".into(),
                 ));
             };
-            let g = topo.graph();
             let plan = plan6::switch_routes(topo, me, failures)
                 .map_err(|e| Error::Config(e.to_string()))?;
             for r in plan {

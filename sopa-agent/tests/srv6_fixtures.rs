@@ -479,6 +479,16 @@ fn ipv6_that_srv6_does_not_carry_leaves_unencapsulated() {
             stamp_reason::HAS_OPTIONS,
         ),
         ("a fragment header", with_next(44), stamp_reason::FRAGMENT),
+        (
+            "BIG TCP's payload length of 0",
+            {
+                let mut p = tcp6(six(DST), 9, b"x");
+                p[18] = 0;
+                p[19] = 0;
+                p
+            },
+            stamp_reason::TOO_BIG,
+        ),
         ("icmpv6", with_next(58), stamp_reason::NOT_TCP_UDP),
         (
             "IPv4 inside already",

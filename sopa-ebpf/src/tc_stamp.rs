@@ -153,7 +153,9 @@ fn stamp_ipv6(ctx: &TcContext) -> Result<u32, u32> {
         saddr: [h[20], h[21], h[22], h[23]],
         daddr: [h[36], h[37], h[38], h[39]],
     };
-    if ip6.payload_len > u16::MAX - 2 * IPV6_HLEN as u16 {
+    // A payload length of 0 is BIG TCP's (past 64 KB, the length in the skb only): the outer
+    // header could not say it. Nor could it say one within 80 bytes of the maximum.
+    if ip6.payload_len == 0 || ip6.payload_len > u16::MAX - 2 * IPV6_HLEN as u16 {
         return Err(reason::TOO_BIG);
     }
     let choice = choose(ctx, &ip, false, OUTER_LEN, ETH_HLEN + IPV6_HLEN)?;

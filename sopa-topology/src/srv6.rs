@@ -220,7 +220,7 @@ pub enum Srv6Route {
 }
 
 /// Switch `node`'s SRv6 routes under `failures`: its own locator; its neighbours' locators over
-/// the direct links (the lists name the next switch after a decision, always a neighbour);
+/// the direct links that are up (the lists name the next switch after a decision, always a neighbour);
 /// every rack switch's locator and every rack's IPv6 prefix over the live shortest paths, as
 /// the IPv4 rack routes go; and, at a rack switch, each host's receive address.
 pub fn switch_routes(topo: &Topology, node: NodeId, failures: &Failures) -> Result<Vec<Srv6Route>> {
@@ -232,6 +232,11 @@ pub fn switch_routes(topo: &Topology, node: NodeId, failures: &Failures) -> Resu
     let racks = topo.racks();
     let mut neighbours = std::collections::BTreeSet::new();
     for &(link, other) in g.ports(node) {
+        // Over a link that is down, nothing: a path through it is withdrawn, and the route
+        // comes back (installed again) with the link.
+        if !failures.usable(g, link) {
+            continue;
+        }
         if g.node(other).kind.is_switch() {
             neighbours.insert(other);
             out.push(Srv6Route::Locator {
@@ -366,6 +371,24 @@ mod tests {
             _ => None,
         });
         assert_eq!(to_e2, Some(2));
+        // e0 - a0 down: nothing over it any more, e2 by a1 alone.
+        let a0 = g.find("a0").unwrap();
+        let link = g.links_between(e0, a0).next().unwrap();
+        let mut failures = Failures::none(g);
+        failures.set_link(link, true);
+        let routes = switch_routes(&topo, e0, &failures).unwrap();
+        let over_it = routes.iter().any(|r| match r {
+            Srv6Route::Locator { links, .. } | Srv6Route::Rack6 { links, .. } => {
+                links.contains(&link)
+            }
+            _ => false,
+        });
+        assert!(!over_it, "{routes:?}");
+        assert!(
+            !routes
+                .iter()
+                .any(|r| matches!(r, Srv6Route::Locator { usid, .. } if *usid == usids.get(a0)))
+        );
     }
 
     #[test]

@@ -147,6 +147,10 @@ impl Fabric {
             if node.kind.is_switch() {
                 ns.sysctl("net.ipv4.ip_forward", "1")?;
             }
+            if opts.encoding == Encoding::Srv6 {
+                // A link set down and up again keeps its IPv6 addresses, as IPv4 ones are kept.
+                ns.sysctl("net.ipv6.conf.all.keep_addr_on_down", "1")?;
+            }
             fabric.namespaces.insert(id as NodeId, ns);
         }
         for (l, link) in g.links.iter().enumerate() {

@@ -197,6 +197,48 @@ fn fat_tree_k4_of_linux_srv6_routers_carries_the_round_robin_exactly() {
     assert!(sent[1] > 4000, "the flow went through a1: {sent:?}");
     f.sopactl(&["link", "up", "e0", "a0"]).unwrap();
     wait_paths(&f, "h0", "10.1.0.0/24", 4);
+
+    // The port itself set down and up again: the kernel flushes every IPv6 route through it
+    // (e0's End locator among them when it is anchored there); the switches report the
+    // carrier, and the plans of the failure and of the repair put every route back.
+    let dev = f.link_iface("e0", "a0");
+    f.ns("e0").ip(&["link", "set", &dev, "down"]).unwrap();
+    wait_paths(&f, "h0", "10.1.0.0/24", 2);
+    f.ns("e0").ip(&["link", "set", &dev, "up"]).unwrap();
+    wait_paths(&f, "h0", "10.1.0.0/24", 4);
+    let a0_locator = "fcbb:bb00:9::/48 via fd00:5b::";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let e0 = f.ns("e0").ip(&["-6", "route"]).unwrap();
+        let a0 = f.ns("a0").ip(&["-6", "route"]).unwrap();
+        if e0.contains(a0_locator)
+            && e0.contains("seg6local")
+            && a0.contains("fcbb:bb00:1::/48 via")
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the routes the port took did not come back:\ne0:\n{e0}\na0:\n{a0}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let before = f.hop_ports_tx("e0", h4);
+    let t = tcp_transfer(
+        f.ns("h0"),
+        f.ns("h4"),
+        h4,
+        7003,
+        8 << 20,
+        &SendOptions::default(),
+    )
+    .expect("h0 -> h4 after the port came back");
+    assert!(t.intact());
+    let sent = since(f.hop_ports_tx("e0", h4), &before);
+    assert!(
+        balanced(&sent, 2000),
+        "e0's uplinks after the flap: {sent:?}"
+    );
 }
 
 #[test]
