@@ -135,17 +135,20 @@ fn test_run_table(args: &Args) {
             ..Default::default()
         })
     };
-    let stamped = {
-        let r = dp
-            .stamp_program()
+    // What a program makes of `input`.
+    let output = |prog: &mut SchedClassifier, input: &[u8]| {
+        let mut out = vec![0u8; 2048];
+        let r = prog
             .test_run(TestRunOptions {
-                data_in: Some(&fabric),
+                data_in: Some(input),
                 data_out: Some(&mut out),
                 ..Default::default()
             })
             .unwrap();
-        out[..r.data_size_out as usize].to_vec()
+        out.truncate(r.data_size_out as usize);
+        out
     };
+    let stamped = output(dp.stamp_program(), &fabric);
     assert_eq!(
         stamped.len(),
         fabric.len() + 4,
@@ -153,15 +156,7 @@ fn test_run_table(args: &Args) {
     );
 
     let encapsulated = {
-        let r = dp6
-            .stamp_program()
-            .test_run(TestRunOptions {
-                data_in: Some(&fabric),
-                data_out: Some(&mut out),
-                ..Default::default()
-            })
-            .unwrap();
-        let mut p = out[..r.data_size_out as usize].to_vec();
+        let mut p = output(dp6.stamp_program(), &fabric);
         assert_eq!(
             p.len(),
             fabric.len() + 40,

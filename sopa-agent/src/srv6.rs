@@ -14,6 +14,8 @@ use sopa_common::{
     srv6::{MAX_GLOBAL_USID, MAX_HOST_OFFSET, USID_SLOTS},
 };
 
+use sopa_topology::srv6::host_mask;
+
 use crate::path_table::{Hops, Prefix};
 
 /// This host's SRv6 addresses and every destination's uSIDs.
@@ -44,10 +46,6 @@ pub struct Srv6Paths {
 pub struct Compiled {
     pub dests: BTreeMap<Prefix, Srv6Dest>,
     pub segs: BTreeMap<SegKey, Segments>,
-}
-
-fn host_mask(len: u8) -> u32 {
-    u32::MAX.checked_shr(u32::from(len)).unwrap_or(0)
 }
 
 impl Srv6Table {

@@ -300,18 +300,23 @@ fn what_srv6_cannot_carry_leaves_unencapsulated() {
     }
 }
 
-#[test]
-fn a_hedera_pin_takes_the_usids_of_its_hop_pair() {
-    let mut f = Fixture::new(TABLE, mode::PINNED);
-    let sport = 78;
+/// Pins the flow from `sport` to DST_INTER_POD on the path `hops`, for ever.
+fn pin(f: &mut Fixture, sport: u16, hops: [u8; 2]) {
     let pin = sopa_common::maps::Pin {
-        hops: [1, 1],
+        hops,
         _pad: [0; 6],
         expires_ns: u64::MAX,
     };
     f.maps
         .replace_pins(&[(key(DST_INTER_POD, sport), pin)])
         .unwrap();
+}
+
+#[test]
+fn a_hedera_pin_takes_the_usids_of_its_hop_pair() {
+    let mut f = Fixture::new(TABLE, mode::PINNED);
+    let sport = 78;
+    pin(&mut f, sport, [1, 1]);
     for i in 0..4 {
         let packet = tcp(DST_INTER_POD, sport, &[i; 64]);
         let out = f.stamp(&packet);
@@ -330,14 +335,7 @@ fn a_pinned_path_without_usids_leaves_unencapsulated() {
     // Hedera pins name hop pairs; one the table has no uSIDs for is not guessed at.
     let mut f = Fixture::new(TABLE, mode::PINNED);
     let sport = 77;
-    let pin = sopa_common::maps::Pin {
-        hops: [9, 9],
-        _pad: [0; 6],
-        expires_ns: u64::MAX,
-    };
-    f.maps
-        .replace_pins(&[(key(DST_INTER_POD, sport), pin)])
-        .unwrap();
+    pin(&mut f, sport, [9, 9]);
     let packet = tcp(DST_INTER_POD, sport, b"x");
     let before = f.maps.stamp_counters().unwrap();
     assert_eq!(f.stamp(&packet), packet);

@@ -178,10 +178,9 @@ pub enum Inner {
 /// is left alone: `Err` says why.
 #[inline(always)]
 pub fn decapsulate(ctx: &XdpContext) -> Result<Inner, u32> {
-    let encap = ENCAP.get(0).copied().unwrap_or_default();
-    if encap.encoding != encoding::SRV6 {
+    let Some(encap) = ENCAP.get(0).filter(|e| e.encoding == encoding::SRV6) else {
         return Err(strip::NOT_IPV4);
-    }
+    };
     let head: *mut [u8; ETH_HLEN + IPV6_HLEN] =
         ptr_at(ctx.data(), ctx.data_end(), 0).ok_or(strip::NOT_IPV4)?;
     // SAFETY: bounds checked by ptr_at.

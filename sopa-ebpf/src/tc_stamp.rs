@@ -78,8 +78,8 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
         // SAFETY: bounds checked by tc_ptr.
         unsafe { *option == [OPTION_TYPE, OPTION_LEN] }
     };
-    let encap = crate::ENCAP.get(0).copied().unwrap_or_default();
-    let srv6 = encap.encoding == encoding::SRV6;
+    let encap = crate::ENCAP.get(0).filter(|e| e.encoding == encoding::SRV6);
+    let srv6 = encap.is_some();
     // In the SRv6 encoding no switch reads the option: one a sender set itself is left in place
     // like any other.
     if ip.ihl > 5 && (!forged || srv6) {
@@ -98,8 +98,8 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
     };
     // Before stamping: growing a GSO packet's header resets its segment count.
     let segs = segments(ctx);
-    if srv6 {
-        crate::srv6::encapsulate(ctx, &ip, &encap, choice.hops, Inner::Ipv4)?;
+    if let Some(encap) = encap {
+        crate::srv6::encapsulate(ctx, &ip, encap, choice.hops, Inner::Ipv4)?;
     } else if forged {
         restamp(ctx, choice.hops).map_err(|_| reason::FORGED_DROPPED)?;
         count(&crate::STAMP_STATS, reason::RESTAMPED, 1);
@@ -113,10 +113,9 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
 /// /96 takes the paths of the IPv4 address its destination embeds.
 #[inline(always)]
 fn stamp_ipv6(ctx: &TcContext) -> Result<u32, u32> {
-    let encap = crate::ENCAP.get(0).copied().unwrap_or_default();
-    if encap.encoding != encoding::SRV6 {
+    let Some(encap) = crate::ENCAP.get(0).filter(|e| e.encoding == encoding::SRV6) else {
         return Err(reason::NOT_IPV4);
-    }
+    };
     let header: *const [u8; IPV6_HLEN] = tc_ptr(ctx, ETH_HLEN).ok_or(reason::TOO_SHORT)?;
     // SAFETY: bounds checked by tc_ptr.
     let h = unsafe { &*header };
@@ -160,7 +159,7 @@ fn stamp_ipv6(ctx: &TcContext) -> Result<u32, u32> {
     }
     let choice = choose(ctx, &ip, false, OUTER_LEN, ETH_HLEN + IPV6_HLEN)?;
     let segs = segments(ctx);
-    crate::srv6::encapsulate(ctx, &ip, &encap, choice.hops, Inner::Ipv6)?;
+    crate::srv6::encapsulate(ctx, &ip, encap, choice.hops, Inner::Ipv6)?;
     Ok(counted(&choice, segs))
 }
 

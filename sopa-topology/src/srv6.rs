@@ -137,10 +137,14 @@ pub fn receive_address(topo: &Topology, usids: &Usids, host: NodeId) -> Result<I
     Ok(Ipv6Addr::from(address(&[usids.get(rack.tor), lid])))
 }
 
+/// The host bits of a prefix of length `len`.
+pub fn host_mask(len: u8) -> u32 {
+    u32::MAX.checked_shr(u32::from(len)).unwrap_or(0)
+}
+
 /// The local uSID of the host at `addr` in `rack`.
 pub fn local_usid(addr: Ipv4Addr, rack: &Prefix) -> Option<u16> {
-    let mask = u32::MAX.checked_shr(u32::from(rack.len)).unwrap_or(0);
-    host_lid(u32::from(addr) & mask)
+    host_lid(u32::from(addr) & host_mask(rack.len))
 }
 
 /// One destination's uSIDs as a host's datapath takes them.

@@ -576,7 +576,8 @@ pub fn fail_switch(f: &Fabric, name: &str) -> Vec<String> {
             .expect("link down");
     }
     let ports = ifaces.len();
-    wait_controller(f, |down| down >= ports, "the failure");
+    f.wait_applied(|down| down >= ports, "the failure")
+        .unwrap_or_else(|e| panic!("{e}"));
     eprintln!("{name} down: {ports} links reported down by its neighbours");
     ifaces
 }
@@ -585,33 +586,8 @@ pub fn restore_switch(f: &Fabric, name: &str, ifaces: &[String]) {
     for i in ifaces {
         f.ns(name).ip(&["link", "set", i, "up"]).expect("link up");
     }
-    wait_controller(f, |down| down == 0, "the restore");
-}
-
-fn wait_controller(f: &Fabric, done: impl Fn(usize) -> bool, what: &str) {
-    let start = std::time::Instant::now();
-    loop {
-        let st: serde_json::Value =
-            serde_json::from_str(&f.sopactl(&["status", "--json"]).expect("sopactl status"))
-                .expect("status JSON");
-        let down = st["down_links"].as_array().map_or(0, Vec::len);
-        // Every agent reaches the controller over the management socket, which no fabric
-        // failure touches: one that is not connected now (heartbeats missed on a starved
-        // machine) has not applied the change yet, and its host still sends on the old paths.
-        let applied = st["agents"].as_array().is_some_and(|agents| {
-            agents
-                .iter()
-                .all(|a| a["connected"] == true && a["applied_version"] == st["version"])
-        });
-        if done(down) && applied {
-            return;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "{what} did not reach the controller and every agent within 30 s: {st}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    f.wait_applied(|down| down == 0, "the restore")
+        .unwrap_or_else(|e| panic!("{e}"));
 }
 
 pub fn run_round(

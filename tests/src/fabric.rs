@@ -539,6 +539,36 @@ impl Fabric {
             .collect()
     }
 
+    /// Waits until the controller's down links satisfy `done` (their count) and every agent
+    /// is connected and has ACKed the controller's version: the change has been applied
+    /// everywhere (a switch ACKs once its routes are installed, a host once its datapath is
+    /// written). At most 30 s.
+    pub fn wait_applied(&self, done: impl Fn(usize) -> bool, what: &str) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            let st: serde_json::Value = serde_json::from_str(&self.sopactl(&["status", "--json"])?)
+                .map_err(|e| Error::Failed(format!("sopactl status --json: {e}")))?;
+            let down = st["down_links"].as_array().map_or(0, Vec::len);
+            // Every agent reaches the controller over the management socket, which no fabric
+            // failure touches: one that is not connected now (heartbeats missed on a starved
+            // machine) has not applied the change yet, and its host still sends on the old paths.
+            let applied = st["agents"].as_array().is_some_and(|agents| {
+                agents
+                    .iter()
+                    .all(|a| a["connected"] == true && a["applied_version"] == st["version"])
+            });
+            if done(down) && applied {
+                return Ok(());
+            }
+            if start.elapsed() > Duration::from_secs(30) {
+                return Err(Error::Failed(format!(
+                    "{what} did not reach the controller and every agent within 30 s: {st}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// The interface of the link between `node` and `peer`, on `node`'s side.
     pub fn link_iface(&self, node: &str, peer: &str) -> String {
         let g = self.topo.graph();

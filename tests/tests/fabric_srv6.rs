@@ -3,7 +3,7 @@
 //! rtnetlink and attaches no program, hosts put each packet's path in an outer IPv6 header.
 //! Needs root.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sopa_testbed::{
     NetNs,
@@ -85,20 +85,11 @@ fn no_program_on_any_switch(f: &Fabric) {
     }
 }
 
-/// Waits until `host`'s path table lists `want` paths for `prefix`.
-fn wait_paths(f: &Fabric, host: &str, prefix: &str, want: usize) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while f.host(host).status().unwrap()["path_table"][prefix]
+/// The number of paths `host`'s datapath holds for `prefix`.
+fn paths(f: &Fabric, host: &str, prefix: &str) -> usize {
+    f.host(host).status().unwrap()["path_table"][prefix]
         .as_array()
         .map_or(0, Vec::len)
-        != want
-    {
-        assert!(
-            Instant::now() < deadline,
-            "{host} did not get {want} paths to {prefix}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]
@@ -179,7 +170,12 @@ fn fat_tree_k4_of_linux_srv6_routers_carries_the_round_robin_exactly() {
     // e0 - a0 down: the hosts drop its paths and no packet crosses it.
     let out = f.sopactl(&["link", "down", "e0", "a0"]).unwrap();
     assert!(out.contains("now down"), "{out}");
-    wait_paths(&f, "h0", "10.1.0.0/24", 2);
+    f.wait_applied(|down| down == 1, "the drain").unwrap();
+    assert_eq!(
+        paths(&f, "h0", "10.1.0.0/24"),
+        2,
+        "h0 dropped the failed paths"
+    );
     let before = f.hop_ports_tx("e0", h4);
     let t = tcp_transfer(
         f.ns("h0"),
@@ -196,33 +192,28 @@ fn fat_tree_k4_of_linux_srv6_routers_carries_the_round_robin_exactly() {
     assert!(sent[0] < 16, "packets crossed the failed link: {sent:?}");
     assert!(sent[1] > 4000, "the flow went through a1: {sent:?}");
     f.sopactl(&["link", "up", "e0", "a0"]).unwrap();
-    wait_paths(&f, "h0", "10.1.0.0/24", 4);
+    f.wait_applied(|down| down == 0, "the undrain").unwrap();
+    assert_eq!(paths(&f, "h0", "10.1.0.0/24"), 4, "h0 restored the paths");
 
     // The port itself set down and up again: the kernel flushes every IPv6 route through it
     // (e0's End locator among them when it is anchored there); the switches report the
     // carrier, and the plans of the failure and of the repair put every route back.
     let dev = f.link_iface("e0", "a0");
     f.ns("e0").ip(&["link", "set", &dev, "down"]).unwrap();
-    wait_paths(&f, "h0", "10.1.0.0/24", 2);
+    f.wait_applied(|down| down == 1, "the port down").unwrap();
+    assert_eq!(paths(&f, "h0", "10.1.0.0/24"), 2, "h0 dropped the paths");
     f.ns("e0").ip(&["link", "set", &dev, "up"]).unwrap();
-    wait_paths(&f, "h0", "10.1.0.0/24", 4);
-    let a0_locator = "fcbb:bb00:9::/48 via fd00:5b::";
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let e0 = f.ns("e0").ip(&["-6", "route"]).unwrap();
-        let a0 = f.ns("a0").ip(&["-6", "route"]).unwrap();
-        if e0.contains(a0_locator)
+    f.wait_applied(|down| down == 0, "the port up").unwrap();
+    assert_eq!(paths(&f, "h0", "10.1.0.0/24"), 4, "h0 restored the paths");
+    // Every switch ACKed the repair, so its routes are in place.
+    let e0 = f.ns("e0").ip(&["-6", "route"]).unwrap();
+    let a0 = f.ns("a0").ip(&["-6", "route"]).unwrap();
+    assert!(
+        e0.contains("fcbb:bb00:9::/48 via fd00:5b::")
             && e0.contains("seg6local")
-            && a0.contains("fcbb:bb00:1::/48 via")
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the routes the port took did not come back:\ne0:\n{e0}\na0:\n{a0}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+            && a0.contains("fcbb:bb00:1::/48 via"),
+        "the routes the port took did not come back:\ne0:\n{e0}\na0:\n{a0}"
+    );
     let before = f.hop_ports_tx("e0", h4);
     let t = tcp_transfer(
         f.ns("h0"),
