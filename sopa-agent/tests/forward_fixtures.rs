@@ -330,3 +330,78 @@ fn an_option_from_an_untrusted_port_is_neutralized_and_left_to_the_kernel() {
     let (got, _) = run(&mut s, &stamped([10, 1, 0, 2], 1, 0, 64));
     assert_eq!(got, TC_ACT_REDIRECT);
 }
+
+#[test]
+fn a_detour_rewrites_the_hop_byte_marks_the_packet_and_is_taken_once() {
+    use sopa_common::maps::fwd_kind::{DETOUR, DETOURED};
+    let mut s = switch();
+    let p = |s: &str| s.parse::<Prefix>().unwrap();
+    // 10.9/16: this switch's way down is dead; leave by port 31, hop1 := 1.
+    let mut d = entry(2, &[(31, [10, 9, 9, 1])]);
+    d.kind = DETOUR;
+    d.value = 1;
+    s.maps.set(&p("10.9.0.0/16"), &d).unwrap();
+    // 10.8/16: detoured with no byte rewritten (the next switch routes by destination).
+    let mut d = entry(0, &[(32, [10, 8, 8, 1])]);
+    d.kind = DETOUR;
+    s.maps.set(&p("10.8.0.0/16"), &d).unwrap();
+
+    let count = |s: &Switch, why: u32| s.maps.counters().unwrap()[why as usize];
+    let uplinks = |s: &Switch| s.maps.uplink_counters().unwrap();
+    for (name, dst, hops, expect_hops) in [
+        ("hop1 rewritten", [10, 9, 0, 2], (1, 0), (1, 1 | DETOURED)),
+        (
+            "nothing rewritten",
+            [10, 8, 0, 2],
+            (1, 1),
+            (1, 1 | DETOURED),
+        ),
+    ] {
+        let packet = stamped(dst, hops.0, hops.1, 64);
+        let (before, up_before) = (count(&s, reason::DETOURED), uplinks(&s));
+        let (got, out) = run(&mut s, &packet);
+        assert_eq!(got, TC_ACT_REDIRECT, "{name}");
+        assert_eq!(count(&s, reason::DETOURED), before + 1, "{name}: counted");
+        assert_eq!(
+            uplinks(&s),
+            up_before,
+            "{name}: no hop value's uplink counted"
+        );
+        let mut expect = packet.clone();
+        expect[22] -= 1;
+        (expect[36], expect[37]) = expect_hops;
+        common::fix_ipv4_checksum(&mut expect);
+        assert_eq!(
+            out, expect,
+            "{name}: TTL, hop bytes, mark, a valid checksum"
+        );
+
+        // At a second dead end the marked packet is not detoured again.
+        let before = count(&s, reason::DETOUR_REFUSED);
+        let (got, again) = run(&mut s, &out);
+        assert_eq!(
+            (got, &again),
+            (TC_ACT_UNSPEC, &out),
+            "{name}: left to the kernel"
+        );
+        assert_eq!(count(&s, reason::DETOUR_REFUSED), before + 1, "{name}");
+    }
+
+    // A decision ignores the mark: hop1 = 1 | DETOURED leaves by uplink 1.
+    let marked = stamped([10, 2, 0, 2], 0, 1 | DETOURED, 64);
+    let before = uplinks(&s);
+    let (got, out) = run(&mut s, &marked);
+    assert_eq!(got, TC_ACT_REDIRECT);
+    assert_eq!(uplinks(&s)[1], before[1] + 1, "left by uplink 1");
+    assert_eq!(out[37], 1 | DETOURED, "the mark stays");
+
+    // A header corrupted on the way stays corrupted through a detour.
+    let mut bad = stamped([10, 9, 0, 2], 1, 0, 64);
+    bad[24] ^= 0x5A;
+    let (got, out) = run(&mut s, &bad);
+    assert_eq!(got, TC_ACT_REDIRECT);
+    assert!(
+        !common::checksum_ok(&out),
+        "the detour repaired a bad header"
+    );
+}

@@ -377,14 +377,30 @@ pub struct Uplink {
 const _: () = assert!(size_of::<Uplink>() == 8);
 
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FwdEntry {
-    /// 0: no decision here; 1: decide by hop0; 2: decide by hop1.
+    /// A decision: 0: none here; 1: decide by hop0; 2: decide by hop1. A detour: the hop byte
+    /// to overwrite with `value` (0: none).
     pub hop_byte: u8,
     /// Valid entries of `uplinks`; a hop value at or above it is dropped and counted.
     pub count: u8,
-    pub _pad: [u8; 2],
+    /// [`fwd_kind`]: a decision, or a detour (this switch's way to the destination is dead).
+    pub kind: u8,
+    /// A detour's value for `hop_byte`.
+    pub value: u8,
     pub uplinks: [Uplink; MAX_UPLINKS],
+}
+
+/// What a [`FwdEntry`] is.
+pub mod fwd_kind {
+    /// Forward by the hop byte `hop_byte` names: `uplinks[hop & !DETOURED]`.
+    pub const DECISION: u8 = 0;
+    /// Every next hop of this switch towards the destination is dead: leave by `uplinks[0]`,
+    /// `hop_byte` (if not 0) overwritten with `value`, the packet marked [`DETOURED`]; a packet
+    /// already marked is left to the kernel (which has no live route for it either).
+    pub const DETOUR: u8 = 1;
+    /// The high bit of the second hop byte: the packet was detoured once already.
+    pub const DETOURED: u8 = 0x80;
 }
 const _: () = assert!(size_of::<FwdEntry>() == 4 + 8 * MAX_UPLINKS);
 
@@ -392,7 +408,8 @@ impl FwdEntry {
     pub const PASS: Self = Self {
         hop_byte: 0,
         count: 0,
-        _pad: [0; 2],
+        kind: fwd_kind::DECISION,
+        value: 0,
         uplinks: [Uplink {
             ifindex: 0,
             nexthop: 0,
@@ -415,7 +432,11 @@ pub mod forward_reason {
     /// is not live): its four bytes were overwritten with NOPs and the kernel routed the
     /// packet, so no switch after this one honours hop bytes a sender chose itself.
     pub const UNTRUSTED: u32 = 9;
-    pub const COUNT: u32 = 10;
+    /// Sent out of a detour port (this switch's own way to the destination is dead).
+    pub const DETOURED: u32 = 10;
+    /// A detoured packet at a second dead end: left to the kernel, which drops it.
+    pub const DETOUR_REFUSED: u32 = 11;
+    pub const COUNT: u32 = 12;
     const _: () = assert!(COUNT <= super::REASON_SLOTS);
     pub const NAMES: [&str; COUNT as usize] = [
         "redirected",
@@ -428,6 +449,8 @@ pub mod forward_reason {
         "bad_header",
         "redirect_failed",
         "untrusted",
+        "detoured",
+        "detour_refused",
     ];
 }
 

@@ -2,7 +2,10 @@
 //! whose destination makes this switch a decision point goes out of the uplink its hop byte
 //! names (`bpf_redirect_neigh` to the next switch, TTL decremented); everything else is left to
 //! the kernel, which routes by destination (and multipath-hashes packets without the option:
-//! the ECMP baseline is Linux's own). Only ports in the trust map may bring the option: on any
+//! the ECMP baseline is Linux's own). Where the switch agent saw a port die, its decisions
+//! already name live uplinks, and destinations it can no longer reach down have a detour entry
+//! (`sopa_topology::failover`): out of another port, a hop byte rewritten, the packet marked so
+//! it is detoured at most once. Only ports in the trust map may bring the option: on any
 //! other (a host whose agent is not live, so its processes could choose hop bytes themselves)
 //! the option's four bytes become NOPs and the kernel routes the packet, so neither this switch
 //! nor any after it honours the sender's choice, and nothing is dropped.
@@ -14,7 +17,7 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use sopa_common::{
-    maps::{MAX_UPLINKS, forward_reason as reason},
+    maps::{MAX_UPLINKS, forward_reason as reason, fwd_kind},
     wire::{
         ETH_HLEN, ETH_P_IP, IPV4_BASE_LEN, IPV4_STAMPED_LEN, OPTION_LEN, OPTION_TYPE,
         checksum_adjust, word,
@@ -77,24 +80,43 @@ fn decide(ctx: &TcContext) -> Result<(i32, u32), u32> {
     let entry = FORWARD
         .get(Key::new(32, ip.daddr))
         .ok_or(reason::NOT_DECISION)?;
-    let hop = match entry.hop_byte {
-        1 => h[22],
-        2 => h[23],
-        _ => return Err(reason::NOT_DECISION),
+    let detour = entry.kind == fwd_kind::DETOUR;
+    let (slot, done) = if detour {
+        if h[23] & fwd_kind::DETOURED != 0 {
+            return Err(reason::DETOUR_REFUSED);
+        }
+        (0, reason::DETOURED)
+    } else {
+        let hop = match entry.hop_byte {
+            1 => h[22],
+            2 => h[23],
+            _ => return Err(reason::NOT_DECISION),
+        } & !fwd_kind::DETOURED;
+        if hop >= entry.count || usize::from(hop) >= MAX_UPLINKS {
+            return Ok((TC_ACT_SHOT as i32, reason::UNKNOWN_HOP));
+        }
+        (hop, reason::REDIRECTED)
     };
-    if hop >= entry.count || usize::from(hop) >= MAX_UPLINKS {
-        return Ok((TC_ACT_SHOT as i32, reason::UNKNOWN_HOP));
-    }
     if h[8] <= 1 {
         // The kernel drops it and tells the sender (ICMP time exceeded).
         return Err(reason::TTL_EXPIRED);
     }
-    let uplink = entry.uplinks[usize::from(hop) & (MAX_UPLINKS - 1)];
-    // TTL - 1, the checksum adjusted rather than recomputed: a header corrupted on the way
-    // here stays detectably corrupted.
+    let uplink = entry.uplinks[usize::from(slot) & (MAX_UPLINKS - 1)];
+    // TTL - 1 (and a detour's hop bytes), the checksum adjusted rather than recomputed: a
+    // header corrupted on the way here stays detectably corrupted.
     let old = word(h[8], h[9]);
     h[8] -= 1;
-    let check = checksum_adjust(u16::from_be_bytes([h[10], h[11]]), old, word(h[8], h[9]));
+    let mut check = checksum_adjust(u16::from_be_bytes([h[10], h[11]]), old, word(h[8], h[9]));
+    if detour {
+        let old = word(h[22], h[23]);
+        match entry.hop_byte {
+            1 => h[22] = entry.value,
+            2 => h[23] = entry.value,
+            _ => {}
+        }
+        h[23] |= fwd_kind::DETOURED;
+        check = checksum_adjust(check, old, word(h[22], h[23]));
+    }
     [h[10], h[11]] = check.to_be_bytes();
     let mut params = bpf_redir_neigh {
         nh_family: AF_INET,
@@ -114,8 +136,10 @@ fn decide(ctx: &TcContext) -> Result<(i32, u32), u32> {
     if action as i64 == TC_ACT_SHOT as i64 {
         return Ok((TC_ACT_SHOT as i32, reason::REDIRECT_FAILED));
     }
-    count(&FORWARD_UPLINK_STATS, u32::from(hop), 1);
-    Ok((action as i32, reason::REDIRECTED))
+    if !detour {
+        count(&FORWARD_UPLINK_STATS, u32::from(slot), 1);
+    }
+    Ok((action as i32, done))
 }
 
 /// Overwrites the option with four NOPs (a valid option area the stack ignores; IHL unchanged),

@@ -74,6 +74,17 @@ pub fn plan_under(topo: &Topology, node: NodeId, failures: &Failures) -> SwitchP
     }
 }
 
+/// Switch `node`'s decision for `rack`'s destinations, if it decides for them.
+pub fn decision_for(topo: &Topology, node: NodeId, rack: &Rack) -> Option<Decision> {
+    decisions(topo, node, std::slice::from_ref(rack)).pop()
+}
+
+/// Hop counts from every node to `to` over the links usable under `failures` (`u32::MAX`:
+/// unreachable): what the kernel routes towards `to` follow.
+pub fn distances(topo: &Topology, to: NodeId, failures: &Failures) -> Vec<u32> {
+    bfs_alive(topo, to, failures)
+}
+
 /// Hop counts to `src` over usable links (`u32::MAX`: unreachable).
 fn bfs_alive(topo: &Topology, src: NodeId, failures: &Failures) -> Vec<u32> {
     let g = topo.graph();

@@ -4,6 +4,7 @@
 //! failures; the papers' structural properties computed on the graph; and MODRIC's cost model.
 
 pub mod cost;
+pub mod failover;
 pub mod fat_tree;
 pub mod forwarding;
 pub mod graph;

@@ -476,6 +476,14 @@ impl ForwardMaps {
             .map_err(map_err(FWD_MAP))
     }
 
+    /// Removes the entry of `prefix` (destinations in it go back to the kernel's routes).
+    pub fn remove(&mut self, prefix: &Prefix) -> Result<()> {
+        match self.fwd.remove(&key(prefix)) {
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(map_err(FWD_MAP)(e)),
+        }
+    }
+
     /// Makes the trusted ports exactly `ports` (ifindex -> [`sopa_common::maps::trust`]):
     /// new and changed entries first, then the ports no longer trusted removed, so a port that
     /// stays trusted never leaves the map.

@@ -9,10 +9,13 @@
 //! agent the controller reports live (a host without one could choose hop bytes itself, with
 //! `IP_OPTIONS` or a raw socket). On every other port `tc_forward` neutralizes the option.
 
+mod failover;
+
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     net::Ipv4Addr,
     path::PathBuf,
+    sync::{Arc, Mutex},
 };
 
 use sopa_channel::{
@@ -20,7 +23,7 @@ use sopa_channel::{
     proto::{Delta, LinkReport, PeerAgents, Snapshot},
     view::FabricView,
 };
-use sopa_common::maps::{FwdEntry, MAX_UPLINKS, Uplink, trust};
+use sopa_common::maps::trust;
 use sopa_topology::{
     LinkId, NodeKind, Prefix, Topology,
     forwarding::{self, SwitchPlan},
@@ -31,7 +34,7 @@ use tracing::{info, warn};
 
 use crate::{
     changes::{Change, ControllerState, Journal, Record},
-    datapath::{Datapath, TcxOrder, maps::ForwardMaps},
+    datapath::{Datapath, TcxOrder},
     error::{Error, Result},
     host::{check_privileges, pin_dir, run_dir, validate_node},
     netlink::{Action6, Netlink, Route, Route6},
@@ -51,7 +54,9 @@ pub struct SwitchOptions {
 
 pub struct Switch {
     datapath: Datapath,
-    maps: ForwardMaps,
+    /// `tc_forward`'s maps and entries, shared with the port watcher, which repairs the entries
+    /// the moment a port loses its carrier.
+    repair: Arc<Mutex<failover::Repair>>,
     journal: Option<Journal>,
     netlink: Netlink,
     attached: Vec<u32>,
@@ -282,6 +287,12 @@ impl Switch {
                 ("net.ipv4.ip_forward", "1".to_owned()),
                 ("net.ipv4.fib_multipath_hash_policy", "3".to_owned()),
                 ("net.ipv4.fib_multipath_hash_fields", "0x0037".to_owned()),
+                // A next hop whose port lost its carrier is skipped at once (the kernel keeps
+                // such routes, marked linkdown, and would go on hashing packets onto them).
+                (
+                    "net.ipv4.conf.all.ignore_routes_with_linkdown",
+                    "1".to_owned(),
+                ),
                 (
                     "net.ipv4.fib_multipath_hash_seed",
                     opts.hash_seed.to_string(),
@@ -294,7 +305,7 @@ impl Switch {
         match setup.await {
             Ok((datapath, maps, carry)) => Ok(Self {
                 datapath,
-                maps,
+                repair: Arc::new(Mutex::new(failover::Repair::new(maps))),
                 journal: Some(journal),
                 netlink,
                 attached: Vec::new(),
@@ -343,29 +354,17 @@ impl Switch {
         }
         self.encoding = encoding;
         self.install_srv6(topo, me, failures, &ports).await?;
-        let decisions: &[forwarding::Decision] = if encoding == Encoding::Srv6 {
-            &[]
+        let decisions = if encoding == Encoding::Srv6 {
+            0
         } else {
-            &plan.decisions
+            plan.decisions.len()
         };
-        for d in decisions {
-            let mut e = FwdEntry::PASS;
-            e.hop_byte = d.hop_byte;
-            e.count = d.uplinks.len().min(MAX_UPLINKS) as u8;
-            for (slot, l) in e.uplinks.iter_mut().zip(&d.uplinks) {
-                let Some(p) = ports.get(l) else {
-                    return Err(Error::Config(format!(
-                        "decision for {} names link {} that has no port here",
-                        d.prefix,
-                        g.link_name(*l)
-                    )));
-                };
-                *slot = Uplink {
-                    ifindex: p.ifindex,
-                    nexthop: u32::from_ne_bytes(p.neighbour.octets()),
-                };
-            }
-            self.maps.set(&d.prefix, &e)?;
+        let repaired = self.lock().install(
+            (encoding != Encoding::Srv6)
+                .then(|| (topo.clone(), me, failures.clone(), ports.clone())),
+        )?;
+        if !repaired.dead.is_empty() {
+            info!(dead = ?repaired.dead, substituted = repaired.substituted, detours = repaired.detours, "ports without carrier repaired around in the new plan");
         }
         self.port_links = ports
             .iter()
@@ -419,7 +418,7 @@ impl Switch {
             node,
             %encoding,
             routes = plan.routes.len(),
-            decisions = decisions.len(),
+            decisions,
             ports = self.attached.len(),
             "switch plan installed"
         );
@@ -465,7 +464,7 @@ impl Switch {
                 Some(_) => None,
             })
             .collect();
-        self.maps.set_trusted(&ports)
+        self.lock().maps().set_trusted(&ports)
     }
 
     /// Recomputes the kernel routes under `failures` (after a pushed change) and installs the
@@ -483,7 +482,10 @@ impl Switch {
         let routes = forwarding::routes(topo, me, failures);
         let ports = self.ports(topo, me).await?;
         self.install_routes(&routes, &ports).await?;
-        self.install_srv6(topo, me, failures, &ports).await
+        self.install_srv6(topo, me, failures, &ports).await?;
+        // The detours simulate the rest of the fabric as the controller now has it.
+        self.lock().set_failures(failures)?;
+        Ok(())
     }
 
     /// Makes this switch's SRv6 routes exactly those of its plan under `failures` (none in the
@@ -697,6 +699,12 @@ impl Switch {
         Ok(())
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, failover::Repair> {
+        // A panic while holding it left entries at worst half rewritten; the next write
+        // rewrites them all.
+        self.repair.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// This switch's ports, by link: found by the address each link gives this end.
     async fn ports(&self, topo: &Topology, me: u32) -> Result<HashMap<LinkId, Port>> {
         let addrs = self.netlink.addresses().await?;
@@ -727,6 +735,15 @@ impl Switch {
             .map_err(|e| Error::io("subscribing to link events", e))?;
         tokio::spawn(conn);
         let ports = self.port_links.clone();
+        let repair = Arc::clone(&self.repair);
+        let react = move |index: u32, running: bool, name: &str| {
+            let mut r = repair.lock().unwrap_or_else(|e| e.into_inner());
+            match r.port(index, running) {
+                Ok(Some(done)) => failover::log(name, running, &done),
+                Ok(None) => {}
+                Err(err) => warn!(port = name, %err, "repairing tc_forward's entries failed"),
+            }
+        };
         tokio::spawn(async move {
             let report = |index: u32, running: bool| {
                 ports.get(&index).map(|(a, b)| LinkReport {
@@ -740,8 +757,12 @@ impl Switch {
             match handle.link().get().execute().try_collect::<Vec<_>>().await {
                 Ok(links) => {
                     for l in links {
-                        if ports.contains_key(&l.header.index) {
-                            up.insert(l.header.index, l.header.flags.contains(&LinkFlag::Running));
+                        if let Some((a, b)) = ports.get(&l.header.index) {
+                            let running = l.header.flags.contains(&LinkFlag::Running);
+                            up.insert(l.header.index, running);
+                            if !running {
+                                react(l.header.index, running, &format!("{a}:{b}"));
+                            }
                         }
                     }
                 }
@@ -780,6 +801,8 @@ impl Switch {
                         if up.insert(index, running) == Some(running) {
                             continue;
                         }
+                        // The data plane first, then the report to the controller.
+                        react(index, running, &format!("{}:{}", r.a, r.b));
                         info!(link = %format!("{}:{}", r.a, r.b), up = running, "port changed; reporting it");
                         if reports.send(r).await.is_err() {
                             return;
@@ -798,7 +821,7 @@ impl Switch {
     }
 
     pub fn forward_counters(&self) -> Result<Vec<u64>> {
-        self.maps.counters()
+        self.lock().maps_ref().counters()
     }
 
     /// Detaches and restores (removing the pin folder releases the pinned forward links); with

@@ -1,0 +1,217 @@
+//! The switch's own reaction to ports that lose their carrier: the moment the port watcher
+//! sees one go, `tc_forward`'s entries are rewritten from `sopa_topology::failover` (hop values
+//! on the dead uplink moved to a live one, destinations no longer reachable down this switch's
+//! own ports detoured), without waiting for the controller, which still removes the paths for
+//! every host. A port back up restores the plan's entries. Kernel routes need nothing here:
+//! the switch runs with `ignore_routes_with_linkdown`, so the kernel skips dead next hops itself.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    time::{Duration, Instant},
+};
+
+use sopa_common::maps::{FwdEntry, MAX_UPLINKS, Uplink, fwd_kind};
+use sopa_topology::{
+    LinkId, NodeId, Prefix, Topology,
+    failover::{self, Reaction},
+    paths::Failures,
+};
+use tracing::{info, warn};
+
+use super::Port;
+use crate::{
+    datapath::maps::ForwardMaps,
+    error::{Error, Result},
+};
+
+const _: () = assert!(failover::DETOURED == fwd_kind::DETOURED);
+
+/// What the entries were computed from: the pushed plan and this switch's ports.
+struct Installed {
+    topo: Topology,
+    me: NodeId,
+    failures: Failures,
+    ports: HashMap<LinkId, Port>,
+}
+
+/// `tc_forward`'s entries, kept in step with the plan and with the ports' carrier.
+pub(crate) struct Repair {
+    maps: ForwardMaps,
+    plan: Option<Installed>,
+    /// Ports (ifindex) whose carrier is down.
+    down: BTreeSet<u32>,
+    written: BTreeMap<Prefix, FwdEntry>,
+    last: Reaction,
+}
+
+/// What the last write installed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Repaired {
+    /// Links of this switch whose port is down.
+    pub dead: Vec<String>,
+    pub substituted: usize,
+    pub detours: usize,
+    pub unreachable: Vec<Prefix>,
+    pub took: Duration,
+}
+
+impl Repair {
+    pub fn new(maps: ForwardMaps) -> Self {
+        Self {
+            maps,
+            plan: None,
+            down: BTreeSet::new(),
+            written: BTreeMap::new(),
+            last: Reaction::default(),
+        }
+    }
+
+    pub fn maps(&mut self) -> &mut ForwardMaps {
+        &mut self.maps
+    }
+
+    pub fn maps_ref(&self) -> &ForwardMaps {
+        &self.maps
+    }
+
+    /// Installs the plan of switch `me` (`None`: no entries at all, as in SRv6).
+    pub fn install(
+        &mut self,
+        plan: Option<(Topology, NodeId, Failures, HashMap<LinkId, Port>)>,
+    ) -> Result<Repaired> {
+        self.plan = plan.map(|(topo, me, failures, ports)| Installed {
+            topo,
+            me,
+            failures,
+            ports,
+        });
+        self.write()
+    }
+
+    /// The controller's failures changed: the simulation of the rest of the fabric follows.
+    pub fn set_failures(&mut self, failures: &Failures) -> Result<Repaired> {
+        match self.plan.as_mut() {
+            Some(p) => p.failures = failures.clone(),
+            None => return Ok(Repaired::default()),
+        }
+        self.write()
+    }
+
+    /// Port `ifindex`'s carrier is `up`; `Ok(None)` if nothing changed.
+    pub fn port(&mut self, ifindex: u32, up: bool) -> Result<Option<Repaired>> {
+        let changed = if up {
+            self.down.remove(&ifindex)
+        } else {
+            self.down.insert(ifindex)
+        };
+        if !changed {
+            return Ok(None);
+        }
+        self.write().map(Some)
+    }
+
+    /// Entries for the plan and the dead ports, written new and changed first, then the stale
+    /// ones removed: a destination keeps an entry throughout unless it no longer has one.
+    fn write(&mut self) -> Result<Repaired> {
+        let started = Instant::now();
+        let Some(p) = &self.plan else {
+            self.replace(BTreeMap::new())?;
+            self.last = Reaction::default();
+            return Ok(Repaired::default());
+        };
+        let g = p.topo.graph();
+        let dead: BTreeSet<LinkId> = p
+            .ports
+            .iter()
+            .filter(|(_, port)| self.down.contains(&port.ifindex))
+            .map(|(l, _)| *l)
+            .collect();
+        let reaction = failover::react(&p.topo, p.me, &p.failures, &dead);
+        let uplink = |l: &LinkId| {
+            p.ports
+                .get(l)
+                .map(|port| Uplink {
+                    ifindex: port.ifindex,
+                    nexthop: u32::from_ne_bytes(port.neighbour.octets()),
+                })
+                .ok_or_else(|| {
+                    Error::Config(format!(
+                        "the plan names link {} that has no port here",
+                        g.link_name(*l)
+                    ))
+                })
+        };
+        let mut entries = BTreeMap::new();
+        for d in &reaction.decisions {
+            let mut e = FwdEntry::PASS;
+            e.hop_byte = d.hop_byte;
+            e.count = d.uplinks.len().min(MAX_UPLINKS) as u8;
+            for (slot, l) in e.uplinks.iter_mut().zip(&d.uplinks) {
+                *slot = uplink(l)?;
+            }
+            entries.insert(d.prefix, e);
+        }
+        for d in &reaction.detours {
+            let mut e = FwdEntry::PASS;
+            e.kind = fwd_kind::DETOUR;
+            e.count = 1;
+            if let Some((byte, value)) = d.rewrite {
+                e.hop_byte = byte;
+                e.value = value;
+            }
+            e.uplinks[0] = uplink(&d.link)?;
+            entries.insert(d.prefix, e);
+        }
+        let dead: Vec<String> = dead.iter().map(|l| g.link_name(*l)).collect();
+        self.replace(entries)?;
+        let repaired = Repaired {
+            dead,
+            substituted: reaction.substituted,
+            detours: reaction.detours.len(),
+            unreachable: reaction.unreachable.clone(),
+            took: started.elapsed(),
+        };
+        if !repaired.unreachable.is_empty() && repaired.unreachable != self.last.unreachable {
+            warn!(
+                dead = ?repaired.dead,
+                unreachable = ?repaired.unreachable,
+                "no live way from this switch to these destinations: their packets are lost until the controller moves the hosts' paths"
+            );
+        }
+        self.last = reaction;
+        Ok(repaired)
+    }
+
+    fn replace(&mut self, entries: BTreeMap<Prefix, FwdEntry>) -> Result<()> {
+        for (prefix, e) in &entries {
+            if self.written.get(prefix) != Some(e) {
+                self.maps.set(prefix, e)?;
+                self.written.insert(*prefix, *e);
+            }
+        }
+        let stale: Vec<Prefix> = self
+            .written
+            .keys()
+            .filter(|p| !entries.contains_key(p))
+            .copied()
+            .collect();
+        for prefix in stale {
+            self.maps.remove(&prefix)?;
+            self.written.remove(&prefix);
+        }
+        Ok(())
+    }
+}
+
+/// Logs one repair of the port watcher.
+pub(crate) fn log(port: &str, up: bool, r: &Repaired) {
+    info!(
+        port,
+        up,
+        dead = ?r.dead,
+        substituted = r.substituted,
+        detours = r.detours,
+        took_us = r.took.as_micros() as u64,
+        "port changed: tc_forward repaired locally"
+    );
+}
