@@ -83,6 +83,8 @@ pub struct Capture {
 pub struct Captured {
     /// Received frames (not the interface's own transmissions), in arrival order.
     pub frames: Vec<Vec<u8>>,
+    /// When the kernel received each frame (`SIOCGSTAMPNS`, the realtime clock).
+    pub times: Vec<std::time::SystemTime>,
     /// Frames the kernel dropped because the socket could not keep up.
     pub dropped: u32,
 }
@@ -217,6 +219,22 @@ fn open(iface: &str) -> Result<OwnedFd> {
     Ok(socket)
 }
 
+/// The kernel's receive time of the frame `socket` returned last.
+fn received_at(socket: &OwnedFd) -> std::time::SystemTime {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    /// `SIOCGSTAMPNS` (linux/sockios.h; libc does not define it).
+    const SIOCGSTAMPNS: libc::c_ulong = 0x8907;
+    // SAFETY: SIOCGSTAMPNS fills a timespec.
+    let rc = unsafe { libc::ioctl(socket.as_raw_fd(), SIOCGSTAMPNS as _, &raw mut ts) };
+    if rc != 0 {
+        return std::time::SystemTime::now();
+    }
+    std::time::UNIX_EPOCH + std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
 fn read_until(socket: &OwnedFd, stop: &AtomicBool) -> Result<Captured> {
     let mut captured = Captured::default();
     let mut buf = vec![0u8; 65536];
@@ -257,6 +275,7 @@ fn read_until(socket: &OwnedFd, stop: &AtomicBool) -> Result<Captured> {
         }
         if from.sll_pkttype != libc::PACKET_OUTGOING {
             captured.frames.push(buf[..n as usize].to_vec());
+            captured.times.push(received_at(socket));
         }
     }
     let mut stats = libc::tpacket_stats {

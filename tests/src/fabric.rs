@@ -584,6 +584,43 @@ impl Fabric {
         )
     }
 
+    /// Cuts the link between `a` and `b` for real: `a`'s end set down, so the link carries
+    /// nothing either way (the other end of the veth loses its carrier), as a pulled cable or a
+    /// dead optic would. Returns the time just before the cut.
+    pub fn cut_link(&self, a: &str, b: &str) -> Result<std::time::SystemTime> {
+        let iface = self.link_iface(a, b);
+        let at = std::time::SystemTime::now();
+        self.ns(a).ip(&["link", "set", &iface, "down"])?;
+        Ok(at)
+    }
+
+    /// Brings back a link [`Fabric::cut_link`] cut.
+    pub fn mend_link(&self, a: &str, b: &str) -> Result<()> {
+        let iface = self.link_iface(a, b);
+        self.ns(a).ip(&["link", "set", &iface, "up"])?;
+        Ok(())
+    }
+
+    /// Every switch's links to other switches: switch -> peer -> its interface towards it.
+    pub fn link_ifaces(&self) -> BTreeMap<String, BTreeMap<String, String>> {
+        let g = self.topo.graph();
+        let mut out: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+        for l in g
+            .links
+            .iter()
+            .filter(|l| g.node(l.a).kind.is_switch() && g.node(l.b).kind.is_switch())
+        {
+            let (a, b) = (g.name(l.a), g.name(l.b));
+            out.entry(a.into())
+                .or_default()
+                .insert(b.into(), self.link_iface(a, b));
+            out.entry(b.into())
+                .or_default()
+                .insert(a.into(), self.link_iface(b, a));
+        }
+        out
+    }
+
     /// Starts (or restarts) the switch agent of switch `name`.
     pub fn start_switch(&mut self, name: &str) -> Result<()> {
         self.start_switch_with(name, &[])
@@ -780,12 +817,16 @@ pub struct Detached {
     pub agents: BTreeMap<String, String>,
     /// Host agents, switch agents, then the controller: the order to stop them in.
     pub pids: Vec<u32>,
+    /// Every switch's links to other switches: switch -> peer -> its interface towards it.
+    #[serde(default)]
+    pub links: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 impl Fabric {
     /// Leaves everything running and returns what is needed to find and remove it.
     pub fn detach(mut self) -> Detached {
         let g = self.topo.graph().clone();
+        let links = self.link_ifaces();
         let mut pids: Vec<u32> = std::mem::take(&mut self.hosts)
             .into_values()
             .map(Agent::leak)
@@ -833,6 +874,7 @@ impl Fabric {
             namespaces,
             agents,
             pids,
+            links,
         };
         std::mem::forget(self);
         detached
@@ -847,6 +889,25 @@ impl Detached {
         } else {
             self.controller.clone()
         }
+    }
+
+    /// The namespace and interface of switch `a`'s end of its link to switch `b`.
+    pub fn link_end(&self, a: &str, b: &str) -> Option<(String, String)> {
+        let iface = self.links.get(a)?.get(b)?;
+        Some((self.namespaces.get(a)?.clone(), iface.clone()))
+    }
+
+    /// Every end switch `name` has of a link to another switch: (namespace, interface).
+    pub fn switch_ends(&self, name: &str) -> Vec<(String, String)> {
+        let Some(ns) = self.namespaces.get(name) else {
+            return Vec::new();
+        };
+        self.links
+            .get(name)
+            .into_iter()
+            .flat_map(|peers| peers.values())
+            .map(|iface| (ns.clone(), iface.clone()))
+            .collect()
     }
 
     /// Stops every process (SIGTERM, then SIGKILL) and deletes every namespace and file.

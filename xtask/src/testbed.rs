@@ -44,10 +44,24 @@ pub enum TestbedCommand {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
-    /// Take a link down through the controller.
-    Fail { a: String, b: String },
-    /// Bring a link back up.
-    Restore { a: String, b: String },
+    /// Fail a link (`fail a0 c0`) or a whole switch (`fail a0`) for real, under whatever
+    /// traffic runs: the interfaces set down, so the link carries nothing either way and the
+    /// switches' agents see their ports lose the carrier (they repair locally at once, and report
+    /// it to the controller). With `--controller-only`, only the controller's state changes
+    /// (`sopactl link down`: the hosts move off the link, the link itself still works).
+    Fail {
+        a: String,
+        b: Option<String>,
+        #[arg(long)]
+        controller_only: bool,
+    },
+    /// Bring back what `fail` took down (same arguments).
+    Restore {
+        a: String,
+        b: Option<String>,
+        #[arg(long)]
+        controller_only: bool,
+    },
     /// The controller's view, and a node's agent status with `--node`.
     Status {
         #[arg(long)]
@@ -138,7 +152,7 @@ pub fn run(cmd: TestbedCommand) -> Result<()> {
             );
             println!("  cargo xtask testbed exec h0 -- ping -c 3 10.1.0.2");
             println!(
-                "  cargo xtask testbed fail e0 a0      # and: restore e0 a0, status [--node h0], down"
+                "  cargo xtask testbed fail a0 c0      # a link cut; `fail a0` a switch; and: restore, status [--node h0], down"
             );
             Ok(())
         }
@@ -154,8 +168,16 @@ pub fn run(cmd: TestbedCommand) -> Result<()> {
                 .status()?;
             std::process::exit(st.code().unwrap_or(1));
         }
-        TestbedCommand::Fail { a, b } => link(&a, &b, "down"),
-        TestbedCommand::Restore { a, b } => link(&a, &b, "up"),
+        TestbedCommand::Fail {
+            a,
+            b,
+            controller_only,
+        } => fail(&a, b.as_deref(), controller_only, false),
+        TestbedCommand::Restore {
+            a,
+            b,
+            controller_only,
+        } => fail(&a, b.as_deref(), controller_only, true),
         TestbedCommand::Status { node } => {
             let d = load()?;
             match node {
@@ -186,12 +208,47 @@ pub fn run(cmd: TestbedCommand) -> Result<()> {
     }
 }
 
-fn link(a: &str, b: &str, state: &str) -> Result<()> {
+/// `fail` and `restore`: a link (`b` given) or switch `a`, for real or in the controller only.
+fn fail(a: &str, b: Option<&str>, controller_only: bool, restore: bool) -> Result<()> {
     let d = load()?;
-    status_cmd(
-        &sopa_testbed::bins_release("sopactl"),
-        &["link", state, a, b, "--controller", &d.controller_address()],
-    )
+    let state = if restore { "up" } else { "down" };
+    if controller_only {
+        let args: Vec<&str> = match b {
+            Some(b) => vec!["link", state, a, b],
+            None => vec!["switch", state, a],
+        };
+        let address = d.controller_address();
+        let mut args = args;
+        args.extend(["--controller", &address]);
+        return status_cmd(&sopa_testbed::bins_release("sopactl"), &args);
+    }
+    let ends = match b {
+        Some(b) => vec![d.link_end(a, b).with_context(|| {
+            format!("no link between switches {a} and {b} in this testbed (host links are not failed: a host has one)")
+        })?],
+        None => {
+            let ends = d.switch_ends(a);
+            if ends.is_empty() {
+                bail!("{a} is not a switch of this testbed");
+            }
+            ends
+        }
+    };
+    for (ns, iface) in &ends {
+        let st = std::process::Command::new("ip")
+            .args(["-n", ns, "link", "set", iface, state])
+            .status()?;
+        if !st.success() {
+            bail!("ip -n {ns} link set {iface} {state} failed");
+        }
+    }
+    let what = b.map_or_else(|| format!("switch {a}"), |b| format!("link {a}:{b}"));
+    println!(
+        "{what} {}: {} interface(s) set {state}; `cargo xtask testbed status` shows the controller's view",
+        if restore { "restored" } else { "failed" },
+        ends.len()
+    );
+    Ok(())
 }
 
 fn clean() -> Result<()> {
