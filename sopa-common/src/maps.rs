@@ -465,6 +465,19 @@ pub const TRUST_MAP: &str = "SOPA_TRUST_V1";
 pub const TRUST_CAPACITY: u32 = 4096;
 
 /// Values of [`TRUST_MAP`].
+/// The testbed's lossy link (`tc_lossy`): its maps, unpinned, and their slots.
+pub mod lossy {
+    /// `Array<u32>` of one entry: drops per [`PER`] packets.
+    pub const RATE_MAP: &str = "SOPA_LOSSY_RATE";
+    /// Per-CPU counters: [`SEEN`], [`DROPPED`].
+    pub const STATS_MAP: &str = "SOPA_LOSSY_STATS";
+    pub const PROGRAM: &str = "tc_lossy";
+    pub const PER: u32 = 1_000_000;
+    pub const SEEN: u32 = 0;
+    pub const DROPPED: u32 = 1;
+    pub const SLOTS: u32 = 2;
+}
+
 pub mod trust {
     /// A link to another switch of the fabric.
     pub const SWITCH: u32 = 1;

@@ -12,6 +12,7 @@
 #![feature(core_intrinsics)]
 
 mod baseline;
+mod lossy;
 mod packet;
 mod srv6;
 mod tc_forward;

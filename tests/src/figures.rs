@@ -64,6 +64,59 @@ fn cdf(path: &Path, title: &str, x_label: &str, series: &[(String, Vec<f64>)]) -
     Ok(())
 }
 
+/// Draws one line per series of (x, y) points into `path` (y from 0).
+pub fn lines(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+) -> Result<()> {
+    let fail =
+        |e: &dyn std::fmt::Display| Error::Failed(format!("drawing {}: {e}", path.display()));
+    let points = || series.iter().flat_map(|(_, v)| v.iter().copied());
+    let x_min = points().map(|p| p.0).fold(f64::MAX, f64::min).min(0.0);
+    let x_max = points()
+        .map(|p| p.0)
+        .fold(f64::MIN, f64::max)
+        .max(x_min + 1e-9);
+    let y_max = points().map(|p| p.1).fold(0.0f64, f64::max).max(1e-9) * 1.1;
+    let root = SVGBackend::new(path, (960, 480)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| fail(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(x_min..x_max, 0.0..y_max)
+        .map_err(|e| fail(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc(x_label)
+        .y_desc(y_label)
+        .draw()
+        .map_err(|e| fail(&e))?;
+    for (i, (name, values)) in series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        chart
+            .draw_series(LineSeries::new(values.clone(), color.stroke_width(2)))
+            .map_err(|e| fail(&e))?
+            .label(name.clone())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::LowerRight)
+        .draw()
+        .map_err(|e| fail(&e))?;
+    root.present().map_err(|e| fail(&e))?;
+    Ok(())
+}
+
 /// Draws grouped bars: one group per label, one bar per series.
 fn bars(
     path: &Path,

@@ -36,6 +36,15 @@ pub fn run(name: &str, extra: &[String]) -> Result<()> {
             args.extend(extra.iter().map(String::as_str));
             cargo(&args)
         }
+        "failure" => {
+            if !setup::is_root() {
+                bail!("the failure benchmark creates namespaces: run as root");
+            }
+            crate::demo::build_release()?;
+            let mut args = vec!["bench", "-p", "sopa-testbed", "--bench", "failure", "--"];
+            args.extend(extra.iter().map(String::as_str));
+            cargo(&args)
+        }
         "resilience" => {
             if !setup::is_root() {
                 bail!(
@@ -80,7 +89,7 @@ pub fn run(name: &str, extra: &[String]) -> Result<()> {
         }
         other => {
             bail!(
-                "unknown benchmark {other:?}; available: datapath, topology, channel, fabric, resilience, smoke"
+                "unknown benchmark {other:?}; available: datapath, topology, channel, fabric, failure, resilience, smoke"
             )
         }
     }

@@ -127,6 +127,13 @@ pub fn run(timeout: Duration) -> Result<Vec<Outcome>> {
     }
     row.name = "smoke bench fabric --encoding ipv4-option,srv6".into();
     rows.push(row);
+    // Failures under traffic: a core link and an aggregation switch, two modes.
+    let mut row = bench(&benches, "failure", &["--smoke", "--out", &out_s], timeout)?;
+    if row.note.is_none() && !out.join("failure.json").exists() {
+        row.note = Some(format!("wrote no failure.json in {out_s}"));
+    }
+    row.name = "smoke bench failure".into();
+    rows.push(row);
     let sec42 = ["fabric-sec4.2.json", "fabric-sec4.2-INVALID.json"]
         .map(|n| out.join(n))
         .into_iter()

@@ -1,0 +1,169 @@
+//! Packets lost in the fabric, counted one by one: a flow's packets captured where they enter
+//! the fabric (the sender's rack switch port) and where they leave it (the receiver's
+//! interface), matched by IPv4 ID. A packet lost is one that entered and never left; the times
+//! are the kernel's receive times at the entry, so the loss window can be set against the
+//! moment of a failure.
+
+use std::{collections::BTreeSet, net::Ipv4Addr, time::SystemTime};
+
+use crate::{
+    Result,
+    capture::{Capture, Captured, unwrap_ids},
+    fabric::Fabric,
+};
+
+/// The TCP packets from `src` to `dst` a capture saw: unwrapped IPv4 ID and receive time.
+pub fn packets(c: &Captured, src: Ipv4Addr, dst: Ipv4Addr) -> Vec<(i64, SystemTime)> {
+    let mut raw = Vec::new();
+    for (frame, at) in c.frames.iter().zip(&c.times) {
+        if frame.len() < 34 || frame[12..14] != [8, 0] {
+            continue;
+        }
+        let Ok(ip) = etherparse::Ipv4HeaderSlice::from_slice(&frame[14..]) else {
+            continue;
+        };
+        if ip.source_addr() == src
+            && ip.destination_addr() == dst
+            && ip.protocol() == etherparse::IpNumber::TCP
+        {
+            raw.push((ip.identification(), *at));
+        }
+    }
+    let ids: Vec<(u16, u8, usize)> = raw
+        .iter()
+        .enumerate()
+        .map(|(i, (id, _))| (*id, 0, i))
+        .collect();
+    unwrap_ids(&ids)
+        .into_iter()
+        .map(|(id, _, i)| (id, raw[i].1))
+        .collect()
+}
+
+/// One direction of one flow.
+#[derive(Clone, Debug)]
+pub struct Loss {
+    pub what: String,
+    pub entered: usize,
+    /// The packets that entered and never left: ID and entry time.
+    pub lost: Vec<(i64, SystemTime)>,
+    /// Frames a capture could not keep up with (the count is a lower bound if not 0).
+    pub capture_drops: u32,
+}
+
+impl Loss {
+    pub fn of(
+        what: &str,
+        entered: &Captured,
+        left: &Captured,
+        src: Ipv4Addr,
+        dst: Ipv4Addr,
+    ) -> Self {
+        let sent = packets(entered, src, dst);
+        let arrived: BTreeSet<i64> = packets(left, src, dst)
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        // A packet still on its way when the captures stopped is not lost: only those sent
+        // before the last one that arrived count.
+        let last = arrived.iter().next_back().copied().unwrap_or(i64::MIN);
+        let lost = sent
+            .iter()
+            .filter(|(id, _)| *id < last && !arrived.contains(id))
+            .copied()
+            .collect();
+        Self {
+            what: what.to_owned(),
+            entered: sent.len(),
+            lost,
+            capture_drops: entered.dropped + left.dropped,
+        }
+    }
+
+    /// From the first lost packet's entry to the last's, in milliseconds after `onset`
+    /// (negative before it).
+    pub fn window_ms(&self, onset: SystemTime) -> Option<(f64, f64)> {
+        let first = self.lost.iter().map(|(_, t)| *t).min()?;
+        let last = self.lost.iter().map(|(_, t)| *t).max()?;
+        Some((ms_after(first, onset), ms_after(last, onset)))
+    }
+
+    /// Lost packets that entered at or after `onset` minus `slack_ms`: those a failure at
+    /// `onset` can have cost (a loss long before it is the queues' own).
+    pub fn since(&self, onset: SystemTime, slack_ms: f64) -> usize {
+        self.lost
+            .iter()
+            .filter(|(_, t)| ms_after(*t, onset) >= -slack_ms)
+            .count()
+    }
+
+    pub fn report(&self, onset: SystemTime) -> String {
+        format!(
+            "{}: {} of {} packets lost{}",
+            self.what,
+            self.lost.len(),
+            self.entered,
+            match self.window_ms(onset) {
+                Some((a, b)) => format!(", entered {a:.1} .. {b:.1} ms after the onset"),
+                None => String::new(),
+            }
+        )
+    }
+}
+
+/// Milliseconds from `onset` to `t` (negative before it).
+pub fn ms_after(t: SystemTime, onset: SystemTime) -> f64 {
+    match t.duration_since(onset) {
+        Ok(d) => d.as_secs_f64() * 1e3,
+        Err(e) => -e.duration().as_secs_f64() * 1e3,
+    }
+}
+
+/// Captures at both ends of every flow `(src, dst)` (host names) of a fabric.
+pub struct FlowCaptures {
+    flows: Vec<(String, String, Capture, Capture)>,
+    addrs: Vec<(Ipv4Addr, Ipv4Addr)>,
+}
+
+impl FlowCaptures {
+    /// Starts capturing where each flow's packets enter the fabric (the port of the sender's
+    /// rack switch that faces it) and where they leave it (the receiver's interface).
+    pub fn start(f: &Fabric, flows: &[(String, String)]) -> Result<Self> {
+        let g = f.topo.graph();
+        let mut out = Vec::new();
+        let mut addrs = Vec::new();
+        for (src, dst) in flows {
+            let (s, d) = (g.find(src).expect("a host"), g.find(dst).expect("a host"));
+            let tor = f
+                .topo
+                .rack_of(s)
+                .map_err(|e| crate::Error::Failed(e.to_string()))?
+                .tor;
+            let tor = g.name(tor);
+            let entering = Capture::start(f.ns(tor), &f.link_iface(tor, src))?;
+            let leaving = Capture::start(f.ns(dst), &f.host_ifaces[&d])?;
+            out.push((src.clone(), dst.clone(), entering, leaving));
+            addrs.push((
+                g.node(s).addr.expect("hosts have addresses"),
+                g.node(d).addr.expect("hosts have addresses"),
+            ));
+        }
+        Ok(Self { flows: out, addrs })
+    }
+
+    /// Stops every capture; one [`Loss`] per flow, in the order given.
+    pub fn finish(self) -> Result<Vec<Loss>> {
+        let mut out = Vec::new();
+        for ((src, dst, entering, leaving), (s, d)) in self.flows.into_iter().zip(self.addrs) {
+            let (entering, leaving) = (entering.finish()?, leaving.finish()?);
+            out.push(Loss::of(
+                &format!("{src} -> {dst}"),
+                &entering,
+                &leaving,
+                s,
+                d,
+            ));
+        }
+        Ok(out)
+    }
+}
