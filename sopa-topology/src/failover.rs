@@ -62,7 +62,16 @@ pub fn react(
     failures: &Failures,
     dead: &BTreeSet<LinkId>,
 ) -> Reaction {
-    let plan = forwarding::plan_under(topo, me, failures);
+    // The routes as the hosts still sending here expect them: this switch's own dead ports
+    // count as up even once the controller lists them, since a host that has not applied (or
+    // cannot reach) the controller's change still sends by them, and with the detours gone
+    // those packets would take the kernel's detour route into the decisions of other switches,
+    // which send them back.
+    let mut expected = failures.clone();
+    for l in dead {
+        expected.set_link(*l, false);
+    }
+    let plan = forwarding::plan_under(topo, me, &expected);
     let mut out = Reaction {
         decisions: plan.decisions.clone(),
         ..Reaction::default()
@@ -382,6 +391,27 @@ mod tests {
             assert!(path[1].starts_with('a') && path[1] != "a0", "{h}: {path:?}");
             assert_eq!(path[2], "c1", "{h}: back up by the other core: {path:?}");
             assert_eq!(path[3], "a0", "{h}: {path:?}");
+        }
+    }
+
+    #[test]
+    fn the_detours_stay_once_the_controller_lists_the_dead_link() {
+        let t = fat_tree();
+        let g = t.graph();
+        let c0 = g.find("c0").unwrap();
+        let l = link(&t, "c0", "a0");
+        let dead = BTreeSet::from([l]);
+        let alone = react(&t, c0, &Failures::none(g), &dead);
+        let mut known = Failures::none(g);
+        known.set_link(l, true);
+        let listed = react(&t, c0, &known, &dead);
+        assert_eq!(listed.detours.len(), 2, "{listed:?}");
+        // Still down by another pod and c1, which the listed failure leaves alive.
+        for d in &listed.detours {
+            assert!(
+                alone.detours.iter().any(|x| x.prefix == d.prefix),
+                "{listed:?}"
+            );
         }
     }
 

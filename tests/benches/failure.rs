@@ -1,13 +1,21 @@
-//! `cargo xtask bench failure [-- --modes sopa,ecmp --elements a0:c0,a2 --rate 10 --seconds 12]`:
+//! `cargo xtask bench failure [-- --modes sopa,ecmp --elements a0:c0,a2 --rate 10 --seconds 15]`:
 //! failures under traffic on Fat-Tree k=4, one run each. The permutation runs (every host sends
 //! to one other and receives from one); at `--onset` seconds an element fails for real (a link
 //! cut, a switch with every interface down), and it stays down until the flows end. Per mode and
 //! element:
-//! - packets lost per flow, counted one by one between the sender's rack switch and the
-//!   receiver (captures, matched by IPv4 ID), and when the last lost packet entered the fabric
-//!   after the onset: the time until the failure costs nothing more;
+//! - the flows affected: those with a candidate path through the element;
+//! - packets the failure cost, counted one by one between the sender's rack switch and the
+//!   receiver (captures, matched by IPv4 ID): a lost packet whose option names a path through
+//!   the element (a drop-tail queue's losses elsewhere are not the failure's); for packets
+//!   without the option (ecmp) the path is the switches' hash, unknown here, so every loss of an
+//!   affected flow from the onset until the controller applied the change is counted, an upper
+//!   bound (marked `<=`);
+//! - when the last of those packets entered the fabric, after the onset: from then on nothing
+//!   is sent into the failure;
 //! - the time until each affected flow is back to 90% of its rate before the failure (its
-//!   receiver's interface sampled every 100 ms) and held it for half a second;
+//!   receiver's interface sampled, rates in 100 ms bins averaged over 500 ms);
+//! - the time until every switch that lost a port has repaired `tc_forward` (its log's time of
+//!   the repair against the moment the interface was set down, both from one clock);
 //! - the time until the controller knows and every agent has applied the change.
 //!
 //! Writes `failure.json` and one figure per element (goodput of all flows over time, one line
@@ -18,12 +26,13 @@ use std::time::{Duration, SystemTime};
 use sopa_testbed::{
     experiment::{self, set_mode},
     fabric::{Fabric, FabricOptions},
-    failure::{Element, Timeline, rates, recovery},
+    failure::{Element, Timeline, rates, recovery, recovery_to, repairs},
     figures,
+    loss::Seen,
     loss::{FlowCaptures, ms_after},
     traffic::{SendOptions, tcp_transfer},
 };
-use sopa_topology::topology::TopologySpec;
+use sopa_topology::{LinkId, PathTable, paths::Failures, topology::TopologySpec};
 
 struct Args {
     modes: Vec<String>,
@@ -40,7 +49,7 @@ fn args() -> Args {
         modes: vec!["sopa".into(), "rps".into(), "ecmp".into()],
         elements: vec!["a0:c0".parse().unwrap(), "a2".parse().unwrap()],
         rate: 10,
-        seconds: 12.0,
+        seconds: 15.0,
         onset: 4.0,
         seed: 1,
         out: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../results"),
@@ -90,21 +99,60 @@ struct Row {
     element: String,
     flows: usize,
     affected: usize,
-    /// Packets lost per flow that entered from 25 ms before the onset on (sum, max).
+    /// Packets the failure cost (sum over flows, max per flow); `bound`: an upper bound (no
+    /// option to tell the path by).
     lost_sum: usize,
     lost_max: usize,
+    bound: bool,
     /// When the last packet the failure cost entered the fabric, ms after the onset.
     last_loss_ms: Option<f64>,
-    /// Affected flows back to 90% of their rate (seconds after the onset): median and max;
-    /// flows never back are counted in `never_back`.
+    /// Affected flows back to 90% of their rate before (seconds after the onset): median and
+    /// max; flows never back within the run are counted in `never_back`.
     back_median_s: Option<f64>,
+    /// Affected flows' settled rate under the failure over their rate before (median).
+    settled_over_before: Option<f64>,
     back_max_s: Option<f64>,
     never_back: usize,
+    /// From the onset until every switch that lost a port had repaired `tc_forward` (the last
+    /// of them; `None`: one did not log a repair), milliseconds.
+    local_repair_ms: Option<f64>,
+    /// How long the kernel took to set the (first) interface down: the set-down call's duration.
+    teardown_ms: f64,
+    /// The longest any agent took from the link event to the maps written, milliseconds.
+    agent_ms: Option<f64>,
     /// From the onset until the controller knew and every agent had applied it.
     controller_applied_s: f64,
     /// Goodput of all flows over the link rate, per 100 ms bin from the start (for the figure).
     goodput: Vec<f64>,
     onset_bin: usize,
+}
+
+/// The links a failure of `element` takes down.
+fn element_links(f: &Fabric, element: &Element) -> Vec<LinkId> {
+    let g = f.topo.graph();
+    let id = |n: &str| g.find(n).unwrap_or_else(|| panic!("no node {n}"));
+    match element {
+        Element::Link(a, b) => g.links_between(id(a), id(b)).collect(),
+        Element::Switch(s) => g.ports(id(s)).iter().map(|(l, _)| *l).collect(),
+    }
+}
+
+/// Flow `src -> dst`'s candidate paths: hops, and whether the path crosses a link of `dead`.
+fn paths_through(f: &Fabric, src: &str, dst: &str, dead: &[LinkId]) -> Vec<((u8, u8), bool)> {
+    let g = f.topo.graph();
+    let (s, d) = (g.find(src).unwrap(), g.find(dst).unwrap());
+    let table = PathTable::compute(&f.topo, s, &Failures::none(g)).expect("a path table");
+    let rack = f.topo.rack_of(d).expect("a host");
+    let mut out = Vec::new();
+    for dest in table.destinations.iter().filter(|x| x.rack.tor == rack.tor) {
+        for c in &dest.candidates {
+            out.push((
+                (c.hops.hop0, c.hops.hop1),
+                table.links(c).iter().any(|l| dead.contains(l)),
+            ));
+        }
+    }
+    out
 }
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
@@ -120,7 +168,7 @@ fn run_one(f: &Fabric, a: &Args, mode: &str, element: &Element) -> Row {
     let caps = FlowCaptures::start(f, &flows).expect("captures");
     let timeline = Timeline::start(f, &receivers, Duration::from_millis(20)).expect("sampler");
     let start = SystemTime::now();
-    let (onset, applied) = std::thread::scope(|s| {
+    let (onset, down, applied, durations) = std::thread::scope(|s| {
         let handles: Vec<_> = flows
             .iter()
             .enumerate()
@@ -139,19 +187,38 @@ fn run_one(f: &Fabric, a: &Args, mode: &str, element: &Element) -> Row {
             .collect();
         // The schedule of the experiment: the element fails this far into the run.
         std::thread::sleep(Duration::from_secs_f64(a.onset));
-        let onset = element.fail(f).expect("failing the element");
+        let (onset, down) = element.fail_timed(f).expect("failing the element");
         let links = element.links(f);
         f.wait_applied(|down| down >= links, "the failure")
             .unwrap_or_else(|e| panic!("{e}"));
         let applied = ms_after(SystemTime::now(), onset) / 1e3;
-        for h in handles {
-            assert!(
-                h.join().expect("a flow thread").intact(),
-                "a flow arrived damaged"
-            );
-        }
-        (onset, applied)
+        let durations: Vec<f64> = handles
+            .into_iter()
+            .map(|h| {
+                let t = h.join().expect("a flow thread");
+                assert!(t.intact(), "a flow arrived damaged");
+                t.seconds
+            })
+            .collect();
+        (onset, down, applied, durations)
     });
+    // Each neighbour's first repair after the onset, from its log.
+    let local: Vec<(f64, f64)> = element
+        .neighbours(f)
+        .iter()
+        .filter_map(|n| {
+            let first = repairs(&f.switch_log(n), onset).first().copied()?;
+            Some((ms_after(first.0, onset), ms_after(first.1, onset)))
+        })
+        .collect();
+    let teardown_ms = ms_after(down, onset);
+    eprintln!(
+        "    the kernel took the interface down in {teardown_ms:.3} ms; local repairs (event \
+         received, maps written), ms after the onset: {local:.3?}"
+    );
+    let complete = local.len() == element.neighbours(f).len();
+    let local_repair_ms = complete.then(|| local.iter().map(|l| l.1).fold(0.0, f64::max));
+    let agent_ms = complete.then(|| local.iter().map(|l| l.1 - l.0).fold(0.0, f64::max));
     let samples = timeline.finish().expect("samples");
     let lost = caps.finish().expect("captures");
     element.restore(f).expect("restoring");
@@ -159,38 +226,72 @@ fn run_one(f: &Fabric, a: &Args, mode: &str, element: &Element) -> Row {
         .unwrap_or_else(|e| panic!("{e}"));
 
     let onset_bin = (ms_after(onset, start) / BIN.as_millis() as f64).floor() as usize;
+    // Each flow's rates until it completed (a finished flow receives nothing more).
     let per_flow: Vec<Vec<f64>> = receivers
         .iter()
-        .map(|r| rates(&samples[r], start, BIN))
+        .zip(&durations)
+        .map(|(r, secs)| {
+            let mut v = rates(&samples[r], start, BIN);
+            v.truncate((secs / BIN.as_secs_f64()).floor() as usize);
+            v
+        })
         .collect();
     let skip = (1000 / BIN.as_millis()) as usize;
+    let dead = element_links(f, element);
     let mut backs = Vec::new();
-    let (mut affected, mut never_back) = (0, 0);
-    let mut lost_since = Vec::new();
+    let mut kept = Vec::new();
+    let (mut affected, mut never_back, mut bound) = (0, 0, false);
+    let mut lost_by_failure = Vec::new();
     let mut last_loss: Option<f64> = None;
-    for (r, l) in per_flow.iter().zip(&lost) {
+    for ((r, l), (src, dst)) in per_flow.iter().zip(&lost).zip(&flows) {
         assert_eq!(
             l.capture_drops, 0,
             "{}: a capture could not keep up",
             l.what
         );
-        let n = l.since(onset, 25.0);
-        lost_since.push(n);
-        if n > 0 {
-            let last = l
-                .lost
-                .iter()
-                .map(|(_, t)| ms_after(*t, onset))
-                .fold(f64::MIN, f64::max);
+        let paths = paths_through(f, src, dst, &dead);
+        if !paths.iter().any(|(_, through)| *through) {
+            lost_by_failure.push(0);
+            continue;
+        }
+        affected += 1;
+        // The failure's: on a path through the element, or (no option) within its window.
+        let window_ms = applied * 1e3;
+        let theirs: Vec<&Seen> = l
+            .lost
+            .iter()
+            .filter(|p| ms_after(p.at, onset) >= -25.0)
+            .filter(|p| match p.hops {
+                Some(h) => paths.iter().any(|(hops, through)| *through && *hops == h),
+                None => {
+                    bound = true;
+                    ms_after(p.at, onset) <= window_ms
+                }
+            })
+            .collect();
+        lost_by_failure.push(theirs.len());
+        if let Some(last) = theirs
+            .iter()
+            .map(|p| ms_after(p.at, onset))
+            .reduce(f64::max)
+        {
             last_loss = Some(last_loss.map_or(last, |x: f64| x.max(last)));
         }
-        let rec = recovery(r, BIN, onset_bin, skip, 0.9, 5);
-        if rec.affected || n > 0 {
-            affected += 1;
-            match rec.back_after_s {
-                Some(s) => backs.push(s),
-                None => never_back += 1,
-            }
+        // Its fair share under the failure: what it settles to, the mean of the last 40% of
+        // its run after the onset (the fabric has less capacity now; the rate before may not
+        // come back). Flows that end too soon after the onset to settle are left out.
+        let after = r.get(onset_bin..).unwrap_or(&[]);
+        if after.len() < 20 {
+            continue;
+        }
+        let tail = &after[after.len() * 3 / 5..];
+        let settled = tail.iter().sum::<f64>() / tail.len() as f64;
+        let rec = recovery(r, BIN, onset_bin, skip, 1.0, 5);
+        kept.push(settled / rec.before.max(1e-9));
+        let rec = recovery_to(r, BIN, onset_bin, 0.9 * settled, 5);
+        match rec {
+            Some(s) => backs.push(s),
+            None => never_back += 1,
         }
     }
     let bins = per_flow.iter().map(Vec::len).max().unwrap_or(0);
@@ -208,13 +309,18 @@ fn run_one(f: &Fabric, a: &Args, mode: &str, element: &Element) -> Row {
         element: element.to_string(),
         flows: flows.len(),
         affected,
-        lost_sum: lost_since.iter().sum(),
-        lost_max: lost_since.iter().copied().max().unwrap_or(0),
+        lost_sum: lost_by_failure.iter().sum(),
+        lost_max: lost_by_failure.iter().copied().max().unwrap_or(0),
+        bound,
         last_loss_ms: last_loss,
+        settled_over_before: median(kept),
         back_median_s: median(backs.clone()),
         back_max_s: backs.iter().copied().reduce(f64::max),
         never_back,
         controller_applied_s: applied,
+        local_repair_ms,
+        teardown_ms,
+        agent_ms,
         goodput,
         onset_bin,
     }
@@ -258,34 +364,62 @@ fn main() {
         a.rate, a.onset
     );
     println!(
-        "{:<6} {:<14} {:>8} {:>10} {:>9} {:>12} {:>13} {:>10} {:>11} {:>12}",
+        "{:<6} {:<14} {:>8} {:>10} {:>9} {:>13} {:>10} {:>11} {:>8}",
         "mode",
         "element",
         "affected",
         "lost (sum)",
         "lost max",
-        "last loss ms",
         "back med. ms",
         "back max",
         "never back",
-        "ctrl applied"
+        "settled"
     );
     for r in &rows {
         println!(
-            "{:<6} {:<14} {:>5}/{:<2} {:>10} {:>9} {:>12} {:>13} {:>10} {:>11} {:>10.0}ms",
+            "{:<6} {:<14} {:>5}/{:<2} {:>10} {:>9} {:>13} {:>10} {:>11} {:>8}",
             r.mode,
             r.element,
             r.affected,
             r.flows,
-            r.lost_sum,
-            r.lost_max,
-            fmt(r.last_loss_ms, 1.0),
+            format!("{}{}", if r.bound { "<=" } else { "" }, r.lost_sum),
+            format!("{}{}", if r.bound { "<=" } else { "" }, r.lost_max),
             fmt(r.back_median_s, 1e3),
             fmt(r.back_max_s, 1e3),
             r.never_back,
+            r.settled_over_before
+                .map_or("-".into(), |x| format!("{x:.2}")),
+        );
+    }
+    println!(
+        "\nReaction, milliseconds from the onset (the call that set the interface down):\n{:<6} {:<14} {:>13} {:>14} {:>13} {:>13} {:>13}",
+        "mode",
+        "element",
+        "kernel down",
+        "agent: event",
+        "local repair",
+        "last loss",
+        "ctrl applied"
+    );
+    let ms = |v: Option<f64>| v.map_or("-".into(), |x| format!("{x:.3}"));
+    for r in &rows {
+        println!(
+            "{:<6} {:<14} {:>13.3} {:>14} {:>13} {:>13} {:>13.0}",
+            r.mode,
+            r.element,
+            r.teardown_ms,
+            ms(r.agent_ms),
+            ms(r.local_repair_ms),
+            fmt(r.last_loss_ms, 1.0),
             r.controller_applied_s * 1e3
         );
     }
+    println!(
+        "kernel down: the set-down call's own duration (the kernel's teardown of the interface); \
+         agent: event: from the link event reaching a switch agent to its maps written (the \
+         slowest switch); local repair: from the onset to the last switch's maps written; last \
+         loss: when the last packet the failure cost entered the fabric."
+    );
     std::fs::create_dir_all(&a.out).expect("the output folder");
     let json = a.out.join("failure.json");
     std::fs::write(

@@ -539,8 +539,9 @@ impl Fabric {
             .collect()
     }
 
-    /// Waits until the controller's down links satisfy `done` (their count) and every agent
-    /// is connected and has ACKed the controller's version: the change has been applied
+    /// Waits until the controller's down links satisfy `done` (their count) and every agent of
+    /// the fabric (each host and switch agent running) is connected and has ACKed the
+    /// controller's version: the change has been applied
     /// everywhere (a switch ACKs once its routes are installed, a host once its datapath is
     /// written). At most 30 s.
     pub fn wait_applied(&self, done: impl Fn(usize) -> bool, what: &str) -> Result<()> {
@@ -552,10 +553,14 @@ impl Fabric {
             // Every agent reaches the controller over the management socket, which no fabric
             // failure touches: one that is not connected now (heartbeats missed on a starved
             // machine) has not applied the change yet, and its host still sends on the old paths.
+            // Every agent of the fabric: a controller that restarted lists only those that have
+            // reconnected so far, and one still in its backoff has not applied anything.
+            let expected = self.hosts.len() + self.switches.len();
             let applied = st["agents"].as_array().is_some_and(|agents| {
-                agents
-                    .iter()
-                    .all(|a| a["connected"] == true && a["applied_version"] == st["version"])
+                agents.len() >= expected
+                    && agents
+                        .iter()
+                        .all(|a| a["connected"] == true && a["applied_version"] == st["version"])
             });
             if done(down) && applied {
                 return Ok(());
@@ -589,16 +594,13 @@ impl Fabric {
     /// dead optic would. Returns the time just before the cut.
     pub fn cut_link(&self, a: &str, b: &str) -> Result<std::time::SystemTime> {
         let iface = self.link_iface(a, b);
-        let at = std::time::SystemTime::now();
-        self.ns(a).ip(&["link", "set", &iface, "down"])?;
-        Ok(at)
+        self.ns(a).set_up(&iface, false)
     }
 
     /// Brings back a link [`Fabric::cut_link`] cut.
     pub fn mend_link(&self, a: &str, b: &str) -> Result<()> {
         let iface = self.link_iface(a, b);
-        self.ns(a).ip(&["link", "set", &iface, "up"])?;
-        Ok(())
+        self.ns(a).set_up(&iface, true).map(|_| ())
     }
 
     /// Every switch's links to other switches: switch -> peer -> its interface towards it.

@@ -63,16 +63,23 @@ impl Element {
 
     /// Fails it; returns the time just before the first interface went down.
     pub fn fail(&self, f: &Fabric) -> Result<SystemTime> {
-        let at = SystemTime::now();
+        self.fail_timed(f).map(|(before, _)| before)
+    }
+
+    /// [`Element::fail`], also returning when the kernel had taken the first interface down.
+    pub fn fail_timed(&self, f: &Fabric) -> Result<(SystemTime, SystemTime)> {
+        let mut first = None;
         for (node, iface) in self.ifaces(f) {
-            f.ns(&node).ip(&["link", "set", &iface, "down"])?;
+            let at = f.ns(&node).set_up_timed(&iface, false)?;
+            first.get_or_insert(at);
         }
-        Ok(at)
+        let now = SystemTime::now();
+        Ok(first.unwrap_or((now, now)))
     }
 
     pub fn restore(&self, f: &Fabric) -> Result<()> {
         for (node, iface) in self.ifaces(f) {
-            f.ns(&node).ip(&["link", "set", &iface, "up"])?;
+            f.ns(&node).set_up(&iface, true)?;
         }
         Ok(())
     }
@@ -81,6 +88,66 @@ impl Element {
     pub fn links(&self, f: &Fabric) -> usize {
         self.ifaces(f).len()
     }
+
+    /// The switches that see this element's failure on a port of their own (and repair it).
+    pub fn neighbours(&self, f: &Fabric) -> Vec<String> {
+        let g = f.topo.graph();
+        match self {
+            Self::Link(a, b) => vec![a.clone(), b.clone()],
+            Self::Switch(s) => {
+                let n = g.find(s).unwrap_or_else(|| panic!("no switch {s}"));
+                g.ports(n)
+                    .iter()
+                    .filter(|(_, p)| g.node(*p).kind.is_switch())
+                    .map(|(_, p)| g.name(*p).to_owned())
+                    .collect()
+            }
+        }
+    }
+}
+
+/// When a switch agent repaired `tc_forward` after a port of its own went down, at or after
+/// `since`, from its log: (when the link event reached the agent, when the maps were written).
+pub fn repairs(log: &str, since: SystemTime) -> Vec<(SystemTime, SystemTime)> {
+    let since_us = since
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64);
+    let field = |l: &str, name: &str| -> Option<u64> {
+        let v = l.split(&format!("{name}=")).nth(1)?;
+        let digits: String = v.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().ok()
+    };
+    let at = |us: u64| std::time::UNIX_EPOCH + Duration::from_micros(us);
+    log.lines()
+        .map(strip_ansi)
+        .filter(|l| l.contains("tc_forward repaired locally") && l.contains("up=false"))
+        .filter_map(|l| {
+            Some((
+                field(&l, "received_unix_us")?,
+                field(&l, "written_unix_us")?,
+            ))
+        })
+        .filter(|(received, _)| *received >= since_us)
+        .map(|(received, written)| (at(received), at(written)))
+        .collect()
+}
+
+/// `line` without terminal colour sequences (`ESC [ ... m`).
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// (time, cumulative bytes received) of one interface.
@@ -173,30 +240,34 @@ pub fn rates(samples: &[(SystemTime, u64)], start: SystemTime, bin: Duration) ->
 pub struct Recovery {
     /// Mean rate before the failure (Mbit/s).
     pub before: f64,
-    /// Whether any bin after the onset fell below `share` of it.
+    /// Whether the averaged rate after the onset fell below `share` of it at any time.
     pub affected: bool,
-    /// From the onset until the flow held `share` of its rate before for `hold` bins in a row
+    /// From the onset until the averaged rate was back at `share` of the rate before
     /// (seconds); `None`: never within the samples.
     pub back_after_s: Option<f64>,
 }
 
 /// The recovery of a flow whose per-bin rates are `rates`, failed at bin `onset`: its rate
-/// before is the mean of the `onset - skip` bins before it after `skip` (slow start left out).
+/// before is the mean of the bins before the onset after the first `skip` (slow start left
+/// out); after the onset, the rate averaged over `window` bins is compared with `share` of it.
 pub fn recovery(
     rates: &[f64],
     bin: Duration,
     onset: usize,
     skip: usize,
     share: f64,
-    hold: usize,
+    window: usize,
 ) -> Recovery {
     let before_bins = &rates[skip.min(onset)..onset.min(rates.len())];
     let before = before_bins.iter().sum::<f64>() / before_bins.len().max(1) as f64;
     let after = rates.get(onset..).unwrap_or(&[]);
+    let window = window.max(1);
+    let averaged: Vec<f64> = (0..after.len().saturating_sub(window - 1))
+        .map(|i| after[i..i + window].iter().sum::<f64>() / window as f64)
+        .collect();
     let good = |r: &f64| *r >= share * before;
-    let affected = after.iter().any(|r| !good(r));
-    let back =
-        (0..after.len()).find(|&i| after.len() >= i + hold && after[i..i + hold].iter().all(good));
+    let affected = averaged.iter().any(|r| !good(r));
+    let back = averaged.iter().position(good);
     Recovery {
         before,
         affected,
@@ -204,9 +275,39 @@ pub fn recovery(
     }
 }
 
+/// From bin `onset` until the rate averaged over `window` bins reaches `target` (seconds).
+pub fn recovery_to(
+    rates: &[f64],
+    bin: Duration,
+    onset: usize,
+    target: f64,
+    window: usize,
+) -> Option<f64> {
+    let after = rates.get(onset..).unwrap_or(&[]);
+    let window = window.max(1);
+    (0..after.len().saturating_sub(window - 1))
+        .position(|i| after[i..i + window].iter().sum::<f64>() / window as f64 >= target)
+        .map(|i| i as f64 * bin.as_secs_f64())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn repairs_are_read_off_the_switch_log() {
+        let log = "2026-12-02T21:00:00Z  INFO sopa_agent::switch::failover: port changed: tc_forward repaired locally port=\"a0:c0\" up=false took_us=40 received_unix_us=1700000000000060 \u{1b}[3mwritten_unix_us\u{1b}[0m\u{1b}[2m=\u{1b}[0m1700000000000100\n\
+                   2026-12-02T21:00:01Z  INFO sopa_agent::switch::failover: port changed: tc_forward repaired locally port=\"a0:c0\" up=true received_unix_us=1700000001000000 written_unix_us=1700000001000000\n\
+                   ... received_unix_us=1600000000000000 written_unix_us=1600000000000000 tc_forward repaired locally up=false\n";
+        let since = std::time::UNIX_EPOCH + Duration::from_micros(1_700_000_000_000_000);
+        assert_eq!(
+            repairs(log, since),
+            vec![(
+                std::time::UNIX_EPOCH + Duration::from_micros(1_700_000_000_000_060),
+                std::time::UNIX_EPOCH + Duration::from_micros(1_700_000_000_000_100)
+            )]
+        );
+    }
 
     #[test]
     fn elements_parse() {
@@ -235,6 +336,17 @@ mod tests {
         assert_eq!(rec.before, 10.0);
         assert!(rec.affected);
         assert_eq!(rec.back_after_s, Some(0.2));
+        // Averaged over two bins: bin 3 with bin 4 is 5 Mbit/s, not back; then the samples end.
+        let rec = recovery(&r, Duration::from_millis(100), 2, 0, 0.9, 2);
+        assert_eq!(rec.back_after_s, None);
+        assert_eq!(
+            recovery_to(&r, Duration::from_millis(100), 2, 9.0, 1),
+            Some(0.2)
+        );
+        assert_eq!(
+            recovery_to(&r, Duration::from_millis(100), 2, 11.0, 1),
+            None
+        );
         let steady = recovery(&[10.0; 6], Duration::from_millis(100), 3, 1, 0.9, 2);
         assert!(!steady.affected);
         assert_eq!(steady.back_after_s, Some(0.0));

@@ -12,8 +12,17 @@ use crate::{
     fabric::Fabric,
 };
 
-/// The TCP packets from `src` to `dst` a capture saw: unwrapped IPv4 ID and receive time.
-pub fn packets(c: &Captured, src: Ipv4Addr, dst: Ipv4Addr) -> Vec<(i64, SystemTime)> {
+/// A packet a capture saw: unwrapped IPv4 ID, receive time, and the path its option named
+/// (hop0, hop1), if it carried the fabric's option.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Seen {
+    pub id: i64,
+    pub at: SystemTime,
+    pub hops: Option<(u8, u8)>,
+}
+
+/// The TCP packets from `src` to `dst` a capture saw, in capture order.
+pub fn packets(c: &Captured, src: Ipv4Addr, dst: Ipv4Addr) -> Vec<Seen> {
     let mut raw = Vec::new();
     for (frame, at) in c.frames.iter().zip(&c.times) {
         if frame.len() < 34 || frame[12..14] != [8, 0] {
@@ -26,17 +35,26 @@ pub fn packets(c: &Captured, src: Ipv4Addr, dst: Ipv4Addr) -> Vec<(i64, SystemTi
             && ip.destination_addr() == dst
             && ip.protocol() == etherparse::IpNumber::TCP
         {
-            raw.push((ip.identification(), *at));
+            let o = ip.options();
+            let hops = (o.len() == 4
+                && o[0] == sopa_common::wire::OPTION_TYPE
+                && o[1] == sopa_common::wire::OPTION_LEN)
+                .then(|| (o[2], o[3]));
+            raw.push((ip.identification(), *at, hops));
         }
     }
     let ids: Vec<(u16, u8, usize)> = raw
         .iter()
         .enumerate()
-        .map(|(i, (id, _))| (*id, 0, i))
+        .map(|(i, (id, _, _))| (*id, 0, i))
         .collect();
     unwrap_ids(&ids)
         .into_iter()
-        .map(|(id, _, i)| (id, raw[i].1))
+        .map(|(id, _, i)| Seen {
+            id,
+            at: raw[i].1,
+            hops: raw[i].2,
+        })
         .collect()
 }
 
@@ -45,8 +63,8 @@ pub fn packets(c: &Captured, src: Ipv4Addr, dst: Ipv4Addr) -> Vec<(i64, SystemTi
 pub struct Loss {
     pub what: String,
     pub entered: usize,
-    /// The packets that entered and never left: ID and entry time.
-    pub lost: Vec<(i64, SystemTime)>,
+    /// The packets that entered and never left, as they entered.
+    pub lost: Vec<Seen>,
     /// Frames a capture could not keep up with (the count is a lower bound if not 0).
     pub capture_drops: u32,
 }
@@ -60,16 +78,13 @@ impl Loss {
         dst: Ipv4Addr,
     ) -> Self {
         let sent = packets(entered, src, dst);
-        let arrived: BTreeSet<i64> = packets(left, src, dst)
-            .into_iter()
-            .map(|(id, _)| id)
-            .collect();
+        let arrived: BTreeSet<i64> = packets(left, src, dst).into_iter().map(|p| p.id).collect();
         // A packet still on its way when the captures stopped is not lost: only those sent
         // before the last one that arrived count.
         let last = arrived.iter().next_back().copied().unwrap_or(i64::MIN);
         let lost = sent
             .iter()
-            .filter(|(id, _)| *id < last && !arrived.contains(id))
+            .filter(|p| p.id < last && !arrived.contains(&p.id))
             .copied()
             .collect();
         Self {
@@ -83,8 +98,8 @@ impl Loss {
     /// From the first lost packet's entry to the last's, in milliseconds after `onset`
     /// (negative before it).
     pub fn window_ms(&self, onset: SystemTime) -> Option<(f64, f64)> {
-        let first = self.lost.iter().map(|(_, t)| *t).min()?;
-        let last = self.lost.iter().map(|(_, t)| *t).max()?;
+        let first = self.lost.iter().map(|p| p.at).min()?;
+        let last = self.lost.iter().map(|p| p.at).max()?;
         Some((ms_after(first, onset), ms_after(last, onset)))
     }
 
@@ -93,7 +108,7 @@ impl Loss {
     pub fn since(&self, onset: SystemTime, slack_ms: f64) -> usize {
         self.lost
             .iter()
-            .filter(|(_, t)| ms_after(*t, onset) >= -slack_ms)
+            .filter(|p| ms_after(p.at, onset) >= -slack_ms)
             .count()
     }
 

@@ -96,6 +96,66 @@ impl NetNs {
         Ok(v[0]["stats64"]["tx"]["packets"].as_u64().unwrap_or(0))
     }
 
+    /// Sets interface `dev` administratively up or down with one `SIOCSIFFLAGS` from a thread
+    /// inside the namespace (no process started: the change happens within microseconds of
+    /// the returned time, taken just before the call).
+    pub fn set_up(&self, dev: &str, up: bool) -> Result<std::time::SystemTime> {
+        self.set_up_timed(dev, up).map(|(before, _)| before)
+    }
+
+    /// [`NetNs::set_up`], also returning when the call returned (taking an interface down waits
+    /// for the kernel's teardown of it: its queues, an RCU grace period).
+    pub fn set_up_timed(
+        &self,
+        dev: &str,
+        up: bool,
+    ) -> Result<(std::time::SystemTime, std::time::SystemTime)> {
+        let name = dev.to_owned();
+        self.run(
+            move || -> Result<(std::time::SystemTime, std::time::SystemTime)> {
+                // SAFETY: plain socket and ioctl calls on an ifreq we own; the fd is closed below.
+                unsafe {
+                    let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+                    if fd < 0 {
+                        return Err(Error::io("socket", std::io::Error::last_os_error()));
+                    }
+                    let mut ifr: libc::ifreq = std::mem::zeroed();
+                    for (d, b) in ifr
+                        .ifr_name
+                        .iter_mut()
+                        .zip(name.bytes().take(libc::IFNAMSIZ - 1))
+                    {
+                        *d = b as libc::c_char;
+                    }
+                    let result = (|| {
+                        if libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut ifr) != 0 {
+                            return Err(Error::io(
+                                format!("SIOCGIFFLAGS {name}"),
+                                std::io::Error::last_os_error(),
+                            ));
+                        }
+                        let flags = ifr.ifr_ifru.ifru_flags;
+                        ifr.ifr_ifru.ifru_flags = if up {
+                            flags | libc::IFF_UP as libc::c_short
+                        } else {
+                            flags & !(libc::IFF_UP as libc::c_short)
+                        };
+                        let at = std::time::SystemTime::now();
+                        if libc::ioctl(fd, libc::SIOCSIFFLAGS, &ifr) != 0 {
+                            return Err(Error::io(
+                                format!("SIOCSIFFLAGS {name}"),
+                                std::io::Error::last_os_error(),
+                            ));
+                        }
+                        Ok((at, std::time::SystemTime::now()))
+                    })();
+                    libc::close(fd);
+                    result
+                }
+            },
+        )?
+    }
+
     /// `tc ARGS` inside the namespace.
     pub fn tc(&self, args: &[&str]) -> Result<String> {
         let mut full = vec!["netns", "exec", self.name.as_str(), "tc"];

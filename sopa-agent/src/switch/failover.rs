@@ -203,8 +203,13 @@ impl Repair {
     }
 }
 
-/// Logs one repair of the port watcher.
-pub(crate) fn log(port: &str, up: bool, r: &Repaired) {
+/// Logs one repair of the port watcher: `received` when the link event arrived. The wall
+/// clock times let a benchmark set the repair against the moment it failed the port.
+pub(crate) fn log(port: &str, up: bool, r: &Repaired, received: std::time::SystemTime) {
+    let us = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64)
+    };
     info!(
         port,
         up,
@@ -212,6 +217,8 @@ pub(crate) fn log(port: &str, up: bool, r: &Repaired) {
         substituted = r.substituted,
         detours = r.detours,
         took_us = r.took.as_micros() as u64,
+        received_unix_us = us(received),
+        written_unix_us = us(std::time::SystemTime::now()),
         "port changed: tc_forward repaired locally"
     );
 }

@@ -737,9 +737,10 @@ impl Switch {
         let ports = self.port_links.clone();
         let repair = Arc::clone(&self.repair);
         let react = move |index: u32, running: bool, name: &str| {
+            let received = std::time::SystemTime::now();
             let mut r = repair.lock().unwrap_or_else(|e| e.into_inner());
             match r.port(index, running) {
-                Ok(Some(done)) => failover::log(name, running, &done),
+                Ok(Some(done)) => failover::log(name, running, &done, received),
                 Ok(None) => {}
                 Err(err) => warn!(port = name, %err, "repairing tc_forward's entries failed"),
             }
