@@ -333,7 +333,10 @@ fn an_option_from_an_untrusted_port_is_neutralized_and_left_to_the_kernel() {
 
 #[test]
 fn a_detour_rewrites_the_hop_byte_marks_the_packet_and_is_taken_once() {
-    use sopa_common::maps::fwd_kind::{DETOUR, DETOURED};
+    use sopa_common::{
+        maps::fwd_kind::{DETOUR, DETOURED, UNREACHABLE},
+        wire::HOP_NONE,
+    };
     let mut s = switch();
     let p = |s: &str| s.parse::<Prefix>().unwrap();
     // 10.9/16: this switch's way down is dead; leave by port 31, hop1 := 1.
@@ -349,12 +352,19 @@ fn a_detour_rewrites_the_hop_byte_marks_the_packet_and_is_taken_once() {
     let count = |s: &Switch, why: u32| s.maps.counters().unwrap()[why as usize];
     let uplinks = |s: &Switch| s.maps.uplink_counters().unwrap();
     for (name, dst, hops, expect_hops) in [
-        ("hop1 rewritten", [10, 9, 0, 2], (1, 0), (1, 1 | DETOURED)),
+        ("hop1 rewritten", [10, 9, 0, 2], (1, 0), (1 | DETOURED, 1)),
         (
             "nothing rewritten",
             [10, 8, 0, 2],
             (1, 1),
-            (1, 1 | DETOURED),
+            (1 | DETOURED, 1),
+        ),
+        // A one-decision path: the second byte is "none" (0xFF), which is no mark.
+        (
+            "hop1 none",
+            [10, 8, 0, 2],
+            (0, HOP_NONE),
+            (DETOURED, HOP_NONE),
         ),
     ] {
         let packet = stamped(dst, hops.0, hops.1, 64);
@@ -376,24 +386,31 @@ fn a_detour_rewrites_the_hop_byte_marks_the_packet_and_is_taken_once() {
             "{name}: TTL, hop bytes, mark, a valid checksum"
         );
 
-        // At a second dead end the marked packet is not detoured again.
+        // At a second dead end the marked packet is not detoured again: dropped, not handed to
+        // the kernel (whose way around leads into other switches' decisions).
         let before = count(&s, reason::DETOUR_REFUSED);
         let (got, again) = run(&mut s, &out);
-        assert_eq!(
-            (got, &again),
-            (TC_ACT_UNSPEC, &out),
-            "{name}: left to the kernel"
-        );
+        assert_eq!((got, &again), (TC_ACT_SHOT, &out), "{name}: dropped");
         assert_eq!(count(&s, reason::DETOUR_REFUSED), before + 1, "{name}");
     }
 
-    // A decision ignores the mark: hop1 = 1 | DETOURED leaves by uplink 1.
-    let marked = stamped([10, 2, 0, 2], 0, 1 | DETOURED, 64);
+    // A decision ignores the mark: hop0 = 1 | DETOURED leaves by uplink 1.
+    let marked = stamped([10, 1, 0, 2], 1 | DETOURED, 0, 64);
     let before = uplinks(&s);
     let (got, out) = run(&mut s, &marked);
     assert_eq!(got, TC_ACT_REDIRECT);
     assert_eq!(uplinks(&s)[1], before[1] + 1, "left by uplink 1");
-    assert_eq!(out[37], 1 | DETOURED, "the mark stays");
+    assert_eq!(out[36], 1 | DETOURED, "the mark stays");
+
+    // No way at all: dropped here, counted.
+    let mut e = FwdEntry::PASS;
+    e.kind = UNREACHABLE;
+    s.maps.set(&p("10.7.0.0/16"), &e).unwrap();
+    let before = count(&s, reason::UNREACHABLE);
+    let packet = stamped([10, 7, 0, 2], 1, 0, 64);
+    let (got, out) = run(&mut s, &packet);
+    assert_eq!((got, out), (TC_ACT_SHOT, packet));
+    assert_eq!(count(&s, reason::UNREACHABLE), before + 1);
 
     // A header corrupted on the way stays corrupted through a detour.
     let mut bad = stamped([10, 9, 0, 2], 1, 0, 64);

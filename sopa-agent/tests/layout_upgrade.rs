@@ -156,14 +156,15 @@ fn counters_of_the_previous_layout_are_carried_over_by_name() {
     for name in ["decapsulated", "foreign_srv6"] {
         assert_eq!(counter(&strip, &strip_reason::NAMES, name), 0, "{name}");
     }
-    // tc_forward's V1 counters keep their names; `untrusted` is new.
+    // tc_forward's V1 counters keep their names; the rest (`untrusted`, the repair's
+    // `detoured`, `detour_refused`, `unreachable`) are new.
     let forward = open(&pins.0.join(FWD_STATS_MAP));
-    for (i, name) in forward_reason::NAMES.iter().enumerate() {
-        let want = if *name == "untrusted" {
-            0
-        } else {
-            (i as u64 + 1) * n
-        };
+    let v1 = layout::PREDECESSORS[2].old_names;
+    for name in forward_reason::NAMES.iter() {
+        let want = v1
+            .iter()
+            .position(|old| old == name)
+            .map_or(0, |i| (i as u64 + 1) * n);
         assert_eq!(
             counter(&forward, &forward_reason::NAMES, name),
             want,

@@ -393,13 +393,19 @@ pub struct FwdEntry {
 
 /// What a [`FwdEntry`] is.
 pub mod fwd_kind {
-    /// Forward by the hop byte `hop_byte` names: `uplinks[hop & !DETOURED]`.
+    /// Forward by the hop byte `hop_byte` names: `uplinks[hop]` (the first byte without its
+    /// [`DETOURED`] mark).
     pub const DECISION: u8 = 0;
     /// Every next hop of this switch towards the destination is dead: leave by `uplinks[0]`,
     /// `hop_byte` (if not 0) overwritten with `value`, the packet marked [`DETOURED`]; a packet
-    /// already marked is left to the kernel (which has no live route for it either).
+    /// already marked is dropped (counted `detour_refused`): handed to the kernel, whose
+    /// routes around the failure lead into other switches' decisions, it would bounce.
     pub const DETOUR: u8 = 1;
-    /// The high bit of the second hop byte: the packet was detoured once already.
+    /// Every next hop is dead and no detour reaches the destination: dropped (counted
+    /// `unreachable`) rather than handed to the kernel, for the same reason.
+    pub const UNREACHABLE: u8 = 2;
+    /// The high bit of the first hop byte (always present; hop values stay below it, and the
+    /// second byte's "none" is 0xFF): the packet was detoured once already.
     pub const DETOURED: u8 = 0x80;
 }
 const _: () = assert!(size_of::<FwdEntry>() == 4 + 8 * MAX_UPLINKS);
@@ -434,9 +440,11 @@ pub mod forward_reason {
     pub const UNTRUSTED: u32 = 9;
     /// Sent out of a detour port (this switch's own way to the destination is dead).
     pub const DETOURED: u32 = 10;
-    /// A detoured packet at a second dead end: left to the kernel, which drops it.
+    /// A detoured packet at a second dead end: dropped.
     pub const DETOUR_REFUSED: u32 = 11;
-    pub const COUNT: u32 = 12;
+    /// No live way from this switch to the destination: dropped.
+    pub const UNREACHABLE: u32 = 12;
+    pub const COUNT: u32 = 13;
     const _: () = assert!(COUNT <= super::REASON_SLOTS);
     pub const NAMES: [&str; COUNT as usize] = [
         "redirected",
@@ -451,6 +459,7 @@ pub mod forward_reason {
         "untrusted",
         "detoured",
         "detour_refused",
+        "unreachable",
     ];
 }
 

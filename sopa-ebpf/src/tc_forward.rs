@@ -5,7 +5,7 @@
 //! the ECMP baseline is Linux's own). Where the switch agent saw a port die, its decisions
 //! already name live uplinks, and destinations it can no longer reach down have a detour entry
 //! (`sopa_topology::failover`): out of another port, a hop byte rewritten, the packet marked so
-//! it is detoured at most once. Only ports in the trust map may bring the option: on any
+//! it is detoured at most once (a second dead end, or one no detour gets around, drops it). Only ports in the trust map may bring the option: on any
 //! other (a host whose agent is not live, so its processes could choose hop bytes themselves)
 //! the option's four bytes become NOPs and the kernel routes the packet, so neither this switch
 //! nor any after it honours the sender's choice, and nothing is dropped.
@@ -80,18 +80,21 @@ fn decide(ctx: &TcContext) -> Result<(i32, u32), u32> {
     let entry = FORWARD
         .get(Key::new(32, ip.daddr))
         .ok_or(reason::NOT_DECISION)?;
+    if entry.kind == fwd_kind::UNREACHABLE {
+        return Ok((TC_ACT_SHOT as i32, reason::UNREACHABLE));
+    }
     let detour = entry.kind == fwd_kind::DETOUR;
     let (slot, done) = if detour {
-        if h[23] & fwd_kind::DETOURED != 0 {
-            return Err(reason::DETOUR_REFUSED);
+        if h[22] & fwd_kind::DETOURED != 0 {
+            return Ok((TC_ACT_SHOT as i32, reason::DETOUR_REFUSED));
         }
         (0, reason::DETOURED)
     } else {
         let hop = match entry.hop_byte {
-            1 => h[22],
+            1 => h[22] & !fwd_kind::DETOURED,
             2 => h[23],
             _ => return Err(reason::NOT_DECISION),
-        } & !fwd_kind::DETOURED;
+        };
         if hop >= entry.count || usize::from(hop) >= MAX_UPLINKS {
             return Ok((TC_ACT_SHOT as i32, reason::UNKNOWN_HOP));
         }
@@ -114,7 +117,7 @@ fn decide(ctx: &TcContext) -> Result<(i32, u32), u32> {
             2 => h[23] = entry.value,
             _ => {}
         }
-        h[23] |= fwd_kind::DETOURED;
+        h[22] |= fwd_kind::DETOURED;
         check = checksum_adjust(check, old, word(h[22], h[23]));
     }
     [h[10], h[11]] = check.to_be_bytes();

@@ -11,8 +11,11 @@
 //!   link down into a pod) leaves by another port, the hop byte the next switch decides by
 //!   rewritten so the packet comes back down by another way (Fat-Tree: core -> an aggregation
 //!   switch of another pod -> another core -> the pod; F10's local rerouting, on a plain
-//!   Fat-Tree). A detoured packet is marked (the high bit of the second hop byte) and is never
+//!   Fat-Tree). A detoured packet is marked (the high bit of the first hop byte) and is never
 //!   detoured twice: two failures that would bounce it between them cost the packet, not a loop.
+//!   A destination no detour reaches is dropped here ([`Reaction::unreachable`]) rather than
+//!   handed to the kernel, whose route around the failure leads into other switches' decisions,
+//!   which would send it back.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -44,34 +47,32 @@ pub struct Reaction {
     pub detours: Vec<Detour>,
     /// Hop values moved to another uplink, over all decisions.
     pub substituted: usize,
-    /// Destinations this switch can no longer reach by any repair.
+    /// Destinations whose every next hop here is dead and that no detour reaches: their packets
+    /// are dropped here.
     pub unreachable: Vec<Prefix>,
 }
 
-/// Mark of a detoured packet: the high bit of the second hop byte (hop values stay below it).
-pub const DETOURED: u8 = 0x80;
+/// Mark of a detoured packet, as `tc_forward` sets it.
+pub use sopa_common::maps::fwd_kind::DETOURED;
 
 /// A bound on the forwarding simulated per candidate (ECMP and unknown hop bytes branch).
 const STEP_BUDGET: usize = 4096;
 
 /// The reaction of switch `me` to its ports on `dead` (links), the controller's `failures` as
-/// every other switch has them. With `dead` empty, the plan's decisions unchanged.
+/// every other switch has them (links the controller lists as failed are never a repair's way).
+/// With `dead` empty, the plan's decisions unchanged.
 pub fn react(
     topo: &Topology,
     me: NodeId,
     failures: &Failures,
     dead: &BTreeSet<LinkId>,
 ) -> Reaction {
-    // The routes as the hosts still sending here expect them: this switch's own dead ports
-    // count as up even once the controller lists them, since a host that has not applied (or
-    // cannot reach) the controller's change still sends by them, and with the detours gone
-    // those packets would take the kernel's detour route into the decisions of other switches,
-    // which send them back.
-    let mut expected = failures.clone();
-    for l in dead {
-        expected.set_link(*l, false);
-    }
-    let plan = forwarding::plan_under(topo, me, &expected);
+    // The routes as a packet arriving here expects them: the hosts chose this switch by the
+    // fabric's paths, so what matters is whether the way down those paths take from here is
+    // dead, even once the controller lists it (a host that has not applied, or cannot reach,
+    // the controller's change still sends by it); the kernel's route under the failures may go
+    // around, through other switches whose decisions would send an option-carrying packet back.
+    let plan = forwarding::plan(topo, me);
     let mut out = Reaction {
         decisions: plan.decisions.clone(),
         ..Reaction::default()
@@ -95,7 +96,9 @@ pub fn react(
             bytes[usize::from(d.hop_byte - 1) & 1] = Some(v as u8);
             let substitute = (1..original.len())
                 .map(|i| original[(v + i) % original.len()])
-                .find(|l| !dead.contains(l) && sim.reaches_over(*l, rack, bytes));
+                .find(|l| {
+                    !dead.contains(l) && failures.usable(g, *l) && sim.reaches_over(*l, rack, bytes)
+                });
             if let Some(l) = substitute {
                 d.uplinks[v] = l;
                 out.substituted += 1;
@@ -313,16 +316,22 @@ mod tests {
                 .then(|| r.detours.iter().find(|d| d.prefix == rack.prefix))
                 .flatten()
             {
-                if bytes[1] & DETOURED != 0 {
+                if bytes[0] & DETOURED != 0 {
                     return None;
                 }
                 if let Some((b, v)) = d.rewrite {
                     bytes[usize::from(b - 1)] = v;
                 }
-                bytes[1] |= DETOURED;
+                bytes[0] |= DETOURED;
                 d.link
+            } else if (at == me) && r.unreachable.contains(&rack.prefix) {
+                return None;
             } else if let Some(d) = decisions.iter().find(|d| d.prefix.contains_addr(dst)) {
-                d.uplinks[usize::from(bytes[usize::from(d.hop_byte - 1)] & !DETOURED)]
+                let hop = match d.hop_byte {
+                    1 => bytes[0] & !DETOURED,
+                    _ => bytes[1],
+                };
+                *d.uplinks.get(usize::from(hop))?
             } else {
                 let route = plan.routes.iter().find(|x| x.prefix.contains_addr(dst))?;
                 // Any of them: take the first live one (the kernel skips dead next hops).
@@ -450,7 +459,7 @@ mod tests {
                 "c0",
                 &r,
                 "10.0.0.2".parse().unwrap(),
-                [0, DETOURED],
+                [DETOURED, 0],
                 &dead
             )
             .is_none()
@@ -508,7 +517,13 @@ mod tests {
                         let dst = std::net::Ipv4Addr::from(u32::from(rack.prefix.addr) + 2);
                         // Every hop value the decisions on the way can take.
                         for b0 in 0..widths[0] {
-                            for b1 in 0..widths[1] {
+                            // With no decision on the second byte, it is "none" (0xFF) in the packet.
+                            let second: Vec<u8> = if widths[1] == 1 {
+                                vec![0, sopa_common::wire::HOP_NONE]
+                            } else {
+                                (0..widths[1]).collect()
+                            };
+                            for b1 in second {
                                 let path = walk(&t, &plans, g.name(me), &r, dst, [b0, b1], &dead);
                                 assert!(
                                     path.is_some(),

@@ -11,6 +11,8 @@ use std::{
     time::{Duration, SystemTime},
 };
 
+use sopa_topology::{LinkId, PathTable, paths::Failures};
+
 use crate::{Error, Result, fabric::Fabric};
 
 /// What fails.
@@ -67,14 +69,31 @@ impl Element {
     }
 
     /// [`Element::fail`], also returning when the kernel had taken the first interface down.
+    /// Every interface is set down from a thread of its own, at once (one after another, each
+    /// would wait for the kernel's teardown of the one before).
     pub fn fail_timed(&self, f: &Fabric) -> Result<(SystemTime, SystemTime)> {
-        let mut first = None;
-        for (node, iface) in self.ifaces(f) {
-            let at = f.ns(&node).set_up_timed(&iface, false)?;
-            first.get_or_insert(at);
-        }
+        let ifaces = self.ifaces(f);
+        let times: Vec<Result<(SystemTime, SystemTime)>> = std::thread::scope(|s| {
+            let handles: Vec<_> = ifaces
+                .iter()
+                .map(|(node, iface)| {
+                    let ns = f.ns(node);
+                    s.spawn(move || ns.set_up_timed(iface, false))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(Error::Failed("a set-down thread panicked".into())))
+                })
+                .collect()
+        });
+        let times = times.into_iter().collect::<Result<Vec<_>>>()?;
         let now = SystemTime::now();
-        Ok(first.unwrap_or((now, now)))
+        let first = times.iter().map(|t| t.0).min().unwrap_or(now);
+        let first_done = times.iter().map(|t| t.1).min().unwrap_or(now);
+        Ok((first, first_done))
     }
 
     pub fn restore(&self, f: &Fabric) -> Result<()> {
@@ -145,6 +164,34 @@ fn strip_ansi(line: &str) -> String {
             }
         } else {
             out.push(c);
+        }
+    }
+    out
+}
+
+/// The links a failure of `element` takes down.
+pub fn element_links(f: &Fabric, element: &Element) -> Vec<LinkId> {
+    let g = f.topo.graph();
+    let id = |n: &str| g.find(n).unwrap_or_else(|| panic!("no node {n}"));
+    match element {
+        Element::Link(a, b) => g.links_between(id(a), id(b)).collect(),
+        Element::Switch(s) => g.ports(id(s)).iter().map(|(l, _)| *l).collect(),
+    }
+}
+
+/// Flow `src -> dst`'s candidate paths: hops, and whether the path crosses a link of `dead`.
+pub fn paths_through(f: &Fabric, src: &str, dst: &str, dead: &[LinkId]) -> Vec<((u8, u8), bool)> {
+    let g = f.topo.graph();
+    let (s, d) = (g.find(src).unwrap(), g.find(dst).unwrap());
+    let table = PathTable::compute(&f.topo, s, &Failures::none(g)).expect("a path table");
+    let rack = f.topo.rack_of(d).expect("a host");
+    let mut out = Vec::new();
+    for dest in table.destinations.iter().filter(|x| x.rack.tor == rack.tor) {
+        for c in &dest.candidates {
+            out.push((
+                (c.hops.hop0, c.hops.hop1),
+                table.links(c).iter().any(|l| dead.contains(l)),
+            ));
         }
     }
     out

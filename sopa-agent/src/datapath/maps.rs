@@ -476,6 +476,14 @@ impl ForwardMaps {
             .map_err(map_err(FWD_MAP))
     }
 
+    /// Every entry of the forwarding map.
+    pub fn entries(&self) -> Result<std::collections::BTreeMap<Prefix, FwdEntry>> {
+        self.fwd
+            .iter()
+            .map(|e| e.map(|(k, v)| (prefix_of(&k), v)).map_err(map_err(FWD_MAP)))
+            .collect()
+    }
+
     /// Removes the entry of `prefix` (destinations in it go back to the kernel's routes).
     pub fn remove(&mut self, prefix: &Prefix) -> Result<()> {
         match self.fwd.remove(&key(prefix)) {

@@ -24,8 +24,6 @@ use crate::{
     error::{Error, Result},
 };
 
-const _: () = assert!(failover::DETOURED == fwd_kind::DETOURED);
-
 /// What the entries were computed from: the pushed plan and this switch's ports.
 struct Installed {
     topo: Topology,
@@ -56,14 +54,17 @@ pub struct Repaired {
 }
 
 impl Repair {
-    pub fn new(maps: ForwardMaps) -> Self {
-        Self {
+    /// Takes over `maps` as they are: entries a previous agent left (an adopted datapath) count
+    /// as written, so the first plan removes those it no longer has.
+    pub fn new(maps: ForwardMaps) -> Result<Self> {
+        let written = maps.entries()?;
+        Ok(Self {
             maps,
             plan: None,
             down: BTreeSet::new(),
-            written: BTreeMap::new(),
+            written,
             last: Reaction::default(),
-        }
+        })
     }
 
     pub fn maps(&mut self) -> &mut ForwardMaps {
@@ -120,11 +121,17 @@ impl Repair {
             return Ok(Repaired::default());
         };
         let g = p.topo.graph();
-        let dead: BTreeSet<LinkId> = p
-            .ports
+        // Ports without carrier, and links of the plan no interface here carries (nothing can
+        // be sent by them either).
+        let dead: BTreeSet<LinkId> = g
+            .ports(p.me)
             .iter()
-            .filter(|(_, port)| self.down.contains(&port.ifindex))
             .map(|(l, _)| *l)
+            .filter(|l| {
+                p.ports
+                    .get(l)
+                    .is_none_or(|port| self.down.contains(&port.ifindex))
+            })
             .collect();
         let reaction = failover::react(&p.topo, p.me, &p.failures, &dead);
         let uplink = |l: &LinkId| {
@@ -162,6 +169,11 @@ impl Repair {
             e.uplinks[0] = uplink(&d.link)?;
             entries.insert(d.prefix, e);
         }
+        for prefix in &reaction.unreachable {
+            let mut e = FwdEntry::PASS;
+            e.kind = fwd_kind::UNREACHABLE;
+            entries.insert(*prefix, e);
+        }
         let dead: Vec<String> = dead.iter().map(|l| g.link_name(*l)).collect();
         self.replace(entries)?;
         let repaired = Repaired {
@@ -175,7 +187,7 @@ impl Repair {
             warn!(
                 dead = ?repaired.dead,
                 unreachable = ?repaired.unreachable,
-                "no live way from this switch to these destinations: their packets are lost until the controller moves the hosts' paths"
+                "no live way from this switch to these destinations: their packets are dropped here until the controller moves the hosts' paths"
             );
         }
         self.last = reaction;

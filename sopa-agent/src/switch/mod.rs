@@ -275,7 +275,7 @@ impl Switch {
                 journal.push(Change::Pins { dir: pins.clone() })?;
             }
             let mut datapath = Datapath::load_switch(&pins)?;
-            let maps = datapath.take_forward_maps()?;
+            let repair = failover::Repair::new(datapath.take_forward_maps()?)?;
             // Counters an agent of an older layout left, set into ours before anything counts
             // there.
             let carry = crate::datapath::layout::Carry::start(&pins)
@@ -300,12 +300,12 @@ impl Switch {
             ] {
                 set_sysctl(&mut journal, key, &value)?;
             }
-            Ok::<_, Error>((datapath, maps, carry))
+            Ok::<_, Error>((datapath, repair, carry))
         };
         match setup.await {
-            Ok((datapath, maps, carry)) => Ok(Self {
+            Ok((datapath, repair, carry)) => Ok(Self {
                 datapath,
-                repair: Arc::new(Mutex::new(failover::Repair::new(maps))),
+                repair: Arc::new(Mutex::new(repair)),
                 journal: Some(journal),
                 netlink,
                 attached: Vec::new(),
@@ -359,13 +359,6 @@ impl Switch {
         } else {
             plan.decisions.len()
         };
-        let repaired = self.lock().install(
-            (encoding != Encoding::Srv6)
-                .then(|| (topo.clone(), me, failures.clone(), ports.clone())),
-        )?;
-        if !repaired.dead.is_empty() {
-            info!(dead = ?repaired.dead, substituted = repaired.substituted, detours = repaired.detours, "ports without carrier repaired around in the new plan");
-        }
         self.port_links = ports
             .iter()
             .map(|(l, p)| {
@@ -408,6 +401,15 @@ impl Switch {
                 }
                 self.attached.push(ifindex);
             }
+        }
+        // The entries after the programs: a program replaced in place (an upgrade) finds the
+        // decisions the previous agent left, and never sees an entry kind it does not know.
+        let repaired = self.lock().install(
+            (encoding != Encoding::Srv6)
+                .then(|| (topo.clone(), me, failures.clone(), ports.clone())),
+        )?;
+        if !repaired.dead.is_empty() {
+            info!(dead = ?repaired.dead, substituted = repaired.substituted, detours = repaired.detours, "ports without carrier repaired around in the new plan");
         }
         if let Some(carry) = self.carry.take()
             && let Err(err) = carry.finish()
