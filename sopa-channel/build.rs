@@ -32,6 +32,7 @@ fn main() {
         .method(method("set_link", "SetLink", "LinkChange", "ChangeReply").build())
         .method(method("set_switch", "SetSwitch", "SwitchChange", "ChangeReply").build())
         .method(method("status", "Status", "StatusRequest", "StatusReply").build())
+        .method(method("set_trust", "SetTrust", "TrustChange", "ChangeReply").build())
         .method(
             method(
                 "hedera_status",

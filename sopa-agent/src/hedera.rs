@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use sopa_channel::proto::{FiveTuple, FlowReport, FlowSample, PinSet};
+use sopa_channel::proto::{FiveTuple, FlowReport, FlowSample, PinSet, agent_message::Kind};
 use sopa_common::maps::{FlowKey, FlowState, Pin, mode};
 use sopa_topology::paths::{Hops, PathTable as Candidates};
 use tokio::sync::mpsc;
@@ -88,7 +88,7 @@ impl ElephantMeter {
 /// switched at run time, so it is read every time).
 pub async fn report_loop(
     maps: Arc<Mutex<MapSet>>,
-    reports: mpsc::Sender<FlowReport>,
+    reports: mpsc::Sender<Kind>,
     interval: Duration,
     nic_bps: u64,
 ) {
@@ -115,7 +115,7 @@ pub async fn report_loop(
         let report = meter.sample(&flows, interval, nic_bps);
         debug!(elephants = report.flows.len(), "flow report");
         // A full queue (controller away) drops this interval's report: the next one replaces it.
-        let _ = reports.try_send(report);
+        let _ = reports.try_send(Kind::Flows(report));
     }
 }
 

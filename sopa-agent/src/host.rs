@@ -71,6 +71,8 @@ pub struct HostOptions {
     /// The mode was given at start (`--mode`): a mode set at run time is forgotten, before
     /// the agent says it is up.
     pub forget_runtime_mode: bool,
+    /// The path meter's period of alternate marking (zero: no metering).
+    pub meter_period: std::time::Duration,
 }
 
 /// The node's pin folder. bpffs refuses names containing '.', so dots become ':' there.
@@ -449,6 +451,7 @@ impl Host {
             // A start of the agent returns new flows to the default (`sopa-agent mode
             // --first-path` changes it at run time, for comparisons).
             maps.set_first_path(sopa_common::maps::first_path::HASH)?;
+            maps.set_meter_period(opts.meter_period.as_nanos() as u64)?;
             if !(adopting && opts.paths_from_controller) {
                 maps.apply_paths(&opts.paths)?;
                 maps.apply_srv6(opts.paths.srv6.as_ref())?;

@@ -7,6 +7,7 @@ pub mod datapath;
 pub mod error;
 pub mod hedera;
 pub mod host;
+pub mod meter;
 pub mod metrics;
 pub mod mode;
 pub mod netlink;

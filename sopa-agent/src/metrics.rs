@@ -24,20 +24,14 @@ use sopa_common::{
     maps::{mode, stamp_reason, strip_reason},
     wire::HOP_NONE,
 };
-use tokio::{
-    io::{AsyncReadExt as _, AsyncWriteExt as _},
-    net::TcpListener,
-};
-use tracing::{debug, warn};
+use tokio::net::TcpListener;
+use tracing::warn;
 
 use crate::{
     datapath::MapSet,
     error::{Error, Result},
     status::mode_name,
 };
-
-/// How long a scrape waits for the ones before it (then: 503).
-const SCRAPE_WAIT: Duration = Duration::from_secs(5);
 
 /// How old the figures that take a walk of a map may get.
 pub const SLOW_REFRESH: Duration = Duration::from_secs(10);
@@ -165,6 +159,17 @@ impl Collector for DatapathCollector {
         counter.encode(encoder.encode_descriptor(
             "sopa_stamp_stateless_packets",
             "Stamped packets whose flow could not be entered into the flow table (path by hash)",
+            None,
+            counter.metric_type(),
+        )?)?;
+
+        let counter = ConstCounter::new(
+            stamp[stamp_reason::METER_FULL as usize] + strip[strip_reason::METER_FULL as usize],
+        );
+        counter.encode(encoder.encode_descriptor(
+            "sopa_meter_full_packets",
+            "Packets the path meter could not count (its table was full): the periods they fell \
+             in are not judged",
             None,
             counter.metric_type(),
         )?)?;
@@ -384,60 +389,5 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener> {
 /// time.
 pub fn serve(listener: TcpListener, registry: Registry) -> tokio::task::JoinHandle<()> {
     let registry = Arc::new(registry);
-    let one_at_a_time = Arc::new(tokio::sync::Semaphore::new(1));
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut stream, peer)) = listener.accept().await else {
-                continue;
-            };
-            let registry = Arc::clone(&registry);
-            let one_at_a_time = Arc::clone(&one_at_a_time);
-            tokio::spawn(async move {
-                let mut request = [0u8; 1024];
-                let n = match tokio::time::timeout(
-                    std::time::Duration::from_secs(5),
-                    stream.read(&mut request),
-                )
-                .await
-                {
-                    Ok(Ok(n)) => n,
-                    _ => return,
-                };
-                let line = String::from_utf8_lossy(&request[..n]);
-                let (status, body, kind) = if line.starts_with("GET /metrics ") {
-                    // Scrapes queue one behind the other; one that waits past a scraper's
-                    // usual time-out is answered busy instead of piling up.
-                    let Ok(Ok(_turn)) =
-                        tokio::time::timeout(SCRAPE_WAIT, one_at_a_time.acquire()).await
-                    else {
-                        let busy = "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
-                        let _ = stream.write_all(busy.as_bytes()).await;
-                        return;
-                    };
-                    let Ok(body) = tokio::task::spawn_blocking(move || render(&registry)).await
-                    else {
-                        return;
-                    };
-                    (
-                        "200 OK",
-                        body,
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )
-                } else {
-                    (
-                        "404 Not Found",
-                        "try GET /metrics\n".to_owned(),
-                        "text/plain",
-                    )
-                };
-                let response = format!(
-                    "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                if let Err(err) = stream.write_all(response.as_bytes()).await {
-                    debug!(%peer, %err, "metrics client went away");
-                }
-            });
-        }
-    })
+    sopa_channel::metrics_http::serve(listener, Arc::new(move || render(&registry)))
 }

@@ -944,3 +944,97 @@ fn a_forged_option_never_leaves_as_its_sender_set_it() {
         "a wrong checksum must stay wrong"
     );
 }
+
+/// The path meter (alternate marking): `tc_stamp` marks the first hop byte in odd periods and
+/// counts what it sends per (destination rack, path, color); `xdp_strip` counts what arrives per
+/// (source rack, path, color as marked), the mark and the path's hop bytes read before the
+/// strip; with the period 0 nothing is marked or counted.
+#[test]
+fn the_path_meter_marks_odd_periods_and_counts_both_ends() {
+    use sopa_common::maps::{MeterKey, meter};
+    let mut f = Fixture::new(TABLE, mode::SOPA);
+    let total = |counts: &[(MeterKey, u64)]| counts.iter().map(|(_, n)| n).sum::<u64>();
+    // A period as long as TAI time so far: now is in period 1 (odd) for decades; twice
+    // that, period 0 (even).
+    let tai = sopa_agent::meter::tai_ns();
+    f.maps.set_meter_period(2 * tai).unwrap();
+    let even: Vec<Vec<u8>> = (0..5)
+        .map(|i| f.stamp(&tcp(DST_INTER_POD, 6000, i, b"even")))
+        .collect();
+    f.maps.set_meter_period(tai).unwrap();
+    let odd: Vec<Vec<u8>> = (0..3)
+        .map(|i| f.stamp(&tcp(DST_INTER_POD, 6000, 5 + i, b"odd")))
+        .collect();
+    assert!(
+        even.iter().all(|p| p[36] & meter::COLOR == 0),
+        "even: unmarked"
+    );
+    assert!(odd.iter().all(|p| p[36] & meter::COLOR != 0), "odd: marked");
+    // The path is the round robin's, whatever the mark.
+    let u = start(&tcp_key(DST_INTER_POD, 6000), 4);
+    for (i, p) in even.iter().chain(&odd).enumerate() {
+        assert_eq!(
+            (p[36] & meter::HOP_MASK, p[37]),
+            inter_pod_path(u + i as u32)
+        );
+    }
+    let (sent0, _) = f.maps.meter_counts(0).unwrap();
+    let (sent1, _) = f.maps.meter_counts(1).unwrap();
+    assert_eq!((total(&sent0), total(&sent1)), (5, 3));
+    // Keyed by the destination's rack (the table's longest prefix, /24) and the bare path.
+    let rack = u32::from_ne_bytes([10, 3, 1, 0]);
+    for (k, n) in sent0.iter().chain(&sent1) {
+        assert_eq!(k.peer, rack, "{k:?}");
+        assert_eq!(k.hops[0] & !meter::HOP_MASK, 0, "{k:?}: a bare path");
+        assert!(*n >= 1);
+    }
+    assert_eq!(
+        sent0.len(),
+        4,
+        "five packets of one flow: every path once, one twice"
+    );
+
+    // The receiver counts each packet in the color it carries, from the source's rack.
+    f.maps.set_meter_period(0).unwrap();
+    for p in even.iter().chain(&odd) {
+        // A packet from SRC arriving at the destination: strip it.
+        f.strip(p);
+    }
+    let (_, received0) = f.maps.meter_counts(0).unwrap();
+    assert!(received0.is_empty(), "with the period 0 nothing is counted");
+    f.maps.set_meter_period(tai).unwrap();
+    for p in even.iter().chain(&odd) {
+        f.strip(p);
+    }
+    let (_, received0) = f.maps.meter_counts(0).unwrap();
+    let (_, received1) = f.maps.meter_counts(1).unwrap();
+    assert_eq!((total(&received0), total(&received1)), (5, 3));
+    let from = u32::from_ne_bytes([10, 1, 0, 0]);
+    assert!(
+        received0
+            .iter()
+            .chain(&received1)
+            .all(|(k, _)| k.peer == from)
+    );
+    let mut sent: Vec<_> = sent0
+        .iter()
+        .chain(&sent1)
+        .map(|(k, n)| ((k.hops, k.color), *n))
+        .collect();
+    let mut got: Vec<_> = received0
+        .iter()
+        .chain(&received1)
+        .map(|(k, n)| ((k.hops, k.color), *n))
+        .collect();
+    sent.sort();
+    got.sort();
+    assert_eq!(sent, got, "each path and color counted alike at both ends");
+
+    // Off: no mark, no count.
+    f.maps.set_meter_period(0).unwrap();
+    let p = f.stamp(&tcp(DST_INTER_POD, 6000, 9, b"off"));
+    assert_eq!(p[36] & meter::COLOR, 0);
+    let (sent1, _) = f.maps.meter_counts(1).unwrap();
+    let (sent0, _) = f.maps.meter_counts(0).unwrap();
+    assert_eq!((total(&sent0), total(&sent1)), (5, 3));
+}

@@ -22,7 +22,7 @@ pub enum Role {
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct AgentMessage {
-    #[prost(oneof = "agent_message::Kind", tags = "1, 2, 3, 4, 5, 6, 7")]
+    #[prost(oneof = "agent_message::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8")]
     pub kind: Option<agent_message::Kind>,
 }
 
@@ -43,6 +43,14 @@ pub mod agent_message {
         Flows(super::FlowReport),
         #[prost(message, tag = "7")]
         PinAck(super::PinAck),
+        #[prost(message, tag = "8")]
+        Paths(super::PathReport),
+    }
+
+    impl From<super::PathReport> for Kind {
+        fn from(r: super::PathReport) -> Self {
+            Self::Paths(r)
+        }
     }
 
     impl From<super::LinkReport> for Kind {
@@ -114,6 +122,43 @@ pub struct LinkReport {
     #[prost(bool, tag = "3")]
     pub down: bool,
 }
+
+/// A host agent's path meter for one period of alternate marking: the packets it sent to and
+/// received from each peer rack in that period, per path. Sent for every period, empty when
+/// nothing moved, so the controller knows which hosts' counts it has. Per (rack, path), never
+/// per flow or per host: its size is bounded by the racks the host talks to times their paths.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PathReport {
+    /// The period's index: TAI time divided by `period_ms`.
+    #[prost(uint64, tag = "1")]
+    pub period: u64,
+    #[prost(uint32, tag = "2")]
+    pub period_ms: u32,
+    #[prost(message, repeated, tag = "3")]
+    pub sent: Vec<PeerPaths>,
+    #[prost(message, repeated, tag = "4")]
+    pub received: Vec<PeerPaths>,
+    /// Some packets of this period could not be counted (the meter's table was full): the
+    /// host's counts are incomplete and are not judged.
+    #[prost(bool, tag = "5")]
+    pub incomplete: bool,
+}
+
+/// One peer rack's packets on each path, in two parallel packed arrays.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PeerPaths {
+    /// The rack's prefix address, as the u32 of its four octets read big-endian.
+    #[prost(fixed32, tag = "1")]
+    pub rack: u32,
+    /// Each path as `hop0 | hop1 << 8`.
+    #[prost(uint32, repeated, tag = "2")]
+    pub hops: Vec<u32>,
+    #[prost(uint64, repeated, tag = "3")]
+    pub packets: Vec<u64>,
+}
+
+/// The most peer racks one path report may name per direction.
+pub const MAX_REPORT_RACKS: usize = 65_536;
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ControllerMessage {
@@ -444,6 +489,57 @@ pub struct StatusReply {
     /// they could not be stored.
     #[prost(uint64, tag = "12")]
     pub changes_not_stored: u64,
+    /// Links the path meter found losing packets, drained until their hold-down ends.
+    #[prost(message, repeated, tag = "13")]
+    pub suspect_links: Vec<SuspectLink>,
+    /// Links an operator trusts: never drained on the path meter's evidence.
+    #[prost(message, repeated, tag = "14")]
+    pub trusted_links: Vec<LinkRef>,
+    /// The path meter's judgement of every link that carried metered packets in the last
+    /// window, worst first (at most 64).
+    #[prost(message, repeated, tag = "15")]
+    pub link_loss: Vec<LinkLoss>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SuspectLink {
+    #[prost(message, optional, tag = "1")]
+    pub link: Option<LinkRef>,
+    /// The loss that convicted it (lost / sent over the window that did).
+    #[prost(double, tag = "2")]
+    pub loss: f64,
+    #[prost(uint64, tag = "3")]
+    pub lost: u64,
+    #[prost(uint64, tag = "4")]
+    pub sent: u64,
+    /// Until it is trusted again.
+    #[prost(uint64, tag = "5")]
+    pub remaining_ms: u64,
+    /// Times it was found lossy within the memory of the hold-down (each doubles the hold).
+    #[prost(uint32, tag = "6")]
+    pub strikes: u32,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LinkLoss {
+    /// The direction measured: from `a` to `b`.
+    #[prost(message, optional, tag = "1")]
+    pub link: Option<LinkRef>,
+    #[prost(uint64, tag = "2")]
+    pub sent: u64,
+    #[prost(uint64, tag = "3")]
+    pub lost: u64,
+}
+
+/// An operator's word on a link the path meter judges: `trust` clears a suspicion and keeps
+/// the link from being drained on the meter's evidence; `trust = false` hands it back to the
+/// meter.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TrustChange {
+    #[prost(message, optional, tag = "1")]
+    pub link: Option<LinkRef>,
+    #[prost(bool, tag = "2")]
+    pub trust: bool,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

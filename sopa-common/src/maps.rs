@@ -261,7 +261,9 @@ pub mod stamp_reason {
     /// Passed as it is: the encoding is SRv6 and the destination or the chosen path has no
     /// uSIDs (a path table without them, or one being replaced).
     pub const NO_SEGMENTS: u32 = 18;
-    pub const COUNT: u32 = 19;
+    /// Not a verdict: a stamped packet the path meter could not count (its table was full).
+    pub const METER_FULL: u32 = 19;
+    pub const COUNT: u32 = 20;
     const _: () = assert!(COUNT <= super::REASON_SLOTS);
     /// Names in index order, for status and metrics.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -284,10 +286,11 @@ pub mod stamp_reason {
         "flow_table_full",
         "restamped",
         "no_segments",
+        "meter_full",
     ];
     /// Whether counter `i` is a verdict: every packet is counted under exactly one verdict.
     pub const fn is_verdict(i: u32) -> bool {
-        i < PINNED || (i >= NO_SEGMENTS && i < COUNT)
+        i < PINNED || i == NO_SEGMENTS
     }
 }
 
@@ -317,7 +320,9 @@ pub mod strip_reason {
     /// IPv6 with an outer destination in the uSID block that is not this host's, or that is
     /// not a packet of ours (a routing header, another payload): left alone.
     pub const FOREIGN_SRV6: u32 = 11;
-    pub const COUNT: u32 = 12;
+    /// Not a verdict: a stripped packet the path meter could not count (its table was full).
+    pub const METER_FULL: u32 = 12;
+    pub const COUNT: u32 = 13;
     const _: () = assert!(COUNT <= super::REASON_SLOTS);
     pub const NAMES: [&str; COUNT as usize] = [
         "stripped",
@@ -332,12 +337,63 @@ pub mod strip_reason {
         "tcp_reordered",
         "decapsulated",
         "foreign_srv6",
+        "meter_full",
     ];
     /// Whether counter `i` is a verdict (every packet counts under exactly one).
     pub const fn is_verdict(i: u32) -> bool {
-        i < TCP_DATA || (i >= DECAPSULATED && i < COUNT)
+        i < TCP_DATA || i == DECAPSULATED || i == FOREIGN_SRV6
     }
 }
+
+/// Path metering by alternate marking (RFC 9341): time is cut into periods of
+/// [`MeterConfig::period_ns`] on the TAI clock, and every packet stamped in an odd period
+/// carries [`meter::COLOR`] in its first hop byte. The sender counts packets per (peer rack,
+/// path, color) in [`meter::SENT_MAP`], the receiver per (peer rack, path, color) in
+/// [`meter::RECEIVED_MAP`]; half a period after a period ends its color's counters are still
+/// (its packets have arrived, the next period of that color has not begun), so the two ends'
+/// counts of one period compare exactly, with no packet in flight counted as lost.
+pub mod meter {
+    /// The metering configuration, a one-entry array of [`super::MeterConfig`].
+    pub const CONFIG_MAP: &str = "SOPA_METER_V1";
+    /// Packets sent, by [`super::MeterKey`] (peer: the destination's rack).
+    pub const SENT_MAP: &str = "SOPA_SENT_V1";
+    /// Packets received, by [`super::MeterKey`] (peer: the source's rack).
+    pub const RECEIVED_MAP: &str = "SOPA_RECV_V1";
+    /// Entries of each counter map: (peer rack, path, color) triples a host has exchanged
+    /// packets with. A packet that finds the map full is counted under `meter_full` and its
+    /// period is not judged.
+    pub const CAPACITY: u32 = 65_536;
+    /// The mark of an odd period in the first hop byte (hop values are below
+    /// [`super::MAX_UPLINKS`], the detour mark is 0x80).
+    pub const COLOR: u8 = 0x40;
+    /// What a hop byte names once the marks are off.
+    pub const HOP_MASK: u8 = !(COLOR | super::fwd_kind::DETOURED);
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MeterConfig {
+    /// The period of alternate marking in ns; 0: metering off (no mark, nothing counted).
+    pub period_ns: u64,
+    /// The rack part of an address (network order, as the packet holds it): a peer is counted
+    /// by `address & rack_mask`.
+    pub rack_mask: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<MeterConfig>() == 16);
+
+/// A counter of the path meter: the peer's rack (its address masked by
+/// [`MeterConfig::rack_mask`], network order), the path's hop bytes without marks, the period's
+/// color (0 or 1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MeterKey {
+    pub peer: u32,
+    pub hops: [u8; 2],
+    pub color: u8,
+    pub _pad: u8,
+}
+const _: () = assert!(size_of::<MeterKey>() == 8);
 
 /// Per-CPU packet counters of `xdp_strip`, indexed by [`strip_reason`], [`REASON_SLOTS`] long.
 pub const STRIP_STATS_MAP: &str = "SOPA_STRIP_V2";
@@ -502,4 +558,6 @@ mod fwd_pod {
     // SAFETY: repr(C), integers only, explicit padding.
     unsafe impl aya::Pod for Uplink {}
     unsafe impl aya::Pod for FwdEntry {}
+    unsafe impl aya::Pod for MeterConfig {}
+    unsafe impl aya::Pod for MeterKey {}
 }

@@ -58,6 +58,8 @@ pub struct Fabric {
     /// Links a switch reported down (a port without carrier). A link is down for the agents
     /// when either says so; a switch's report that a port is up again never undoes a drain.
     reported_down: BTreeSet<(String, String)>,
+    /// Links the path meter found losing packets: drained like the others while suspect.
+    suspect: BTreeSet<(String, String)>,
     down_switches: BTreeSet<String>,
     history: VecDeque<Delta>,
     /// Not part of the stored state: a restart with another encoding keeps the fabric's.
@@ -90,6 +92,7 @@ impl Fabric {
             version: 1,
             down_links: BTreeSet::new(),
             reported_down: BTreeSet::new(),
+            suspect: BTreeSet::new(),
             down_switches: BTreeSet::new(),
             history: VecDeque::new(),
             encoding: Encoding::default(),
@@ -165,6 +168,11 @@ impl Fabric {
                 .map_err(|e| FabricError::StoredUnknown(format!("link {a}:{b}"), e.to_string()))?;
             f.reported_down.insert(key(a, b));
         }
+        for (a, b) in &state.suspect {
+            f.check_link(a, b)
+                .map_err(|e| FabricError::StoredUnknown(format!("link {a}:{b}"), e.to_string()))?;
+            f.suspect.insert(key(a, b));
+        }
         for name in &state.down_switches {
             f.check_switch(name)
                 .map_err(|e| FabricError::StoredUnknown(format!("switch {name}"), e.to_string()))?;
@@ -183,6 +191,7 @@ impl Fabric {
             down_links: self.down_links.iter().cloned().collect(),
             reported_down: self.reported_down.iter().cloned().collect(),
             down_switches: self.down_switches.iter().cloned().collect(),
+            suspect: self.suspect.iter().cloned().collect(),
         }
     }
 
@@ -206,6 +215,7 @@ impl Fabric {
         self.down_links = s.down_links.into_iter().collect();
         self.reported_down = s.reported_down.into_iter().collect();
         self.down_switches = s.down_switches.into_iter().collect();
+        self.suspect = s.suspect.into_iter().collect();
         // A change adds at most one delta; one dropped from the front meanwhile is not
         // brought back (agents that far behind take a snapshot).
         self.history.truncate(c.history_len);
@@ -239,15 +249,48 @@ impl Fabric {
         &self.spec_json
     }
 
-    /// Every link that is down, drained or reported.
+    /// Every link that is down: drained, reported or suspect.
     pub fn down_links(&self) -> Vec<LinkRef> {
-        self.down_links
-            .union(&self.reported_down)
+        self.all_down()
+            .into_iter()
             .map(|(a, b)| LinkRef {
                 a: a.clone(),
                 b: b.clone(),
             })
             .collect()
+    }
+
+    /// Every link down for the agents, for any reason, once.
+    fn all_down(&self) -> BTreeSet<&(String, String)> {
+        self.down_links
+            .iter()
+            .chain(&self.reported_down)
+            .chain(&self.suspect)
+            .collect()
+    }
+
+    /// Links the path meter found lossy, drained now.
+    pub fn suspect_links(&self) -> Vec<(String, String)> {
+        self.suspect.iter().cloned().collect()
+    }
+
+    /// The path meter convicts a link or its hold-down ends. Returns the delta when the link's
+    /// state for the agents changed.
+    pub fn set_suspect(
+        &mut self,
+        a: &str,
+        b: &str,
+        suspect: bool,
+    ) -> Result<Option<Delta>, FabricError> {
+        self.check_link(a, b)?;
+        let k = key(a, b);
+        let before = self.link_down(&k);
+        if suspect {
+            self.suspect.insert(k.clone());
+        } else {
+            self.suspect.remove(&k);
+        }
+        Ok(self.link_delta(k, before))
     }
 
     pub fn down_switches(&self) -> Vec<String> {
@@ -258,7 +301,7 @@ impl Fabric {
     pub fn failures(&self) -> Failures {
         let g = self.topology.graph();
         let mut f = Failures::none(g);
-        for (a, b) in self.down_links.union(&self.reported_down) {
+        for (a, b) in self.all_down() {
             if let (Some(na), Some(nb)) = (g.find(a), g.find(b)) {
                 for l in g.links_between(na, nb).collect::<Vec<_>>() {
                     f.set_link(l, true);
@@ -333,8 +376,13 @@ impl Fabric {
         Ok(self.link_delta(k, before))
     }
 
+    /// Whether link `a`-`b` is down for the agents, for any reason.
+    pub fn is_link_down(&self, a: &str, b: &str) -> bool {
+        self.link_down(&key(a, b))
+    }
+
     fn link_down(&self, k: &(String, String)) -> bool {
-        self.down_links.contains(k) || self.reported_down.contains(k)
+        self.down_links.contains(k) || self.reported_down.contains(k) || self.suspect.contains(k)
     }
 
     /// The delta of link `k` if its state for the agents changed from `before`.

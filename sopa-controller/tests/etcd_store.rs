@@ -109,6 +109,7 @@ fn state(version: u64) -> Persisted {
         down_links: vec![("a0".into(), "e0".into())],
         reported_down: Vec::new(),
         down_switches: Vec::new(),
+        suspect: Vec::new(),
     }
 }
 

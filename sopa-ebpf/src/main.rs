@@ -13,6 +13,7 @@
 
 mod baseline;
 mod lossy;
+mod meter;
 mod packet;
 mod srv6;
 mod tc_forward;
@@ -27,8 +28,8 @@ use aya_ebpf::{
 };
 use sopa_common::maps::{
     Config, Encap, FLOWS_CAPACITY, FWD_CAPACITY, FlowKey, FlowState, FwdEntry, HOP_STATS_LEN,
-    MAX_UPLINKS, PATHS_CAPACITY, PINS_CAPACITY, PathSet, Pin, REASON_SLOTS, REORDER_CAPACITY,
-    ReorderState, SRV6_SEGS_CAPACITY, SegKey, Segments, Srv6Dest, TRUST_CAPACITY,
+    MAX_UPLINKS, MeterConfig, MeterKey, PATHS_CAPACITY, PINS_CAPACITY, PathSet, Pin, REASON_SLOTS,
+    REORDER_CAPACITY, ReorderState, SRV6_SEGS_CAPACITY, SegKey, Segments, Srv6Dest, TRUST_CAPACITY,
 };
 
 // Names must equal the constants of `sopa_common::maps` (checked by the agent's loader tests).
@@ -79,6 +80,16 @@ static TRUST: HashMap<u32, u32> = HashMap::pinned(TRUST_CAPACITY, 0);
 
 #[map(name = "SOPA_FWDUP_V1")]
 static FORWARD_UPLINK_STATS: PerCpuArray<u64> = PerCpuArray::pinned(MAX_UPLINKS as u32, 0);
+
+#[map(name = "SOPA_METER_V1")]
+static METER_CONFIG: Array<MeterConfig> = Array::pinned(1, 0);
+
+#[map(name = "SOPA_SENT_V1")]
+static METER_SENT: HashMap<MeterKey, u64> = HashMap::pinned(sopa_common::maps::meter::CAPACITY, 0);
+
+#[map(name = "SOPA_RECV_V1")]
+static METER_RECEIVED: HashMap<MeterKey, u64> =
+    HashMap::pinned(sopa_common::maps::meter::CAPACITY, 0);
 
 /// Switch ingress: source-routed packets at their decision point go to the named uplink; an
 /// option from a port the switch does not trust is neutralized.

@@ -17,7 +17,7 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use sopa_common::{
-    maps::{MAX_UPLINKS, forward_reason as reason, fwd_kind},
+    maps::{MAX_UPLINKS, forward_reason as reason, fwd_kind, meter},
     wire::{
         ETH_HLEN, ETH_P_IP, IPV4_BASE_LEN, IPV4_STAMPED_LEN, OPTION_LEN, OPTION_TYPE,
         checksum_adjust, word,
@@ -91,7 +91,7 @@ fn decide(ctx: &TcContext) -> Result<(i32, u32), u32> {
         (0, reason::DETOURED)
     } else {
         let hop = match entry.hop_byte {
-            1 => h[22] & !fwd_kind::DETOURED,
+            1 => h[22] & meter::HOP_MASK,
             2 => h[23],
             _ => return Err(reason::NOT_DECISION),
         };
@@ -113,7 +113,8 @@ fn decide(ctx: &TcContext) -> Result<(i32, u32), u32> {
     if detour {
         let old = word(h[22], h[23]);
         match entry.hop_byte {
-            1 => h[22] = entry.value,
+            // The period's color stays: the meter at the receiver counts the packet in it.
+            1 => h[22] = entry.value | (h[22] & meter::COLOR),
             2 => h[23] = entry.value,
             _ => {}
         }

@@ -32,6 +32,7 @@ use sopa_common::{
 };
 
 use crate::{
+    meter::Meter,
     packet::Ipv6,
     srv6::{Inner, OUTER_LEN},
 };
@@ -98,13 +99,24 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
     };
     // Before stamping: growing a GSO packet's header resets its segment count.
     let segs = segments(ctx);
+    // The path meter marks and counts the option's packets (an SRv6 packet is not metered).
+    let meter = if srv6 { None } else { Meter::now() };
+    let wire = match meter {
+        Some(m) => [m.mark(choice.hops[0]), choice.hops[1]],
+        None => choice.hops,
+    };
     if let Some(encap) = encap {
         crate::srv6::encapsulate(ctx, &ip, encap, choice.hops, Inner::Ipv4)?;
     } else if forged {
-        restamp(ctx, choice.hops).map_err(|_| reason::FORGED_DROPPED)?;
+        restamp(ctx, wire).map_err(|_| reason::FORGED_DROPPED)?;
         count(&crate::STAMP_STATS, reason::RESTAMPED, 1);
     } else {
-        stamp(ctx, &ip, choice.hops)?;
+        stamp(ctx, &ip, wire)?;
+    }
+    if let Some(m) = meter
+        && !m.sent(ip.daddr, choice.hops, segs)
+    {
+        count(&crate::STAMP_STATS, reason::METER_FULL, 1);
     }
     Ok(counted(&choice, segs))
 }

@@ -17,6 +17,7 @@ use sopa_common::{
 
 use crate::{
     REORDER, STRIP_STATS,
+    meter::Meter,
     packet::{Ipv4, count, ptr_at},
 };
 
@@ -67,6 +68,15 @@ pub fn try_strip(ctx: &XdpContext) -> Result<u32, u32> {
         ptr_at(ctx.data(), ctx.data_end(), 0).ok_or(reason::TOO_SHORT)?;
     // SAFETY: bounds checked by ptr_at.
     let frame = unsafe { &mut *head };
+    // The path meter counts it by the path and color it carries, whether or not the strip below
+    // succeeds (the packet is delivered either way).
+    if !Meter::received(
+        ip.saddr,
+        [frame[OPTION_OFFSET + 2], frame[OPTION_OFFSET + 3]],
+        1,
+    ) {
+        count(&STRIP_STATS, reason::METER_FULL, 1);
+    }
     // Rewrite the base header for its new length, then slide Ethernet + base header over the
     // option and drop the 4 bytes now in front.
     let tot_len = ip.tot_len.wrapping_sub(u16::from(OPTION_LEN)).to_be_bytes();

@@ -29,7 +29,20 @@ pub fn tcp_from(frame: &[u8], src: std::net::Ipv4Addr) -> Option<(Vec<u8>, usize
     }
     let tcp = etherparse::TcpHeaderSlice::from_slice(&frame[14 + ip.slice().len()..]).ok()?;
     let payload = usize::from(ip.total_len()).saturating_sub(ip.slice().len() + tcp.slice().len());
-    Some((ip.options().to_vec(), payload))
+    Some((unmarked(ip.options()), payload))
+}
+
+/// IPv4 options with the path meter's period mark taken off our option's first hop byte (the
+/// path it names is the same in either period).
+pub fn unmarked(options: &[u8]) -> Vec<u8> {
+    let mut o = options.to_vec();
+    if o.len() == 4
+        && o[0] == sopa_common::wire::OPTION_TYPE
+        && o[1] == sopa_common::wire::OPTION_LEN
+    {
+        o[2] &= !sopa_common::maps::meter::COLOR;
+    }
+    o
 }
 
 /// IPv4 IDs (16 bits) of packets in capture order, unwrapped to a monotonic counter: each ID

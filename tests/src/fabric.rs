@@ -109,6 +109,8 @@ pub struct Fabric {
     ideal: Option<NetNs>,
     dir: PathBuf,
     pub encoding: Encoding,
+    /// Extra flags for the controller (set before [`Fabric::start`]).
+    pub controller_args: Vec<String>,
 }
 
 /// The big switch's address on every host link of the ideal, and the routing table and rule
@@ -139,6 +141,7 @@ impl Fabric {
             prefix,
             dir,
             encoding: opts.encoding,
+            controller_args: Vec::new(),
         };
         let srv6 = opts.encoding == Encoding::Srv6;
         let g = fabric.topo.graph().clone();
@@ -446,7 +449,10 @@ impl Fabric {
                 "0",
                 "--heartbeat-ms",
                 "500",
-            ],
+            ]
+            .into_iter()
+            .chain(self.controller_args.iter().map(String::as_str))
+            .collect::<Vec<_>>(),
             &self.dir.join("controller.log"),
         )?);
         wait("the controller's socket", Duration::from_secs(10), || {

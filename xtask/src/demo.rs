@@ -117,7 +117,12 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         let ip = ipv4_source_and_options(frame)?;
         (ip.0 == arb.a_addr.octets()).then_some(ip.1)
     };
-    let r_frames: Vec<Vec<u8>> = at_r.frames.iter().filter_map(from_a).collect();
+    let r_frames: Vec<Vec<u8>> = at_r
+        .frames
+        .iter()
+        .filter_map(from_a)
+        .map(|o| sopa_testbed::capture::unmarked(&o))
+        .collect();
     let r_with_option = r_frames.iter().filter(|o| o.first() == Some(&0x9E)).count();
     let mut per_hop = std::collections::BTreeMap::<u8, u64>::new();
     for o in r_frames.iter().filter(|o| o.len() == 4 && o[0] == 0x9E) {

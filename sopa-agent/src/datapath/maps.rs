@@ -8,9 +8,10 @@ use aya::{
 };
 use sopa_common::maps::{
     CONFIG_MAP, Config, ENCAP_MAP, Encap, FLOWS_MAP, FWD_MAP, FWD_STATS_MAP, FWD_UPLINK_STATS_MAP,
-    FlowKey, FlowState, FwdEntry, HOP_STATS_MAP, MAX_PATHS, MAX_UPLINKS, PATHS_MAP, PINS_MAP,
-    PathSet, Pin, SRV6_DESTS_MAP, SRV6_SEGS_MAP, STAMP_STATS_MAP, START_MAP, STRIP_STATS_MAP,
-    SegKey, Segments, Srv6Dest, TRUST_MAP, encoding, forward_reason, stamp_reason, strip_reason,
+    FlowKey, FlowState, FwdEntry, HOP_STATS_MAP, MAX_PATHS, MAX_UPLINKS, MeterConfig, MeterKey,
+    PATHS_MAP, PINS_MAP, PathSet, Pin, SRV6_DESTS_MAP, SRV6_SEGS_MAP, STAMP_STATS_MAP, START_MAP,
+    STRIP_STATS_MAP, SegKey, Segments, Srv6Dest, TRUST_MAP, encoding, forward_reason, meter,
+    stamp_reason, strip_reason,
 };
 
 use crate::{
@@ -36,6 +37,26 @@ impl Srv6Maps {
     }
 }
 
+/// The path meter's maps (absent in the pins of a datapath an older agent left).
+pub struct MeterMaps {
+    config: Array<MapData, MeterConfig>,
+    sent: HashMap<MapData, MeterKey, u64>,
+    received: HashMap<MapData, MeterKey, u64>,
+}
+
+impl MeterMaps {
+    fn from_maps(config: Map, sent: Map, received: Map) -> Result<Self> {
+        Ok(Self {
+            config: config.try_into().map_err(map_err(meter::CONFIG_MAP))?,
+            sent: sent.try_into().map_err(map_err(meter::SENT_MAP))?,
+            received: received.try_into().map_err(map_err(meter::RECEIVED_MAP))?,
+        })
+    }
+}
+
+/// The path meter's counters of one color, cumulative: (sent, received).
+pub type MeterCounts = (Vec<(MeterKey, u64)>, Vec<(MeterKey, u64)>);
+
 pub struct MapSet {
     config: Array<MapData, Config>,
     /// Absent in the pins of a datapath an older agent left (it starts flows at their hash).
@@ -51,6 +72,7 @@ pub struct MapSet {
     flows: HashMap<MapData, FlowKey, FlowState>,
     pins: HashMap<MapData, FlowKey, Pin>,
     srv6: Option<Srv6Maps>,
+    meter: Option<MeterMaps>,
 }
 
 fn map_err(name: &'static str) -> impl Fn(MapError) -> Error {
@@ -106,6 +128,11 @@ impl MapSet {
             take(SRV6_DESTS_MAP)?,
             take(SRV6_SEGS_MAP)?,
         )?);
+        set.meter = Some(MeterMaps::from_maps(
+            take(meter::CONFIG_MAP)?,
+            take(meter::SENT_MAP)?,
+            take(meter::RECEIVED_MAP)?,
+        )?);
         Ok(set)
     }
 
@@ -146,6 +173,14 @@ impl MapSet {
             (Ok(e), Ok(d), Ok(s)) => Some(Srv6Maps::from_maps(e, d, s)?),
             _ => None,
         };
+        set.meter = match (
+            open(meter::CONFIG_MAP),
+            open(meter::SENT_MAP),
+            open(meter::RECEIVED_MAP),
+        ) {
+            (Ok(c), Ok(s), Ok(r)) => Some(MeterMaps::from_maps(c, s, r)?),
+            _ => None,
+        };
         Ok(set)
     }
 
@@ -170,7 +205,71 @@ impl MapSet {
             flows: flows.try_into().map_err(map_err(FLOWS_MAP))?,
             pins: pins.try_into().map_err(map_err(PINS_MAP))?,
             srv6: None,
+            meter: None,
         })
+    }
+
+    /// The path meter's configuration (off where the datapath has no meter).
+    pub fn meter_config(&self) -> Result<MeterConfig> {
+        match &self.meter {
+            Some(m) => m.config.get(&0, 0).map_err(map_err(meter::CONFIG_MAP)),
+            None => Ok(MeterConfig::default()),
+        }
+    }
+
+    /// Sets the meter's period (0: off), keeping its rack mask.
+    pub fn set_meter_period(&mut self, period_ns: u64) -> Result<()> {
+        let Some(m) = self.meter.as_mut() else {
+            return Ok(());
+        };
+        let mut config = m.config.get(&0, 0).map_err(map_err(meter::CONFIG_MAP))?;
+        config.period_ns = period_ns;
+        m.config
+            .set(0, config, 0)
+            .map_err(map_err(meter::CONFIG_MAP))
+    }
+
+    /// Sets the meter's rack mask from a path table: the longest of its prefixes, so no two
+    /// racks share a counter (an address under a shorter prefix is counted by several keys,
+    /// which the agent adds up again).
+    fn set_meter_mask(&mut self, table: &PathTable) -> Result<()> {
+        let Some(m) = self.meter.as_mut() else {
+            return Ok(());
+        };
+        let len = table.destinations.keys().map(|p| p.len).max().unwrap_or(32);
+        let mask = u32::from(sopa_topology::prefix::mask(
+            std::net::Ipv4Addr::BROADCAST,
+            len,
+        ));
+        let mut config = m.config.get(&0, 0).map_err(map_err(meter::CONFIG_MAP))?;
+        // Network order, as the packet holds the address.
+        config.rack_mask = u32::from_ne_bytes(mask.to_be_bytes());
+        m.config
+            .set(0, config, 0)
+            .map_err(map_err(meter::CONFIG_MAP))
+    }
+
+    /// Whether this datapath meters paths (the pins of an older agent's do not).
+    pub fn has_meter(&self) -> bool {
+        self.meter.is_some()
+    }
+
+    /// The meter's cumulative counters of `color`: (sent, received).
+    pub fn meter_counts(&self, color: u8) -> Result<MeterCounts> {
+        let Some(m) = &self.meter else {
+            return Ok((Vec::new(), Vec::new()));
+        };
+        let read = |map: &HashMap<MapData, MeterKey, u64>, name: &'static str| {
+            map.iter()
+                .filter(|e| !matches!(e, Err(MapError::KeyNotFound)))
+                .filter(|e| !matches!(e, Ok((k, _)) if k.color != color))
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(map_err(name))
+        };
+        Ok((
+            read(&m.sent, meter::SENT_MAP)?,
+            read(&m.received, meter::RECEIVED_MAP)?,
+        ))
     }
 
     /// Every flow the sender's datapath tracks, with its packet and byte counts.
@@ -254,6 +353,7 @@ impl MapSet {
     /// element update (which the kernel swaps atomically), then the prefixes no longer present
     /// are removed. A packet sees the old or the new path set of its prefix, never a mix.
     pub fn apply_paths(&mut self, table: &PathTable) -> Result<()> {
+        self.set_meter_mask(table)?;
         for (prefix, hops) in &table.destinations {
             self.set_paths(prefix, hops)?;
         }

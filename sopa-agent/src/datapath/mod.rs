@@ -106,7 +106,7 @@ pub struct Datapath {
 
 /// Every map of this datapath layout, as pinned: a `SOPA_*` pin not in this list belongs to
 /// another layout (see [`layout`]).
-pub const MAP_NAMES: [&str; 16] = {
+pub const MAP_NAMES: [&str; 19] = {
     use sopa_common::maps::*;
     [
         CONFIG_MAP,
@@ -125,6 +125,9 @@ pub const MAP_NAMES: [&str; 16] = {
         FWD_STATS_MAP,
         FWD_UPLINK_STATS_MAP,
         TRUST_MAP,
+        meter::CONFIG_MAP,
+        meter::SENT_MAP,
+        meter::RECEIVED_MAP,
     ]
 };
 

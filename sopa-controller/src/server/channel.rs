@@ -231,6 +231,14 @@ impl Controller {
                     .expect("hedera lock")
                     .pin_ack(&s.name, &ack);
             }
+            Some(agent_message::Kind::Paths(_)) if s.role != Role::Host as i32 => {
+                self.refusals.refuse(
+                    Refusal::Role,
+                    &s.peer_name(),
+                    "a path report from a switch agent",
+                )
+            }
+            Some(agent_message::Kind::Paths(rep)) => self.accept_paths(&s.name, rep),
             Some(agent_message::Kind::Hello(_)) => {
                 warn!(node, "a second hello on one stream ignored")
             }

@@ -111,6 +111,22 @@ impl proto::control::control_server::Control for ControlService {
             .map_err(to_status)
     }
 
+    async fn set_trust(
+        &self,
+        request: Request<proto::TrustChange>,
+    ) -> Result<Response<ChangeReply>, Status> {
+        self.authorize(&request, OPERATORS, "trust a link")?;
+        let change = request.into_inner();
+        let link = change
+            .link
+            .ok_or_else(|| Status::invalid_argument("no link given"))?;
+        self.controller
+            .set_trust(&link.a, &link.b, change.trust)
+            .await
+            .map(Response::new)
+            .map_err(to_status)
+    }
+
     async fn status(
         &self,
         request: Request<StatusRequest>,

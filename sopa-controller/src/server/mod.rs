@@ -20,11 +20,14 @@ use crate::{
     fabric::{Fabric, FabricError},
     hedera::{HederaConfig, Scheduler},
     store::Store,
+    suspicion::{SuspicionConfig, Suspicions},
+    tomography::{JudgeConfig, Tomography},
     transport::{self, Limits, ServerTls},
 };
 
 mod channel;
 mod control;
+mod meter;
 
 pub use crate::transport::Listener;
 pub use channel::ChannelService;
@@ -81,6 +84,8 @@ pub struct Controller {
     damper: Mutex<Damper>,
     /// Changes refused because they could not be stored.
     unstored: std::sync::atomic::AtomicU64,
+    /// The hosts' path meters and what they convict (see `meter`).
+    pub(crate) meter: meter::MeterState,
 }
 
 /// How a controller runs.
@@ -99,6 +104,10 @@ pub struct Options {
     pub store: Store,
     /// How switches' reports of flapping ports are damped.
     pub damping: DampingConfig,
+    /// How the path meter's evidence is judged.
+    pub judge: JudgeConfig,
+    /// How long links the meter convicts stay drained.
+    pub suspicion: SuspicionConfig,
 }
 
 impl Default for Options {
@@ -111,6 +120,8 @@ impl Default for Options {
             limits: Limits::default(),
             store: Store::Memory,
             damping: DampingConfig::default(),
+            judge: JudgeConfig::default(),
+            suspicion: SuspicionConfig::default(),
         }
     }
 }
@@ -163,6 +174,8 @@ impl Controller {
             limits,
             store,
             damping,
+            judge,
+            suspicion,
         } = opts;
         let max_sessions =
             max_sessions.unwrap_or_else(|| (2 * fabric.topology().graph().nodes.len()).max(64));
@@ -186,7 +199,12 @@ impl Controller {
                 .into_iter()
                 .collect(),
         };
+        let meter = meter::MeterState::new(
+            Tomography::new(fabric.shared_topology(), judge),
+            Suspicions::new(suspicion),
+        );
         Arc::new(Self {
+            meter,
             fabric: Mutex::new(fabric),
             updates,
             agents: Mutex::new(BTreeMap::new()),
@@ -489,6 +507,9 @@ impl Controller {
             store: self.store.to_string(),
             leader: self.store.leader().unwrap_or_default(),
             changes_not_stored: self.unstored.load(std::sync::atomic::Ordering::Relaxed),
+            suspect_links: self.meter.suspect_links(),
+            trusted_links: self.meter.trusted_links(),
+            link_loss: self.meter.link_loss(),
         }
     }
 
@@ -535,6 +556,8 @@ pub async fn serve(
     .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
     let scheduler = tokio::spawn(Arc::clone(&controller).run_hedera());
     let _stop_scheduler = AbortOnDrop(scheduler);
+    let suspicions = tokio::spawn(Arc::clone(&controller).run_suspicions());
+    let _stop_suspicions = AbortOnDrop(suspicions);
     // The hosts that have not reconnected when this controller's start-up grace ends stop
     // being live.
     let startup = {

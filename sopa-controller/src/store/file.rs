@@ -78,6 +78,7 @@ mod tests {
             down_links: vec![("a0".into(), "e0".into())],
             reported_down: vec![("a1".into(), "e1".into())],
             down_switches: vec!["c1".into()],
+            suspect: vec![("a2".into(), "c0".into())],
         };
         save(&path, &state).unwrap();
         assert_eq!(load(&path).unwrap(), Some(state));

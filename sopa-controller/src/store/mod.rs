@@ -33,6 +33,9 @@ pub struct Persisted {
     #[serde(default)]
     pub reported_down: Vec<(String, String)>,
     pub down_switches: Vec<String>,
+    /// Links the path meter found losing packets (drained until their hold-down ends).
+    #[serde(default)]
+    pub suspect: Vec<(String, String)>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -127,6 +127,10 @@ pub struct RunArgs {
     /// How often pinned mode reports elephants to the controller.
     #[arg(long, env = "SOPA_REPORT_INTERVAL_MS", default_value_t = 1000)]
     pub report_interval_ms: u64,
+    /// The path meter's period of alternate marking (every host and switch of a fabric must
+    /// run agents that know the mark, and every host the same period); 0 turns metering off.
+    #[arg(long, env = "SOPA_METER_PERIOD_MS", default_value_t = 250)]
+    pub meter_period_ms: u64,
     /// On exit, leave the datapath attached and the host settings it needs in place: traffic
     /// keeps its paths while no agent runs. The next agent adopts it; `detach` removes it.
     #[arg(long, env = "SOPA_KEEP_ATTACHED")]

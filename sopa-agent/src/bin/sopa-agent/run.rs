@@ -79,7 +79,14 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
         takeover: args.takeover,
         tcx_order: args.tcx_order,
         forget_runtime_mode: args.mode.is_some(),
+        meter_period: std::time::Duration::from_millis(args.meter_period_ms),
     };
+    if args.meter_period_ms != 0 && !(10..=60_000).contains(&args.meter_period_ms) {
+        return Err(Error::Config(format!(
+            "--meter-period-ms {}: give 10 to 60000 ms, or 0 to turn the path meter off",
+            args.meter_period_ms
+        )));
+    }
     if args.report_interval_ms == 0 || args.nic_rate_mbit == Some(0) {
         return Err(Error::Config(
             "--report-interval-ms and --nic-rate-mbit must be positive".into(),
@@ -125,12 +132,17 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
             let endpoint = cfg.endpoint.clone();
             let (_stop, stopped) = tokio::sync::watch::channel(false);
             let fabric_host = args.host.clone().unwrap_or_else(|| opts.node.clone());
-            let (reports, reports_rx) = tokio::sync::mpsc::channel(2);
+            let (reports, reports_rx) = tokio::sync::mpsc::channel(4);
             let reporter = tokio::spawn(sopa_agent::hedera::report_loop(
                 host.maps(),
-                reports,
+                reports.clone(),
                 std::time::Duration::from_millis(args.report_interval_ms),
                 nic_bps,
+            ));
+            let meter = tokio::spawn(sopa_agent::meter::report_loop(
+                host.maps(),
+                reports,
+                std::time::Duration::from_millis(args.meter_period_ms),
             ));
             let mut applier = HostApplier::new(&mut host, &fabric_host, &endpoint);
             tokio::select! {
@@ -138,6 +150,7 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
                 _ = signal => {}
             }
             reporter.abort();
+            meter.abort();
         }
     }
     let keep = args.keep_attached || handed_over.load(std::sync::atomic::Ordering::Relaxed);

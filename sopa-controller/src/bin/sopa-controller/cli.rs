@@ -9,6 +9,8 @@ use sopa_controller::{
     hedera::HederaConfig,
     server::{self, Options},
     store::{Store, StoreSpec},
+    suspicion::SuspicionConfig,
+    tomography::JudgeConfig,
     transport::Limits,
 };
 
@@ -100,6 +102,31 @@ pub struct Args {
     /// its edge switch neutralizes any option from that host.
     #[arg(long, env = "SOPA_AGENT_GRACE_MS", default_value_t = server::DEFAULT_AGENT_GRACE.as_millis() as u64)]
     agent_grace_ms: u64,
+    /// Serve Prometheus metrics (GET /metrics) on this address, e.g. 127.0.0.1:9471 (default:
+    /// none).
+    #[arg(long, env = "SOPA_METRICS_ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// The path meter: a link whose paths lose more than this fraction of their packets (and
+    /// clearly more than their rack pairs' other paths) is drained as suspect.
+    #[arg(long, env = "SOPA_LOSS_THRESHOLD", default_value_t = JudgeConfig::default().threshold)]
+    loss_threshold: f64,
+    /// The path meter: fewer packets lost than this over a window convict no link.
+    #[arg(long, env = "SOPA_LOSS_MIN_PACKETS", default_value_t = JudgeConfig::default().min_lost)]
+    loss_min_packets: u64,
+    /// The path meter's windows, in periods of the hosts' meter (a short one finds heavy loss
+    /// fast, a long one light loss surely).
+    #[arg(long, env = "SOPA_LOSS_WINDOWS", value_delimiter = ',', default_values_t = JudgeConfig::default().windows)]
+    loss_windows: Vec<u32>,
+    /// How long a suspect link stays drained the first time; each conviction soon after its
+    /// release doubles it, up to --suspect-max-hold-ms.
+    #[arg(long, env = "SOPA_SUSPECT_HOLD_MS", default_value_t = SuspicionConfig::default().hold.as_millis() as u64)]
+    suspect_hold_ms: u64,
+    #[arg(long, env = "SOPA_SUSPECT_MAX_HOLD_MS", default_value_t = SuspicionConfig::default().max_hold.as_millis() as u64)]
+    suspect_max_hold_ms: u64,
+    /// The most links the path meter drains at once (0: the meter drains nothing, it only
+    /// reports).
+    #[arg(long, env = "SOPA_MAX_SUSPECTS", default_value_t = SuspicionConfig::default().max_suspects)]
+    max_suspects: usize,
 }
 
 impl Args {
@@ -122,6 +149,26 @@ impl Args {
                 "--flap-hold-ms {} and --flap-max-hold-ms {}: a hold must be at least 1 ms and the maximum at least the first hold",
                 self.flap_hold_ms,
                 self.flap_max_hold_ms
+            );
+        }
+        if !(self.loss_threshold > 0.0 && self.loss_threshold < 1.0) {
+            bail!(
+                "--loss-threshold {}: give a fraction between 0 and 1 (0.003 is 0.3%)",
+                self.loss_threshold
+            );
+        }
+        if self.loss_windows.is_empty() || self.loss_windows.iter().any(|w| !(1..=240).contains(w))
+        {
+            bail!(
+                "--loss-windows {:?}: give one or more window lengths of 1 to 240 periods, e.g. 4,16",
+                self.loss_windows
+            );
+        }
+        if self.suspect_hold_ms == 0 || self.suspect_max_hold_ms < self.suspect_hold_ms {
+            bail!(
+                "--suspect-hold-ms {} and --suspect-max-hold-ms {}: a hold must be at least 1 ms and the maximum at least the first hold",
+                self.suspect_hold_ms,
+                self.suspect_max_hold_ms
             );
         }
         if self.lease_ttl_s == 0 {
@@ -155,6 +202,16 @@ impl Args {
                 window: Duration::from_millis(self.flap_window_ms),
                 hold: Duration::from_millis(self.flap_hold_ms),
                 max_hold: Duration::from_millis(self.flap_max_hold_ms),
+            },
+            judge: JudgeConfig {
+                threshold: self.loss_threshold,
+                min_lost: self.loss_min_packets,
+                windows: self.loss_windows.clone(),
+            },
+            suspicion: SuspicionConfig {
+                hold: Duration::from_millis(self.suspect_hold_ms),
+                max_hold: Duration::from_millis(self.suspect_max_hold_ms),
+                max_suspects: self.max_suspects,
             },
         })
     }

@@ -52,6 +52,18 @@ async fn run(args: cli::Args) -> Result<()> {
     let name = fabric.topology().name();
     options.store = store;
     let controller = Controller::with_options(fabric, options);
+    let _metrics = match args.metrics_addr {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding --metrics-addr {addr}"))?;
+            Some(sopa_controller::metrics::serve(
+                listener,
+                Arc::clone(&controller),
+            ))
+        }
+        None => None,
+    };
     info!(topology = %name, listen = %args.listen, tls = tls.is_some(), store = %args.store, "controller serving");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let serve = server::serve(Arc::clone(&controller), listener, tls, async {

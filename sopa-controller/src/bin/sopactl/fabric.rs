@@ -8,7 +8,7 @@ use sopa_channel::{
     client,
     identity::{self, Identity},
     proto::{
-        LinkChange, LinkRef, Role, StatusRequest, SwitchChange,
+        LinkChange, LinkRef, Role, StatusRequest, SwitchChange, TrustChange,
         control::control_client::ControlClient,
     },
     tls,
@@ -43,6 +43,11 @@ pub struct Connection {
 pub enum State {
     Down,
     Up,
+    /// Links only: end the path meter's suspicion now and never drain the link on its
+    /// evidence (an operator's override).
+    Trust,
+    /// Links only: hand a trusted link back to the path meter.
+    Untrust,
 }
 
 #[derive(Subcommand)]
@@ -173,10 +178,39 @@ fn word(s: State) -> &'static str {
     match s {
         State::Down => "down",
         State::Up => "up",
+        State::Trust => "trusted",
+        State::Untrust => "judged by the path meter",
     }
 }
 
 pub fn link(c: &Connection, state: State, a: &str, b: &str) -> Result<()> {
+    if let State::Trust | State::Untrust = state {
+        let change = TrustChange {
+            link: Some(LinkRef {
+                a: a.into(),
+                b: b.into(),
+            }),
+            trust: matches!(state, State::Trust),
+        };
+        return runtime().block_on(async {
+            let reply = call(c, &format!("link {a} {b}"), |mut control| {
+                let change = change.clone();
+                async move { control.set_trust(change).await }
+            })
+            .await?;
+            let drain = if reply.changed {
+                ", its suspicion ended"
+            } else {
+                ""
+            };
+            println!(
+                "link {a}:{b} now {}{drain} (version {})",
+                word(state),
+                reply.version
+            );
+            Ok(())
+        });
+    }
     let change = LinkChange {
         link: Some(LinkRef {
             a: a.into(),
@@ -201,6 +235,9 @@ pub fn link(c: &Connection, state: State, a: &str, b: &str) -> Result<()> {
 }
 
 pub fn switch(c: &Connection, state: State, name: &str) -> Result<()> {
+    if let State::Trust | State::Untrust = state {
+        bail!("sopactl switch {name}: a switch is only taken down or up; trust applies to links");
+    }
     let change = SwitchChange {
         name: name.into(),
         down: matches!(state, State::Down),
@@ -248,6 +285,9 @@ pub fn status(c: &Connection, json: bool) -> Result<()> {
                     "down_links": down, "down_switches": s.down_switches, "agents": agents,
                     "drained_links": s.drained_links.iter().map(|l| format!("{}:{}", l.a, l.b)).collect::<Vec<_>>(),
                     "held_links": s.held_links.iter().filter_map(|h| h.link.as_ref().map(|l| serde_json::json!({"link": format!("{}:{}", l.a, l.b), "remaining_ms": h.remaining_ms}))).collect::<Vec<_>>(),
+                    "suspect_links": s.suspect_links.iter().filter_map(|x| x.link.as_ref().map(|l| serde_json::json!({"link": format!("{}:{}", l.a, l.b), "loss": x.loss, "lost": x.lost, "sent": x.sent, "remaining_ms": x.remaining_ms, "strikes": x.strikes}))).collect::<Vec<_>>(),
+                    "trusted_links": s.trusted_links.iter().map(|l| format!("{}:{}", l.a, l.b)).collect::<Vec<_>>(),
+                    "link_loss": s.link_loss.iter().filter_map(|x| x.link.as_ref().map(|l| serde_json::json!({"from": l.a, "to": l.b, "sent": x.sent, "lost": x.lost}))).collect::<Vec<_>>(),
                     "refusals": s.refusals.iter().map(|r| (r.reason.clone(), serde_json::Value::from(r.count))).collect::<serde_json::Map<_, _>>(),
                 }))?
             );
@@ -269,7 +309,14 @@ pub fn status(c: &Connection, json: bool) -> Result<()> {
             .down_links
             .iter()
             .map(|l| {
-                let why = if drained.contains(&(l.a.as_str(), l.b.as_str())) { "drained" } else { "reported" };
+                let suspect = s.suspect_links.iter().filter_map(|x| x.link.as_ref()).any(|x| x.a == l.a && x.b == l.b);
+                let why = if drained.contains(&(l.a.as_str(), l.b.as_str())) {
+                    "drained"
+                } else if suspect {
+                    "suspect"
+                } else {
+                    "reported"
+                };
                 format!("{}:{} ({why})", l.a, l.b)
             })
             .collect();
@@ -282,6 +329,30 @@ pub fn status(c: &Connection, json: bool) -> Result<()> {
             if let Some(l) = &h.link {
                 println!("flapping: {}:{} held down for {} ms more", l.a, l.b, h.remaining_ms);
             }
+        }
+        for x in &s.suspect_links {
+            if let Some(l) = &x.link {
+                println!(
+                    "suspect: {}:{} lost {:.2}% ({} of {} metered packets), drained for {} ms more (strike {}); `sopactl link trust {} {}` ends it",
+                    l.a, l.b, 100.0 * x.loss, x.lost, x.sent, x.remaining_ms, x.strikes, l.a, l.b
+                );
+            }
+        }
+        if !s.trusted_links.is_empty() {
+            let t: Vec<String> = s.trusted_links.iter().map(|l| format!("{}:{}", l.a, l.b)).collect();
+            println!("trusted (never drained by the path meter): {}", t.join(", "));
+        }
+        let lossy: Vec<String> = s
+            .link_loss
+            .iter()
+            .filter(|x| x.lost > 0)
+            .take(8)
+            .filter_map(|x| {
+                x.link.as_ref().map(|l| format!("{}->{} {:.2}%", l.a, l.b, 100.0 * x.lost as f64 / x.sent.max(1) as f64))
+            })
+            .collect();
+        if !lossy.is_empty() {
+            println!("path meter, worst links now: {}", lossy.join(", "));
         }
         if !s.refusals.is_empty() {
             let r: Vec<String> = s.refusals.iter().map(|r| format!("{} {}", r.reason, r.count)).collect();

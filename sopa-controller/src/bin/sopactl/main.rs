@@ -21,7 +21,8 @@ enum Command {
     /// Fabric models: properties, cost, candidate paths, the MODRIC paper's tables.
     #[command(subcommand)]
     Topo(topo::TopoCommand),
-    /// Take a link down or bring it up (pushed to every agent as a new version).
+    /// Take a link down or bring it up (pushed to every agent as a new version), or trust it
+    /// over the path meter's evidence (trust / untrust).
     Link {
         #[command(flatten)]
         conn: fabric::Connection,

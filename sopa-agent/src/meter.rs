@@ -1,0 +1,254 @@
+//! The host agent's path meter: reads the datapath's per (peer rack, path, color) counters
+//! half a period after each period of alternate marking ends (its color's counters are still
+//! then: its packets have arrived and the next period of that color has not begun), and
+//! reports what the period sent and received to the controller, which compares the two ends
+//! of every path (`sopa_common::maps::meter`).
+//!
+//! Periods are cut on the TAI clock, the one `tc_stamp` reads, so every host of the fabric
+//! agrees on them as closely as its clock is synchronized (a quarter of a period is the
+//! margin: 62 ms at the default 250 ms).
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use sopa_channel::proto::{PathReport, PeerPaths, agent_message::Kind};
+use sopa_common::maps::{MeterKey, stamp_reason, strip_reason};
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use crate::datapath::{MapSet, maps::MeterCounts};
+
+/// The default period of alternate marking.
+pub const DEFAULT_PERIOD: Duration = Duration::from_millis(250);
+
+/// TAI nanoseconds (`CLOCK_TAI`, the clock of `bpf_ktime_get_tai_ns`).
+pub fn tai_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out pointer for the call.
+    unsafe { libc::clock_gettime(libc::CLOCK_TAI, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// One color's counters as last read, and the period they closed.
+struct Reading {
+    period: u64,
+    sent: HashMap<MeterKey, u64>,
+    received: HashMap<MeterKey, u64>,
+}
+
+/// Turns successive readings of the cumulative counters into each period's packets.
+pub struct PeriodMeter {
+    period: Duration,
+    last: [Option<Reading>; 2],
+    /// A reading of this color was late: the next one's baseline is not clean either.
+    dirty: [bool; 2],
+    /// The datapath's `meter_full` counters at the last reading.
+    full: u64,
+}
+
+impl PeriodMeter {
+    pub fn new(period: Duration) -> Self {
+        Self {
+            period,
+            last: [None, None],
+            dirty: [false, false],
+            full: 0,
+        }
+    }
+
+    /// Takes the counters of period `period`'s color read after it closed; `late`: the reading
+    /// ended after the next period of that color began (some of its packets may be in it).
+    /// Returns the period's report, or `None` when this reading cannot give an exact one (the
+    /// first of its color, after a missed or late one).
+    pub fn sample(
+        &mut self,
+        period: u64,
+        counts: MeterCounts,
+        full: u64,
+        late: bool,
+    ) -> Option<PathReport> {
+        let color = (period & 1) as usize;
+        let (sent, received) = counts;
+        let now = Reading {
+            period,
+            sent: sent
+                .into_iter()
+                .map(|(mut k, v)| (clear(&mut k), v))
+                .collect(),
+            received: received
+                .into_iter()
+                .map(|(mut k, v)| (clear(&mut k), v))
+                .collect(),
+        };
+        let incomplete = full != self.full;
+        self.full = full;
+        let exact = !late
+            && !self.dirty[color]
+            && matches!(&self.last[color], Some(r) if r.period + 2 == period);
+        self.dirty[color] = late;
+        let before = self.last[color].replace(now);
+        if !exact {
+            return None;
+        }
+        let (before, now) = (before?, self.last[color].as_ref()?);
+        Some(PathReport {
+            period,
+            period_ms: self.period.as_millis() as u32,
+            sent: deltas(&before.sent, &now.sent),
+            received: deltas(&before.received, &now.received),
+            incomplete,
+        })
+    }
+}
+
+/// The key without its color (readings are kept per color already).
+fn clear(k: &mut MeterKey) -> MeterKey {
+    k.color = 0;
+    *k
+}
+
+/// What each key counted since `before`, grouped by peer rack; keys that did not move are left
+/// out.
+fn deltas(before: &HashMap<MeterKey, u64>, now: &HashMap<MeterKey, u64>) -> Vec<PeerPaths> {
+    let mut racks: BTreeMap<u32, PeerPaths> = BTreeMap::new();
+    let mut keys: Vec<_> = now.iter().collect();
+    keys.sort_by_key(|(k, _)| **k);
+    for (k, v) in keys {
+        let d = v.saturating_sub(before.get(k).copied().unwrap_or(0));
+        if d == 0 {
+            continue;
+        }
+        // The key holds the address as the packet does (network order).
+        let rack = u32::from_be_bytes(k.peer.to_ne_bytes());
+        let e = racks.entry(rack).or_insert_with(|| PeerPaths {
+            rack,
+            ..PeerPaths::default()
+        });
+        e.hops
+            .push(u32::from(k.hops[0]) | (u32::from(k.hops[1]) << 8));
+        e.packets.push(d);
+    }
+    racks.into_values().collect()
+}
+
+/// Reads the meter half a period after each period ends and sends its report. Without a meter
+/// in the datapath (a datapath an older agent left) or with the period 0, it does nothing.
+pub async fn report_loop(maps: Arc<Mutex<MapSet>>, reports: mpsc::Sender<Kind>, period: Duration) {
+    let t = period.as_nanos() as u64;
+    if t == 0 || !maps.lock().expect("maps lock").has_meter() {
+        return;
+    }
+    let mut meter = PeriodMeter::new(period);
+    loop {
+        let now = tai_ns();
+        let next = (now / t) * t + t / 2;
+        let next = if next <= now { next + t } else { next };
+        tokio::time::sleep(Duration::from_nanos(next - now)).await;
+        let at = tai_ns();
+        let current = at / t;
+        let Some(closed) = current.checked_sub(1) else {
+            continue;
+        };
+        let read = {
+            let maps = maps.lock().expect("maps lock");
+            let full = |m: &MapSet| -> crate::error::Result<u64> {
+                let stamp = m.stamp_counters()?;
+                let strip = m.strip_counters()?;
+                Ok(stamp[stamp_reason::METER_FULL as usize]
+                    + strip[strip_reason::METER_FULL as usize])
+            };
+            maps.meter_counts((closed & 1) as u8)
+                .and_then(|c| Ok((c, full(&maps)?)))
+        };
+        let (counts, full) = match read {
+            Ok(r) => r,
+            Err(err) => {
+                warn!(%err, "reading the path meter");
+                continue;
+            }
+        };
+        // Done before the next period of this color began?
+        let late = tai_ns() / t != current;
+        let Some(report) = meter.sample(closed, counts, full, late) else {
+            debug!(
+                period = closed,
+                late, "no exact path report for this period"
+            );
+            continue;
+        };
+        debug!(
+            period = closed,
+            sent_racks = report.sent.len(),
+            received_racks = report.received.len(),
+            "path report"
+        );
+        // A full queue (controller away) drops the report: the controller judges no period it
+        // lacks a host's report of.
+        let _ = reports.try_send(Kind::Paths(report));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(peer: [u8; 4], hops: [u8; 2], color: u8) -> MeterKey {
+        MeterKey {
+            peer: u32::from_ne_bytes(peer),
+            hops,
+            color,
+            _pad: 0,
+        }
+    }
+
+    #[test]
+    fn a_period_is_the_difference_of_two_readings_of_its_color() {
+        let mut m = PeriodMeter::new(DEFAULT_PERIOD);
+        let a = key([10, 2, 0, 0], [1, 0], 1);
+        let b = key([10, 2, 0, 0], [0, 1], 1);
+        // First reading of color 1: no baseline yet.
+        assert!(m.sample(7, (vec![(a, 10)], vec![]), 0, false).is_none());
+        // Period 8 (color 0) does not disturb color 1's baseline.
+        assert!(m.sample(8, (vec![], vec![]), 0, false).is_none());
+        let r = m
+            .sample(9, (vec![(a, 25), (b, 4)], vec![(a, 3)]), 0, false)
+            .expect("an exact period");
+        assert_eq!(r.period, 9);
+        assert_eq!(r.sent.len(), 1);
+        assert_eq!(
+            r.sent[0].rack,
+            u32::from(std::net::Ipv4Addr::new(10, 2, 0, 0))
+        );
+        assert_eq!(r.sent[0].hops, vec![1 << 8, 1]);
+        assert_eq!(r.sent[0].packets, vec![4, 15]);
+        assert_eq!(r.received[0].packets, vec![3]);
+        assert!(!r.incomplete);
+    }
+
+    #[test]
+    fn a_missed_or_late_reading_gives_no_report_until_the_baseline_is_clean() {
+        let mut m = PeriodMeter::new(DEFAULT_PERIOD);
+        let a = key([10, 2, 0, 0], [1, 0], 0);
+        assert!(m.sample(2, (vec![(a, 1)], vec![]), 0, false).is_none());
+        // Period 4 missed: 6 is two periods after nothing.
+        assert!(m.sample(6, (vec![(a, 5)], vec![]), 0, false).is_none());
+        // Late: no report, and the next one's baseline is tainted too.
+        assert!(m.sample(8, (vec![(a, 9)], vec![]), 0, true).is_none());
+        assert!(m.sample(10, (vec![(a, 12)], vec![]), 0, false).is_none());
+        let r = m
+            .sample(12, (vec![(a, 20)], vec![]), 0, false)
+            .expect("clean again");
+        assert_eq!(r.sent[0].packets, vec![8]);
+        // A full table since the last reading marks the report incomplete.
+        let r = m
+            .sample(14, (vec![(a, 21)], vec![]), 3, false)
+            .expect("a report");
+        assert!(r.incomplete);
+    }
+}

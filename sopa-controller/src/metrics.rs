@@ -1,0 +1,176 @@
+//! The controller's Prometheus metrics: the fabric's version and down links, the agents, and
+//! the path meter (each directed link's packets and losses over the shortest window, the
+//! suspect links, convictions, reports). Read from the controller's state at every scrape.
+
+use std::sync::{Arc, atomic::Ordering::Relaxed};
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric as _},
+    metrics::{counter::ConstCounter, gauge::ConstGauge},
+    registry::Registry,
+};
+
+use crate::server::Controller;
+
+#[derive(Debug)]
+struct ControllerCollector(Arc<Controller>);
+
+impl std::fmt::Debug for Controller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Controller")
+    }
+}
+
+fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, v: i64) -> std::fmt::Result {
+    let g = ConstGauge::new(v);
+    g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)
+}
+
+fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
+    let c = ConstCounter::new(v);
+    c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)
+}
+
+impl Collector for ControllerCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let c = &self.0;
+        let status = c.status();
+        gauge(
+            &mut encoder,
+            "sopa_fabric_version",
+            "The fabric's version (each change adds one)",
+            status.version as i64,
+        )?;
+        gauge(
+            &mut encoder,
+            "sopa_fabric_down_links",
+            "Links down for the agents: drained, reported down or suspect",
+            status.down_links.len() as i64,
+        )?;
+        gauge(
+            &mut encoder,
+            "sopa_agents_connected",
+            "Agents connected now",
+            status.agents.iter().filter(|a| a.connected).count() as i64,
+        )?;
+
+        let mut family = encoder.encode_descriptor(
+            "sopa_link_sent_packets",
+            "Metered packets sent over each fabric link (direction from -> to) in the shortest judged window",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        let loss = c.meter.all_link_loss();
+        for l in &loss {
+            let link = l.link.clone().unwrap_or_default();
+            let labels = [("from", link.a.as_str()), ("to", link.b.as_str())];
+            ConstGauge::new(l.sent as i64).encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "sopa_link_lost_packets",
+            "Metered packets lost on paths through each fabric link (direction from -> to) in the shortest judged window",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for l in &loss {
+            let link = l.link.clone().unwrap_or_default();
+            let labels = [("from", link.a.as_str()), ("to", link.b.as_str())];
+            ConstGauge::new(l.lost as i64).encode(family.encode_family(&labels)?)?;
+        }
+
+        let mut family = encoder.encode_descriptor(
+            "sopa_link_suspect",
+            "1 while the path meter holds a link suspect (drained)",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for s in &status.suspect_links {
+            let link = s.link.clone().unwrap_or_default();
+            let labels = [("a", link.a.as_str()), ("b", link.b.as_str())];
+            ConstGauge::new(1i64).encode(family.encode_family(&labels)?)?;
+        }
+        let convictions = c
+            .meter
+            .suspicions
+            .lock()
+            .expect("suspicions lock")
+            .convictions
+            .clone();
+        let mut family = encoder.encode_descriptor(
+            "sopa_link_convictions",
+            "Times the path meter found a link losing packets and drained it",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for ((a, b), n) in &convictions {
+            let labels = [("a", a.as_str()), ("b", b.as_str())];
+            ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
+        }
+        gauge(
+            &mut encoder,
+            "sopa_links_trusted",
+            "Links an operator trusts (never drained on the meter's evidence)",
+            status.trusted_links.len() as i64,
+        )?;
+        let (judged, partial) = {
+            let t = c.meter.tomography.lock().expect("tomography lock");
+            (t.periods_judged, t.periods_partial)
+        };
+        counter(
+            &mut encoder,
+            "sopa_meter_periods_judged",
+            "Periods of the path meter judged",
+            judged,
+        )?;
+        counter(
+            &mut encoder,
+            "sopa_meter_periods_partial",
+            "Judged periods some host's report was missing from (its rack's paths left out)",
+            partial,
+        )?;
+        counter(
+            &mut encoder,
+            "sopa_meter_reports",
+            "Path reports taken from host agents",
+            c.meter.reports.load(Relaxed),
+        )?;
+        counter(
+            &mut encoder,
+            "sopa_meter_report_bytes",
+            "Encoded bytes of the path reports taken",
+            c.meter.report_bytes.load(Relaxed),
+        )?;
+        counter(
+            &mut encoder,
+            "sopa_meter_reports_refused",
+            "Path reports refused as malformed",
+            c.meter.refused.load(Relaxed),
+        )?;
+        Ok(())
+    }
+}
+
+/// The controller's registry.
+pub fn registry(controller: Arc<Controller>) -> Registry {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(ControllerCollector(controller)));
+    registry
+}
+
+/// The OpenMetrics text of `registry`.
+pub fn render(registry: &Registry) -> String {
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
+    out
+}
+
+/// Serves `GET /metrics` on `listener`.
+pub fn serve(
+    listener: tokio::net::TcpListener,
+    controller: Arc<Controller>,
+) -> tokio::task::JoinHandle<()> {
+    let registry = Arc::new(registry(controller));
+    sopa_channel::metrics_http::serve(listener, Arc::new(move || render(&registry)))
+}

@@ -1,0 +1,332 @@
+//! The controller's side of the path meter: hosts' period reports go to the tomography
+//! (`crate::tomography`), its convictions become suspect links drained for a hold-down
+//! (`crate::suspicion`), made durable and pushed like any change, and released when the
+//! hold-down ends. One task makes these changes, in order.
+
+use std::{
+    collections::BTreeSet,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering::Relaxed},
+    },
+    time::{Duration, Instant},
+};
+
+use prost::Message as _;
+use sopa_channel::proto::{self, ChangeReply, LinkLoss, LinkRef, PathReport, SuspectLink};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use super::Controller;
+use crate::{
+    fabric::FabricError,
+    suspicion::{LinkKey, Spared, Suspicions, key},
+    tomography::{Tomography, Verdict},
+};
+
+/// How often hold-downs are checked.
+const RELEASE_TICK: Duration = Duration::from_millis(100);
+
+/// The most links `sopactl status` lists with their loss.
+const STATUS_LINKS: usize = 64;
+
+/// A conviction on its way to the task that drains: the link's ends as measured, the verdict.
+type Conviction = (String, String, Verdict);
+
+pub(crate) struct MeterState {
+    pub tomography: Mutex<Tomography>,
+    pub suspicions: Mutex<Suspicions>,
+    convictions: mpsc::Sender<Vec<Conviction>>,
+    receiver: Mutex<Option<mpsc::Receiver<Vec<Conviction>>>>,
+    /// Reports taken, their encoded bytes, and those refused as malformed.
+    pub reports: AtomicU64,
+    pub report_bytes: AtomicU64,
+    pub refused: AtomicU64,
+}
+
+impl MeterState {
+    pub fn new(tomography: Tomography, suspicions: Suspicions) -> Self {
+        let (convictions, receiver) = mpsc::channel(64);
+        Self {
+            tomography: Mutex::new(tomography),
+            suspicions: Mutex::new(suspicions),
+            convictions,
+            receiver: Mutex::new(Some(receiver)),
+            reports: AtomicU64::new(0),
+            report_bytes: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        }
+    }
+
+    pub fn suspect_links(&self) -> Vec<SuspectLink> {
+        let now = Instant::now();
+        self.suspicions
+            .lock()
+            .expect("suspicions lock")
+            .suspects()
+            .iter()
+            .map(|((a, b), s)| SuspectLink {
+                link: Some(LinkRef {
+                    a: a.clone(),
+                    b: b.clone(),
+                }),
+                loss: s.loss,
+                lost: s.lost,
+                sent: s.sent,
+                remaining_ms: s.until.saturating_duration_since(now).as_millis() as u64,
+                strikes: s.strikes,
+            })
+            .collect()
+    }
+
+    pub fn trusted_links(&self) -> Vec<LinkRef> {
+        self.suspicions
+            .lock()
+            .expect("suspicions lock")
+            .trusted()
+            .iter()
+            .map(|(a, b)| LinkRef {
+                a: a.clone(),
+                b: b.clone(),
+            })
+            .collect()
+    }
+
+    /// Every directed link's packets and losses over the shortest judged window.
+    pub fn all_link_loss(&self) -> Vec<LinkLoss> {
+        let mut t = self.tomography.lock().expect("tomography lock");
+        let window = t.config.windows.iter().copied().min().unwrap_or(1);
+        t.link_loss(window)
+            .into_iter()
+            .map(|(dir, sent, lost)| {
+                let (a, b) = t.names(dir);
+                LinkLoss {
+                    link: Some(LinkRef { a, b }),
+                    sent,
+                    lost,
+                }
+            })
+            .collect()
+    }
+
+    /// [`MeterState::all_link_loss`], the worst [`STATUS_LINKS`] with packets.
+    pub fn link_loss(&self) -> Vec<LinkLoss> {
+        let mut all = self.all_link_loss();
+        all.retain(|l| l.sent > 0);
+        all.truncate(STATUS_LINKS);
+        all
+    }
+}
+
+/// Why a path report is refused.
+fn malformed(report: &PathReport) -> Option<String> {
+    if report.period_ms == 0 {
+        return Some("a period of 0 ms".into());
+    }
+    if report.sent.len() > proto::MAX_REPORT_RACKS
+        || report.received.len() > proto::MAX_REPORT_RACKS
+    {
+        return Some(format!(
+            "more than {} racks in one direction",
+            proto::MAX_REPORT_RACKS
+        ));
+    }
+    report
+        .sent
+        .iter()
+        .chain(&report.received)
+        .find(|p| p.hops.len() != p.packets.len())
+        .map(|p| {
+            format!(
+                "rack {}: {} paths but {} counts",
+                std::net::Ipv4Addr::from(p.rack),
+                p.hops.len(),
+                p.packets.len()
+            )
+        })
+}
+
+impl Controller {
+    /// A host agent's path report: judged once every connected host's report of its period is
+    /// in; convictions go to [`Controller::run_suspicions`].
+    pub(super) fn accept_paths(&self, host: &str, report: PathReport) {
+        if let Some(why) = malformed(&report) {
+            self.meter.refused.fetch_add(1, Relaxed);
+            warn!(host, why, "a path report refused");
+            return;
+        }
+        self.meter.reports.fetch_add(1, Relaxed);
+        self.meter
+            .report_bytes
+            .fetch_add(report.encoded_len() as u64, Relaxed);
+        let expected: BTreeSet<String> = self
+            .hosts
+            .lock()
+            .expect("hosts lock")
+            .iter()
+            .filter(|(_, h)| h.left.is_none())
+            .map(|(n, _)| n.clone())
+            .collect();
+        let convictions: Vec<Conviction> = {
+            let mut t = self.meter.tomography.lock().expect("tomography lock");
+            if !t.accept(host, report, &expected) {
+                return;
+            }
+            t.judge()
+                .into_iter()
+                .map(|v| {
+                    let (a, b) = t.names(v.link);
+                    (a, b, v)
+                })
+                .collect()
+        };
+        if !convictions.is_empty() && self.meter.convictions.try_send(convictions).is_err() {
+            warn!(
+                "convictions queue full; this period's are dropped (the next period's repeat them)"
+            );
+        }
+    }
+
+    /// Drains the links the meter convicts, and trusts them again when their hold-down ends.
+    /// Suspects a previous run stored are held for a first hold-down from now.
+    pub async fn run_suspicions(self: Arc<Self>) {
+        let Some(mut rx) = self.meter.receiver.lock().expect("receiver lock").take() else {
+            return;
+        };
+        {
+            let stored = self.fabric.lock().expect("fabric lock").suspect_links();
+            let mut s = self.meter.suspicions.lock().expect("suspicions lock");
+            for k in stored {
+                s.adopt(&k, Instant::now());
+            }
+        }
+        let mut tick = tokio::time::interval(RELEASE_TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                Some(convictions) = rx.recv() => {
+                    for (from, to, verdict) in convictions {
+                        self.convict(&from, &to, &verdict).await;
+                    }
+                }
+                _ = tick.tick() => {
+                    let due = self
+                        .meter
+                        .suspicions
+                        .lock()
+                        .expect("suspicions lock")
+                        .due(Instant::now());
+                    for k in due {
+                        self.release(&k).await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn convict(&self, from: &str, to: &str, v: &Verdict) {
+        let k = key(from, to);
+        if self
+            .fabric
+            .lock()
+            .expect("fabric lock")
+            .is_link_down(&k.0, &k.1)
+        {
+            // Down for another reason already (drained, reported, suspect): nothing to add.
+            return;
+        }
+        let held = self
+            .meter
+            .suspicions
+            .lock()
+            .expect("suspicions lock")
+            .convict(&k, (v.loss(), v.lost, v.sent), Instant::now());
+        match held {
+            Ok(hold) => {
+                warn!(
+                    link = %format!("{from}:{to}"),
+                    loss = v.loss(),
+                    lost = v.lost,
+                    sent = v.sent,
+                    window_periods = v.window,
+                    hold_s = hold.as_secs_f64(),
+                    "path meter: a link loses packets; drained as suspect"
+                );
+                if let Err(e) = self.change(|f| f.set_suspect(&k.0, &k.1, true)).await {
+                    warn!(error = %e, link = %format!("{from}:{to}"), "draining a suspect link failed; it stays in use");
+                    self.meter
+                        .suspicions
+                        .lock()
+                        .expect("suspicions lock")
+                        .forget(&k);
+                }
+            }
+            Err(Spared::AlreadySuspect) => {}
+            Err(Spared::Trusted) => info!(
+                link = %format!("{from}:{to}"),
+                loss = v.loss(),
+                "path meter: a link the operator trusts loses packets; not drained"
+            ),
+            Err(Spared::TooMany) => warn!(
+                link = %format!("{from}:{to}"),
+                loss = v.loss(),
+                "path meter: a link loses packets, but the most suspects allowed are drained already; not drained"
+            ),
+        }
+    }
+
+    /// A hold-down is over: the link is trusted again, and the evidence gathered while it was
+    /// drained, which says nothing of it, is forgotten.
+    async fn release(&self, k: &LinkKey) {
+        self.meter
+            .suspicions
+            .lock()
+            .expect("suspicions lock")
+            .release(k, Instant::now());
+        self.meter
+            .tomography
+            .lock()
+            .expect("tomography lock")
+            .forget();
+        match self.change(|f| f.set_suspect(&k.0, &k.1, false)).await {
+            Ok(_) => {
+                info!(link = %format!("{}:{}", k.0, k.1), "path meter: hold-down over; the link is trusted again")
+            }
+            Err(e) => {
+                warn!(error = %e, link = %format!("{}:{}", k.0, k.1), "ending a suspect link's drain failed; tried again after a hold-down");
+                self.meter
+                    .suspicions
+                    .lock()
+                    .expect("suspicions lock")
+                    .adopt(k, Instant::now());
+            }
+        }
+    }
+
+    /// An operator trusts a link (a suspicion ends now, and the meter drains it no more) or
+    /// hands it back to the meter.
+    pub async fn set_trust(
+        &self,
+        a: &str,
+        b: &str,
+        trust: bool,
+    ) -> Result<ChangeReply, FabricError> {
+        self.fabric.lock().expect("fabric lock").check_link(a, b)?;
+        let k = key(a, b);
+        let was_suspect = self
+            .meter
+            .suspicions
+            .lock()
+            .expect("suspicions lock")
+            .set_trusted(&k, trust, Instant::now());
+        info!(link = %format!("{a}:{b}"), trust, "operator: path meter trust set");
+        if was_suspect {
+            self.change(|f| f.set_suspect(&k.0, &k.1, false)).await
+        } else {
+            Ok(ChangeReply {
+                version: self.version(),
+                changed: false,
+            })
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! Gray failure, found from SOPA's own counters: Fat-Tree k=4 at 100 Mbit/s per link, TCP
+//! transfers from pod 0 to the other pods running throughout, and the core link a0 -> c0
+//! made to drop packets with its carrier up (`tc_lossy`, counted). No link event reports it;
+//! the hosts' path meters (alternate marking, per rack and path) and the controller's
+//! tomography must find it, drain it as `suspect`, trust it again after the hold-down once the
+//! loss is gone, and find it again at a lighter loss. A healthy fabric under the same load
+//! drains nothing. Needs root.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use sopa_testbed::{
+    fabric::{Fabric, FabricOptions},
+    lossy::LossyLink,
+    traffic::{SendOptions, tcp_transfer},
+};
+use sopa_topology::topology::TopologySpec;
+
+/// The controller's first hold-down in this test.
+const HOLD_MS: u64 = 4000;
+
+/// Flows from pod 0 to every other pod: each sprays over a0 and a1 and all four cores.
+const FLOWS: [(&str, &str, &str); 4] = [
+    ("h0", "h4", "10.1.0.2"),
+    ("h1", "h8", "10.2.0.2"),
+    ("h2", "h12", "10.3.0.2"),
+    ("h3", "h6", "10.1.1.2"),
+];
+
+/// Transfers h -> peer back to back until `stop`, each checked whole.
+struct Load {
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicU64>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(f: &Arc<Fabric>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicU64::new(0));
+        let threads = FLOWS
+            .iter()
+            .enumerate()
+            .map(|(i, (src, dst, addr))| {
+                let (f, stop, done) = (Arc::clone(f), Arc::clone(&stop), Arc::clone(&done));
+                let (src, dst, addr) = (src.to_string(), dst.to_string(), addr.to_string());
+                std::thread::spawn(move || {
+                    let mut port = 7400 + 100 * i as u16;
+                    while !stop.load(Ordering::Relaxed) {
+                        let t = tcp_transfer(
+                            f.ns(&src),
+                            f.ns(&dst),
+                            addr.parse().unwrap(),
+                            port,
+                            4 << 20,
+                            &SendOptions::default(),
+                        )
+                        .unwrap_or_else(|e| panic!("{src} -> {dst}: {e}"));
+                        assert!(t.intact(), "{src} -> {dst}: sha256 differs");
+                        done.fetch_add(1, Ordering::Relaxed);
+                        port = port.wrapping_add(1);
+                    }
+                })
+            })
+            .collect();
+        Self {
+            stop,
+            done,
+            threads,
+        }
+    }
+
+    fn finish(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            t.join().expect("a transfer failed");
+        }
+        self.done.load(Ordering::Relaxed)
+    }
+}
+
+fn status(f: &Fabric) -> serde_json::Value {
+    serde_json::from_str(&f.sopactl(&["status", "--json"]).expect("sopactl status"))
+        .expect("status JSON")
+}
+
+fn suspects(s: &serde_json::Value) -> Vec<String> {
+    s["suspect_links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["link"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The metered (sent, lost) of a0 -> c0 in the controller's shortest window.
+fn a0_c0(s: &serde_json::Value) -> (u64, u64) {
+    s["link_loss"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["from"] == "a0" && x["to"] == "c0")
+        .map_or((0, 0), |x| {
+            (x["sent"].as_u64().unwrap(), x["lost"].as_u64().unwrap())
+        })
+}
+
+/// Polls the controller's status until `done` holds; panics after `within`.
+fn wait_status(
+    f: &Fabric,
+    within: Duration,
+    what: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let start = Instant::now();
+    loop {
+        let s = status(f);
+        if done(&s) {
+            return s;
+        }
+        assert!(
+            start.elapsed() < within,
+            "{what}: not within {within:?}; status: {}",
+            serde_json::to_string_pretty(&s).unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_gray_core_link_is_found_drained_and_trusted_again() {
+    let opts = FabricOptions {
+        rate_mbit: Some(100),
+        ..FabricOptions::default()
+    };
+    let mut f = Fabric::build(&TopologySpec::FatTree { k: 4 }, &opts).expect("build the fabric");
+    f.controller_args = [
+        "--suspect-hold-ms",
+        &HOLD_MS.to_string(),
+        "--suspect-max-hold-ms",
+        "60000",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    f.start(&opts).expect("start controller and agents");
+    f.wait_ready(Duration::from_secs(60))
+        .expect("every agent ready");
+    let f = Arc::new(f);
+    let mut lossy = LossyLink::attach(f.ns("a0"), &f.link_iface("a0", "c0")).unwrap();
+    let load = Load::start(&f);
+
+    // Healthy, under load: the meter sees a0 -> c0 carry packets and lose none worth a drain.
+    let s = wait_status(
+        &f,
+        Duration::from_secs(30),
+        "metered packets on a0 -> c0",
+        |s| a0_c0(s).0 >= 2000,
+    );
+    eprintln!("healthy: a0 -> c0 {:?} (sent, lost)", a0_c0(&s));
+    assert_eq!(suspects(&s), Vec::<String>::new(), "a healthy link drained");
+
+    // 2%: found and drained.
+    let (seen0, dropped0) = lossy.counts().unwrap();
+    lossy.set_loss(2.0).unwrap();
+    let onset = Instant::now();
+    let s = wait_status(&f, Duration::from_secs(20), "a0:c0 suspect at 2%", |s| {
+        suspects(s) == ["a0:c0"]
+    });
+    let found = onset.elapsed();
+    let (seen, dropped) = lossy.counts().unwrap();
+    let (seen, dropped) = (seen - seen0, dropped - dropped0);
+    eprintln!(
+        "2%: a0:c0 suspect {:.2} s after the onset; tc_lossy dropped {dropped} of {seen} ({:.2}%); {}",
+        found.as_secs_f64(),
+        100.0 * dropped as f64 / seen.max(1) as f64,
+        s["suspect_links"]
+    );
+    // The injected loss is what was asked (binomial, within 5 standard deviations).
+    let sd = (seen as f64 * 0.02 * 0.98).sqrt();
+    assert!(
+        (dropped as f64 - seen as f64 * 0.02).abs() <= 5.0 * sd + 1.0,
+        "tc_lossy dropped {dropped} of {seen}, not 2%"
+    );
+    // The evidence: a window that began before the onset, so diluted, but never more packets
+    // lost than were dropped.
+    let x = &s["suspect_links"][0];
+    let (loss, lost) = (x["loss"].as_f64().unwrap(), x["lost"].as_u64().unwrap());
+    assert!(
+        (0.003..0.04).contains(&loss) && lost <= dropped,
+        "convicted on {lost} lost ({loss}) with {dropped} dropped"
+    );
+    assert!(
+        s["down_links"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l == "a0:c0"),
+        "a suspect link is down for the agents"
+    );
+    // Drained: the hosts stop sending on it (its port carries only what was queued).
+    f.wait_applied(|down| down >= 1, "every agent applied the drain")
+        .unwrap();
+    let port = f.link_iface("a0", "c0");
+    let before = f.ns("a0").tx_packets(&port).unwrap();
+    // A rate measured over a window, not a wait for an event: what the port sends in 500 ms.
+    std::thread::sleep(Duration::from_millis(500));
+    let after = f.ns("a0").tx_packets(&port).unwrap();
+    assert!(
+        after - before < 50,
+        "{} packets sent onto the drained link",
+        after - before
+    );
+
+    // Healed: trusted again when the hold-down ends, and not convicted again.
+    lossy.set_loss(0.0).unwrap();
+    let s = wait_status(
+        &f,
+        Duration::from_millis(HOLD_MS + 10_000),
+        "a0:c0 trusted after the hold-down",
+        |s| suspects(s).is_empty(),
+    );
+    assert!(
+        !s["down_links"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l == "a0:c0"),
+        "a0:c0 back for the agents"
+    );
+    let s = wait_status(&f, Duration::from_secs(30), "a0 -> c0 in use again", |s| {
+        a0_c0(s).0 >= 2000
+    });
+    assert_eq!(
+        suspects(&s),
+        Vec::<String>::new(),
+        "a healed link drained again"
+    );
+
+    // 0.5%: found again (the long window), held twice as long (its second strike).
+    lossy.set_loss(0.5).unwrap();
+    let onset = Instant::now();
+    let s = wait_status(&f, Duration::from_secs(30), "a0:c0 suspect at 0.5%", |s| {
+        suspects(s) == ["a0:c0"]
+    });
+    eprintln!(
+        "0.5%: a0:c0 suspect {:.2} s after the onset; {}",
+        onset.elapsed().as_secs_f64(),
+        s["suspect_links"]
+    );
+    assert_eq!(s["suspect_links"][0]["strikes"], 2);
+    assert!(s["suspect_links"][0]["remaining_ms"].as_u64().unwrap() > HOLD_MS);
+
+    // The operator's override ends it at once.
+    let out = f.sopactl(&["link", "trust", "a0", "c0"]).unwrap();
+    assert!(out.contains("suspicion ended"), "{out}");
+    let s = status(&f);
+    assert_eq!(suspects(&s), Vec::<String>::new());
+    assert_eq!(s["trusted_links"][0], "a0:c0");
+
+    let transfers = load.finish();
+    eprintln!("{transfers} transfers of 4 MiB completed, every one whole");
+    assert!(transfers > 0);
+}
