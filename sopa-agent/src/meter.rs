@@ -50,6 +50,8 @@ pub struct PeriodMeter {
     dirty: [bool; 2],
     /// The datapath's `meter_full` counters at the last reading.
     full: u64,
+    /// Whether the datapath sprayed (`sopa` mode) at the last reading.
+    spraying: bool,
 }
 
 impl PeriodMeter {
@@ -59,11 +61,16 @@ impl PeriodMeter {
             last: [None, None],
             dirty: [false, false],
             full: 0,
+            spraying: false,
         }
     }
 
     /// Takes the counters of period `period`'s color read after it closed; `late`: the reading
-    /// ended after the next period of that color began (some of its packets may be in it).
+    /// ended after the next period of that color began (some of its packets may be in it);
+    /// `spraying`: the datapath is in `sopa` mode now. A period in which it may not have
+    /// sprayed every flow evenly over its paths is reported incomplete: where a flow keeps to
+    /// one path (ecmp, pinned, single) or picks at random (rps), a congested path loses more
+    /// than its siblings, as a gray link's would.
     /// Returns the period's report, or `None` when this reading cannot give an exact one (the
     /// first of its color, after a missed or late one).
     pub fn sample(
@@ -72,6 +79,7 @@ impl PeriodMeter {
         counts: MeterCounts,
         full: u64,
         late: bool,
+        spraying: bool,
     ) -> Option<PathReport> {
         let color = (period & 1) as usize;
         let (sent, received) = counts;
@@ -86,8 +94,9 @@ impl PeriodMeter {
                 .map(|(mut k, v)| (clear(&mut k), v))
                 .collect(),
         };
-        let incomplete = full != self.full;
+        let incomplete = full != self.full || !spraying || !self.spraying;
         self.full = full;
+        self.spraying = spraying;
         let exact = !late
             && !self.dirty[color]
             && matches!(&self.last[color], Some(r) if r.period + 2 == period);
@@ -163,10 +172,15 @@ pub async fn report_loop(maps: Arc<Mutex<MapSet>>, reports: mpsc::Sender<Kind>, 
                 Ok(stamp[stamp_reason::METER_FULL as usize]
                     + strip[strip_reason::METER_FULL as usize])
             };
-            maps.meter_counts((closed & 1) as u8)
-                .and_then(|c| Ok((c, full(&maps)?)))
+            maps.meter_counts((closed & 1) as u8).and_then(|c| {
+                Ok((
+                    c,
+                    full(&maps)?,
+                    maps.config()?.mode == sopa_common::maps::mode::SOPA,
+                ))
+            })
         };
-        let (counts, full) = match read {
+        let (counts, full, spraying) = match read {
             Ok(r) => r,
             Err(err) => {
                 warn!(%err, "reading the path meter");
@@ -175,7 +189,7 @@ pub async fn report_loop(maps: Arc<Mutex<MapSet>>, reports: mpsc::Sender<Kind>, 
         };
         // Done before the next period of this color began?
         let late = tai_ns() / t != current;
-        let Some(report) = meter.sample(closed, counts, full, late) else {
+        let Some(report) = meter.sample(closed, counts, full, late, spraying) else {
             debug!(
                 period = closed,
                 late, "no exact path report for this period"
@@ -213,11 +227,14 @@ mod tests {
         let a = key([10, 2, 0, 0], [1, 0], 1);
         let b = key([10, 2, 0, 0], [0, 1], 1);
         // First reading of color 1: no baseline yet.
-        assert!(m.sample(7, (vec![(a, 10)], vec![]), 0, false).is_none());
+        assert!(
+            m.sample(7, (vec![(a, 10)], vec![]), 0, false, true)
+                .is_none()
+        );
         // Period 8 (color 0) does not disturb color 1's baseline.
-        assert!(m.sample(8, (vec![], vec![]), 0, false).is_none());
+        assert!(m.sample(8, (vec![], vec![]), 0, false, true).is_none());
         let r = m
-            .sample(9, (vec![(a, 25), (b, 4)], vec![(a, 3)]), 0, false)
+            .sample(9, (vec![(a, 25), (b, 4)], vec![(a, 3)]), 0, false, true)
             .expect("an exact period");
         assert_eq!(r.period, 9);
         assert_eq!(r.sent.len(), 1);
@@ -235,19 +252,41 @@ mod tests {
     fn a_missed_or_late_reading_gives_no_report_until_the_baseline_is_clean() {
         let mut m = PeriodMeter::new(DEFAULT_PERIOD);
         let a = key([10, 2, 0, 0], [1, 0], 0);
-        assert!(m.sample(2, (vec![(a, 1)], vec![]), 0, false).is_none());
+        assert!(
+            m.sample(2, (vec![(a, 1)], vec![]), 0, false, true)
+                .is_none()
+        );
         // Period 4 missed: 6 is two periods after nothing.
-        assert!(m.sample(6, (vec![(a, 5)], vec![]), 0, false).is_none());
+        assert!(
+            m.sample(6, (vec![(a, 5)], vec![]), 0, false, true)
+                .is_none()
+        );
         // Late: no report, and the next one's baseline is tainted too.
-        assert!(m.sample(8, (vec![(a, 9)], vec![]), 0, true).is_none());
-        assert!(m.sample(10, (vec![(a, 12)], vec![]), 0, false).is_none());
+        assert!(m.sample(8, (vec![(a, 9)], vec![]), 0, true, true).is_none());
+        assert!(
+            m.sample(10, (vec![(a, 12)], vec![]), 0, false, true)
+                .is_none()
+        );
         let r = m
-            .sample(12, (vec![(a, 20)], vec![]), 0, false)
+            .sample(12, (vec![(a, 20)], vec![]), 0, false, true)
             .expect("clean again");
         assert_eq!(r.sent[0].packets, vec![8]);
         // A full table since the last reading marks the report incomplete.
         let r = m
-            .sample(14, (vec![(a, 21)], vec![]), 3, false)
+            .sample(14, (vec![(a, 21)], vec![]), 3, false, true)
+            .expect("a report");
+        assert!(r.incomplete);
+        let r = m
+            .sample(16, (vec![(a, 22)], vec![]), 3, false, true)
+            .expect("a report");
+        assert!(!r.incomplete);
+        // Not spraying now, or at the reading before: incomplete (congestion would look gray).
+        let r = m
+            .sample(18, (vec![(a, 23)], vec![]), 3, false, false)
+            .expect("a report");
+        assert!(r.incomplete);
+        let r = m
+            .sample(20, (vec![(a, 24)], vec![]), 3, false, true)
             .expect("a report");
         assert!(r.incomplete);
     }

@@ -138,8 +138,9 @@ pub struct PathReport {
     pub sent: Vec<PeerPaths>,
     #[prost(message, repeated, tag = "4")]
     pub received: Vec<PeerPaths>,
-    /// Some packets of this period could not be counted (the meter's table was full): the
-    /// host's counts are incomplete and are not judged.
+    /// The host's counts of this period are not to be judged: some packets could not be
+    /// counted (the meter's table was full), or the datapath did not spray every flow evenly
+    /// over its paths (a mode other than `sopa`), where congestion reads like a gray link.
     #[prost(bool, tag = "5")]
     pub incomplete: bool,
 }

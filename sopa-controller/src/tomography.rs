@@ -94,11 +94,31 @@ pub struct Tomography {
     pending: BTreeMap<u64, Pending>,
     /// The judged periods, newest last: each path's (sent, lost).
     judged: VecDeque<Period>,
+    /// Each configured window's sums over its periods, kept as periods come and go (summing
+    /// 16 periods of every path at each judgement is what large fabrics cannot afford).
+    sums: Vec<(u32, HashMap<PathKey, Counts>)>,
     keep: usize,
     pub config: JudgeConfig,
     /// Periods judged, and those given up on (a host's report missing).
     pub periods_judged: u64,
     pub periods_partial: u64,
+}
+
+/// Adds `period` into `sum`, or takes it out (a path whose counts reach zero leaves).
+fn add(sum: &mut HashMap<PathKey, Counts>, period: &HashMap<PathKey, Counts>, into: bool) {
+    for (k, (s, l)) in period {
+        if into {
+            let e = sum.entry(*k).or_default();
+            e.0 += s;
+            e.1 += l;
+        } else if let Some(e) = sum.get_mut(k) {
+            e.0 -= s;
+            e.1 -= l;
+            if e.0 == 0 && e.1 == 0 {
+                sum.remove(k);
+            }
+        }
+    }
 }
 
 impl Tomography {
@@ -124,6 +144,11 @@ impl Tomography {
             links: HashMap::new(),
             pending: BTreeMap::new(),
             judged: VecDeque::new(),
+            sums: config
+                .windows
+                .iter()
+                .map(|w| (*w, HashMap::new()))
+                .collect(),
             keep,
             config,
             periods_judged: 0,
@@ -158,7 +183,9 @@ impl Tomography {
             .insert(host.to_owned(), report);
         let mut closed = false;
         while let Some((&first, pending)) = self.pending.first_key_value() {
-            let complete = expected.iter().all(|h| pending.reports.contains_key(h));
+            // Counted first: checking every name on every report would cost hosts squared.
+            let complete = pending.reports.len() >= expected.len()
+                && expected.iter().all(|h| pending.reports.contains_key(h));
             // A period two behind the newest is closed whatever is missing: its hosts' reports
             // come half a period after it ends.
             let newest = *self.pending.keys().next_back().expect("not empty");
@@ -166,19 +193,21 @@ impl Tomography {
                 break;
             }
             let pending = self.pending.remove(&first).expect("present");
-            self.close(first, pending, expected);
+            self.close(first, pending);
             closed = true;
         }
         closed
     }
 
-    /// Sums a period's reports per path; rack pairs with a host whose report is missing or
-    /// incomplete are left out.
-    fn close(&mut self, period: u64, pending: Pending, expected: &BTreeSet<String>) {
+    /// Sums a period's reports per path. A rack is judged only if every host of it reported
+    /// the period completely: a host that did not (its agent away, reconnecting, never
+    /// started) may still have received packets others counted as sent, which would read as
+    /// lost.
+    fn close(&mut self, period: u64, pending: Pending) {
         let mut blind: HashSet<u32> = HashSet::new();
-        for h in expected {
+        for (h, &r) in &self.host_rack {
             let ok = pending.reports.get(h).is_some_and(|r| !r.incomplete);
-            if !ok && let Some(&r) = self.host_rack.get(h) {
+            if !ok {
                 blind.insert(r);
             }
         }
@@ -218,6 +247,14 @@ impl Tomography {
             })
             .collect();
         self.judged.push_back((period, paths));
+        // Each window's running sums: the new period in, the one leaving the window out.
+        let newest = self.judged.len() - 1;
+        for (w, sum) in &mut self.sums {
+            add(sum, &self.judged[newest].1, true);
+            if let Some(leaving) = newest.checked_sub(*w as usize) {
+                add(sum, &self.judged[leaving].1, false);
+            }
+        }
         while self.judged.len() > self.keep {
             self.judged.pop_front();
         }
@@ -228,6 +265,9 @@ impl Tomography {
     /// of it once it is back).
     pub fn forget(&mut self) {
         self.judged.clear();
+        for (_, sum) in &mut self.sums {
+            sum.clear();
+        }
     }
 
     /// The newest judged period.
@@ -237,6 +277,9 @@ impl Tomography {
 
     /// Each path's (sent, lost) over the last `window` periods.
     fn window(&self, window: u32) -> HashMap<PathKey, (u64, u64)> {
+        if let Some((_, sum)) = self.sums.iter().find(|(w, _)| *w == window) {
+            return sum.clone();
+        }
         let mut sum: HashMap<PathKey, (u64, u64)> = HashMap::new();
         for (_, paths) in self.judged.iter().rev().take(window as usize) {
             for (k, (s, l)) in paths {
@@ -297,11 +340,14 @@ impl Tomography {
         out
     }
 
-    /// The links the evidence convicts, over every configured window.
-    pub fn judge(&mut self) -> Vec<Verdict> {
+    /// The links the evidence convicts, over every configured window. Paths through a link
+    /// that `down` says is down are explained by it first (a cut link's losses are its own,
+    /// not those of the links it shares its paths with), and the links of rack pairs that lost
+    /// paths to a failure are not judged (their load is skewed).
+    pub fn judge(&mut self, down: impl Fn(LinkId) -> bool) -> Vec<Verdict> {
         let mut out: Vec<Verdict> = Vec::new();
         for w in self.config.windows.clone() {
-            for v in self.judge_window(w) {
+            for v in self.judge_window(w, &down) {
                 if !out.iter().any(|o| o.link == v.link) {
                     out.push(v);
                 }
@@ -310,7 +356,7 @@ impl Tomography {
         out
     }
 
-    fn judge_window(&mut self, window: u32) -> Vec<Verdict> {
+    fn judge_window(&mut self, window: u32, down: &impl Fn(LinkId) -> bool) -> Vec<Verdict> {
         let paths: Vec<(PathKey, u64, u64, Vec<Directed>)> = {
             let w = self.window(window);
             let mut keys: Vec<_> = w.into_iter().filter(|(_, (s, _))| *s > 0).collect();
@@ -319,7 +365,26 @@ impl Tomography {
                 .map(|(k, (s, l))| (k, s, l, self.path_links(k)))
                 .collect()
         };
-        let mut explained = vec![false; paths.len()];
+        let mut explained: Vec<bool> = paths
+            .iter()
+            .map(|(_, _, _, dirs)| dirs.iter().any(|(l, _)| down(*l)))
+            .collect();
+        // A rack pair that lost candidate paths to a failure sprays over fewer: the links its
+        // remaining paths cross carry more than their share, and their queues' drops read like
+        // a gray link's. They are not judged while the failure lasts.
+        let mut reduced: HashMap<(u32, u32), bool> = HashMap::new();
+        let mut skewed: HashSet<Directed> = HashSet::new();
+        for ((s, d, _), _, _, dirs) in &paths {
+            let pair = (*s, *d);
+            let is_reduced = *reduced.entry(pair).or_insert_with(|| {
+                self.links
+                    .get(&pair)
+                    .is_some_and(|all| all.values().flatten().any(|(l, _)| down(*l)))
+            });
+            if is_reduced {
+                skewed.extend(dirs.iter().copied());
+            }
+        }
         let mut verdicts = Vec::new();
         loop {
             // Per rack pair and per link, over the paths not yet explained.
@@ -343,6 +408,9 @@ impl Tomography {
             }
             let mut best: Option<Verdict> = None;
             for (dir, (sent, lost, by_pair)) in &links {
+                if skewed.contains(dir) {
+                    continue;
+                }
                 let (mut s_out, mut l_out) = (0u64, 0u64);
                 for (pair, (s_in, l_in)) in by_pair {
                     let (s_all, l_all) = pairs[pair];
@@ -510,7 +578,7 @@ mod tests {
             );
         }
         assert_eq!(t.last_period(), Some(3));
-        let v = t.judge();
+        let v = t.judge(|_| false);
         assert_eq!(v.len(), 1, "{v:?}");
         assert_eq!(t.names(v[0].link), ("a0".into(), "c0".into()));
         assert!((v[0].loss() - 0.02).abs() < 0.001, "{}", v[0].loss());
@@ -529,10 +597,74 @@ mod tests {
                     reports(&topo, p, 150 + seed * 7, Some(("a0", "c0", 0.02)), 0, 4),
                 );
             }
-            let v = t.judge();
+            let v = t.judge(|_| false);
             assert_eq!(v.len(), 1, "{v:?}");
             assert_eq!(t.names(v[0].link), ("a0".into(), "c0".into()));
         }
+    }
+
+    #[test]
+    fn a_link_known_down_explains_its_paths_losses_first() {
+        // One sender: every path through c2 -> a3 also crosses a1 -> c2, and no other path
+        // tells them apart. Cut, c2 -> a3 is down, and its losses are its own.
+        let topo = fat_tree();
+        let g = topo.graph();
+        let cut: Vec<LinkId> = g
+            .links_between(g.find("c2").unwrap(), g.find("a3").unwrap())
+            .collect();
+        let mut t = Tomography::new(Arc::clone(&topo), JudgeConfig::default());
+        for p in 0..4 {
+            feed(
+                &mut t,
+                reports(&topo, p, 400, Some(("c2", "a3", 0.05)), 0, 1),
+            );
+        }
+        assert!(
+            !t.judge(|_| false).is_empty(),
+            "the losses convict without it"
+        );
+        assert_eq!(t.judge(|l| cut.contains(&l)), vec![]);
+    }
+
+    #[test]
+    fn links_a_failure_skews_the_load_of_are_not_judged() {
+        // a0 is down: pod 0 reaches pod 3 only through a1, c2, c3 and a7, whose downlink to
+        // e7 now carries more than its share and drops at its queue.
+        let topo = fat_tree();
+        let g = topo.graph();
+        let a0 = g.find("a0").unwrap();
+        let dead: Vec<LinkId> = g.ports(a0).iter().map(|(l, _)| *l).collect();
+        let mut t = Tomography::new(Arc::clone(&topo), JudgeConfig::default());
+        for p in 0..4 {
+            feed(
+                &mut t,
+                reports(&topo, p, 400, Some(("a7", "e7", 0.03)), 0, 16),
+            );
+        }
+        assert!(
+            !t.judge(|_| false).is_empty(),
+            "without the failure it convicts"
+        );
+        assert_eq!(t.judge(|l| dead.contains(&l)), vec![]);
+    }
+
+    #[test]
+    fn running_window_sums_equal_the_periods_summed_again() {
+        let topo = fat_tree();
+        let mut t = Tomography::new(Arc::clone(&topo), JudgeConfig::default());
+        for p in 0..21 {
+            let lossy = (p % 3 == 0).then_some(("a0", "c0", 0.05));
+            feed(&mut t, reports(&topo, p, 100 + p, lossy, 0, 16));
+        }
+        for w in [4u32, 16] {
+            let mut again: HashMap<PathKey, Counts> = HashMap::new();
+            for (_, paths) in t.judged.iter().rev().take(w as usize) {
+                add(&mut again, paths, true);
+            }
+            assert_eq!(t.window(w), again, "window {w}");
+        }
+        t.forget();
+        assert!(t.window(4).is_empty());
     }
 
     #[test]
@@ -545,7 +677,7 @@ mod tests {
                 reports(&topo, p, 200, Some(("c0", "a2", 0.05)), 0, 16),
             );
         }
-        let v = t.judge();
+        let v = t.judge(|_| false);
         assert_eq!(v.len(), 1, "{v:?}");
         assert_eq!(t.names(v[0].link), ("c0".into(), "a2".into()));
     }
@@ -557,12 +689,12 @@ mod tests {
         for p in 0..16 {
             feed(&mut t, reports(&topo, p, 200, None, 3, 16));
         }
-        assert_eq!(t.judge(), vec![]);
+        assert_eq!(t.judge(|_| false), vec![]);
         let mut t = Tomography::new(Arc::clone(&topo), JudgeConfig::default());
         for p in 0..16 {
             feed(&mut t, reports(&topo, p, 200, None, 0, 16));
         }
-        assert_eq!(t.judge(), vec![]);
+        assert_eq!(t.judge(|_| false), vec![]);
     }
 
     #[test]
@@ -576,7 +708,11 @@ mod tests {
                 reports(&topo, p, 200, Some(("a0", "c0", 0.005)), 0, 16),
             );
         }
-        let short: Vec<_> = t.judge().into_iter().filter(|v| v.window == 4).collect();
+        let short: Vec<_> = t
+            .judge(|_| false)
+            .into_iter()
+            .filter(|v| v.window == 4)
+            .collect();
         assert!(short.len() <= 1);
         for p in 4..16 {
             feed(
@@ -584,7 +720,7 @@ mod tests {
                 reports(&topo, p, 200, Some(("a0", "c0", 0.005)), 0, 16),
             );
         }
-        let v = t.judge();
+        let v = t.judge(|_| false);
         assert_eq!(v.len(), 1, "{v:?}");
         assert_eq!(t.names(v[0].link), ("a0".into(), "c0".into()));
     }
@@ -611,7 +747,7 @@ mod tests {
         }
         assert_eq!(t.last_period(), Some(0));
         assert_eq!(t.periods_partial, 1);
-        assert_eq!(t.judge(), vec![]);
+        assert_eq!(t.judge(|_| false), vec![]);
         assert!(t.link_loss(4).iter().all(|(_, _, lost)| *lost == 0));
     }
 }

@@ -1,8 +1,9 @@
-//! `cargo xtask bench failure [-- --modes sopa,ecmp --elements a0:c0,a2 --rate 10 --seconds 15]`:
-//! failures under traffic on Fat-Tree k=4, one run each. The permutation runs (every host sends
-//! to one other and receives from one); at `--onset` seconds an element fails for real (a link
-//! cut, a switch with every interface down), and it stays down until the flows end. Per mode and
-//! element:
+//! `cargo xtask bench failure [-- --modes sopa,ecmp --elements a0:c0,a2,gray:a0:c0:2 --rate 10
+//! --seconds 15 --healthy 600]`: failures under traffic on Fat-Tree k=4, one run each. The
+//! permutation runs (every host sends to one other and receives from one); at `--onset` seconds
+//! an element fails for real (a link cut, a switch with every interface down, a gray link that
+//! drops a share of what one end sends with its carrier up), and it stays failed until the flows
+//! end. Per mode and element:
 //! - the flows affected: those with a candidate path through the element;
 //! - packets the failure cost, counted one by one between the sender's rack switch and the
 //!   receiver (captures, matched by IPv4 ID): a lost packet whose option names a path through
@@ -18,7 +19,12 @@
 //!   rate over the rate before;
 //! - the time until every switch that lost a port has repaired `tc_forward` (its log's time of
 //!   the repair against the moment the interface was set down, both from one clock);
-//! - the time until the controller knows and every agent has applied the change.
+//! - the time until the controller knows and every agent has applied the change (for a gray
+//!   link: until the path meter convicted it and every agent applied its drain);
+//! - links the path meter drained that had not failed (false drains).
+//!
+//! Then `--healthy` seconds of the permutation in `sopa` mode with nothing failed: every link
+//! the path meter drains meanwhile is a false drain.
 //!
 //! Writes `failure.json` and one figure per element (goodput of all flows over time, one line
 //! per mode) into `--out`.
@@ -26,6 +32,7 @@
 use std::time::{Duration, SystemTime};
 
 use sopa_testbed::{
+    experiment::flows as permutation,
     experiment::{self, set_mode},
     fabric::{Fabric, FabricOptions},
     failure::{
@@ -46,12 +53,18 @@ struct Args {
     onset: f64,
     seed: u64,
     out: std::path::PathBuf,
+    /// Seconds of the healthy run (0: none).
+    healthy: f64,
 }
 
 fn args() -> Args {
     let mut a = Args {
         modes: vec!["sopa".into(), "rps".into(), "ecmp".into()],
-        elements: vec!["a0:c0".parse().unwrap(), "a2".parse().unwrap()],
+        elements: ["a0:c0", "a2", "gray:a0:c0:2", "gray:a0:c0:0.5"]
+            .iter()
+            .map(|e| e.parse().unwrap())
+            .collect(),
+        healthy: 600.0,
         rate: 10,
         seconds: 15.0,
         onset: 4.0,
@@ -77,14 +90,16 @@ fn args() -> Args {
             "--onset" => a.onset = value().parse().expect("--onset S"),
             "--seed" => a.seed = value().parse().expect("--seed N"),
             "--out" => a.out = value().into(),
+            "--healthy" => a.healthy = value().parse().expect("--healthy S"),
             "--smoke" => {
                 a.modes = vec!["sopa".into(), "ecmp".into()];
                 a.seconds = 5.0;
                 a.onset = 2.0;
+                a.healthy = 10.0;
             }
             "--bench" => {}
             other => panic!(
-                "unknown flag {other} (--modes, --elements, --rate, --seconds, --onset, --seed, --out, --smoke)"
+                "unknown flag {other} (--modes, --elements, --rate, --seconds, --onset, --seed, --out, --healthy, --smoke)"
             ),
         }
     }
@@ -126,11 +141,77 @@ struct Row {
     teardown_ms: f64,
     /// The longest any agent took from the link event to the maps written, milliseconds.
     agent_ms: Option<f64>,
-    /// From the onset until the controller knew and every agent had applied it.
-    controller_applied_s: f64,
+    /// From the onset until the controller knew and every agent had applied it (`None`: not
+    /// within the run, a gray link the meter did not convict in time).
+    controller_applied_s: Option<f64>,
+    /// Links the path meter drained that had not failed.
+    false_drains: Vec<String>,
     /// Goodput of all flows over the link rate, per 100 ms bin from the start (for the figure).
     goodput: Vec<f64>,
     onset_bin: usize,
+}
+
+/// A link as the controller names it (ends in order).
+fn canonical(a: &str, b: &str) -> String {
+    if a <= b {
+        format!("{a}:{b}")
+    } else {
+        format!("{b}:{a}")
+    }
+}
+
+/// The links the path meter holds suspect now.
+fn suspects(f: &Fabric) -> Vec<String> {
+    let s: serde_json::Value =
+        serde_json::from_str(&f.sopactl(&["status", "--json"]).expect("sopactl status"))
+            .expect("status JSON");
+    s["suspect_links"]
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .filter_map(|x| x["link"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `seconds` of the permutation in the current mode with nothing failed: every link the path
+/// meter drains meanwhile (polled each second), and how many periods it judged.
+fn healthy(f: &Fabric, a: &Args) -> Vec<String> {
+    let g = f.topo.graph();
+    let flows = permutation(f, "permutation", a.seed);
+    let bytes = (f64::from(a.rate) * 1e6 / 8.0 * a.healthy) as u64;
+    let mut drained = std::collections::BTreeSet::new();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = flows
+            .iter()
+            .enumerate()
+            .map(|(i, (src, dst))| {
+                let addr = g.node(g.find(dst).unwrap()).addr.unwrap();
+                let (sa, sb) = (f.ns(src), f.ns(dst));
+                s.spawn(move || {
+                    let opts = SendOptions {
+                        stall_timeout: Duration::from_secs(60),
+                        ..SendOptions::default()
+                    };
+                    tcp_transfer(sa, sb, addr, 7800 + i as u16, bytes, &opts)
+                        .unwrap_or_else(|e| panic!("flow {src} -> {dst}: {e}"))
+                })
+            })
+            .collect();
+        while !handles.iter().all(|h| h.is_finished()) {
+            drained.extend(suspects(f));
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        for h in handles {
+            assert!(
+                h.join().expect("a flow thread").intact(),
+                "a flow arrived damaged"
+            );
+        }
+    });
+    drained.extend(suspects(f));
+    drained.into_iter().collect()
 }
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
@@ -143,6 +224,7 @@ fn run_one(f: &Fabric, a: &Args, mode: &str, element: &Element) -> Row {
     let flows = experiment::flows(f, "permutation", a.seed);
     let receivers: Vec<String> = flows.iter().map(|(_, d)| d.clone()).collect();
     let bytes = (f64::from(a.rate) * 1e6 / 8.0 * a.seconds) as u64;
+    let mut gray = element.gray(f).expect("attaching tc_lossy");
     let caps = FlowCaptures::start(f, &flows).expect("captures");
     let timeline = Timeline::start(f, &receivers, Duration::from_millis(20)).expect("sampler");
     let start = SystemTime::now();
@@ -165,11 +247,28 @@ fn run_one(f: &Fabric, a: &Args, mode: &str, element: &Element) -> Row {
             .collect();
         // The schedule of the experiment: the element fails this far into the run.
         std::thread::sleep(Duration::from_secs_f64(a.onset));
-        let (onset, down) = element.fail_timed(f).expect("failing the element");
+        let (onset, down) = match gray.as_mut() {
+            Some((lossy, percent)) => {
+                let at = SystemTime::now();
+                lossy.set_loss(*percent).expect("setting the loss");
+                (at, SystemTime::now())
+            }
+            None => element.fail_timed(f).expect("failing the element"),
+        };
         let links = element.links(f);
-        f.wait_applied(|down| down >= links, "the failure")
-            .unwrap_or_else(|e| panic!("{e}"));
-        let applied = ms_after(SystemTime::now(), onset) / 1e3;
+        // A gray link is drained once the path meter convicts it, if it does within the run.
+        let within = match gray {
+            Some(_) => Duration::from_secs_f64((a.seconds - a.onset).max(1.0) + 5.0),
+            None => Duration::from_secs(30),
+        };
+        let applied = match f.wait_applied_within(|down| down >= links, "the failure", within) {
+            Ok(()) => Some(ms_after(SystemTime::now(), onset) / 1e3),
+            Err(e) if gray.is_some() => {
+                eprintln!("    not convicted within the run: {e}");
+                None
+            }
+            Err(e) => panic!("{e}"),
+        };
         let durations: Vec<f64> = handles
             .into_iter()
             .map(|h| {
@@ -194,11 +293,30 @@ fn run_one(f: &Fabric, a: &Args, mode: &str, element: &Element) -> Row {
         "    the kernel took the interface down in {teardown_ms:.3} ms; local repairs (event \
          received, maps written), ms after the onset: {local:.3?}"
     );
-    let complete = local.len() == element.neighbours(f).len();
+    let complete = gray.is_none() && local.len() == element.neighbours(f).len();
     let local_repair_ms = complete.then(|| local.iter().map(|l| l.1).fold(0.0, f64::max));
     let agent_ms = complete.then(|| local.iter().map(|l| l.1 - l.0).fold(0.0, f64::max));
     let samples = timeline.finish().expect("samples");
     let lost = caps.finish().expect("captures");
+    let failed_link = match element {
+        Element::Gray(x, y, _) | Element::Link(x, y) => Some(canonical(x, y)),
+        Element::Switch(_) => None,
+    };
+    let false_drains: Vec<String> = suspects(f)
+        .into_iter()
+        .filter(|l| Some(l) != failed_link.as_ref())
+        .collect();
+    if let Some((mut lossy, _)) = gray.take() {
+        lossy.set_loss(0.0).expect("healing the gray link");
+    }
+    // Every drain of the path meter ends with the operator's trust, handed back at once.
+    for l in suspects(f) {
+        let (x, y) = l.split_once(':').expect("a link");
+        f.sopactl(&["link", "trust", x, y])
+            .expect("sopactl link trust");
+        f.sopactl(&["link", "untrust", x, y])
+            .expect("sopactl link untrust");
+    }
     element.restore(f).expect("restoring");
     f.wait_applied(|down| down == 0, "the restore")
         .unwrap_or_else(|e| panic!("{e}"));
@@ -234,7 +352,7 @@ fn run_one(f: &Fabric, a: &Args, mode: &str, element: &Element) -> Row {
         }
         affected += 1;
         // The failure's: on a path through the element, or (no option) within its window.
-        let window_ms = applied * 1e3;
+        let window_ms = applied.unwrap_or(a.seconds) * 1e3;
         let theirs: Vec<&Seen> = l
             .lost
             .iter()
@@ -299,6 +417,7 @@ fn run_one(f: &Fabric, a: &Args, mode: &str, element: &Element) -> Row {
         back_max_s: backs.iter().copied().reduce(f64::max),
         never_back,
         controller_applied_s: applied,
+        false_drains,
         local_repair_ms,
         capture_drops,
         teardown_ms,
@@ -328,13 +447,14 @@ fn main() {
             );
             let row = run_one(&f, &a, mode, element);
             eprintln!(
-                "    lost {} (max {} per flow), last loss {:?} ms after, back in {:?} s (max {:?}), controller applied in {:.2} s",
+                "    lost {} (max {} per flow), last loss {:?} ms after, back in {:?} s (max {:?}), controller applied in {:?} s, false drains {:?}",
                 row.lost_sum,
                 row.lost_max,
                 row.last_loss_ms,
                 row.back_median_s,
                 row.back_max_s,
-                row.controller_applied_s
+                row.controller_applied_s,
+                row.false_drains
             );
             rows.push(row);
         }
@@ -346,7 +466,7 @@ fn main() {
         a.rate, a.onset
     );
     println!(
-        "{:<6} {:<14} {:>8} {:>10} {:>9} {:>13} {:>10} {:>11} {:>8}",
+        "{:<6} {:<18} {:>8} {:>10} {:>9} {:>13} {:>10} {:>11} {:>8}",
         "mode",
         "element",
         "affected",
@@ -359,7 +479,7 @@ fn main() {
     );
     for r in &rows {
         println!(
-            "{:<6} {:<14} {:>5}/{:<2} {:>10} {:>9} {:>13} {:>10} {:>11} {:>8}",
+            "{:<6} {:<18} {:>5}/{:<2} {:>10} {:>9} {:>13} {:>10} {:>11} {:>8}",
             r.mode,
             r.element,
             r.affected,
@@ -380,34 +500,58 @@ fn main() {
         );
     }
     println!(
-        "\nReaction, milliseconds from the onset (the call that set the interface down):\n{:<6} {:<14} {:>13} {:>14} {:>13} {:>13} {:>13}",
+        "\nReaction, milliseconds from the onset (the call that set the interface down, or set the loss):\n{:<6} {:<18} {:>13} {:>14} {:>13} {:>13} {:>13} {:>12}",
         "mode",
         "element",
         "kernel down",
         "agent: event",
         "local repair",
         "last loss",
-        "ctrl applied"
+        "ctrl applied",
+        "false drains"
     );
     let ms = |v: Option<f64>| v.map_or("-".into(), |x| format!("{x:.3}"));
     for r in &rows {
         println!(
-            "{:<6} {:<14} {:>13.3} {:>14} {:>13} {:>13} {:>13.0}",
+            "{:<6} {:<18} {:>13.3} {:>14} {:>13} {:>13} {:>13} {:>12}",
             r.mode,
             r.element,
             r.teardown_ms,
             ms(r.agent_ms),
             ms(r.local_repair_ms),
             fmt(r.last_loss_ms, 1.0),
-            r.controller_applied_s * 1e3
+            fmt(r.controller_applied_s, 1e3),
+            r.false_drains.len()
         );
     }
     println!(
         "kernel down: the set-down call's own duration (the kernel's teardown of the interface); \
          agent: event: from the link event reaching a switch agent to its maps written (the \
          slowest switch); local repair: from the onset to the last switch's maps written; last \
-         loss: when the last packet the failure cost entered the fabric."
+         loss: when the last packet the failure cost entered the fabric; ctrl applied: the \
+         controller knew (for a gray link: the path meter convicted it) and every agent applied \
+         the drain; false drains: other links the path meter drained."
     );
+    let healthy_drains = (a.healthy > 0.0).then(|| {
+        set_mode(&f, "sopa");
+        eprintln!(
+            "==> sopa: {:.0} s of the permutation, nothing failed",
+            a.healthy
+        );
+        healthy(&f, &a)
+    });
+    if let Some(d) = &healthy_drains {
+        println!(
+            "\nHealthy run: {:.0} s of the permutation in sopa mode, nothing failed: {} false drains{}",
+            a.healthy,
+            d.len(),
+            if d.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", d.join(", "))
+            }
+        );
+    }
     std::fs::create_dir_all(&a.out).expect("the output folder");
     let json = a.out.join("failure.json");
     std::fs::write(
@@ -420,6 +564,8 @@ fn main() {
             "seconds": a.seconds,
             "bin_ms": BIN.as_millis() as u64,
             "rows": rows,
+            "healthy_s": a.healthy,
+            "healthy_false_drains": healthy_drains,
         }))
         .expect("json"),
     )
@@ -440,9 +586,10 @@ fn main() {
                 (r.mode.clone(), points)
             })
             .collect();
-        let file = a
-            .out
-            .join(format!("failure-{}.svg", name.replace([' ', ':'], "-")));
+        let file = a.out.join(format!(
+            "failure-{}.svg",
+            name.replace([' ', ':', '%'], "-")
+        ));
         figures::lines(
             &file,
             &format!("{name} fails at 0 s: goodput of the permutation"),

@@ -111,6 +111,9 @@ pub struct Fabric {
     pub encoding: Encoding,
     /// Extra flags for the controller (set before [`Fabric::start`]).
     pub controller_args: Vec<String>,
+    /// Host agents serve their metrics (on 127.0.0.1:9470 of their namespace); otherwise
+    /// `--no-metrics` (set before [`Fabric::start`]).
+    pub host_metrics: bool,
 }
 
 /// The big switch's address on every host link of the ideal, and the routing table and rule
@@ -142,6 +145,7 @@ impl Fabric {
             dir,
             encoding: opts.encoding,
             controller_args: Vec::new(),
+            host_metrics: false,
         };
         let srv6 = opts.encoding == Encoding::Srv6;
         let g = fabric.topo.graph().clone();
@@ -398,7 +402,8 @@ impl Fabric {
             let id = id as NodeId;
             // Elephants (Hedera's pinned mode) are measured against the shaped rate.
             let nic = opts.rate_mbit.map(|r| r.to_string());
-            let args: Vec<&str> = ["--no-metrics"]
+            let args: Vec<&str> = (!self.host_metrics)
+                .then_some("--no-metrics")
                 .into_iter()
                 .chain(
                     nic.as_deref()
@@ -551,6 +556,16 @@ impl Fabric {
     /// everywhere (a switch ACKs once its routes are installed, a host once its datapath is
     /// written). At most 30 s.
     pub fn wait_applied(&self, done: impl Fn(usize) -> bool, what: &str) -> Result<()> {
+        self.wait_applied_within(done, what, Duration::from_secs(30))
+    }
+
+    /// [`Fabric::wait_applied`], for at most `within`.
+    pub fn wait_applied_within(
+        &self,
+        done: impl Fn(usize) -> bool,
+        what: &str,
+        within: Duration,
+    ) -> Result<()> {
         let start = Instant::now();
         loop {
             let st: serde_json::Value = serde_json::from_str(&self.sopactl(&["status", "--json"])?)
@@ -571,9 +586,9 @@ impl Fabric {
             if done(down) && applied {
                 return Ok(());
             }
-            if start.elapsed() > Duration::from_secs(30) {
+            if start.elapsed() > within {
                 return Err(Error::Failed(format!(
-                    "{what} did not reach the controller and every agent within 30 s: {st}"
+                    "{what} did not reach the controller and every agent within {within:?}: {st}"
                 )));
             }
             std::thread::sleep(Duration::from_millis(100));

@@ -16,19 +16,33 @@ use sopa_topology::{LinkId, PathTable, paths::Failures};
 use crate::{Error, Result, fabric::Fabric};
 
 /// What fails.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Element {
     /// The link between two switches, cut (one end set down: nothing crosses it either way).
     Link(String, String),
     /// A switch: every interface of it set down, so every neighbour loses its carrier.
     Switch(String),
+    /// A gray link: the first switch's port to the second drops this percentage of what it
+    /// sends, carrier up (`crate::lossy::LossyLink`, which the caller holds: see
+    /// [`Element::gray`]).
+    Gray(String, String, f64),
 }
 
 impl std::str::FromStr for Element {
     type Err = String;
 
-    /// `a0:c0` a link, `a2` a switch.
+    /// `a0:c0` a link, `a2` a switch, `gray:a0:c0:2` a link dropping 2% from a0 to c0.
     fn from_str(s: &str) -> std::result::Result<Self, String> {
+        if let Some(rest) = s.strip_prefix("gray:") {
+            let parts: Vec<&str> = rest.split(':').collect();
+            return match parts[..] {
+                [a, b, p] if !a.is_empty() && !b.is_empty() => match p.parse::<f64>() {
+                    Ok(p) if p > 0.0 && p <= 100.0 => Ok(Self::Gray(a.into(), b.into(), p)),
+                    _ => Err(format!("{s:?}: the loss is a percentage, 0 to 100")),
+                },
+                _ => Err(format!("{s:?}: a gray link is gray:A:B:PERCENT")),
+            };
+        }
         match s.split_once(':') {
             Some((a, b)) if !a.is_empty() && !b.is_empty() => Ok(Self::Link(a.into(), b.into())),
             Some(_) => Err(format!("{s:?}: a link is A:B (two switch names)")),
@@ -43,6 +57,7 @@ impl std::fmt::Display for Element {
         match self {
             Self::Link(a, b) => write!(f, "link {a}:{b}"),
             Self::Switch(s) => write!(f, "switch {s}"),
+            Self::Gray(a, b, p) => write!(f, "gray {a}:{b} {p}%"),
         }
     }
 }
@@ -51,7 +66,7 @@ impl Element {
     /// (namespace owner, interface) of every interface set down.
     fn ifaces(&self, f: &Fabric) -> Vec<(String, String)> {
         match self {
-            Self::Link(a, b) => vec![(a.clone(), f.link_iface(a, b))],
+            Self::Link(a, b) | Self::Gray(a, b, _) => vec![(a.clone(), f.link_iface(a, b))],
             Self::Switch(s) => {
                 let g = f.topo.graph();
                 let n = g.find(s).unwrap_or_else(|| panic!("no switch {s}"));
@@ -72,6 +87,11 @@ impl Element {
     /// Every interface is set down from a thread of its own, at once (one after another, each
     /// would wait for the kernel's teardown of the one before).
     pub fn fail_timed(&self, f: &Fabric) -> Result<(SystemTime, SystemTime)> {
+        if let Self::Gray(..) = self {
+            return Err(Error::Failed(format!(
+                "{self} is made lossy with Element::gray, not set down"
+            )));
+        }
         let ifaces = self.ifaces(f);
         let times: Vec<Result<(SystemTime, SystemTime)>> = std::thread::scope(|s| {
             let handles: Vec<_> = ifaces
@@ -96,7 +116,23 @@ impl Element {
         Ok((first, first_done))
     }
 
+    /// A gray link's `tc_lossy`, attached and dropping nothing yet (`None` for other elements).
+    pub fn gray(&self, f: &Fabric) -> Result<Option<(crate::lossy::LossyLink, f64)>> {
+        match self {
+            Self::Gray(a, b, p) => Ok(Some((
+                crate::lossy::LossyLink::attach(f.ns(a), &f.link_iface(a, b))?,
+                *p,
+            ))),
+            _ => Ok(None),
+        }
+    }
+
     pub fn restore(&self, f: &Fabric) -> Result<()> {
+        if let Self::Gray(..) = self {
+            // Its `LossyLink` heals it; a drain by the path meter ends with the operator's
+            // trust, handed back to the meter at once.
+            return Ok(());
+        }
         for (node, iface) in self.ifaces(f) {
             f.ns(&node).set_up(&iface, true)?;
         }
@@ -113,6 +149,8 @@ impl Element {
         let g = f.topo.graph();
         match self {
             Self::Link(a, b) => vec![a.clone(), b.clone()],
+            // No carrier is lost: nobody repairs locally.
+            Self::Gray(..) => Vec::new(),
             Self::Switch(s) => {
                 let n = g.find(s).unwrap_or_else(|| panic!("no switch {s}"));
                 g.ports(n)
@@ -174,7 +212,7 @@ pub fn element_links(f: &Fabric, element: &Element) -> Vec<LinkId> {
     let g = f.topo.graph();
     let id = |n: &str| g.find(n).unwrap_or_else(|| panic!("no node {n}"));
     match element {
-        Element::Link(a, b) => g.links_between(id(a), id(b)).collect(),
+        Element::Link(a, b) | Element::Gray(a, b, _) => g.links_between(id(a), id(b)).collect(),
         Element::Switch(s) => g.ports(id(s)).iter().map(|(l, _)| *l).collect(),
     }
 }

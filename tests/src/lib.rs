@@ -17,6 +17,7 @@ pub mod loss;
 pub mod lossy;
 pub mod netns;
 pub mod process;
+pub mod prometheus;
 pub mod reach;
 pub mod resilience;
 pub mod traffic;

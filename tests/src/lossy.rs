@@ -14,6 +14,15 @@ use crate::{Error, NetNs, Result};
 pub struct LossyLink {
     ebpf: Ebpf,
     pub iface: String,
+    /// Where the object's pinned maps go (the datapath's, unused here): a folder of this link's
+    /// own, removed on drop, never the bpffs root.
+    pins: std::path::PathBuf,
+}
+
+impl Drop for LossyLink {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.pins);
+    }
 }
 
 fn failed(what: &str) -> impl Fn(&dyn std::fmt::Display) -> Error + '_ {
@@ -24,8 +33,13 @@ impl LossyLink {
     /// Attaches `tc_lossy` at TC egress of `iface` in `ns`, dropping nothing yet.
     pub fn attach(ns: &NetNs, iface: &str) -> Result<Self> {
         let name = iface.to_owned();
+        let pins = std::path::PathBuf::from("/sys/fs/bpf").join(crate::run_name("lossy"));
+        std::fs::create_dir_all(&pins).map_err(|e| Error::io("creating a pin folder", e))?;
+        let dir = pins.clone();
         let ebpf = ns.run(move || -> Result<Ebpf> {
-            let mut ebpf = Ebpf::load(sopa_agent::datapath::OBJECT)
+            let mut ebpf = aya::EbpfLoader::new()
+                .default_map_pin_directory(&dir)
+                .load(sopa_agent::datapath::OBJECT)
                 .map_err(|e| failed("loading the programs' object")(&e))?;
             let program: &mut SchedClassifier = ebpf
                 .program_mut(lossy::PROGRAM)
@@ -41,6 +55,7 @@ impl LossyLink {
         Ok(Self {
             ebpf,
             iface: iface.to_owned(),
+            pins,
         })
     }
 

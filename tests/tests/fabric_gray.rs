@@ -17,6 +17,8 @@ use std::{
 use sopa_testbed::{
     fabric::{Fabric, FabricOptions},
     lossy::LossyLink,
+    prometheus::{Prometheus, free_port},
+    run_name,
     traffic::{SendOptions, tcp_transfer},
 };
 use sopa_topology::topology::TopologySpec;
@@ -139,19 +141,46 @@ fn a_gray_core_link_is_found_drained_and_trusted_again() {
         ..FabricOptions::default()
     };
     let mut f = Fabric::build(&TopologySpec::FatTree { k: 4 }, &opts).expect("build the fabric");
+    let metrics = format!("127.0.0.1:{}", free_port().unwrap());
     f.controller_args = [
         "--suspect-hold-ms",
         &HOLD_MS.to_string(),
         "--suspect-max-hold-ms",
         "60000",
+        "--metrics-addr",
+        &metrics,
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
+    f.host_metrics = true;
     f.start(&opts).expect("start controller and agents");
     f.wait_ready(Duration::from_secs(60))
         .expect("every agent ready");
     let f = Arc::new(f);
+    // A real Prometheus scrapes the controller (in this namespace) and another h0's agent (on
+    // the loopback of h0's namespace), both with deploy/'s rules.
+    let dir = std::env::temp_dir().join(run_name("gray"));
+    let prom = Prometheus::start(None, &dir, &[("sopa-controller", metrics)]).unwrap();
+    let prom_h0 = Prometheus::start(
+        Some(f.ns("h0")),
+        &dir.with_extension("h0"),
+        &[("sopa-agent", "127.0.0.1:9470".into())],
+    )
+    .unwrap();
+    let up = |job: &str| format!("up{{job=\"{job}\"}} == 1");
+    prom.wait(Duration::from_secs(30), "the controller scraped", |p| {
+        Ok(p.query(&up("sopa-controller"))?.len() == 1)
+    })
+    .unwrap();
+    prom_h0
+        .wait(Duration::from_secs(30), "h0's agent scraped", |p| {
+            // OpenMetrics counters carry `_total`.
+            Ok(p.query(&up("sopa-agent"))?.len() == 1
+                && !p.query("sopa_stamp_packets_total")?.is_empty()
+                && !p.query("sopa_meter_full_packets_total")?.is_empty())
+        })
+        .unwrap();
     let mut lossy = LossyLink::attach(f.ns("a0"), &f.link_iface("a0", "c0")).unwrap();
     let load = Load::start(&f);
 
@@ -169,9 +198,16 @@ fn a_gray_core_link_is_found_drained_and_trusted_again() {
     let (seen0, dropped0) = lossy.counts().unwrap();
     lossy.set_loss(2.0).unwrap();
     let onset = Instant::now();
-    let s = wait_status(&f, Duration::from_secs(20), "a0:c0 suspect at 2%", |s| {
+    // Suspect, and the drain stored and in force (the suspicion shows as soon as it is made).
+    let drained = |s: &serde_json::Value| {
         suspects(s) == ["a0:c0"]
-    });
+            && s["down_links"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|l| l == "a0:c0")
+    };
+    let s = wait_status(&f, Duration::from_secs(20), "a0:c0 suspect at 2%", drained);
     let found = onset.elapsed();
     let (seen, dropped) = lossy.counts().unwrap();
     let (seen, dropped) = (seen - seen0, dropped - dropped0);
@@ -187,6 +223,43 @@ fn a_gray_core_link_is_found_drained_and_trusted_again() {
         (dropped as f64 - seen as f64 * 0.02).abs() <= 5.0 * sd + 1.0,
         "tc_lossy dropped {dropped} of {seen}, not 2%"
     );
+    // Where operators look: the metric, the recorded loss ratio and the alert of deploy/'s
+    // rules (over the last minutes: the hold-down may end before a scrape is judged here).
+    let seen =
+        |p: &Prometheus, q: &str| -> sopa_testbed::Result<bool> { Ok(!p.query(q)?.is_empty()) };
+    prom.wait(
+        Duration::from_secs(20),
+        "Prometheus sees a0:c0 suspect, its loss and the alert firing",
+        |p| {
+            Ok(seen(
+                p,
+                "max_over_time(sopa_link_suspect{a=\"a0\",b=\"c0\"}[5m]) == 1",
+            )? && seen(
+                p,
+                "max_over_time(sopa:link_loss_ratio{from=\"a0\",to=\"c0\"}[5m]) > 0",
+            )? && seen(
+                p,
+                "max_over_time(ALERTS{alertname=\"SopaLinkSuspect\",alertstate=\"firing\"}[5m])",
+            )?)
+        },
+    )
+    .unwrap();
+    // Every series the dashboard in deploy/ draws exists in one of the two.
+    let dashboard = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/sopa-fabric.json"),
+    )
+    .unwrap();
+    let names: std::collections::BTreeSet<String> = dashboard
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        .filter(|w| w.starts_with("sopa_") || w.starts_with("sopa:"))
+        .map(str::to_owned)
+        .collect();
+    assert!(names.len() >= 10, "{names:?}");
+    for name in &names {
+        let q = format!("max_over_time({{__name__=\"{name}\"}}[5m])");
+        let found = !prom.query(&q).unwrap().is_empty() || !prom_h0.query(&q).unwrap().is_empty();
+        assert!(found, "the dashboard draws {name}, which nothing exports");
+    }
     // The evidence: a window that began before the onset, so diluted, but never more packets
     // lost than were dropped.
     let x = &s["suspect_links"][0];
@@ -245,9 +318,12 @@ fn a_gray_core_link_is_found_drained_and_trusted_again() {
     // 0.5%: found again (the long window), held twice as long (its second strike).
     lossy.set_loss(0.5).unwrap();
     let onset = Instant::now();
-    let s = wait_status(&f, Duration::from_secs(30), "a0:c0 suspect at 0.5%", |s| {
-        suspects(s) == ["a0:c0"]
-    });
+    let s = wait_status(
+        &f,
+        Duration::from_secs(30),
+        "a0:c0 suspect at 0.5%",
+        drained,
+    );
     eprintln!(
         "0.5%: a0:c0 suspect {:.2} s after the onset; {}",
         onset.elapsed().as_secs_f64(),

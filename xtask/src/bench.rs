@@ -27,6 +27,11 @@ pub fn run(name: &str, extra: &[String]) -> Result<()> {
             args.extend(extra.iter().map(String::as_str));
             cargo(&args)
         }
+        "meter" => {
+            let mut args = vec!["bench", "-p", "sopa-controller", "--bench", "meter", "--"];
+            args.extend(extra.iter().map(String::as_str));
+            cargo(&args)
+        }
         "fabric" => {
             if !setup::is_root() {
                 bail!("the fabric benchmark creates namespaces: run as root");
@@ -89,7 +94,7 @@ pub fn run(name: &str, extra: &[String]) -> Result<()> {
         }
         other => {
             bail!(
-                "unknown benchmark {other:?}; available: datapath, topology, channel, fabric, failure, resilience, smoke"
+                "unknown benchmark {other:?}; available: datapath, topology, channel, meter, fabric, failure, resilience, smoke"
             )
         }
     }

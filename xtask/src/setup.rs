@@ -30,6 +30,9 @@ const PACKAGES: &[(&str, &str)] = &[
         "/usr/include/google/protobuf/descriptor.proto",
     ),
     ("etcd-server", "etcd"),
+    // The path meter's test scrapes the agents and the controller with a real Prometheus and
+    // evaluates deploy/'s rules.
+    ("prometheus", "prometheus"),
 ];
 
 pub fn workspace_root() -> PathBuf {

@@ -45,6 +45,7 @@ pub fn run(timeout: Duration) -> Result<Vec<Outcome>> {
         )?,
         bench(&benches, "topology", &["--smoke"], timeout)?,
         bench(&benches, "channel", &["--rounds", "1", "--smoke"], timeout)?,
+        bench(&benches, "meter", &["--smoke"], timeout)?,
         bench(
             &benches,
             "resilience",

@@ -167,12 +167,16 @@ impl Controller {
             .filter(|(_, h)| h.left.is_none())
             .map(|(n, _)| n.clone())
             .collect();
+        let (topology, failures) = {
+            let f = self.fabric.lock().expect("fabric lock");
+            (f.shared_topology(), f.failures())
+        };
         let convictions: Vec<Conviction> = {
             let mut t = self.meter.tomography.lock().expect("tomography lock");
             if !t.accept(host, report, &expected) {
                 return;
             }
-            t.judge()
+            t.judge(|l| !failures.usable(topology.graph(), l))
                 .into_iter()
                 .map(|v| {
                     let (a, b) = t.names(v.link);
