@@ -54,6 +54,10 @@ pub enum Spared {
     AlreadySuspect,
     Trusted,
     TooMany,
+    /// A link of the same switch is suspect already: the meter never drains two links of one
+    /// switch (both uplinks of a rack drained would cut it off, and congestion the first drain
+    /// moves onto its neighbour would read as the next gray link).
+    Adjacent,
 }
 
 #[derive(Debug)]
@@ -93,6 +97,13 @@ impl Suspicions {
         }
         if self.suspects.len() >= self.config.max_suspects {
             return Err(Spared::TooMany);
+        }
+        if self
+            .suspects
+            .keys()
+            .any(|(a, b)| [a, b].iter().any(|n| **n == link.0 || **n == link.1))
+        {
+            return Err(Spared::Adjacent);
         }
         let strikes = match self.history.get(link) {
             Some((n, at)) if now.duration_since(*at) < self.config.max_hold => n + 1,
@@ -184,7 +195,7 @@ mod tests {
         let mut s = Suspicions::new(SuspicionConfig {
             hold: Duration::from_secs(10),
             max_hold: Duration::from_secs(30),
-            max_suspects: 1,
+            max_suspects: 2,
         });
         let t0 = Instant::now();
         let l = key("c0", "a0");
@@ -193,10 +204,17 @@ mod tests {
         assert_eq!(s.convict(&l, ev, t0), Ok(Duration::from_secs(10)));
         assert_eq!(s.convict(&l, ev, t0), Err(Spared::AlreadySuspect));
         assert_eq!(
-            s.convict(&key("a1", "c2"), ev, t0),
+            s.convict(&key("a0", "c1"), ev, t0),
+            Err(Spared::Adjacent),
+            "never two links of one switch"
+        );
+        assert!(s.convict(&key("a1", "c2"), ev, t0).is_ok());
+        assert_eq!(
+            s.convict(&key("a2", "c3"), ev, t0),
             Err(Spared::TooMany),
             "never more than max_suspects drained"
         );
+        assert!(s.release(&key("a1", "c2"), t0));
         assert!(s.due(t0 + Duration::from_secs(9)).is_empty());
         assert_eq!(s.due(t0 + Duration::from_secs(10)), vec![l.clone()]);
         let t1 = t0 + Duration::from_secs(10);

@@ -33,7 +33,16 @@ pub struct JudgeConfig {
     /// The windows judged after every period, in periods: a short one finds heavy loss fast,
     /// a long one light loss surely.
     pub windows: Vec<u32>,
+    /// The fabric links' rate, bits per second.
+    pub link_bps: f64,
+    /// A link whose metered packets (taken as full-size) fill more than this share of its rate
+    /// over a window is not judged: its queue may be dropping, and congestion drops land on
+    /// some paths more than others as a gray link's would.
+    pub max_load: f64,
 }
+
+/// The size a metered packet is taken to have when a link's load is estimated.
+pub const FULL_PACKET_BITS: f64 = 1514.0 * 8.0;
 
 impl Default for JudgeConfig {
     fn default() -> Self {
@@ -41,6 +50,8 @@ impl Default for JudgeConfig {
             threshold: 0.003,
             min_lost: 8,
             windows: vec![4, 16],
+            link_bps: 10e9,
+            max_load: 0.7,
         }
     }
 }
@@ -102,6 +113,8 @@ pub struct Tomography {
     /// Periods judged, and those given up on (a host's report missing).
     pub periods_judged: u64,
     pub periods_partial: u64,
+    /// The hosts' period (from their reports), for a window's length in seconds.
+    period_ms: u32,
 }
 
 /// Adds `period` into `sum`, or takes it out (a path whose counts reach zero leaves).
@@ -153,6 +166,7 @@ impl Tomography {
             config,
             periods_judged: 0,
             periods_partial: 0,
+            period_ms: 250,
         }
     }
 
@@ -172,6 +186,7 @@ impl Tomography {
             return false;
         }
         let period = report.period;
+        self.period_ms = report.period_ms.max(1);
         if self.judged.back().is_some_and(|(p, _)| *p >= period) {
             // Too late: that period is judged already.
             return false;
@@ -409,6 +424,12 @@ impl Tomography {
             let mut best: Option<Verdict> = None;
             for (dir, (sent, lost, by_pair)) in &links {
                 if skewed.contains(dir) {
+                    continue;
+                }
+                let seconds = f64::from(window) * f64::from(self.period_ms) / 1e3;
+                if *sent as f64 * FULL_PACKET_BITS / seconds
+                    > self.config.max_load * self.config.link_bps
+                {
                     continue;
                 }
                 let (mut s_out, mut l_out) = (0u64, 0u64);

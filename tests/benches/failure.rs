@@ -55,6 +55,9 @@ struct Args {
     out: std::path::PathBuf,
     /// Seconds of the healthy run (0: none).
     healthy: f64,
+    /// Each flow paced to this share of the link rate (1: unpaced, the permutation fills
+    /// every link; the path meter judges no link above its --max-load).
+    load: f64,
 }
 
 fn args() -> Args {
@@ -65,6 +68,7 @@ fn args() -> Args {
             .map(|e| e.parse().unwrap())
             .collect(),
         healthy: 600.0,
+        load: 1.0,
         rate: 10,
         seconds: 15.0,
         onset: 4.0,
@@ -91,6 +95,7 @@ fn args() -> Args {
             "--seed" => a.seed = value().parse().expect("--seed N"),
             "--out" => a.out = value().into(),
             "--healthy" => a.healthy = value().parse().expect("--healthy S"),
+            "--load" => a.load = value().parse().expect("--load SHARE"),
             "--smoke" => {
                 a.modes = vec!["sopa".into(), "ecmp".into()];
                 a.seconds = 5.0;
@@ -99,7 +104,7 @@ fn args() -> Args {
             }
             "--bench" => {}
             other => panic!(
-                "unknown flag {other} (--modes, --elements, --rate, --seconds, --onset, --seed, --out, --healthy, --smoke)"
+                "unknown flag {other} (--modes, --elements, --rate, --seconds, --onset, --seed, --out, --healthy, --load, --smoke)"
             ),
         }
     }
@@ -151,6 +156,11 @@ struct Row {
     onset_bin: usize,
 }
 
+/// The flows' pacing for `--load` (none at 1).
+fn pacing(a: &Args) -> Option<u64> {
+    (a.load < 1.0).then(|| (f64::from(a.rate) * 1e6 / 8.0 * a.load) as u64)
+}
+
 /// A link as the controller names it (ends in order).
 fn canonical(a: &str, b: &str) -> String {
     if a <= b {
@@ -180,7 +190,7 @@ fn suspects(f: &Fabric) -> Vec<String> {
 fn healthy(f: &Fabric, a: &Args) -> Vec<String> {
     let g = f.topo.graph();
     let flows = permutation(f, "permutation", a.seed);
-    let bytes = (f64::from(a.rate) * 1e6 / 8.0 * a.healthy) as u64;
+    let bytes = (f64::from(a.rate) * 1e6 / 8.0 * a.healthy * a.load) as u64;
     let mut drained = std::collections::BTreeSet::new();
     std::thread::scope(|s| {
         let handles: Vec<_> = flows
@@ -192,6 +202,7 @@ fn healthy(f: &Fabric, a: &Args) -> Vec<String> {
                 s.spawn(move || {
                     let opts = SendOptions {
                         stall_timeout: Duration::from_secs(60),
+                        pacing_bytes_per_s: pacing(a),
                         ..SendOptions::default()
                     };
                     tcp_transfer(sa, sb, addr, 7800 + i as u16, bytes, &opts)
@@ -223,7 +234,7 @@ fn run_one(f: &Fabric, a: &Args, mode: &str, element: &Element) -> Row {
     let g = f.topo.graph();
     let flows = experiment::flows(f, "permutation", a.seed);
     let receivers: Vec<String> = flows.iter().map(|(_, d)| d.clone()).collect();
-    let bytes = (f64::from(a.rate) * 1e6 / 8.0 * a.seconds) as u64;
+    let bytes = (f64::from(a.rate) * 1e6 / 8.0 * a.seconds * a.load) as u64;
     let mut gray = element.gray(f).expect("attaching tc_lossy");
     let caps = FlowCaptures::start(f, &flows).expect("captures");
     let timeline = Timeline::start(f, &receivers, Duration::from_millis(20)).expect("sampler");
@@ -238,6 +249,7 @@ fn run_one(f: &Fabric, a: &Args, mode: &str, element: &Element) -> Row {
                 s.spawn(move || {
                     let opts = SendOptions {
                         stall_timeout: Duration::from_secs(60),
+                        pacing_bytes_per_s: pacing(a),
                         ..SendOptions::default()
                     };
                     tcp_transfer(sa, sb, addr, 7600 + i as u16, bytes, &opts)
@@ -462,8 +474,10 @@ fn main() {
 
     let fmt = |v: Option<f64>, scale: f64| v.map_or("-".into(), |x| format!("{:.0}", x * scale));
     println!(
-        "\nFailures under traffic: Fat-Tree k=4, permutation at {} Mbit/s, failure {:.1} s in, one run each",
-        a.rate, a.onset
+        "\nFailures under traffic: Fat-Tree k=4, permutation at {} Mbit/s (flows paced to {:.0}% of it), failure {:.1} s in, one run each",
+        a.rate,
+        a.load * 100.0,
+        a.onset
     );
     println!(
         "{:<6} {:<18} {:>8} {:>10} {:>9} {:>13} {:>10} {:>11} {:>8}",
@@ -565,6 +579,7 @@ fn main() {
             "bin_ms": BIN.as_millis() as u64,
             "rows": rows,
             "healthy_s": a.healthy,
+            "load": a.load,
             "healthy_false_drains": healthy_drains,
         }))
         .expect("json"),

@@ -144,7 +144,11 @@ impl Fabric {
             prefix,
             dir,
             encoding: opts.encoding,
-            controller_args: Vec::new(),
+            // The path meter judges a link's load against the rate it is shaped to.
+            controller_args: opts
+                .rate_mbit
+                .map(|r| vec!["--link-rate-mbit".to_owned(), r.to_string()])
+                .unwrap_or_default(),
             host_metrics: false,
         };
         let srv6 = opts.encoding == Encoding::Srv6;

@@ -24,6 +24,9 @@ pub struct SendOptions {
     pub source_port: Option<u16>,
     /// MPTCP sockets (`IPPROTO_MPTCP`) on both ends instead of TCP.
     pub mptcp: bool,
+    /// Cap the sender's rate (`SO_MAX_PACING_RATE`, bytes per second): a flow that leaves the
+    /// links below their rate.
+    pub pacing_bytes_per_s: Option<u64>,
 }
 
 impl Default for SendOptions {
@@ -34,6 +37,7 @@ impl Default for SendOptions {
             stall_timeout: Duration::from_secs(10),
             source_port: None,
             mptcp: false,
+            pacing_bytes_per_s: None,
         }
     }
 }
@@ -410,6 +414,15 @@ pub fn send(to: SocketAddr, bytes: u64, opts: &SendOptions) -> Result<Sent> {
             &libc::IP_PMTUDISC_DO,
         )
         .map_err(|e| Error::io("IP_MTU_DISCOVER", e))?;
+    }
+    if let Some(rate) = opts.pacing_bytes_per_s {
+        setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_MAX_PACING_RATE,
+            &rate,
+        )
+        .map_err(|e| Error::io("SO_MAX_PACING_RATE", e))?;
     }
     conn.set_write_timeout(Some(opts.stall_timeout))
         .map_err(|e| Error::io("timeout", e))?;

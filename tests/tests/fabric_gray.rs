@@ -26,13 +26,10 @@ use sopa_topology::topology::TopologySpec;
 /// The controller's first hold-down in this test.
 const HOLD_MS: u64 = 4000;
 
-/// Flows from pod 0 to every other pod: each sprays over a0 and a1 and all four cores.
-const FLOWS: [(&str, &str, &str); 4] = [
-    ("h0", "h4", "10.1.0.2"),
-    ("h1", "h8", "10.2.0.2"),
-    ("h2", "h12", "10.3.0.2"),
-    ("h3", "h6", "10.1.1.2"),
-];
+/// Flows from pod 0 to other pods: each sprays over a0 and a1 and all four cores, which they
+/// load to about half their rate (a link near its rate is not judged: its queue's drops would
+/// read as gray).
+const FLOWS: [(&str, &str, &str); 2] = [("h0", "h4", "10.1.0.2"), ("h2", "h12", "10.3.0.2")];
 
 /// Transfers h -> peer back to back until `stop`, each checked whole.
 struct Load {
@@ -142,17 +139,18 @@ fn a_gray_core_link_is_found_drained_and_trusted_again() {
     };
     let mut f = Fabric::build(&TopologySpec::FatTree { k: 4 }, &opts).expect("build the fabric");
     let metrics = format!("127.0.0.1:{}", free_port().unwrap());
-    f.controller_args = [
-        "--suspect-hold-ms",
-        &HOLD_MS.to_string(),
-        "--suspect-max-hold-ms",
-        "60000",
-        "--metrics-addr",
-        &metrics,
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    f.controller_args.extend(
+        [
+            "--suspect-hold-ms",
+            &HOLD_MS.to_string(),
+            "--suspect-max-hold-ms",
+            "60000",
+            "--metrics-addr",
+            &metrics,
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
     f.host_metrics = true;
     f.start(&opts).expect("start controller and agents");
     f.wait_ready(Duration::from_secs(60))

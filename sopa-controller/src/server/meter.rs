@@ -271,6 +271,11 @@ impl Controller {
                 loss = v.loss(),
                 "path meter: a link the operator trusts loses packets; not drained"
             ),
+            Err(Spared::Adjacent) => warn!(
+                link = %format!("{from}:{to}"),
+                loss = v.loss(),
+                "path meter: a link loses packets, but a link of the same switch is suspect already; not drained"
+            ),
             Err(Spared::TooMany) => warn!(
                 link = %format!("{from}:{to}"),
                 loss = v.loss(),

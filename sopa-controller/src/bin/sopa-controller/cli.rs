@@ -117,6 +117,12 @@ pub struct Args {
     /// fast, a long one light loss surely).
     #[arg(long, env = "SOPA_LOSS_WINDOWS", value_delimiter = ',', default_values_t = JudgeConfig::default().windows)]
     loss_windows: Vec<u32>,
+    /// The fabric links' rate: a link whose metered load passes --max-load of it is not judged
+    /// (its queue's congestion drops would read as a gray link's).
+    #[arg(long, env = "SOPA_LINK_RATE_MBIT", default_value_t = (JudgeConfig::default().link_bps / 1e6) as u64)]
+    link_rate_mbit: u64,
+    #[arg(long, env = "SOPA_MAX_LOAD", default_value_t = JudgeConfig::default().max_load)]
+    max_load: f64,
     /// How long a suspect link stays drained the first time; each conviction soon after its
     /// release doubles it, up to --suspect-max-hold-ms.
     #[arg(long, env = "SOPA_SUSPECT_HOLD_MS", default_value_t = SuspicionConfig::default().hold.as_millis() as u64)]
@@ -164,6 +170,13 @@ impl Args {
                 self.loss_windows
             );
         }
+        if self.link_rate_mbit == 0 || !(self.max_load > 0.0 && self.max_load <= 1.0) {
+            bail!(
+                "--link-rate-mbit {} and --max-load {}: give the links' rate in Mbit/s and a share of it between 0 and 1",
+                self.link_rate_mbit,
+                self.max_load
+            );
+        }
         if self.suspect_hold_ms == 0 || self.suspect_max_hold_ms < self.suspect_hold_ms {
             bail!(
                 "--suspect-hold-ms {} and --suspect-max-hold-ms {}: a hold must be at least 1 ms and the maximum at least the first hold",
@@ -207,6 +220,8 @@ impl Args {
                 threshold: self.loss_threshold,
                 min_lost: self.loss_min_packets,
                 windows: self.loss_windows.clone(),
+                link_bps: self.link_rate_mbit as f64 * 1e6,
+                max_load: self.max_load,
             },
             suspicion: SuspicionConfig {
                 hold: Duration::from_millis(self.suspect_hold_ms),
