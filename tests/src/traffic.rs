@@ -416,13 +416,8 @@ pub fn send(to: SocketAddr, bytes: u64, opts: &SendOptions) -> Result<Sent> {
         .map_err(|e| Error::io("IP_MTU_DISCOVER", e))?;
     }
     if let Some(rate) = opts.pacing_bytes_per_s {
-        setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_MAX_PACING_RATE,
-            &rate,
-        )
-        .map_err(|e| Error::io("SO_MAX_PACING_RATE", e))?;
+        setsockopt(fd, libc::SOL_SOCKET, libc::SO_MAX_PACING_RATE, &rate)
+            .map_err(|e| Error::io("SO_MAX_PACING_RATE", e))?;
     }
     conn.set_write_timeout(Some(opts.stall_timeout))
         .map_err(|e| Error::io("timeout", e))?;
