@@ -26,13 +26,7 @@ pub const DEFAULT_PERIOD: Duration = Duration::from_millis(250);
 
 /// TAI nanoseconds (`CLOCK_TAI`, the clock of `bpf_ktime_get_tai_ns`).
 pub fn tai_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out pointer for the call.
-    unsafe { libc::clock_gettime(libc::CLOCK_TAI, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    crate::hedera::clock_ns(libc::CLOCK_TAI)
 }
 
 /// One color's counters as last read, and the period they closed.

@@ -79,11 +79,16 @@ impl Meter {
 #[inline(always)]
 fn add(map: &HashMap<MeterKey, u64>, key: MeterKey, n: u64) -> bool {
     use core::intrinsics::{AtomicOrdering::Relaxed, atomic_xadd};
-    if map.get_ptr_mut(&key).is_none() {
-        // Another CPU may create it at the same moment: NOEXIST lets one win, both then add.
-        let _ = map.insert(&key, &0, u64::from(BPF_NOEXIST));
-    }
-    match map.get_ptr_mut(&key) {
+    // One lookup for a counter that exists (every packet but a path's first).
+    let counter = match map.get_ptr_mut(&key) {
+        Some(c) => Some(c),
+        None => {
+            // Another CPU may create it at the same moment: NOEXIST lets one win, both add.
+            let _ = map.insert(&key, &0, u64::from(BPF_NOEXIST));
+            map.get_ptr_mut(&key)
+        }
+    };
+    match counter {
         Some(counter) => {
             // SAFETY: a pointer from a successful lookup, valid for this run, u64-aligned;
             // atomic because two CPUs count one peer's path at once (see `tc_stamp::account`).

@@ -32,7 +32,6 @@
 use std::time::{Duration, SystemTime};
 
 use sopa_testbed::{
-    experiment::flows as permutation,
     experiment::{self, set_mode},
     fabric::{Fabric, FabricOptions},
     failure::{
@@ -185,31 +184,43 @@ fn suspects(f: &Fabric) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// `seconds` of the permutation in the current mode with nothing failed: every link the path
-/// meter drains meanwhile (polled each second), and how many periods it judged.
-fn healthy(f: &Fabric, a: &Args) -> Vec<String> {
+/// Starts every flow of `flows` (`bytes` each, paced for `--load`) on ports from `port`.
+fn spawn_flows<'s, 'e: 's>(
+    s: &'s std::thread::Scope<'s, 'e>,
+    f: &'e Fabric,
+    a: &'e Args,
+    flows: &'e [(String, String)],
+    bytes: u64,
+    port: u16,
+) -> Vec<std::thread::ScopedJoinHandle<'s, sopa_testbed::traffic::Transfer>> {
     let g = f.topo.graph();
-    let flows = permutation(f, "permutation", a.seed);
+    flows
+        .iter()
+        .enumerate()
+        .map(|(i, (src, dst))| {
+            let addr = g.node(g.find(dst).unwrap()).addr.unwrap();
+            let (sa, sb) = (f.ns(src), f.ns(dst));
+            s.spawn(move || {
+                let opts = SendOptions {
+                    stall_timeout: Duration::from_secs(60),
+                    pacing_bytes_per_s: pacing(a),
+                    ..SendOptions::default()
+                };
+                tcp_transfer(sa, sb, addr, port + i as u16, bytes, &opts)
+                    .unwrap_or_else(|e| panic!("flow {src} -> {dst}: {e}"))
+            })
+        })
+        .collect()
+}
+
+/// `seconds` of the permutation in the current mode with nothing failed: every link the path
+/// meter drains meanwhile (its status sampled each second; a drain holds for its hold-down).
+fn healthy(f: &Fabric, a: &Args) -> Vec<String> {
+    let flows = experiment::flows(f, "permutation", a.seed);
     let bytes = (f64::from(a.rate) * 1e6 / 8.0 * a.healthy * a.load) as u64;
     let mut drained = std::collections::BTreeSet::new();
     std::thread::scope(|s| {
-        let handles: Vec<_> = flows
-            .iter()
-            .enumerate()
-            .map(|(i, (src, dst))| {
-                let addr = g.node(g.find(dst).unwrap()).addr.unwrap();
-                let (sa, sb) = (f.ns(src), f.ns(dst));
-                s.spawn(move || {
-                    let opts = SendOptions {
-                        stall_timeout: Duration::from_secs(60),
-                        pacing_bytes_per_s: pacing(a),
-                        ..SendOptions::default()
-                    };
-                    tcp_transfer(sa, sb, addr, 7800 + i as u16, bytes, &opts)
-                        .unwrap_or_else(|e| panic!("flow {src} -> {dst}: {e}"))
-                })
-            })
-            .collect();
+        let handles = spawn_flows(s, f, a, &flows, bytes, 7800);
         while !handles.iter().all(|h| h.is_finished()) {
             drained.extend(suspects(f));
             std::thread::sleep(Duration::from_secs(1));
@@ -231,7 +242,6 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
 }
 
 fn run_one(f: &Fabric, a: &Args, mode: &str, element: &Element) -> Row {
-    let g = f.topo.graph();
     let flows = experiment::flows(f, "permutation", a.seed);
     let receivers: Vec<String> = flows.iter().map(|(_, d)| d.clone()).collect();
     let bytes = (f64::from(a.rate) * 1e6 / 8.0 * a.seconds * a.load) as u64;
@@ -240,23 +250,7 @@ fn run_one(f: &Fabric, a: &Args, mode: &str, element: &Element) -> Row {
     let timeline = Timeline::start(f, &receivers, Duration::from_millis(20)).expect("sampler");
     let start = SystemTime::now();
     let (onset, down, applied, durations) = std::thread::scope(|s| {
-        let handles: Vec<_> = flows
-            .iter()
-            .enumerate()
-            .map(|(i, (src, dst))| {
-                let addr = g.node(g.find(dst).unwrap()).addr.unwrap();
-                let (sa, sb) = (f.ns(src), f.ns(dst));
-                s.spawn(move || {
-                    let opts = SendOptions {
-                        stall_timeout: Duration::from_secs(60),
-                        pacing_bytes_per_s: pacing(a),
-                        ..SendOptions::default()
-                    };
-                    tcp_transfer(sa, sb, addr, 7600 + i as u16, bytes, &opts)
-                        .unwrap_or_else(|e| panic!("flow {src} -> {dst}: {e}"))
-                })
-            })
-            .collect();
+        let handles = spawn_flows(s, f, a, &flows, bytes, 7600);
         // The schedule of the experiment: the element fails this far into the run.
         std::thread::sleep(Duration::from_secs_f64(a.onset));
         let (onset, down) = match gray.as_mut() {

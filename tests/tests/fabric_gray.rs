@@ -279,8 +279,17 @@ fn a_gray_core_link_is_found_drained_and_trusted_again() {
         .unwrap();
     let port = f.link_iface("a0", "c0");
     let before = f.ns("a0").tx_packets(&port).unwrap();
-    // A rate measured over a window, not a wait for an event: what the port sends in 500 ms.
-    std::thread::sleep(Duration::from_millis(500));
+    // What the port sends while one more transfer of 4 MiB from pod 0 completes: traffic that
+    // sprayed over every path before the drain.
+    let done = load.done.load(Ordering::Relaxed);
+    let start = Instant::now();
+    while load.done.load(Ordering::Relaxed) <= done {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no transfer completed after the drain"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let after = f.ns("a0").tx_packets(&port).unwrap();
     assert!(
         after - before < 50,

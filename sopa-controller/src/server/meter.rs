@@ -167,15 +167,23 @@ impl Controller {
             .filter(|(_, h)| h.left.is_none())
             .map(|(n, _)| n.clone())
             .collect();
+        if !self
+            .meter
+            .tomography
+            .lock()
+            .expect("tomography lock")
+            .accept(host, report, &expected)
+        {
+            return;
+        }
+        // A period closed: judged against the failures of now (the fabric's lock is never
+        // taken under the tomography's: a change takes them in the other order).
         let (topology, failures) = {
             let f = self.fabric.lock().expect("fabric lock");
             (f.shared_topology(), f.failures())
         };
         let convictions: Vec<Conviction> = {
             let mut t = self.meter.tomography.lock().expect("tomography lock");
-            if !t.accept(host, report, &expected) {
-                return;
-            }
             t.judge(|l| !failures.usable(topology.graph(), l))
                 .into_iter()
                 .map(|v| {
@@ -284,19 +292,14 @@ impl Controller {
         }
     }
 
-    /// A hold-down is over: the link is trusted again, and the evidence gathered while it was
-    /// drained, which says nothing of it, is forgotten.
+    /// A hold-down is over: the link is trusted again (the change, like every change, starts
+    /// the meter's evidence again: what was gathered while it was drained says nothing of it).
     async fn release(&self, k: &LinkKey) {
         self.meter
             .suspicions
             .lock()
             .expect("suspicions lock")
             .release(k, Instant::now());
-        self.meter
-            .tomography
-            .lock()
-            .expect("tomography lock")
-            .forget();
         match self.change(|f| f.set_suspect(&k.0, &k.1, false)).await {
             Ok(_) => {
                 info!(link = %format!("{}:{}", k.0, k.1), "path meter: hold-down over; the link is trusted again")
