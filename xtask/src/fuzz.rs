@@ -51,6 +51,7 @@ pub fn run_all(seconds: u64) -> Result<Vec<Outcome>> {
                 failed: u64::from(result.is_err()),
                 seconds: start.elapsed().as_secs_f64(),
                 note: result.err().map(|e| format!("{e:#}")),
+                panics: Vec::new(),
             }
         })
         .collect();

@@ -220,6 +220,12 @@ fn step(name: &str, mut cmd: Command, timeout: Duration) -> Result<Outcome> {
         passed: 0,
         failed: 0,
         seconds: w.seconds,
+        panics: if w.success {
+            Vec::new()
+        } else {
+            // A bench ends on its error (anyhow's chain): its last lines say why.
+            w.lines[w.lines.len().saturating_sub(8)..].to_vec()
+        },
         note,
     })
 }

@@ -64,6 +64,9 @@ pub struct Outcome {
     pub seconds: f64,
     /// Why the run failed beyond its failed tests: a time-out, a crash, an exit code.
     pub note: Option<String>,
+    /// The panic messages of the failed tests, reprinted after the table so that the end of a
+    /// long log says why, not only what, failed.
+    pub panics: Vec<String>,
 }
 
 impl Outcome {
@@ -79,6 +82,7 @@ impl Outcome {
             failed: 1,
             seconds: 0.0,
             note: Some(format!("{e:#}")),
+            panics: Vec::new(),
         }
     }
 
@@ -248,6 +252,11 @@ fn run_suite(suite: &Suite, extra: &[String], timeout: Duration) -> Result<Outco
         failed,
         seconds: result.seconds,
         note,
+        panics: if failed > 0 {
+            panic_messages(&result.lines)
+        } else {
+            Vec::new()
+        },
     })
 }
 
@@ -370,6 +379,31 @@ pub fn watch(mut child: Child, timeout: Duration, echo: impl Fn(&str)) -> Result
     })
 }
 
+/// Lines of a panic message and the lines after it, per message (libtest prints a failed
+/// test's captured output, panic included, in its `failures:` section).
+const PANIC_LINES: usize = 8;
+
+/// The panic messages in a suite's output: each `thread '…' panicked at …` line with the lines
+/// that follow it up to a blank line or `PANIC_LINES`.
+fn panic_messages(lines: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        if lines[i].starts_with("thread '") && lines[i].contains("panicked at") {
+            let end = lines[i..]
+                .iter()
+                .take(PANIC_LINES)
+                .position(|l| l.trim().is_empty())
+                .map_or((i + PANIC_LINES).min(lines.len()), |n| i + n);
+            out.extend(lines[i..end].iter().cloned());
+            i = end;
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
 /// libtest's `test result: ok. 3 passed; 1 failed; 0 ignored; …` -> (3, 1).
 fn libtest_counts(line: &str) -> Option<(u64, u64)> {
     let rest = line.strip_prefix("test result: ")?;
@@ -417,6 +451,12 @@ pub fn print_table(title: &str, outcomes: &[Outcome]) -> u64 {
         "{:<width$}  {passed:>6}  {failed:>6}  {seconds:>8.1}",
         "total"
     );
+    for o in outcomes.iter().filter(|o| !o.panics.is_empty()) {
+        println!("\nwhy {} failed:", o.name);
+        for line in &o.panics {
+            println!("  {line}");
+        }
+    }
     failed
 }
 
@@ -475,6 +515,33 @@ mod tests {
             Some((3, 2))
         );
         assert_eq!(libtest_counts("test foo ... ok"), None);
+    }
+
+    #[test]
+    fn reprints_the_panics_of_failed_tests() {
+        let out: Vec<String> = [
+            "test a ... FAILED",
+            "failures:",
+            "---- a stdout ----",
+            "healthy: fine",
+            "thread 'a' panicked at tests/a.rs:10:5:",
+            "a0:c0 was never suspect",
+            "note: run with `RUST_BACKTRACE=1`",
+            "",
+            "failures:",
+            "    a",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        assert_eq!(
+            panic_messages(&out),
+            [
+                "thread 'a' panicked at tests/a.rs:10:5:",
+                "a0:c0 was never suspect",
+                "note: run with `RUST_BACKTRACE=1`",
+            ]
+        );
+        assert!(panic_messages(&out[..4]).is_empty());
     }
 
     #[test]
