@@ -17,11 +17,7 @@ use sopa_agent::{
     path_table::PathTable,
 };
 use sopa_common::maps::{Config, mode};
-use sopa_testbed::{
-    Process,
-    agent::Agent,
-    arb::{A_PREFIX, Arb, B_PREFIX},
-};
+use sopa_testbed::{Process, arb::Arb};
 
 struct Args {
     runs: u32,
@@ -370,25 +366,8 @@ fn throughput_table(args: &Args) {
                 set_segs(v);
             }
             let agents = granularity.map(|g| {
-                let flags = ["--granularity", g, "--no-metrics"];
-                (
-                    Agent::start(
-                        &arb.a,
-                        arb.a.name(),
-                        &arb.a_if,
-                        &Arb::path_table(B_PREFIX, 4),
-                        &flags,
-                    )
-                    .unwrap(),
-                    Agent::start(
-                        &arb.b,
-                        arb.b.name(),
-                        &arb.b_if,
-                        &Arb::path_table(A_PREFIX, 4),
-                        &flags,
-                    )
-                    .unwrap(),
-                )
+                arb.start_agents(4, &["--granularity", g, "--no-metrics"])
+                    .unwrap()
             });
             results[i].push(iperf(&arb, args.iperf_seconds));
             if segs.is_some() {

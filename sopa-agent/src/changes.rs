@@ -339,6 +339,23 @@ impl SharedJournal {
         .unwrap_or(Ok(()))
     }
 
+    /// Replaces the records `old` matches with `change` (appended if none matched), in one
+    /// save: a setting changed again keeps one record, with the value from before any agent.
+    pub fn replace(&self, old: impl Fn(&Change) -> bool, change: Change) -> Result<()> {
+        self.with(|j| {
+            let at = j.record.changes.iter().position(&old);
+            j.record.changes.retain(|c| !old(c));
+            let at = at.unwrap_or(j.record.changes.len());
+            j.record.changes.insert(at, change);
+            j.save()
+        })
+        .unwrap_or_else(|| {
+            Err(Error::Config(
+                "the agent is stopping; no further changes are made".into(),
+            ))
+        })
+    }
+
     /// Drops the newest record of `change` (a change that was refused, so never made), and
     /// saves.
     pub fn retract(&self, change: &Change) -> Result<()> {

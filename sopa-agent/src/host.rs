@@ -16,6 +16,7 @@ use crate::{
     changes::{Change, Journal, Record, SharedJournal},
     datapath::{Datapath, MapSet},
     error::{Error, Result},
+    granularity::{self, Granularity},
     metrics,
     netlink::{self, Netlink},
     path_table::{PathTable, Prefix},
@@ -23,15 +24,6 @@ use crate::{
     status::mode_name,
     sysctl,
 };
-
-/// The unit of spraying.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Granularity {
-    /// One path per packet: sets the interface's `gso_max_segs` to 1.
-    Packet,
-    /// One path per GSO burst (up to 64 KB): leaves GSO as it is.
-    Burst,
-}
 
 /// How `xdp_strip` attaches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -201,6 +193,22 @@ pub struct Host {
 }
 
 impl Host {
+    /// The handle that applies a granularity set at run time (`sopa-agent granularity`,
+    /// delivered by SIGHUP) to this agent's interface.
+    pub fn granularity_control(&self) -> Result<granularity::Control> {
+        let (ifname, index, node) = self
+            .journal
+            .with(|j| {
+                (
+                    j.record.iface.clone(),
+                    j.record.ifindex,
+                    j.record.node.clone(),
+                )
+            })
+            .ok_or_else(|| Error::Config("the agent is stopping".into()))?;
+        granularity::Control::new(self.journal.clone(), ifname, index, run_dir(&node))
+    }
+
     /// Validates, changes the host and attaches the programs. On any failure everything done
     /// so far is undone before the error is returned.
     pub async fn start(opts: &HostOptions) -> Result<Self> {
@@ -241,7 +249,7 @@ impl Host {
             iface: opts.iface.clone(),
             ifindex: link.index,
             paths_file: opts.paths_file.clone(),
-            granularity: format!("{:?}", opts.granularity).to_lowercase(),
+            granularity: opts.granularity.to_string(),
             xdp_mode: if xdp_mode == XdpMode::Skb {
                 "generic"
             } else {
@@ -420,14 +428,8 @@ impl Host {
             sysctl::write(sysctl::TCP_REORDERING, &new)?;
         }
 
-        if opts.granularity == Granularity::Packet && link.gso_max_segs != 1 {
-            journal.push(Change::GsoMaxSegs {
-                ifname: link.name.clone(),
-                index: link.index,
-                old: link.gso_max_segs,
-                new: 1,
-            })?;
-            netlink.set_gso_max_segs(link.index, 1).await?;
+        if opts.granularity.segs().is_some() {
+            granularity::apply(netlink, journal, &link.name, link.index, opts.granularity).await?;
         }
 
         let registry = match metrics_listener {
@@ -473,19 +475,13 @@ impl Host {
                 return Err(err);
             }
         };
-        if opts.granularity == Granularity::Burst {
+        if opts.granularity.segs().is_none() {
             // An adopted datapath may have run per packet: give the interface its GSO back,
             // once this agent's programs run (nothing after this can fail the start).
-            let ours = journal
-                .changes()
-                .into_iter()
-                .find(|c| matches!(c, Change::GsoMaxSegs { index, .. } if *index == link.index));
-            if let Some(Change::GsoMaxSegs { old, .. }) = ours.clone() {
-                if let Err(err) = netlink.set_gso_max_segs(link.index, old).await {
-                    warn!(%err, "giving the interface its GSO back");
-                } else if let Err(err) = journal.forget(|c| Some(c) == ours.as_ref()) {
-                    warn!(%err, "recording the interface's GSO given back");
-                }
+            if let Err(err) =
+                granularity::apply(netlink, journal, &link.name, link.index, opts.granularity).await
+            {
+                warn!(%err, "giving the interface its GSO back");
             }
         }
         let maps = Arc::new(Mutex::new(maps));
@@ -496,8 +492,8 @@ impl Host {
         {
             warn!(%err, "counters of an older datapath layout could not be carried over");
         }
-        if opts.forget_runtime_mode && crate::mode::RuntimeMode::exists(&run_dir(&opts.node)) {
-            match crate::mode::RuntimeMode::clear(&run_dir(&opts.node)) {
+        if opts.forget_runtime_mode && crate::runtime::RuntimeMode::exists(&run_dir(&opts.node)) {
+            match crate::runtime::RuntimeMode::clear(&run_dir(&opts.node)) {
                 Ok(()) => info!("--mode (or SOPA_MODE) replaces the mode set at run time"),
                 Err(err) => warn!(%err, "forgetting the mode set at run time"),
             }

@@ -54,7 +54,7 @@ pub struct Status {
     /// The SRv6 encoding's outer source and receive addresses.
     pub srv6: Option<Srv6Addresses>,
     /// The mode an operator set at run time (`sopa-agent mode`), kept across restarts.
-    pub mode_set_at_run_time: Option<crate::mode::RuntimeMode>,
+    pub mode_set_at_run_time: Option<crate::runtime::RuntimeMode>,
     /// Where new flows start their round robin: `hash` (the default) or `zero` (the paper's).
     pub first_path: String,
     pub granularity: String,
@@ -184,7 +184,7 @@ pub fn read(node: &str, run_dir: &Path, pin_dir: &Path) -> Result<Status> {
             source: encap.source.into(),
             receive: encap.receive.into(),
         }),
-        mode_set_at_run_time: crate::mode::RuntimeMode::load(run_dir).ok().flatten(),
+        mode_set_at_run_time: crate::runtime::RuntimeMode::load(run_dir).ok().flatten(),
         first_path: sopa_common::maps::first_path::NAMES
             .get(maps.first_path()? as usize)
             .copied()

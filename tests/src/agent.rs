@@ -198,6 +198,21 @@ pub fn set_mode_with(node: &str, mode: &str, extra: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// `sopa-agent granularity --node NODE G`: the running agent applies it before this returns.
+pub fn set_granularity(node: &str, granularity: &str) -> Result<String> {
+    let out = Command::new(bins::sopa_agent())
+        .args(["granularity", "--node", node, granularity])
+        .output()
+        .map_err(|e| Error::io("running sopa-agent granularity", e))?;
+    if !out.status.success() {
+        return Err(Error::Failed(format!(
+            "sopa-agent granularity {granularity} on {node}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 impl Agent {
     /// SIGKILL and wait: what the agent left (attached programs, its journal) stays for the
     /// next agent of the node.

@@ -166,6 +166,30 @@ impl Arb {
         )
     }
 
+    /// Agents on A and B (A's table towards B's rack and B's towards A's, `paths` paths each),
+    /// both started with `flags`.
+    pub fn start_agents(
+        &self,
+        paths: u8,
+        flags: &[&str],
+    ) -> Result<(crate::agent::Agent, crate::agent::Agent)> {
+        let a = crate::agent::Agent::start(
+            &self.a,
+            self.a.name(),
+            &self.a_if,
+            &Self::path_table(B_PREFIX, paths),
+            flags,
+        )?;
+        let b = crate::agent::Agent::start(
+            &self.b,
+            self.b.name(),
+            &self.b_if,
+            &Self::path_table(A_PREFIX, paths),
+            flags,
+        )?;
+        Ok((a, b))
+    }
+
     /// A path table with `paths` single-decision paths towards `prefix`.
     pub fn path_table(prefix: &str, paths: u8) -> String {
         let hops: Vec<String> = (0..paths).map(|h| format!("[{h}]")).collect();

@@ -10,7 +10,7 @@ use std::{
 };
 
 use sopa_testbed::{
-    agent::Agent,
+    agent::{Agent, set_granularity},
     arb::{Arb, B_PREFIX},
     capture::Capture,
     resilience::{
@@ -854,4 +854,106 @@ fn a_mode_set_at_run_time_survives_restarts_until_run_mode_replaces_it() {
     let a = start_a(&arb, &["--no-metrics"]);
     assert_eq!(a.status().unwrap()["mode"], "sopa");
     assert_eq!(a.stop(), Some(0));
+}
+
+/// Full segments per packet `tc_stamp` stamped over one 8 MiB transfer: the mean unit of
+/// spraying (a veth passes GSO super-packets whole, so its byte counter, not its packet
+/// counter, tells their size).
+fn segments_per_stamp(arb: &Arb, a: &Agent, port: u16) -> f64 {
+    let stamped = |a: &Agent| a.status().unwrap()["stamp"]["stamped"].as_u64().unwrap();
+    let (s0, p0) = (stamped(a), arb.a.tx_bytes(&arb.a_if).unwrap());
+    let t = tcp_transfer(
+        &arb.a,
+        &arb.b,
+        arb.b_addr,
+        port,
+        8 * MIB,
+        &SendOptions::default(),
+    )
+    .expect("a transfer through both agents");
+    assert!(t.intact(), "the transfer arrived whole");
+    let (s1, p1) = (stamped(a), arb.a.tx_bytes(&arb.a_if).unwrap());
+    // A full segment on the wire: 1448 bytes of payload, 52 of TCP/IP, 4 of option, 14 of
+    // Ethernet.
+    (p1 - p0) as f64 / (s1 - s0).max(1) as f64 / 1518.0
+}
+
+#[test]
+fn the_granularity_changes_at_run_time_and_the_interface_gets_its_own_back_at_exit() {
+    let _serial = one_at_a_time();
+    let arb = Arb::new("g").expect("build A - R - B");
+    let node = arb.a.name().to_owned();
+    let _cleanup = DetachOnDrop {
+        ns: &arb.a,
+        node: node.clone(),
+    };
+    let own = gso_max_segs(&arb.a, &arb.a_if);
+    assert_ne!(own, "1");
+    // Without an agent: refused, naming the node and what to run.
+    let err = set_granularity(&node, "flowcell:8")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(&node) && err.contains("running"), "{err}");
+
+    let a = start_a(&arb, &["--no-metrics"]);
+    let _b = start_b(&arb);
+    assert_eq!(
+        gso_max_segs(&arb.a, &arb.a_if),
+        "1",
+        "per packet by default"
+    );
+    let per_packet = segments_per_stamp(&arb, &a, 7100);
+    assert!(
+        per_packet <= 1.0,
+        "{per_packet} segments per stamped packet"
+    );
+
+    // Flowcells of 8 segments: one path per unit of at most 8 packets on the wire.
+    set_granularity(&node, "flowcell:8").unwrap();
+    assert_eq!(gso_max_segs(&arb.a, &arb.a_if), "8");
+    assert_eq!(a.status().unwrap()["granularity"], "flowcell:8");
+    let per_cell = segments_per_stamp(&arb, &a, 7110);
+    assert!(
+        (2.0..=8.0).contains(&per_cell) && per_cell > 2.0 * per_packet,
+        "{per_cell} segments per stamped unit with flowcells of 8"
+    );
+    eprintln!("segments per stamp: packet {per_packet:.2}, flowcell:8 {per_cell:.2}");
+
+    // Bad input changes nothing.
+    let err = set_granularity(&node, "flowcell:0")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("flowcell:0") && err.contains("flowcell:N"),
+        "{err}"
+    );
+    assert_eq!(gso_max_segs(&arb.a, &arb.a_if), "8");
+
+    // Burst gives the interface its own value; a flowcell again, then the exit restores it.
+    set_granularity(&node, "burst").unwrap();
+    assert_eq!(gso_max_segs(&arb.a, &arb.a_if), own);
+    set_granularity(&node, "flowcell:4").unwrap();
+    assert_eq!(gso_max_segs(&arb.a, &arb.a_if), "4");
+    assert_eq!(a.stop(), Some(0));
+    assert_eq!(gso_max_segs(&arb.a, &arb.a_if), own, "restored at exit");
+
+    // Kept across a restart without --granularity; replaced by one given.
+    let a = start_a(&arb, &["--no-metrics"]);
+    assert_eq!(gso_max_segs(&arb.a, &arb.a_if), "4", "{}", a.log());
+    assert!(a.log().contains("keeping the granularity set at run time"));
+    // A crash, then an agent told per packet: adopted, and the value from before any agent
+    // is still the one restored.
+    a.kill();
+    let a = start_a(&arb, &["--no-metrics", "--granularity", "packet"]);
+    assert_eq!(gso_max_segs(&arb.a, &arb.a_if), "1");
+    assert_eq!(a.stop(), Some(0));
+    assert_eq!(gso_max_segs(&arb.a, &arb.a_if), own);
+    let a = start_a(&arb, &["--no-metrics"]);
+    assert_eq!(
+        gso_max_segs(&arb.a, &arb.a_if),
+        "1",
+        "--granularity replaced the run-time one"
+    );
+    assert_eq!(a.stop(), Some(0));
+    assert_eq!(gso_max_segs(&arb.a, &arb.a_if), own);
 }

@@ -41,6 +41,9 @@ use crate::{
     sysctl,
 };
 
+/// What a switch's record says in the host's granularity field: it sprays nothing.
+pub const GRANULARITY: &str = "-";
+
 pub struct SwitchOptions {
     pub node: String,
     pub hash_seed: u32,
@@ -250,7 +253,7 @@ impl Switch {
             iface: "(switch ports)".into(),
             ifindex: 0,
             paths_file: None::<PathBuf>,
-            granularity: "-".into(),
+            granularity: GRANULARITY.into(),
             xdp_mode: "-".into(),
             started_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

@@ -3,10 +3,7 @@
 use std::{net::SocketAddr, path::PathBuf};
 
 use clap::{Parser, Subcommand};
-use sopa_agent::{
-    datapath::TcxOrder,
-    host::{Granularity, XdpAttach},
-};
+use sopa_agent::{datapath::TcxOrder, granularity::Granularity, host::XdpAttach};
 
 /// SOPA host agent: spreads every TCP/UDP flow over all equal-cost fabric paths in strict
 /// round-robin, written into a 4-byte IPv4 source-route option.
@@ -45,6 +42,14 @@ pub enum Command {
         /// of the agent restores) or `zero` (path 0, the paper's algorithm, for comparisons).
         #[arg(long, value_parser = ["hash", "zero"])]
         first_path: Option<String>,
+    },
+    /// Change a running agent's unit of spraying (it applies it on SIGHUP, journaled like
+    /// every host change and restored at exit); kept across restarts.
+    Granularity {
+        #[command(flatten)]
+        node: NodeArg,
+        /// packet, flowcell:N (N segments per unit) or burst.
+        granularity: Granularity,
     },
     /// Remove a datapath left attached (`run --keep-attached`, or after a crash): detach the
     /// programs, unpin the maps and restore every host setting the agent changed.
@@ -97,9 +102,12 @@ pub struct RunArgs {
     /// otherwise sopa.
     #[arg(long, env = "SOPA_MODE")]
     pub mode: Option<String>,
-    /// The unit of spraying: packet (gso_max_segs 1) or burst (GSO super-packets).
-    #[arg(long, env = "SOPA_GRANULARITY", value_enum, default_value_t = Granularity::Packet)]
-    pub granularity: Granularity,
+    /// The unit of spraying: packet (gso_max_segs 1), flowcell:N (at most N segments per
+    /// unit: gso_max_segs N) or burst (GSO super-packets as the interface makes them). Without
+    /// it, one set at run time with `sopa-agent granularity` is kept across restarts;
+    /// otherwise packet.
+    #[arg(long, env = "SOPA_GRANULARITY")]
+    pub granularity: Option<Granularity>,
     /// How xdp_strip attaches: auto (generic on veth, native elsewhere), generic, native.
     #[arg(long, env = "SOPA_XDP_MODE", value_enum, default_value_t = XdpAttach::Auto)]
     pub xdp_mode: XdpAttach,

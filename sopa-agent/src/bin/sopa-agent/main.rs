@@ -4,6 +4,7 @@
 mod channel;
 mod cli;
 mod detach;
+mod granularity;
 mod run;
 mod switch;
 
@@ -46,6 +47,9 @@ fn main() -> ExitCode {
 async fn dispatch(command: Command, netns: Option<String>) -> Result<(), Error> {
     match command {
         Command::Run(args) => run::run(args, netns).await,
+        Command::Granularity { node, granularity } => {
+            granularity::granularity(&node.node, granularity)
+        }
         Command::Detach { node } => detach::detach(&node.node, netns.as_deref()).await,
         Command::Switch(args) => switch::switch(args, netns).await,
         Command::Status { node, json } => {
@@ -106,7 +110,7 @@ async fn dispatch(command: Command, netns: Option<String>) -> Result<(), Error> 
                 maps.set_first_path(f)?;
             }
             // Kept across restarts of the agent until a `run --mode` says otherwise.
-            sopa_agent::mode::RuntimeMode::new(mode).save(&host::run_dir(&node.node))?;
+            sopa_agent::runtime::RuntimeMode::new(mode).save(&host::run_dir(&node.node))?;
             println!(
                 "node {}: mode {} (kept across restarts; `run --mode` or SOPA_MODE replaces it)",
                 node.node,

@@ -5,9 +5,10 @@ use std::time::Duration;
 use sopa_agent::{
     Error,
     channel::HostApplier,
+    granularity::{Granularity, RuntimeGranularity},
     host::{Host, HostOptions},
-    mode::RuntimeMode,
     path_table::PathTable,
+    runtime::RuntimeMode,
     status,
 };
 use sopa_channel::proto::Role;
@@ -61,13 +62,28 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
         }
         (None, None) => sopa_common::maps::mode::SOPA,
     };
+    // Likewise --granularity (or SOPA_GRANULARITY) and one set at run time.
+    let granularity = match args.granularity {
+        Some(g) => g,
+        None => match RuntimeGranularity::load(&run_dir)? {
+            Some(kept) => {
+                warn!(
+                    granularity = %kept.granularity,
+                    set_unix = kept.set_unix,
+                    "keeping the granularity set at run time with `sopa-agent granularity`; start with --granularity (or SOPA_GRANULARITY) to choose another"
+                );
+                kept.granularity
+            }
+            None => Granularity::Packet,
+        },
+    };
     let opts = HostOptions {
         mode,
         paths,
         paths_file,
         node: args.node.node.clone(),
         iface: args.iface.clone(),
-        granularity: args.granularity,
+        granularity,
         xdp: args.xdp_mode,
         tcp_reordering: args.tcp_reordering,
         metrics_addr: (!args.no_metrics).then_some(args.metrics_addr),
@@ -100,7 +116,24 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
         .map_err(|err| Error::io("installing the SIGTERM handler", err))?;
     let mut usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
         .map_err(|err| Error::io("installing the SIGUSR1 handler", err))?;
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .map_err(|err| Error::io("installing the SIGHUP handler", err))?;
     let mut host = Host::start(&opts).await?;
+    if args.granularity.is_some()
+        && let Err(err) = RuntimeGranularity::clear(&run_dir)
+    {
+        warn!(%err, "forgetting the granularity set at run time");
+    }
+    // SIGHUP: `sopa-agent granularity` recorded a new unit of spraying; apply it.
+    let cells = host.granularity_control()?;
+    let reload = async {
+        loop {
+            hup.recv().await;
+            if let Err(err) = cells.reload().await {
+                warn!(%err, "SIGHUP: granularity not changed");
+            }
+        }
+    };
     let handed_over = std::sync::atomic::AtomicBool::new(false);
     let nic_bps = match args.nic_rate_mbit {
         Some(m) => m * 1_000_000,
@@ -125,7 +158,10 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
     match channel {
         None => {
             info!("running; SIGINT or SIGTERM detaches and restores");
-            signal.await;
+            tokio::select! {
+                _ = signal => {}
+                _ = reload => {}
+            }
         }
         Some(cfg) => {
             info!(controller = %cfg.endpoint, node = %cfg.node, "running with paths from the controller");
@@ -148,6 +184,7 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
             tokio::select! {
                 _ = sopa_channel::client::run_with_reports(cfg, &mut applier, stopped, Some(reports_rx)) => {}
                 _ = signal => {}
+                _ = reload => {}
             }
             reporter.abort();
             meter.abort();
