@@ -1,9 +1,16 @@
 //! `cargo xtask bench fabric --experiment sec4.2|permutation|production|failure --modes
 //! sopa,rps,ecmp,hedera,single --repeat N [--topo fat-tree:4] [--rate 100] [--mb 10] [--seed S]
-//! [--flows-per-host 20] [--encoding ipv4-option,srv6]`: the SOPA paper's experiments on the
-//! namespace fabric, the modes measured side by side in one run on one fabric. With several
-//! encodings, the fabric is built once per encoding in the same run (the same topology, rate
-//! and seed; an SRv6 fabric's links at 1540), and the means are compared mode by mode.
+//! [--flows-per-host 20] [--encoding ipv4-option,srv6] [--rates 10,25]`: the SOPA paper's
+//! experiments on the namespace fabric, the modes measured side by side in one run on one
+//! fabric. With several encodings or rates, the fabric is built once per encoding and rate in
+//! the same run (the same topology and seed; an SRv6 fabric's links at 1540), and the means are
+//! compared mode by mode.
+//!
+//! `--experiment granularity`: the flowcell sweep on the permutation (by default the ideal,
+//! `sopa` per packet and `sopa+cellN` for N in 2, 4, 8, 16, 44, at 10 and 25 Mbit/s): per
+//! flowcell its time on the wire, throughput over the ideal (mean, worst flow) and over per
+//! packet, p99 FCT, reordering and the machine's CPU per GB, with a figure against the time on
+//! the wire (see `sopa_testbed::granularity`).
 //!
 //! Modes: `sopa` (per-flow round-robin source routing), `rps` (a random path per packet),
 //! `ecmp` (no option: the switches' own kernel multipath), each optionally with ablations:
@@ -21,6 +28,7 @@ use std::time::Duration;
 use sopa_testbed::{
     experiment::{self, MIN_IDLE_PCT, ModeResult, Plan, Report},
     fabric::{Fabric, FabricOptions, SRV6_FABRIC_MTU, parse_topo},
+    granularity,
 };
 use sopa_topology::srv6::Encoding;
 
@@ -29,7 +37,8 @@ struct Args {
     modes: Vec<String>,
     repeat: u32,
     topo: String,
-    rate: u32,
+    /// Link rates, Mbit/s: a fabric each, in this order.
+    rates: Vec<u32>,
     mb: u64,
     seed: u64,
     flows_per_host: u32,
@@ -54,7 +63,7 @@ fn args() -> Args {
         ],
         repeat: 1,
         topo: "fat-tree:4".into(),
-        rate: 100,
+        rates: vec![100],
         mb: 10,
         seed: 1,
         flows_per_host: 20,
@@ -62,19 +71,29 @@ fn args() -> Args {
         smoke: false,
         encodings: vec![Encoding::Ipv4Option],
     };
+    let mut modes_given = false;
+    let mut rates_given = false;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().unwrap_or_else(|| panic!("{flag} takes a value"));
         match flag.as_str() {
             "--experiment" => a.experiment = value(),
-            "--modes" => a.modes = value().split(',').map(str::to_owned).collect(),
+            "--modes" => {
+                modes_given = true;
+                a.modes = value().split(',').map(str::to_owned).collect()
+            }
             "--repeat" => a.repeat = value().parse().expect("--repeat N"),
             "--topo" => a.topo = value(),
-            "--rate" => {
-                a.rate = value()
-                    .trim_end_matches("mbit")
-                    .parse()
-                    .expect("--rate MBIT")
+            "--rate" | "--rates" => {
+                rates_given = true;
+                a.rates = value()
+                    .split(',')
+                    .map(|r| {
+                        r.trim_end_matches("mbit")
+                            .parse()
+                            .unwrap_or_else(|_| panic!("{flag} MBIT[,MBIT...]: not {r:?}"))
+                    })
+                    .collect()
             }
             "--mb" => a.mb = value().parse().expect("--mb N"),
             "--seed" => a.seed = value().parse().expect("--seed N"),
@@ -93,6 +112,29 @@ fn args() -> Args {
             "--bench" => {}
             other => panic!("unknown flag {other}"),
         }
+    }
+    if a.experiment == "granularity" {
+        if !modes_given {
+            a.modes = [
+                "ideal",
+                "sopa",
+                "sopa+cell2",
+                "sopa+cell4",
+                "sopa+cell8",
+                "sopa+cell16",
+            ]
+            .into_iter()
+            .map(str::to_owned)
+            .chain([format!("sopa+cell{}", granularity::MAX_GSO_SEGS)])
+            .collect();
+        }
+        if !rates_given {
+            a.rates = vec![10, 25];
+        }
+        assert!(
+            a.modes.iter().any(|m| m == "ideal") && a.modes.iter().any(|m| m == "sopa"),
+            "--experiment granularity compares flowcells with per-packet spraying (sopa) and the ideal: --modes must hold both"
+        );
     }
     for m in &a.modes {
         if let Err(e) = m.parse::<experiment::ModeSpec>() {
@@ -129,11 +171,15 @@ fn main() {
     let mut measured = Vec::new();
     let mut valid = true;
     for &encoding in &a.encodings {
-        let (results, ok) = run_one(&a, encoding);
-        valid &= ok;
-        measured.push((encoding, results));
+        for &rate in &a.rates {
+            let (results, ok) = run_one(&a, encoding, rate);
+            valid &= ok;
+            measured.push((encoding, rate, results));
+        }
     }
-    if measured.len() > 1 {
+    if a.experiment == "granularity" {
+        sweep(&a, &measured, valid);
+    } else if measured.len() > 1 {
         compare(&a, &measured);
     }
     if !valid {
@@ -156,15 +202,15 @@ fn full_size(encoding: Encoding) -> (f64, f64) {
 }
 
 /// The means of every mode side by side, each encoding over the first.
-fn compare(a: &Args, measured: &[(Encoding, Vec<ModeResult>)]) {
-    let (base, base_results) = &measured[0];
+fn compare(a: &Args, measured: &[(Encoding, u32, Vec<ModeResult>)]) {
+    let (base, base_rate, base_results) = &measured[0];
     println!();
     println!(
-        "encodings side by side ({} on {} at {} Mbit/s, the same seed):",
-        a.experiment, a.topo, a.rate
+        "encodings side by side ({} on {} at {base_rate} Mbit/s, the same seed):",
+        a.experiment, a.topo
     );
     let (bw, bp) = full_size(*base);
-    for (enc, results) in &measured[1..] {
+    for (enc, _, results) in measured[1..].iter().filter(|m| m.1 == *base_rate) {
         let (w, p) = full_size(*enc);
         println!(
             "{:<12} {:>12} {:>12} {:>8}",
@@ -199,19 +245,16 @@ fn compare(a: &Args, measured: &[(Encoding, Vec<ModeResult>)]) {
 
 /// Measures every mode on a fabric of `encoding`; prints its table, writes its JSON and
 /// figures. Returns the results and whether the fidelity checks held.
-fn run_one(a: &Args, encoding: Encoding) -> (Vec<ModeResult>, bool) {
+fn run_one(a: &Args, encoding: Encoding, rate: u32) -> (Vec<ModeResult>, bool) {
     let spec = parse_topo(&a.topo).unwrap_or_else(|e| panic!("{e}"));
     let opts = FabricOptions {
-        rate_mbit: Some(a.rate),
+        rate_mbit: Some(rate),
         // The non-blocking ideal is a mode of the run: its big switch is built beside the fabric.
         ideal: a.modes.iter().any(|m| m.starts_with("ideal")),
         encoding,
         ..FabricOptions::default()
     };
-    eprintln!(
-        "building {} at {} Mbit/s, paths as {encoding}",
-        a.topo, a.rate
-    );
+    eprintln!("building {} at {rate} Mbit/s, paths as {encoding}", a.topo);
     let mut f = Fabric::build(&spec, &opts).expect("build the fabric");
     f.start(&opts).expect("start the agents");
     f.wait_ready(Duration::from_secs(120))
@@ -220,7 +263,7 @@ fn run_one(a: &Args, encoding: Encoding) -> (Vec<ModeResult>, bool) {
         experiment: a.experiment.clone(),
         modes: a.modes.clone(),
         repeat: a.repeat,
-        rate_mbit: a.rate,
+        rate_mbit: rate,
         mb: a.mb,
         seed: a.seed,
         flows_per_host: a.flows_per_host,
@@ -237,10 +280,13 @@ fn run_one(a: &Args, encoding: Encoding) -> (Vec<ModeResult>, bool) {
         .fold(f64::INFINITY, f64::min);
     let cpu_ok = min_idle >= MIN_IDLE_PCT;
     let valid = fidelity_ok && cpu_ok;
-    let suffix = match encoding {
+    let mut suffix = match encoding {
         Encoding::Ipv4Option => String::new(),
         e => format!("-{e}"),
     };
+    if a.rates.len() > 1 {
+        suffix.push_str(&format!("-{rate}mbit"));
+    }
     let name = if valid {
         format!("fabric-{}{suffix}", a.experiment)
     } else {
@@ -260,7 +306,7 @@ fn run_one(a: &Args, encoding: Encoding) -> (Vec<ModeResult>, bool) {
         "{} on {} at {} Mbit/s, paths as {encoding}, {}, {} round(s), cubic",
         a.experiment,
         a.topo,
-        a.rate,
+        rate,
         if matches!(a.experiment.as_str(), "production" | "failure") {
             format!(
                 "{} sequential VL2-like flows per host (95% under 1 MB)",
@@ -287,7 +333,7 @@ fn run_one(a: &Args, encoding: Encoding) -> (Vec<ModeResult>, bool) {
         );
     }
     println!(
-        "{:<12} {:>5} {:>6} {:>13} {:>6} {:>6} {:>6} {:>5} {:>8} {:>8} {:>9} {:>8} {:>6} {:>7} {:>10} {:>6}",
+        "{:<12} {:>5} {:>6} {:>13} {:>6} {:>6} {:>6} {:>5} {:>8} {:>8} {:>9} {:>8} {:>6} {:>7} {:>10} {:>6} {:>8}",
         "mode",
         "flows",
         "mean",
@@ -303,13 +349,14 @@ fn run_one(a: &Args, encoding: Encoding) -> (Vec<ModeResult>, bool) {
         "RTOs",
         "drops",
         "core max/min",
-        "idle%"
+        "idle%",
+        "CPU s/GB"
     );
     for r in &results {
         let lo = r.round_means.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = r.round_means.iter().copied().fold(0.0, f64::max);
         println!(
-            "{:<12} {:>5} {:>6.3} {:>6.3}-{:<6.3} {:>6.3} {:>6.3} {:>6.3} {:>5.3} {:>8.2} {:>8.2} {:>9.3} {:>8} {:>6} {:>7} {:>10.2} {:>6.1}",
+            "{:<12} {:>5} {:>6.3} {:>6.3}-{:<6.3} {:>6.3} {:>6.3} {:>6.3} {:>5.3} {:>8.2} {:>8.2} {:>9.3} {:>8} {:>6} {:>7} {:>10.2} {:>6.1} {:>8.1}",
             r.mode,
             r.flows,
             r.mean,
@@ -326,7 +373,8 @@ fn run_one(a: &Args, encoding: Encoding) -> (Vec<ModeResult>, bool) {
             r.timeouts,
             r.queue_drops,
             r.core_links_max_over_min,
-            r.idle_cpu_pct
+            r.idle_cpu_pct,
+            r.cpu_s_per_gb
         );
         if r.short_flows > 0 {
             println!(
@@ -390,12 +438,12 @@ fn run_one(a: &Args, encoding: Encoding) -> (Vec<ModeResult>, bool) {
         " rounds min-max: the lowest and highest round mean (one seed each, modes interleaved per round);\n Jain: Jain's fairness index over every flow (1 when all are equal);\n drops: packets the links' drop-tail queues dropped, every switch and host;"
     );
     println!(
-        " core max/min: the busiest over the idlest loaded core link, inf when one carried nothing)"
+        " core max/min: the busiest over the idlest loaded core link, inf when one carried nothing;\n CPU s/GB: busy CPU-seconds of the whole machine, every namespace, per GB the flows moved)"
     );
     let _ = std::fs::create_dir_all(&a.out);
     let path = a.out.join(format!("{name}.json"));
     let json = serde_json::json!({
-        "experiment": a.experiment, "topology": a.topo, "rate_mbit": a.rate, "flow_mb": a.mb, "repeat": a.repeat,
+        "experiment": a.experiment, "topology": a.topo, "rate_mbit": rate, "flow_mb": a.mb, "repeat": a.repeat,
         "encoding": encoding.name(),
         "valid": valid,
         "fidelity": { "alone_fraction": alone_fraction, "alone_tries": alone_tries, "alone_ok": fidelity_ok, "min_idle_cpu_pct": min_idle, "cpu_ok": cpu_ok }, "modes": results,
@@ -406,4 +454,57 @@ fn run_one(a: &Args, encoding: Encoding) -> (Vec<ModeResult>, bool) {
         println!("figure: {}", fig.display());
     }
     (results, valid)
+}
+
+/// `--experiment granularity`: every rate's flowcells against per-packet spraying and the
+/// ideal, the flowcell the measurements support, and its size at production rates.
+fn sweep(a: &Args, measured: &[(Encoding, u32, Vec<ModeResult>)], valid: bool) {
+    let rows: Vec<granularity::Row> = measured
+        .iter()
+        .flat_map(|(_, rate, results)| granularity::rows(*rate, results))
+        .collect();
+    println!();
+    println!(
+        "flowcells on {} (permutation, {} MB flows), each rate against its own per-packet run and ideal:",
+        a.topo, a.mb
+    );
+    print!("{}", granularity::table(&rows));
+    println!(
+        "(wire ms: the flowcell's full-size segments on the link; /packet: mean throughput over per-packet spraying's; CPU/pkt: CPU per GB over per-packet spraying's)"
+    );
+    match granularity::best(&rows) {
+        Some(b) => println!(
+            "shortest flowcell keeping {} of per-packet throughput at no more than {} of its CPU: {} at {} Mbit/s, {:.2} ms on the wire; the same time is {} segments at 25 Gbit/s and {} at 100 Gbit/s (at most {} per GSO super-packet)",
+            granularity::KEEP_THROUGHPUT,
+            granularity::MAX_CPU_RATIO,
+            b.mode,
+            b.rate_mbit,
+            b.wire_us / 1e3,
+            granularity::segments_at(b.wire_us, 25.0),
+            granularity::segments_at(b.wire_us, 100.0),
+            granularity::MAX_GSO_SEGS
+        ),
+        None => println!(
+            "no flowcell kept {} of per-packet throughput at no more than {} of its CPU here",
+            granularity::KEEP_THROUGHPUT,
+            granularity::MAX_CPU_RATIO
+        ),
+    }
+    let name = if valid {
+        "fabric-granularity-sweep"
+    } else {
+        "fabric-granularity-sweep-INVALID"
+    };
+    let _ = std::fs::create_dir_all(&a.out);
+    let path = a.out.join(format!("{name}.json"));
+    let json = serde_json::json!({
+        "experiment": "granularity", "topology": a.topo, "flow_mb": a.mb, "repeat": a.repeat,
+        "rates_mbit": a.rates, "valid": valid, "rows": rows,
+    });
+    std::fs::write(&path, serde_json::to_vec_pretty(&json).unwrap()).expect("writing the JSON");
+    println!("JSON: {}", path.display());
+    match granularity::figure(&rows, &a.out, name) {
+        Ok(fig) => println!("figure: {}", fig.display()),
+        Err(e) => println!("figure not drawn: {e}"),
+    }
 }

@@ -267,6 +267,11 @@ fn mode_result(f: &Fabric, a: &Plan, mode: &str, m: Acc) -> ModeResult {
             lmax as f64 / lmin as f64
         },
         idle_cpu_pct: 100.0 * m.idle as f64 / m.total.max(1) as f64,
+        cpu_s_per_gb: {
+            let busy_s = m.total.saturating_sub(m.idle) as f64 / clock_ticks_per_s();
+            let gb = m.transfers.iter().map(|t| t.bytes).sum::<u64>() as f64 / 1e9;
+            if gb > 0.0 { busy_s / gb } else { 0.0 }
+        },
         mptcp_subflows_mean: (!subflows.is_empty())
             .then(|| subflows.iter().sum::<f64>() / subflows.len() as f64),
         per_flow: m
@@ -326,7 +331,8 @@ pub fn flows(f: &Fabric, experiment: &str, seed: u64) -> Vec<(String, String)> {
                 .map(|(a, b)| (a.to_string(), b.to_string()))
                 .collect()
         }
-        "permutation" => {
+        // The granularity sweep runs on the permutation.
+        "permutation" | "granularity" => {
             // A random permutation without fixed points: every host sends to one other host and
             // receives from one.
             let mut next = rng(seed);
@@ -624,6 +630,13 @@ pub fn run_round(
 }
 
 /// (idle, total) jiffies of all CPUs.
+/// The unit of `/proc/stat` (USER_HZ).
+fn clock_ticks_per_s() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if hz > 0 { hz as f64 } else { 100.0 }
+}
+
 pub fn cpu() -> (u64, u64) {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     let v: Vec<u64> = stat
@@ -765,6 +778,10 @@ pub struct ModeResult {
     #[serde(deserialize_with = "null_is_infinite")]
     pub core_links_max_over_min: f64,
     pub idle_cpu_pct: f64,
+    /// Busy CPU-seconds of the whole machine (every namespace: senders, switches, shapers,
+    /// receivers, agents) per GB the flows moved, while the mode ran.
+    #[serde(default)]
+    pub cpu_s_per_gb: f64,
     /// MPTCP modes: the mean number of subflows added beside the first, per flow.
     #[serde(default)]
     pub mptcp_subflows_mean: Option<f64>,
@@ -780,13 +797,15 @@ fn null_is_infinite<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Resu
 /// `hedera` for the Hedera baseline, `ecmp` for the switches' kernel multipath with no option,
 /// `mptcp` for MPTCP over that with 1 + 4 subflows), optionally with ablations after `+`: `r3` (`tcp_reordering` 3
 /// instead of 10), `norack` (`tcp_recovery` 0: no RACK), `burst` (GSO bursts instead of packets),
-/// `first0` (new flows start at path 0 as in the paper, not at their hash).
+/// `cellN` (flowcells of N segments instead of packets), `first0` (new flows start at path 0 as
+/// in the paper, not at their hash).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ModeSpec {
     pub base: String,
     pub reordering: u32,
     pub rack: bool,
-    pub burst: bool,
+    /// The agents' unit of spraying (`sopa-agent granularity`): packet, flowcell:N or burst.
+    pub granularity: String,
     /// New flows start their round robin at path 0, as the paper's algorithm does, instead of
     /// at their hash.
     pub first0: bool,
@@ -800,25 +819,32 @@ impl std::str::FromStr for ModeSpec {
         let base = parts.next().unwrap_or_default().to_owned();
         if !["sopa", "rps", "ecmp", "hedera", "single", "mptcp", "ideal"].contains(&base.as_str()) {
             return Err(format!(
-                "mode {s:?}: sopa, rps, ecmp, hedera, single, mptcp or ideal, optionally +r3, +norack, +burst, +first0"
+                "mode {s:?}: sopa, rps, ecmp, hedera, single, mptcp or ideal, optionally +r3, +norack, +burst, +cellN, +first0"
             ));
         }
         let mut m = Self {
             base,
             reordering: 10,
             rack: true,
-            burst: false,
+            granularity: "packet".into(),
             first0: false,
         };
         for p in parts {
             match p {
                 "r3" => m.reordering = 3,
                 "norack" => m.rack = false,
-                "burst" => m.burst = true,
+                "burst" => m.granularity = "burst".into(),
+                cell if cell
+                    .strip_prefix("cell")
+                    .and_then(|n| n.parse::<u32>().ok())
+                    .is_some_and(|n| (1..=65_535).contains(&n)) =>
+                {
+                    m.granularity = format!("flowcell:{}", &cell[4..]);
+                }
                 "first0" => m.first0 = true,
                 other => {
                     return Err(format!(
-                        "mode {s:?}: unknown ablation {other:?} (r3, norack, burst, first0)"
+                        "mode {s:?}: unknown ablation {other:?} (r3, norack, burst, cellN with N from 1 to 65535, first0)"
                     ));
                 }
             }
@@ -850,9 +876,8 @@ pub fn set_mode(f: &Fabric, mode: &str) {
             .expect("tcp_reordering");
         ns.sysctl("net.ipv4.tcp_recovery", if m.rack { "1" } else { "0" })
             .expect("tcp_recovery");
-        let segs = if m.burst { "65535" } else { "1" };
-        ns.ip(&["link", "set", &f.host_ifaces[id], "gso_max_segs", segs])
-            .expect("gso_max_segs");
+        crate::agent::set_granularity(&agent.node, &m.granularity)
+            .unwrap_or_else(|e| panic!("{e}"));
         if m.base == "mptcp" {
             // fabric.md: 1 + 4 subflows, the server announcing four more ports of its address.
             ns.ip(&[
@@ -933,11 +958,24 @@ mod tests {
     fn modes_and_ablations_parse() {
         let m: ModeSpec = "sopa+r3+norack".parse().unwrap();
         assert_eq!(
-            (m.base.as_str(), m.reordering, m.rack, m.burst),
-            ("sopa", 3, false, false)
+            (
+                m.base.as_str(),
+                m.reordering,
+                m.rack,
+                m.granularity.as_str()
+            ),
+            ("sopa", 3, false, "packet")
         );
         let m: ModeSpec = "rps+burst".parse().unwrap();
-        assert!(m.burst && m.rack && m.reordering == 10);
+        assert!(m.granularity == "burst" && m.rack && m.reordering == 10);
+        let m: ModeSpec = "sopa+cell8".parse().unwrap();
+        assert_eq!(m.granularity, "flowcell:8");
+        assert!(
+            "sopa+cell0"
+                .parse::<ModeSpec>()
+                .unwrap_err()
+                .contains("cellN")
+        );
         assert_eq!("hedera".parse::<ModeSpec>().unwrap().base, "hedera");
         assert_eq!("mptcp".parse::<ModeSpec>().unwrap().base, "mptcp");
         assert_eq!("single".parse::<ModeSpec>().unwrap().base, "single");

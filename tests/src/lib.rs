@@ -12,6 +12,7 @@ pub mod experiment;
 pub mod fabric;
 pub mod failure;
 pub mod figures;
+pub mod granularity;
 pub mod leftovers;
 pub mod loss;
 pub mod lossy;

@@ -50,6 +50,17 @@ pub fn run(name: &str, extra: &[String]) -> Result<()> {
             args.extend(extra.iter().map(String::as_str));
             cargo(&args)
         }
+        "host-cost" => {
+            if !setup::is_root() {
+                bail!(
+                    "the host-cost benchmark creates namespaces and loads eBPF programs: run as root"
+                );
+            }
+            crate::demo::build_release()?;
+            let mut args = vec!["bench", "-p", "sopa-testbed", "--bench", "host_cost", "--"];
+            args.extend(extra.iter().map(String::as_str));
+            cargo(&args)
+        }
         "resilience" => {
             if !setup::is_root() {
                 bail!(
@@ -94,7 +105,7 @@ pub fn run(name: &str, extra: &[String]) -> Result<()> {
         }
         other => {
             bail!(
-                "unknown benchmark {other:?}; available: datapath, topology, channel, meter, fabric, failure, resilience, smoke"
+                "unknown benchmark {other:?}; available: datapath, topology, channel, meter, fabric, failure, host-cost, resilience, smoke"
             )
         }
     }

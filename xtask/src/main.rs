@@ -46,7 +46,7 @@ enum Command {
     Testbed(testbed::TestbedCommand),
     /// Benchmarks measured side by side in one run, printed as tables of ratios.
     Bench {
-        /// datapath, topology, channel, meter, fabric, failure, resilience, or smoke (all of them at toy
+        /// datapath, topology, channel, meter, fabric, failure, host-cost, resilience, or smoke (all of them at toy
         /// size)
         name: String,
         /// Extra arguments for the benchmark.

@@ -48,6 +48,12 @@ pub fn run(timeout: Duration) -> Result<Vec<Outcome>> {
         bench(&benches, "meter", &["--smoke"], timeout)?,
         bench(
             &benches,
+            "host_cost",
+            &["--seconds", "1", "--rounds", "1", "--streams", "1,2"],
+            timeout,
+        )?,
+        bench(
+            &benches,
             "resilience",
             &["--rounds", "1", "--smoke"],
             timeout,
@@ -84,15 +90,7 @@ pub fn run(timeout: Duration) -> Result<Vec<Outcome>> {
             timeout,
         )?;
         // Written either way; marked invalid where the toy run failed the fidelity check.
-        let written = [
-            format!("fabric-{experiment}.json"),
-            format!("fabric-{experiment}-INVALID.json"),
-        ]
-        .iter()
-        .any(|n| out.join(n).exists());
-        if row.note.is_none() && !written {
-            row.note = Some(format!("wrote no fabric-{experiment}.json in {out_s}"));
-        }
+        expect_json(&mut row, &out, &format!("fabric-{experiment}"));
         row.name = format!("smoke bench fabric {experiment}");
         rows.push(row);
     }
@@ -117,16 +115,30 @@ pub fn run(timeout: Duration) -> Result<Vec<Outcome>> {
         ],
         timeout,
     )?;
-    let written = [
-        "fabric-permutation-srv6.json",
-        "fabric-permutation-srv6-INVALID.json",
-    ]
-    .iter()
-    .any(|n| out.join(n).exists());
-    if row.note.is_none() && !written {
-        row.note = Some(format!("wrote no fabric-permutation-srv6.json in {out_s}"));
-    }
+    expect_json(&mut row, &out, "fabric-permutation-srv6");
     row.name = "smoke bench fabric --encoding ipv4-option,srv6".into();
+    rows.push(row);
+    // The flowcell sweep: two rates, each its own fabric, set at run time through the agents.
+    let mut row = bench(
+        &benches,
+        "fabric",
+        &[
+            "--smoke",
+            "--experiment",
+            "granularity",
+            "--modes",
+            "ideal,sopa,sopa+cell4",
+            "--rates",
+            "10,20",
+            "--mb",
+            "1",
+            "--out",
+            &out_s,
+        ],
+        timeout,
+    )?;
+    expect_json(&mut row, &out, "fabric-granularity-sweep");
+    row.name = "smoke bench fabric granularity".into();
     rows.push(row);
     // Failures under traffic: a core link and an aggregation switch, two modes.
     let mut row = bench(&benches, "failure", &["--smoke", "--out", &out_s], timeout)?;
@@ -164,6 +176,17 @@ pub fn run(timeout: Duration) -> Result<Vec<Outcome>> {
 
 /// Every benchmark executable of the workspace, built once (`cargo bench --no-run`): name ->
 /// (executable, package folder).
+/// A run that passed must have written `NAME.json`, or `NAME-INVALID.json` where the toy run
+/// failed its fidelity check.
+fn expect_json(row: &mut Outcome, out: &std::path::Path, name: &str) {
+    let written = [format!("{name}.json"), format!("{name}-INVALID.json")]
+        .iter()
+        .any(|n| out.join(n).exists());
+    if row.note.is_none() && !written {
+        row.note = Some(format!("wrote no {name}.json in {}", out.display()));
+    }
+}
+
 fn build_benches() -> Result<HashMap<String, (PathBuf, PathBuf)>> {
     Ok(crate::setup::build_executables("bench")?
         .into_iter()
