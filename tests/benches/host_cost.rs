@@ -85,8 +85,7 @@ fn measure(arb: &Arb, a: &Args, streams: u32) -> (f64, f64) {
         .as_f64()
         .unwrap_or_else(|| panic!("iperf3 failed: {}", report["error"]));
     let gbit = received["bits_per_second"].as_f64().unwrap_or(0.0) / 1e9;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let hz = sopa_testbed::experiment::clock_ticks_per_s();
     let busy_s = (total1 - total0).saturating_sub(idle1 - idle0) as f64 / hz;
     (gbit, busy_s / (bytes / 1e9).max(1e-9))
 }
@@ -161,7 +160,7 @@ fn main() {
         a.mbit, a.seconds, a.rounds
     );
     println!(
-        "{:>7} {:<14} {:>8} {:>9} {:>10} {:>10}",
+        "{:>7} {:<19} {:>8} {:>9} {:>10} {:>8}   CPU s/GB per round",
         "streams", "configuration", "Gbit/s", "CPU s/GB", "/no agent", "/packet"
     );
     for (si, streams) in a.streams.iter().enumerate() {
@@ -175,11 +174,13 @@ fn main() {
             } else {
                 ""
             };
+            let each: Vec<String> = runs[si][ci].iter().map(|r| format!("{:.2}", r.1)).collect();
             println!(
-                "{streams:>7} {:<14} {rate:>8.3} {c:>9.2} {:>10.2} {:>10.2}{short}",
+                "{streams:>7} {:<19} {rate:>8.3} {c:>9.2} {:>10.2} {:>8.2}   {}{short}",
                 g.map_or("no agent".to_owned(), |g| format!("agent {g}")),
                 c / none,
-                c / packet
+                c / packet,
+                each.join(" ")
             );
         }
     }
