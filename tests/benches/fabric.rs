@@ -256,6 +256,8 @@ fn run_one(a: &Args, encoding: Encoding, rate: u32) -> (Vec<ModeResult>, bool) {
     };
     eprintln!("building {} at {rate} Mbit/s, paths as {encoding}", a.topo);
     let mut f = Fabric::build(&spec, &opts).expect("build the fabric");
+    f.controller_args
+        .extend(experiment::METER_REPORTS_ONLY.map(String::from));
     f.start(&opts).expect("start the agents");
     f.wait_ready(Duration::from_secs(120))
         .expect("agents ready");

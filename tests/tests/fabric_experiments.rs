@@ -20,6 +20,8 @@ fn every_experiment_yields_a_row_per_mode() {
         ..FabricOptions::default()
     };
     let mut f = Fabric::build(&TopologySpec::FatTree { k: 4 }, &opts).unwrap();
+    f.controller_args
+        .extend(experiment::METER_REPORTS_ONLY.map(String::from));
     f.start(&opts).unwrap();
     f.wait_ready(Duration::from_secs(60)).unwrap();
     let all: Vec<String> = ["sopa", "rps", "ecmp", "hedera", "single"]
