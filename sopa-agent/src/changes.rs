@@ -34,6 +34,11 @@ pub enum Change {
         index: u32,
         old: u32,
         new: u32,
+        /// The value the agent had set before `new` (a granularity changed at run time): the
+        /// record is written before the interface changes, so an agent that stopped between
+        /// the two left the interface at this value, which is ours too.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        before: Option<u32>,
     },
     RouteAdded {
         route: Route,
@@ -80,6 +85,10 @@ pub struct Record {
     /// The programs attached now.
     #[serde(default)]
     pub programs: Option<ProgramIds>,
+    /// The agent applies a run-time granularity on SIGHUP (absent in records of older agents,
+    /// for which SIGHUP's default action would end them).
+    #[serde(default)]
+    pub reloads_on_sighup: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -511,8 +520,12 @@ async fn undo_one(change: &Change, netlink: &Netlink) -> Result<()> {
             index,
             old,
             new,
+            before,
         } => match netlink.link(ifname).await {
-            Ok(link) if link.index == *index && link.gso_max_segs == *new => {
+            Ok(link)
+                if link.index == *index
+                    && (link.gso_max_segs == *new || Some(link.gso_max_segs) == *before) =>
+            {
                 netlink.set_gso_max_segs(*index, *old).await
             }
             Ok(link) if link.index == *index => not_ours("gso_max_segs"),
@@ -571,6 +584,7 @@ mod tests {
             kept_attached: false,
             adopted: None,
             programs: None,
+            reloads_on_sighup: false,
         }
     }
 

@@ -157,6 +157,8 @@ pub async fn apply(
             index,
             old: original,
             new: target,
+            // What the interface holds until the change below is made.
+            before: (current != original && current != target).then_some(current),
         };
         // Write-ahead: the record says what the interface will hold before it does.
         journal.replace(ours, change)?;
@@ -173,10 +175,12 @@ pub async fn apply(
             return Err(err);
         }
     }
-    journal.with(|j| {
-        j.record.granularity = g.to_string();
-        j.save()
-    });
+    journal
+        .with(|j| {
+            j.record.granularity = g.to_string();
+            j.save()
+        })
+        .unwrap_or(Ok(()))?;
     info!(iface = ifname, granularity = %g, gso_max_segs = target, "granularity set");
     Ok(())
 }

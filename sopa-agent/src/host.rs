@@ -194,7 +194,8 @@ pub struct Host {
 
 impl Host {
     /// The handle that applies a granularity set at run time (`sopa-agent granularity`,
-    /// delivered by SIGHUP) to this agent's interface.
+    /// delivered by SIGHUP) to this agent's interface; the record then says the agent takes
+    /// SIGHUP, which `sopa-agent granularity` requires (the caller installs the handler).
     pub fn granularity_control(&self) -> Result<granularity::Control> {
         let (ifname, index, node) = self
             .journal
@@ -206,7 +207,15 @@ impl Host {
                 )
             })
             .ok_or_else(|| Error::Config("the agent is stopping".into()))?;
-        granularity::Control::new(self.journal.clone(), ifname, index, run_dir(&node))
+        let control =
+            granularity::Control::new(self.journal.clone(), ifname, index, run_dir(&node))?;
+        self.journal
+            .with(|j| {
+                j.record.reloads_on_sighup = true;
+                j.save()
+            })
+            .unwrap_or(Ok(()))?;
+        Ok(control)
     }
 
     /// Validates, changes the host and attaches the programs. On any failure everything done
@@ -266,6 +275,7 @@ impl Host {
             kept_attached: false,
             adopted: None,
             programs: None,
+            reloads_on_sighup: false,
         };
         let adopting = previous.is_some();
         let journal = match previous {

@@ -86,7 +86,10 @@ fn measure(arb: &Arb, a: &Args, streams: u32) -> (f64, f64) {
         .unwrap_or_else(|| panic!("iperf3 failed: {}", report["error"]));
     let gbit = received["bits_per_second"].as_f64().unwrap_or(0.0) / 1e9;
     let hz = sopa_testbed::experiment::clock_ticks_per_s();
-    let busy_s = (total1 - total0).saturating_sub(idle1 - idle0) as f64 / hz;
+    let busy_s = total1
+        .saturating_sub(total0)
+        .saturating_sub(idle1.saturating_sub(idle0)) as f64
+        / hz;
     (gbit, busy_s / (bytes / 1e9).max(1e-9))
 }
 

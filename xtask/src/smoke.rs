@@ -174,8 +174,6 @@ pub fn run(timeout: Duration) -> Result<Vec<Outcome>> {
     Ok(rows)
 }
 
-/// Every benchmark executable of the workspace, built once (`cargo bench --no-run`): name ->
-/// (executable, package folder).
 /// A run that passed must have written `NAME.json`, or `NAME-INVALID.json` where the toy run
 /// failed its fidelity check.
 fn expect_json(row: &mut Outcome, out: &std::path::Path, name: &str) {
@@ -187,6 +185,8 @@ fn expect_json(row: &mut Outcome, out: &std::path::Path, name: &str) {
     }
 }
 
+/// Every benchmark executable of the workspace, built once (`cargo bench --no-run`): name ->
+/// (executable, package folder).
 fn build_benches() -> Result<HashMap<String, (PathBuf, PathBuf)>> {
     Ok(crate::setup::build_executables("bench")?
         .into_iter()

@@ -265,6 +265,7 @@ impl Switch {
             kept_attached: false,
             adopted: adoption,
             programs: None,
+            reloads_on_sighup: false,
         };
         let adopting = !record.changes.is_empty();
         let mut journal = Journal::create(&dir, record)?;

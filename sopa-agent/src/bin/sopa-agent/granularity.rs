@@ -29,6 +29,13 @@ pub fn granularity(node: &str, g: Granularity) -> Result<(), Error> {
             "node {node} runs the switch role: the granularity is a host agent's setting"
         )));
     }
+    if !record.reloads_on_sighup {
+        // An older agent (or one whose control could not start) would die of SIGHUP.
+        return Err(Error::Config(format!(
+            "the agent of node {node} (pid {}) does not take run-time granularity changes; restart it with `--granularity {g}` (or `run --takeover --granularity {g}`)",
+            record.pid
+        )));
+    }
     let previous = RuntimeGranularity::load(&run_dir)?;
     RuntimeGranularity::new(g).save(&run_dir)?;
     // Whatever goes wrong from here, the file says again what it said before.

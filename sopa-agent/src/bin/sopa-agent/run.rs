@@ -125,12 +125,21 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
         warn!(%err, "forgetting the granularity set at run time");
     }
     // SIGHUP: `sopa-agent granularity` recorded a new unit of spraying; apply it.
-    let cells = host.granularity_control()?;
+    // Without it the agent runs on, refusing run-time changes (its record says so).
+    let cells = host
+        .granularity_control()
+        .inspect_err(|err| warn!(%err, "run-time granularity changes are off"))
+        .ok();
     let reload = async {
         loop {
             hup.recv().await;
-            if let Err(err) = cells.reload().await {
-                warn!(%err, "SIGHUP: granularity not changed");
+            match &cells {
+                Some(cells) => {
+                    if let Err(err) = cells.reload().await {
+                        warn!(%err, "SIGHUP: granularity not changed");
+                    }
+                }
+                None => warn!("SIGHUP: run-time granularity changes are off"),
             }
         }
     };
