@@ -83,6 +83,11 @@ impl Load {
     }
 }
 
+/// Packets the meter must have seen on a0 -> c0 in its shortest window (one second) before a
+/// phase starts: proof that the link carries metered traffic. Usually 2,000-3,000 here; a CI
+/// run on a machine losing a fifth of its time to the hypervisor (steal) saw 1,242.
+const METERED: u64 = 600;
+
 fn status(f: &Fabric) -> serde_json::Value {
     serde_json::from_str(&f.sopactl(&["status", "--json"]).expect("sopactl status"))
         .expect("status JSON")
@@ -187,7 +192,7 @@ fn a_gray_core_link_is_found_drained_and_trusted_again() {
         &f,
         Duration::from_secs(30),
         "metered packets on a0 -> c0",
-        |s| a0_c0(s).0 >= 2000,
+        |s| a0_c0(s).0 >= METERED,
     );
     eprintln!("healthy: a0 -> c0 {:?} (sent, lost)", a0_c0(&s));
     assert_eq!(suspects(&s), Vec::<String>::new(), "a healthy link drained");
@@ -314,7 +319,7 @@ fn a_gray_core_link_is_found_drained_and_trusted_again() {
         "a0:c0 back for the agents"
     );
     let s = wait_status(&f, Duration::from_secs(30), "a0 -> c0 in use again", |s| {
-        a0_c0(s).0 >= 2000
+        a0_c0(s).0 >= METERED
     });
     assert_eq!(
         suspects(&s),
