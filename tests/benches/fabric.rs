@@ -152,6 +152,7 @@ fn replot(path: &str) {
     let report = Report {
         alone_fraction: v["fidelity"]["alone_fraction"].as_f64().unwrap_or(0.0),
         alone_tries: v["fidelity"]["alone_tries"].as_u64().unwrap_or(1) as u32,
+        alone_steal_pct: v["fidelity"]["alone_steal_pct"].as_f64().unwrap_or(0.0),
         rate_mbit: v["rate_mbit"].as_f64().expect("rate_mbit"),
         results: serde_json::from_value(v["modes"].clone()).expect("modes"),
     };
@@ -299,6 +300,7 @@ fn run_one(a: &Args, encoding: Encoding, rate: u32) -> (Vec<ModeResult>, bool) {
     let Report {
         alone_fraction,
         alone_tries,
+        alone_steal_pct,
         results,
         ..
     } = report;
@@ -320,7 +322,7 @@ fn run_one(a: &Args, encoding: Encoding, rate: u32) -> (Vec<ModeResult>, bool) {
         a.repeat
     );
     println!(
-        "fidelity: one flow alone reached {:.3} of the link rate (best of {alone_tries} {}; {}); CPU idle during each mode below",
+        "fidelity: one flow alone reached {:.3} of the link rate (best of {alone_tries} {}, {alone_steal_pct:.1}% of the CPUs stolen by the hypervisor meanwhile; {}); CPU idle during each mode below",
         alone_fraction,
         if alone_tries == 1 { "try" } else { "tries" },
         if fidelity_ok {
@@ -448,7 +450,7 @@ fn run_one(a: &Args, encoding: Encoding, rate: u32) -> (Vec<ModeResult>, bool) {
         "experiment": a.experiment, "topology": a.topo, "rate_mbit": rate, "flow_mb": a.mb, "repeat": a.repeat,
         "encoding": encoding.name(),
         "valid": valid,
-        "fidelity": { "alone_fraction": alone_fraction, "alone_tries": alone_tries, "alone_ok": fidelity_ok, "min_idle_cpu_pct": min_idle, "cpu_ok": cpu_ok }, "modes": results,
+        "fidelity": { "alone_fraction": alone_fraction, "alone_tries": alone_tries, "alone_steal_pct": alone_steal_pct, "alone_ok": fidelity_ok, "min_idle_cpu_pct": min_idle, "cpu_ok": cpu_ok }, "modes": results,
     });
     std::fs::write(&path, serde_json::to_vec_pretty(&json).unwrap()).expect("writing the JSON");
     println!("JSON: {}", path.display());

@@ -47,6 +47,10 @@ pub struct Report {
     /// How many tries of the lone flow that took (at most [`ALONE_TRIES`]).
     #[serde(default)]
     pub alone_tries: u32,
+    /// The share of the CPUs the hypervisor took (steal) while the lone flow ran, in %: a
+    /// fidelity failure with much of it says the machine, not the emulation, was short.
+    #[serde(default)]
+    pub alone_steal_pct: f64,
     pub rate_mbit: f64,
     pub results: Vec<ModeResult>,
 }
@@ -78,6 +82,7 @@ pub fn run(f: &Fabric, plan: &Plan) -> Report {
     set_mode(f, "sopa");
     let alone = flows(f, "permutation", a.seed).into_iter().next().unwrap();
     let (mut alone_fraction, mut alone_tries) = (0.0f64, 0);
+    let steal0 = steal();
     while alone_tries < ALONE_TRIES && alone_fraction < FIDELITY {
         let port = 9000 + 10 * alone_tries as u16;
         alone_tries += 1;
@@ -95,6 +100,11 @@ pub fn run(f: &Fabric, plan: &Plan) -> Report {
         );
     }
 
+    let alone_steal_pct = {
+        let (stolen, total) = steal();
+        100.0 * stolen.saturating_sub(steal0.0) as f64
+            / total.saturating_sub(steal0.1).max(1) as f64
+    };
     let sequential = matches!(a.experiment.as_str(), "production" | "failure");
     let progress = indicatif::ProgressBar::new(u64::from(a.repeat) * a.modes.len() as u64);
     progress.set_style(
@@ -191,6 +201,7 @@ pub fn run(f: &Fabric, plan: &Plan) -> Report {
     Report {
         alone_fraction,
         alone_tries,
+        alone_steal_pct,
         rate_mbit: f64::from(a.rate_mbit),
         results,
     }
@@ -646,6 +657,18 @@ pub fn clock_ticks_per_s() -> f64 {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     if hz > 0 { hz as f64 } else { 100.0 }
+}
+
+/// (steal, total) clock ticks of every CPU since boot: what the hypervisor took against the
+/// wall clock times the CPUs.
+pub fn steal() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let stolen = stat
+        .lines()
+        .next()
+        .and_then(|l| l.split_whitespace().nth(8)?.parse().ok())
+        .unwrap_or(0);
+    (stolen, cpu().1)
 }
 
 /// (not ours, total) clock ticks of every CPU since boot: idle, iowait and steal from
