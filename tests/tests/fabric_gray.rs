@@ -74,12 +74,23 @@ impl Load {
         }
     }
 
-    fn finish(self) -> u64 {
+    fn finish(mut self) -> u64 {
         self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads {
+        for t in std::mem::take(&mut self.threads) {
             t.join().expect("a transfer failed");
         }
         self.done.load(Ordering::Relaxed)
+    }
+}
+
+/// A failing test stops its transfers too: their threads hold the fabric, which must drop (and
+/// remove its namespaces) when the test unwinds. (A CI run's failure left 36 namespaces.)
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
     }
 }
 
