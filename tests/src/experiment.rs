@@ -662,13 +662,8 @@ pub fn clock_ticks_per_s() -> f64 {
 /// (steal, total) clock ticks of every CPU since boot: what the hypervisor took against the
 /// wall clock times the CPUs.
 pub fn steal() -> (u64, u64) {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let stolen = stat
-        .lines()
-        .next()
-        .and_then(|l| l.split_whitespace().nth(8)?.parse().ok())
-        .unwrap_or(0);
-    (stolen, cpu().1)
+    let t = CpuTicks::read();
+    (t.steal, t.total)
 }
 
 /// (not ours, total) clock ticks of every CPU since boot: idle, iowait and steal from
@@ -678,25 +673,42 @@ pub fn steal() -> (u64, u64) {
 /// uncounted, and a single stream's per-packet cost read from them ranged 0.2 to 11.7 s/GB
 /// across identical runs; idle time is measured exactly, and the wall clock is.
 pub fn cpu() -> (u64, u64) {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let mut lines = stat.lines();
-    let v: Vec<u64> = lines
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    let cpus = lines.take_while(|l| l.starts_with("cpu")).count().max(1);
-    let at = |i: usize| v.get(i).copied().unwrap_or(0);
-    let uptime: f64 = std::fs::read_to_string("/proc/uptime")
-        .ok()
-        .and_then(|u| u.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0.0);
-    (
-        at(3) + at(4) + at(7),
-        (uptime * cpus as f64 * clock_ticks_per_s()) as u64,
-    )
+    let t = CpuTicks::read();
+    (t.idle + t.steal, t.total)
+}
+
+/// One reading of `/proc/stat`'s summary line and `/proc/uptime`, in clock ticks.
+struct CpuTicks {
+    /// idle + iowait (measured exactly by tickless CPUs).
+    idle: u64,
+    steal: u64,
+    /// Uptime times the CPUs.
+    total: u64,
+}
+
+impl CpuTicks {
+    fn read() -> Self {
+        let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        let mut lines = stat.lines();
+        let v: Vec<u64> = lines
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        let cpus = lines.take_while(|l| l.starts_with("cpu")).count().max(1);
+        let at = |i: usize| v.get(i).copied().unwrap_or(0);
+        let uptime: f64 = std::fs::read_to_string("/proc/uptime")
+            .ok()
+            .and_then(|u| u.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0.0);
+        Self {
+            idle: at(3) + at(4),
+            steal: at(7),
+            total: (uptime * cpus as f64 * clock_ticks_per_s()) as u64,
+        }
+    }
 }
 
 /// Sums of the hosts' receive-side reordering and TCP counters.
