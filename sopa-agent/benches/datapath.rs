@@ -2,7 +2,10 @@
 //!
 //! 1. ns per packet of `tc_stamp` and `xdp_strip` against programs that do nothing, through
 //!    BPF_PROG_TEST_RUN, runs interleaved so both see the same machine: the IPv4 option and the
-//!    SRv6 encoding (a second datapath, encapsulating) side by side.
+//!    SRv6 encoding (a second datapath, encapsulating) side by side; `xdp_strip` as agents run
+//!    it (reordering not measured) and measuring reordering; and the floors, the kernel helper
+//!    that makes or removes the option's room alone (`tc_room`, `xdp_head`), which no encoding
+//!    that inserts bytes can go below.
 //! 2. Single-stream TCP throughput A -> R -> B (iperf3, cubic) without agents and with agents
 //!    at both granularities, rounds interleaved; medians and ratios.
 
@@ -41,10 +44,13 @@ fn parse_args() -> Args {
         match a.as_str() {
             "--runs" => args.runs = value("--runs"),
             "--iperf-seconds" => args.iperf_seconds = value("--iperf-seconds"),
+            // 0: the test_run table alone.
             "--rounds" => args.rounds = value("--rounds"),
             "--bench" => {}
             other => {
-                panic!("unknown argument {other}; use --runs N, --iperf-seconds S, --rounds R")
+                panic!(
+                    "unknown argument {other}; use --runs N, --iperf-seconds S, --rounds R (0: no iperf3)"
+                )
             }
         }
     }
@@ -71,7 +77,9 @@ struct Meter {
 fn main() {
     let args = parse_args();
     test_run_table(&args);
-    throughput_table(&args);
+    if args.rounds > 0 {
+        throughput_table(&args);
+    }
 }
 
 fn test_run_table(args: &Args) {
@@ -120,6 +128,15 @@ fn test_run_table(args: &Args) {
         .try_into()
         .unwrap();
     xdp_pass.load().unwrap();
+    prog_ref::<SchedClassifier>(&mut baseline, "tc_room")
+        .load()
+        .unwrap();
+    let xdp_head: &mut Xdp = baseline
+        .program_mut("xdp_head")
+        .unwrap()
+        .try_into()
+        .unwrap();
+    xdp_head.load().unwrap();
 
     let fabric = frame([10, 3, 1, 2], 1448);
     let outside = frame([192, 168, 9, 9], 1448);
@@ -151,6 +168,25 @@ fn test_run_table(args: &Args) {
         "the benchmark packet is stamped"
     );
 
+    // The floors do their work on this packet too (a helper that failed would cost less).
+    assert_eq!(
+        output(prog_ref(&mut baseline, "tc_room"), &fabric).len(),
+        fabric.len() + 4,
+        "tc_room makes the option's room"
+    );
+    let mut head_out = vec![0u8; 2048];
+    let head = prog_ref::<Xdp>(&mut baseline, "xdp_head")
+        .test_run(TestRunOptions {
+            data_in: Some(&fabric),
+            data_out: Some(&mut head_out),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(
+        head.data_size_out as usize,
+        fabric.len() - 4,
+        "xdp_head removes 4 bytes"
+    );
     let encapsulated = {
         let mut p = output(dp6.stamp_program(), &fabric);
         assert_eq!(
@@ -194,7 +230,7 @@ fn test_run_table(args: &Args) {
             runs: 0,
         },
         Meter {
-            name: "xdp_strip, plain TCP (measured)",
+            name: "xdp_strip, plain TCP (passed)",
             total_ns: 0,
             runs: 0,
         },
@@ -208,15 +244,33 @@ fn test_run_table(args: &Args) {
             total_ns: 0,
             runs: 0,
         },
+        Meter {
+            name: "xdp_strip, stamped, reordering measured",
+            total_ns: 0,
+            runs: 0,
+        },
+        Meter {
+            name: "tc: adjust_room +4 alone (floor)",
+            total_ns: 0,
+            runs: 0,
+        },
+        Meter {
+            name: "xdp: adjust_head +4 alone (floor)",
+            total_ns: 0,
+            runs: 0,
+        },
     ];
     let batch = 10_000u32.min(args.runs);
     let batches = args.runs.div_ceil(batch);
     eprintln!(
-        "test_run: {} runs of each of 8 programs, interleaved in batches of {batch}",
-        batches * batch
+        "test_run: {} runs of each of {} programs, interleaved in batches of {batch}",
+        batches * batch,
+        meters.len()
     );
     for _ in 0..batches {
         for (i, meter) in meters.iter_mut().enumerate() {
+            // Off unless asked for, as an agent runs it by default.
+            maps.set_reordering_measured(i == 8).unwrap();
             for _ in 0..batch {
                 let mut f = |opts: TestRunOptions| -> u128 {
                     let r = match i {
@@ -225,15 +279,17 @@ fn test_run_table(args: &Args) {
                         3 => xdp_pass_ref(&mut baseline).test_run(opts),
                         6 => dp6.stamp_program().test_run(opts),
                         7 => dp6.strip_program().test_run(opts),
+                        9 => prog_ref::<SchedClassifier>(&mut baseline, "tc_room").test_run(opts),
+                        10 => prog_ref::<Xdp>(&mut baseline, "xdp_head").test_run(opts),
                         _ => dp.strip_program().test_run(opts),
                     }
                     .expect("test_run");
                     r.duration.as_nanos()
                 };
                 let input: &[u8] = match i {
-                    0 | 1 | 3 | 6 => &fabric,
+                    0 | 1 | 3 | 6 | 9 | 10 => &fabric,
                     2 => &outside,
-                    4 => &stamped,
+                    4 | 8 => &stamped,
                     7 => &encapsulated,
                     _ => &fabric,
                 };
@@ -250,7 +306,7 @@ fn test_run_table(args: &Args) {
         "program", "ns/packet", "over baseline", "ratio"
     );
     for (i, m) in meters.iter().enumerate() {
-        let base = if i < 3 || i == 6 {
+        let base = if i < 3 || i == 6 || i == 9 {
             mean(&meters[0])
         } else {
             mean(&meters[3])
@@ -279,6 +335,14 @@ fn test_run_table(args: &Args) {
     let _ = std::fs::remove_dir_all(&pins6);
 }
 
+fn prog_ref<'a, P>(ebpf: &'a mut aya::Ebpf, name: &str) -> &'a mut P
+where
+    &'a mut P: TryFrom<&'a mut aya::programs::Program>,
+    <&'a mut P as TryFrom<&'a mut aya::programs::Program>>::Error: std::fmt::Debug,
+{
+    ebpf.program_mut(name).unwrap().try_into().unwrap()
+}
+
 fn tc_pass_ref(ebpf: &mut aya::Ebpf) -> &mut SchedClassifier {
     ebpf.program_mut("tc_pass").unwrap().try_into().unwrap()
 }
@@ -302,6 +366,10 @@ fn iperf(arb: &Arb, seconds: u32) -> f64 {
             "-C",
             "cubic",
             "-J",
+            // Client on CPU 0, server on CPU 1: unpinned, single runs flipped between two
+            // modes (both on one CPU or not), 8 and 27 Gbit/s without agents in one run.
+            "-A",
+            "0,1",
         ])
         .args(["-t", &seconds.to_string()])
         .output()
@@ -393,7 +461,7 @@ fn throughput_table(args: &Args) {
     let (segs_median, segs_best) = (median(&results[2]), best(&results[2]));
     println!();
     println!(
-        "single-stream TCP A -> R -> B (iperf3, cubic, client and server not pinned to a core, {} s, {} rounds)",
+        "single-stream TCP A -> R -> B (iperf3, cubic, client on CPU 0, server on CPU 1, {} s, {} rounds)",
         args.iperf_seconds, args.rounds
     );
     println!(

@@ -65,6 +65,8 @@ pub struct HostOptions {
     pub forget_runtime_mode: bool,
     /// The path meter's period of alternate marking (zero: no metering).
     pub meter_period: std::time::Duration,
+    /// `xdp_strip` measures the reordering of arriving TCP flows.
+    pub measure_reordering: bool,
 }
 
 /// The node's pin folder. bpffs refuses names containing '.', so dots become ':' there.
@@ -451,7 +453,12 @@ impl Host {
         // datapath's old programs read them as soon as they are written, so an upgrade that
         // fails from here on writes the previous ones back.
         let previous = if adopting {
-            Some((maps.config()?, maps.paths()?, maps.first_path()?))
+            Some((
+                maps.config()?,
+                maps.paths()?,
+                maps.first_path()?,
+                maps.reordering_measured()?,
+            ))
         } else {
             None
         };
@@ -463,6 +470,7 @@ impl Host {
             // A start of the agent returns new flows to the default (`sopa-agent mode
             // --first-path` changes it at run time, for comparisons).
             maps.set_first_path(sopa_common::maps::first_path::HASH)?;
+            maps.set_reordering_measured(opts.measure_reordering)?;
             maps.set_meter_period(opts.meter_period.as_nanos() as u64)?;
             if !(adopting && opts.paths_from_controller) {
                 maps.apply_paths(&opts.paths)?;
@@ -474,10 +482,11 @@ impl Host {
         let attached = match written {
             Ok(attached) => attached,
             Err(err) => {
-                if let Some((config, paths, first)) = previous
+                if let Some((config, paths, first, reordering)) = previous
                     && let Err(restore) = maps
                         .set_config(config)
                         .and_then(|()| maps.set_first_path(first))
+                        .and_then(|()| maps.set_reordering_measured(reordering))
                         .and_then(|()| maps.apply_paths(&paths))
                 {
                     warn!(%restore, "writing the adopted datapath's configuration back");

@@ -82,12 +82,13 @@ impl std::fmt::Debug for MapSet {
 impl Collector for DatapathCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         let maps = self.maps.lock().expect("metrics maps lock");
-        let (Ok(stamp), Ok(strip), Ok(hops), Ok(config), Ok(encap)) = (
+        let (Ok(stamp), Ok(strip), Ok(hops), Ok(config), Ok(encap), Ok(reordering)) = (
             maps.stamp_counters(),
             maps.strip_counters(),
             maps.hop_counters(),
             maps.config(),
             maps.encap(),
+            maps.reordering_measured(),
         ) else {
             warn!("reading the datapath's maps for metrics failed");
             return Ok(());
@@ -234,6 +235,13 @@ impl Collector for DatapathCollector {
             "TCP data packets that arrived below the highest sequence seen in their flow",
             None,
             counter.metric_type(),
+        )?)?;
+        let gauge = ConstGauge::new(i64::from(reordering));
+        gauge.encode(encoder.encode_descriptor(
+            "sopa_reordering_measured",
+            "1 while xdp_strip measures reordering (the two counters above grow only then)",
+            None,
+            gauge.metric_type(),
         )?)?;
 
         let mut family = encoder.encode_descriptor(

@@ -69,6 +69,9 @@ pub struct Status {
     pub strip: BTreeMap<String, u64>,
     pub hop0: BTreeMap<String, u64>,
     pub hop1: BTreeMap<String, u64>,
+    /// Whether `xdp_strip` measures reordering now (`run --measure-reordering`, `sopa-agent
+    /// reordering`); the counters keep what it measured before.
+    pub reordering_measured: bool,
     pub reordered_fraction: f64,
     pub changes: Vec<crate::changes::Change>,
     /// The push channel, when the paths come from a controller.
@@ -225,6 +228,7 @@ pub fn read(node: &str, run_dir: &Path, pin_dir: &Path) -> Result<Status> {
             .filter(|i| hops[256 + *i] > 0)
             .map(|i| (hop_label(i), hops[256 + i]))
             .collect(),
+        reordering_measured: maps.reordering_measured()?,
         reordered_fraction: if data == 0 {
             0.0
         } else {
@@ -356,12 +360,28 @@ impl Status {
                     .collect::<Vec<_>>()
             )
         );
-        let _ = writeln!(
-            s,
-            "  reordered: {:.3}% of {} TCP data packets",
-            100.0 * self.reordered_fraction,
-            self.strip["tcp_data"]
-        );
+        if self.reordering_measured {
+            let _ = writeln!(
+                s,
+                "  reordered: {:.3}% of {} TCP data packets",
+                100.0 * self.reordered_fraction,
+                self.strip["tcp_data"]
+            );
+        } else {
+            let _ = writeln!(
+                s,
+                "  reordering: not measured (`sopa-agent reordering on`, or run --measure-reordering){}",
+                if self.strip["tcp_data"] > 0 {
+                    format!(
+                        "; before: {:.3}% of {} TCP data packets",
+                        100.0 * self.reordered_fraction,
+                        self.strip["tcp_data"]
+                    )
+                } else {
+                    String::new()
+                }
+            );
+        }
         if self.forward.values().any(|v| *v > 0) {
             let _ = writeln!(
                 s,

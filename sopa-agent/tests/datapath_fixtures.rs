@@ -723,12 +723,26 @@ fn strip_fixture_table() {
 }
 
 #[test]
-fn strip_counts_reordered_tcp_arrivals() {
+fn strip_counts_reordered_tcp_arrivals_only_while_measuring() {
     let mut f = Fixture::new(TABLE, mode::SOPA);
     let seg = |seq: u32| f_stamped(seq);
     fn f_stamped(seq: u32) -> Vec<u8> {
         stamped(&tcp(DST, 3333, seq, &[0; 100]), 0, HOP_NONE)
     }
+    // A fresh datapath measures nothing: every packet is stripped, none is followed.
+    assert!(!f.maps.reordering_measured().unwrap());
+    for seq in [1000, 1300, 1200] {
+        f.strip(&seg(seq));
+    }
+    let (_, strip) = counters(&f);
+    assert_eq!(strip[strip_reason::STRIPPED as usize], 3);
+    assert_eq!(
+        strip[strip_reason::TCP_DATA as usize] + strip[strip_reason::TCP_REORDERED as usize],
+        0,
+        "not measured"
+    );
+    f.maps.set_reordering_measured(true).unwrap();
+    assert!(f.maps.reordering_measured().unwrap());
     // In order 1000, 1100, then 1300 overtakes 1200, then a pure ACK (no data, not counted).
     for seq in [1000, 1100, 1300, 1200] {
         f.strip(&seg(seq));
@@ -737,11 +751,17 @@ fn strip_counts_reordered_tcp_arrivals() {
     let (_, strip) = counters(&f);
     assert_eq!(strip[strip_reason::TCP_DATA as usize], 4);
     assert_eq!(strip[strip_reason::TCP_REORDERED as usize], 1);
-    assert_eq!(strip[strip_reason::STRIPPED as usize], 5);
+    assert_eq!(strip[strip_reason::STRIPPED as usize], 3 + 5);
     // Unstamped flows (ecmp mode) are measured the same way.
     f.strip(&tcp(DST, 4444, 500, &[0; 10]));
     f.strip(&tcp(DST, 4444, 400, &[0; 10]));
     let (_, strip) = counters(&f);
+    assert_eq!(strip[strip_reason::TCP_REORDERED as usize], 2);
+    // Off again: the counters keep what was measured.
+    f.maps.set_reordering_measured(false).unwrap();
+    f.strip(&tcp(DST, 4444, 300, &[0; 10]));
+    let (_, strip) = counters(&f);
+    assert_eq!(strip[strip_reason::TCP_DATA as usize], 6);
     assert_eq!(strip[strip_reason::TCP_REORDERED as usize], 2);
     let _ = Ipv4Addr::LOCALHOST;
 }

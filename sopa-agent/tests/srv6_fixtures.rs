@@ -168,6 +168,8 @@ fn flows_get_labels_of_their_own() {
 #[test]
 fn decapsulation_gives_back_the_original_frame() {
     let mut f = Fixture::new(TABLE, mode::SOPA);
+    // The inner TCP packet is measured like any other.
+    f.maps.set_reordering_measured(true).unwrap();
     let before = f.maps.strip_counters().unwrap();
     let inner = tcp(DST, 7, &[9; 300]);
     let ours = encapsulated(&inner, &address(&[0xE002]), 0x12345);

@@ -204,6 +204,19 @@ pub struct Pin {
 }
 const _: () = assert!(size_of::<Pin>() == 16);
 
+/// What the programs measure beyond their counters: a one-entry array of [`measure`] bits,
+/// 0 (nothing) in a fresh datapath. A map of its own, so a datapath of an older layout reads
+/// the default from a fresh one.
+pub const MEASURE_MAP: &str = "SOPA_MEASURE_V1";
+
+/// Bits of [`MEASURE_MAP`].
+pub mod measure {
+    /// `xdp_strip` follows every arriving TCP flow's sequence numbers ([`super::REORDER_MAP`],
+    /// the `tcp_data` and `tcp_reordered` counters): an LRU lookup per data packet, about half
+    /// of the program's cost, so it runs only while someone reads it.
+    pub const REORDERING: u32 = 1;
+}
+
 /// Receiver-side reordering state per flow (LRU hash keyed by [`FlowKey`] of the arriving packet).
 pub const REORDER_MAP: &str = "SOPA_REORD_V1";
 pub const REORDER_CAPACITY: u32 = 65_536;

@@ -18,3 +18,25 @@ pub fn tc_pass(_ctx: TcContext) -> i32 {
 pub fn xdp_pass(_ctx: XdpContext) -> u32 {
     XDP_PASS
 }
+
+/// The floor of an encoding that inserts bytes: `bpf_skb_adjust_room` making the option's room
+/// after the IPv4 header, and nothing else (the packet is left malformed; only test runs see it).
+#[classifier]
+pub fn tc_room(ctx: TcContext) -> i32 {
+    let _ = ctx.adjust_room(
+        i32::from(sopa_common::wire::OPTION_LEN),
+        aya_ebpf::bindings::bpf_adj_room_mode::BPF_ADJ_ROOM_NET,
+        u64::from(aya_ebpf::bindings::BPF_F_ADJ_ROOM_FIXED_GSO),
+    );
+    TC_ACT_UNSPEC
+}
+
+/// The floor of removing them at the receiver: `bpf_xdp_adjust_head` alone.
+#[xdp]
+pub fn xdp_head(ctx: XdpContext) -> u32 {
+    // SAFETY: a plain helper call on our context.
+    let _ = unsafe {
+        aya_ebpf::helpers::bpf_xdp_adjust_head(ctx.ctx, i32::from(sopa_common::wire::OPTION_LEN))
+    };
+    XDP_PASS
+}

@@ -66,6 +66,9 @@ static HOP_STATS: PerCpuArray<u64> = PerCpuArray::pinned(HOP_STATS_LEN, 0);
 #[map(name = "SOPA_STRIP_V2")]
 static STRIP_STATS: PerCpuArray<u64> = PerCpuArray::pinned(REASON_SLOTS, 0);
 
+#[map(name = "SOPA_MEASURE_V1")]
+static MEASURE: Array<u32> = Array::pinned(1, 0);
+
 #[map(name = "SOPA_REORD_V1")]
 static REORDER: LruHashMap<FlowKey, ReorderState> = LruHashMap::pinned(REORDER_CAPACITY, 0);
 

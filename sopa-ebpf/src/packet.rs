@@ -92,22 +92,4 @@ impl Ipv6 {
     }
 }
 
-/// Writes the RFC 1071 checksum of the IPv4 header `h` (`N` bytes, a multiple of 2) into it.
-#[inline(always)]
-pub fn set_ipv4_checksum<const N: usize>(h: &mut [u8; N]) {
-    h[10] = 0;
-    h[11] = 0;
-    let mut sum: u32 = 0;
-    let mut i = 0;
-    while i < N {
-        sum += ((h[i] as u32) << 8) | h[i + 1] as u32;
-        i += 2;
-    }
-    sum = (sum & 0xFFFF) + (sum >> 16);
-    sum = (sum & 0xFFFF) + (sum >> 16);
-    let check = !(sum as u16);
-    h[10] = (check >> 8) as u8;
-    h[11] = check as u8;
-}
-
 pub use sopa_common::hash::flow_hash;

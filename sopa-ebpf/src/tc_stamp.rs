@@ -330,6 +330,7 @@ fn stamp(ctx: &TcContext, ip: &Ipv4, [hop0, hop1]: [u8; 2]) -> Result<(), u32> {
     // SAFETY: bounds checked by ptr_at after the room was made.
     let h = unsafe { &mut *header };
     let tot_len = ip.tot_len.wrapping_add(u16::from(OPTION_LEN)).to_be_bytes();
+    let old = word(h[0], h[1]) + word(h[2], h[3]);
     h[0] = 0x46;
     h[2] = tot_len[0];
     h[3] = tot_len[1];
@@ -337,7 +338,12 @@ fn stamp(ctx: &TcContext, ip: &Ipv4, [hop0, hop1]: [u8; 2]) -> Result<(), u32> {
     h[21] = OPTION_LEN;
     h[22] = hop0;
     h[23] = hop1;
-    crate::packet::set_ipv4_checksum(h);
+    // Adjusted for the words that changed or came (RFC 1624): a dozen instructions where a
+    // recomputation reads the whole header.
+    let new =
+        word(h[0], h[1]) + word(h[2], h[3]) + word(OPTION_TYPE, OPTION_LEN) + word(hop0, hop1);
+    let check = checksum_adjust(u16::from_be_bytes([h[10], h[11]]), old, new);
+    [h[10], h[11]] = check.to_be_bytes();
     Ok(())
 }
 

@@ -7,7 +7,7 @@
 
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_xdp_adjust_head, programs::XdpContext};
 use sopa_common::{
-    maps::{ReorderState, strip_reason as reason},
+    maps::{ReorderState, measure, strip_reason as reason},
     srv6::ETH_P_IPV6,
     wire::{
         ETH_HLEN, ETH_P_IP, IPPROTO_TCP, IPV4_BASE_LEN, IPV4_STAMPED_LEN, OPTION_LEN,
@@ -64,51 +64,45 @@ pub fn try_strip(ctx: &XdpContext) -> Result<u32, u32> {
         return Err(reason::BAD_LENGTH);
     }
 
-    let head: *mut [u8; STAMPED_FRAME_HEAD] =
+    // In 16-bit words, which take a third of the instructions of byte moves: the frame starts
+    // 2-aligned wherever XDP runs (drivers and generic XDP give it an even headroom, and where
+    // alignment is strict the verifier checks these accesses against NET_IP_ALIGN).
+    let head: *mut [u16; STAMPED_FRAME_HEAD / 2] =
         ptr_at(ctx.data(), ctx.data_end(), 0).ok_or(reason::TOO_SHORT)?;
     // SAFETY: bounds checked by ptr_at.
-    let frame = unsafe { &mut *head };
+    let w = unsafe { &mut *head };
+    // Word indices: Ethernet 0..7, the base header E..E+10, the option E+10..E+12.
+    const E: usize = ETH_HLEN / 2;
     // The path meter counts it by the path and color it carries, whether or not the strip below
     // succeeds (the packet is delivered either way).
-    if !Meter::received(
-        ip.saddr,
-        [frame[OPTION_OFFSET + 2], frame[OPTION_OFFSET + 3]],
-        1,
-    ) {
+    if !Meter::received(ip.saddr, w[E + 11].to_ne_bytes(), 1) {
         count(&STRIP_STATS, reason::METER_FULL, 1);
     }
-    // Rewrite the base header for its new length, then slide Ethernet + base header over the
-    // option and drop the 4 bytes now in front.
-    let tot_len = ip.tot_len.wrapping_sub(u16::from(OPTION_LEN)).to_be_bytes();
-    let mut base = [0u8; IPV4_BASE_LEN];
-    let mut i = 0;
-    while i < IPV4_BASE_LEN {
-        base[i] = frame[ETH_HLEN + i];
-        i += 1;
-    }
-    base[0] = 0x45;
-    base[2] = tot_len[0];
-    base[3] = tot_len[1];
+    // The base header's first two words for its new length.
+    let w0 = u16::from_ne_bytes([0x45, ip.tos]);
+    let w1 = ip.tot_len.wrapping_sub(u16::from(OPTION_LEN)).to_be();
     // The checksum adjusted for the words that changed or went (RFC 1624), not recomputed: a
     // header corrupted in transit stays corrupted, and the stack still drops it.
-    let e = ETH_HLEN;
-    let old = word(frame[e], frame[e + 1])
-        + word(frame[e + 2], frame[e + 3])
-        + word(frame[e + 20], frame[e + 21])
-        + word(frame[e + 22], frame[e + 23]);
-    let new = word(base[0], base[1]) + word(base[2], base[3]);
-    let check = checksum_adjust(u16::from_be_bytes([base[10], base[11]]), old, new);
-    [base[10], base[11]] = check.to_be_bytes();
-    let shift = OPTION_LEN as usize;
-    let mut i = 0;
-    while i < IPV4_BASE_LEN {
-        frame[ETH_HLEN + shift + i] = base[i];
-        i += 1;
-    }
-    let mut i = ETH_HLEN;
+    let be = |x: u16| u32::from(u16::from_be(x));
+    let old = be(w[E]) + be(w[E + 1]) + be(w[E + 10]) + be(w[E + 11]);
+    let check = checksum_adjust(u16::from_be(w[E + 5]), old, be(w0) + be(w1)).to_be();
+    // Slide the base header, then Ethernet, over the option (highest word first: every word
+    // is read before it is overwritten), and drop the 4 bytes now in front.
+    const SHIFT: usize = OPTION_LEN as usize / 2;
+    let mut i = IPV4_BASE_LEN / 2;
     while i > 0 {
         i -= 1;
-        frame[shift + i] = frame[i];
+        w[E + SHIFT + i] = match i {
+            0 => w0,
+            1 => w1,
+            5 => check,
+            _ => w[E + i],
+        };
+    }
+    let mut i = E;
+    while i > 0 {
+        i -= 1;
+        w[SHIFT + i] = w[i];
     }
     // SAFETY: plain helper call on our context.
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, i32::from(OPTION_LEN)) } != 0 {
@@ -167,9 +161,16 @@ fn restore(ctx: &XdpContext, ip: &Ipv4) {
     }
 }
 
-/// Counts a TCP data packet, and whether it arrived below the highest sequence seen in its flow.
+/// Counts a TCP data packet, and whether it arrived below the highest sequence seen in its flow;
+/// only while the agent has reordering measured (`measure::REORDERING`).
 #[inline(always)]
 fn measure_reordering(ctx: &XdpContext, ip: &Ipv4) {
+    if crate::MEASURE
+        .get(0)
+        .is_none_or(|m| m & measure::REORDERING == 0)
+    {
+        return;
+    }
     if ip.proto != IPPROTO_TCP || ip.is_fragment() || ip.ihl != 5 {
         return;
     }

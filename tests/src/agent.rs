@@ -198,6 +198,22 @@ pub fn set_mode_with(node: &str, mode: &str, extra: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// `sopa-agent reordering --node NODE on|off`: its output.
+pub fn set_reordering(node: &str, on: bool) -> Result<String> {
+    let state = if on { "on" } else { "off" };
+    let out = Command::new(bins::sopa_agent())
+        .args(["reordering", "--node", node, state])
+        .output()
+        .map_err(|e| Error::io("running sopa-agent reordering", e))?;
+    if !out.status.success() {
+        return Err(Error::Failed(format!(
+            "sopa-agent reordering {state} on {node}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// `sopa-agent granularity --node NODE G`: the running agent applies it before this returns.
 pub fn set_granularity(node: &str, granularity: &str) -> Result<String> {
     let out = Command::new(bins::sopa_agent())

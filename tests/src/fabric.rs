@@ -412,9 +412,9 @@ impl Fabric {
             let id = id as NodeId;
             // Elephants (Hedera's pinned mode) are measured against the shaped rate.
             let nic = opts.rate_mbit.map(|r| r.to_string());
-            let args: Vec<&str> = (!self.host_metrics)
-                .then_some("--no-metrics")
-                .into_iter()
+            // The experiments report the receivers' reordering.
+            let args: Vec<&str> = std::iter::once("--measure-reordering")
+                .chain((!self.host_metrics).then_some("--no-metrics"))
                 .chain(
                     nic.as_deref()
                         .map(|r| ["--nic-rate-mbit", r])

@@ -448,6 +448,39 @@ fn native_xdp_on_veth_strips_before_the_stack() {
         "B's program stripped {n} of the {} packets its stack saw",
         seen.len()
     );
+
+    // Reordering is measured only when asked for, and can be asked for at run time.
+    let measured = |a: &Agent| {
+        let st = a.status().unwrap();
+        (
+            st["reordering_measured"].as_bool().unwrap(),
+            st["strip"]["tcp_data"].as_u64().unwrap(),
+        )
+    };
+    assert_eq!(measured(&agent_b), (false, 0), "not measured by default");
+    sopa_testbed::agent::set_reordering(arb.b.name(), true).unwrap();
+    let t = tcp_transfer(
+        &arb.a,
+        &arb.b,
+        arb.b_addr,
+        5012,
+        2 * MIB,
+        &SendOptions::default(),
+    )
+    .expect("2 MiB from A to B");
+    assert!(t.intact());
+    let (on, data) = measured(&agent_b);
+    assert!(on, "measured once turned on");
+    assert!(
+        data >= (2 * MIB / 1448 / 2) as u64,
+        "{data} TCP data packets measured of 2 MiB"
+    );
+    sopa_testbed::agent::set_reordering(arb.b.name(), false).unwrap();
+    assert_eq!(
+        measured(&agent_b),
+        (false, data),
+        "off again, the count kept"
+    );
 }
 
 #[test]

@@ -71,7 +71,14 @@ pub fn run(args: &DemoArgs) -> Result<()> {
 
     step("building A - R - B in network namespaces (R: a plain Linux router)");
     let arb = Arb::new("demo").context("building the namespaces")?;
-    let flags = ["--mode", &args.mode, "--granularity", &args.granularity];
+    // B's reordering is reported below: measured for the demo (off by default, for its cost).
+    let flags = [
+        "--mode",
+        &args.mode,
+        "--granularity",
+        &args.granularity,
+        "--measure-reordering",
+    ];
     step(&format!(
         "starting agents on A and B: mode {}, {} paths, granularity {}",
         args.mode, args.paths, args.granularity

@@ -8,10 +8,10 @@ use aya::{
 };
 use sopa_common::maps::{
     CONFIG_MAP, Config, ENCAP_MAP, Encap, FLOWS_MAP, FWD_MAP, FWD_STATS_MAP, FWD_UPLINK_STATS_MAP,
-    FlowKey, FlowState, FwdEntry, HOP_STATS_MAP, MAX_PATHS, MAX_UPLINKS, MeterConfig, MeterKey,
-    PATHS_MAP, PINS_MAP, PathSet, Pin, SRV6_DESTS_MAP, SRV6_SEGS_MAP, STAMP_STATS_MAP, START_MAP,
-    STRIP_STATS_MAP, SegKey, Segments, Srv6Dest, TRUST_MAP, encoding, forward_reason, meter,
-    stamp_reason, strip_reason,
+    FlowKey, FlowState, FwdEntry, HOP_STATS_MAP, MAX_PATHS, MAX_UPLINKS, MEASURE_MAP, MeterConfig,
+    MeterKey, PATHS_MAP, PINS_MAP, PathSet, Pin, SRV6_DESTS_MAP, SRV6_SEGS_MAP, STAMP_STATS_MAP,
+    START_MAP, STRIP_STATS_MAP, SegKey, Segments, Srv6Dest, TRUST_MAP, encoding, forward_reason,
+    measure, meter, stamp_reason, strip_reason,
 };
 
 use crate::{
@@ -61,6 +61,8 @@ pub struct MapSet {
     config: Array<MapData, Config>,
     /// Absent in the pins of a datapath an older agent left (it starts flows at their hash).
     start: Option<Array<MapData, u32>>,
+    /// Absent likewise (it measured reordering always).
+    measure: Option<Array<MapData, u32>>,
     paths: LpmTrie<MapData, [u8; 4], PathSet>,
     stamp_stats: PerCpuArray<MapData, u64>,
     hop_stats: PerCpuArray<MapData, u64>,
@@ -113,6 +115,7 @@ impl MapSet {
             })
         };
         let start = take(START_MAP)?;
+        let measure = take(MEASURE_MAP)?;
         let mut set = Self::from_maps(
             take(CONFIG_MAP)?,
             take(PATHS_MAP)?,
@@ -123,6 +126,7 @@ impl MapSet {
             take(PINS_MAP)?,
         )?;
         set.start = Some(start.try_into().map_err(map_err(START_MAP))?);
+        set.measure = Some(measure.try_into().map_err(map_err(MEASURE_MAP))?);
         set.srv6 = Some(Srv6Maps::from_maps(
             take(ENCAP_MAP)?,
             take(SRV6_DESTS_MAP)?,
@@ -169,6 +173,10 @@ impl MapSet {
             Ok(m) => Some(m.try_into().map_err(map_err(START_MAP))?),
             Err(_) => None,
         };
+        set.measure = match open(MEASURE_MAP) {
+            Ok(m) => Some(m.try_into().map_err(map_err(MEASURE_MAP))?),
+            Err(_) => None,
+        };
         set.srv6 = match (open(ENCAP_MAP), open(SRV6_DESTS_MAP), open(SRV6_SEGS_MAP)) {
             (Ok(e), Ok(d), Ok(s)) => Some(Srv6Maps::from_maps(e, d, s)?),
             _ => None,
@@ -196,6 +204,7 @@ impl MapSet {
         Ok(Self {
             config: config.try_into().map_err(map_err(CONFIG_MAP))?,
             start: None,
+            measure: None,
             paths: paths.try_into().map_err(map_err(PATHS_MAP))?,
             stamp_stats: stamp.try_into().map_err(map_err(STAMP_STATS_MAP))?,
             hop_stats: hops.try_into().map_err(map_err(HOP_STATS_MAP))?,
@@ -347,6 +356,32 @@ impl MapSet {
             ))
         })?;
         m.set(0, first, 0).map_err(map_err(START_MAP))
+    }
+
+    /// Whether `xdp_strip` measures reordering (`measure::REORDERING`). The datapath of an
+    /// older agent has no setting and always did.
+    pub fn reordering_measured(&self) -> Result<bool> {
+        match &self.measure {
+            Some(m) => Ok(m.get(&0, 0).map_err(map_err(MEASURE_MAP))? & measure::REORDERING != 0),
+            None => Ok(true),
+        }
+    }
+
+    /// Turns the measurement of reordering on or off (the counters and the flows' state stay).
+    pub fn set_reordering_measured(&mut self, on: bool) -> Result<()> {
+        let m = self.measure.as_mut().ok_or_else(|| {
+            Error::Config(format!(
+                "this datapath was left by an older agent and has no {MEASURE_MAP}: start this \
+                 agent version on the node first"
+            ))
+        })?;
+        let bits = m.get(&0, 0).map_err(map_err(MEASURE_MAP))?;
+        let bits = if on {
+            bits | measure::REORDERING
+        } else {
+            bits & !measure::REORDERING
+        };
+        m.set(0, bits, 0).map_err(map_err(MEASURE_MAP))
     }
 
     /// Replaces the path table make-before-break: every new or changed prefix is written in one

@@ -106,11 +106,12 @@ pub struct Datapath {
 
 /// Every map of this datapath layout, as pinned: a `SOPA_*` pin not in this list belongs to
 /// another layout (see [`layout`]).
-pub const MAP_NAMES: [&str; 19] = {
+pub const MAP_NAMES: [&str; 20] = {
     use sopa_common::maps::*;
     [
         CONFIG_MAP,
         START_MAP,
+        MEASURE_MAP,
         PATHS_MAP,
         ENCAP_MAP,
         SRV6_DESTS_MAP,

@@ -121,14 +121,20 @@ pub fn fix_ipv4_checksum(frame: &mut [u8]) {
     frame[24..26].copy_from_slice(&sum.to_be_bytes());
 }
 
-/// What `tc_stamp` makes of an IHL-5 frame for the path (hop0, hop1).
+/// What `tc_stamp` makes of an IHL-5 frame for the path (hop0, hop1): the checksum adjusted for
+/// the words that changed or came (RFC 1624), so a valid one stays valid and a wrong one stays
+/// wrong by as much.
 pub fn with_option(original: &[u8], hop0: u8, hop1: u8) -> Vec<u8> {
+    use sopa_common::wire::{checksum_adjust, word};
     let mut p = original.to_vec();
     p.splice(34..34, [0x9E, 4, hop0, hop1]);
     p[14] = 0x46;
-    let tot = u16::from_be_bytes([p[16], p[17]]) + 4;
+    let tot = u16::from_be_bytes([p[16], p[17]]).wrapping_add(4);
     p[16..18].copy_from_slice(&tot.to_be_bytes());
-    fix_ipv4_checksum(&mut p);
+    let old = word(original[14], original[15]) + word(original[16], original[17]);
+    let new = word(p[14], p[15]) + word(p[16], p[17]) + word(0x9E, 4) + word(hop0, hop1);
+    let check = checksum_adjust(u16::from_be_bytes([p[24], p[25]]), old, new);
+    p[24..26].copy_from_slice(&check.to_be_bytes());
     p
 }
 

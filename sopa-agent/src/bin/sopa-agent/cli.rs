@@ -51,6 +51,15 @@ pub enum Command {
         /// packet, flowcell:N (N segments per unit) or burst.
         granularity: Granularity,
     },
+    /// Turn a running agent's measurement of TCP reordering on or off (until its next start,
+    /// which sets what `run --measure-reordering` says).
+    Reordering {
+        #[command(flatten)]
+        node: NodeArg,
+        /// on or off.
+        #[arg(value_parser = ["on", "off"])]
+        state: String,
+    },
     /// Remove a datapath left attached (`run --keep-attached`, or after a crash): detach the
     /// programs, unpin the maps and restore every host setting the agent changed.
     Detach {
@@ -139,6 +148,12 @@ pub struct RunArgs {
     /// run agents that know the mark, and every host the same period); 0 turns metering off.
     #[arg(long, env = "SOPA_METER_PERIOD_MS", default_value_t = 250)]
     pub meter_period_ms: u64,
+    /// Measure the reordering of arriving TCP flows (`status`, `sopa_tcp_reordered_packets`):
+    /// a flow-table lookup per data packet, about half of xdp_strip's cost, so off unless
+    /// asked for. Every start sets what this says; `sopa-agent reordering` changes it at run
+    /// time.
+    #[arg(long, env = "SOPA_MEASURE_REORDERING")]
+    pub measure_reordering: bool,
     /// On exit, leave the datapath attached and the host settings it needs in place: traffic
     /// keeps its paths while no agent runs. The next agent adopts it; `detach` removes it.
     #[arg(long, env = "SOPA_KEEP_ATTACHED")]

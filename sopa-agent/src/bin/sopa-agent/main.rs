@@ -118,6 +118,28 @@ async fn dispatch(command: Command, netns: Option<String>) -> Result<(), Error> 
             );
             Ok(())
         }
+        Command::Reordering { node, state } => {
+            host::validate_node(&node.node)?;
+            let pins = host::pin_dir(&node.node);
+            if !pins.exists() {
+                return Err(Error::NotRunning {
+                    node: node.node.clone(),
+                    dir: pins,
+                });
+            }
+            let mut maps = sopa_agent::datapath::MapSet::from_pins(&pins)?;
+            maps.set_reordering_measured(state == "on")?;
+            println!(
+                "node {}: reordering {} (until the agent's next start, which sets what --measure-reordering says)",
+                node.node,
+                if state == "on" {
+                    "measured"
+                } else {
+                    "not measured"
+                }
+            );
+            Ok(())
+        }
         Command::CheckPaths { file } => {
             let table = PathTable::load(&file)?;
             println!("{}: {} prefixes", file.display(), table.len());

@@ -96,6 +96,7 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
         tcx_order: args.tcx_order,
         forget_runtime_mode: args.mode.is_some(),
         meter_period: std::time::Duration::from_millis(args.meter_period_ms),
+        measure_reordering: args.measure_reordering,
     };
     if args.meter_period_ms != 0 && !(10..=60_000).contains(&args.meter_period_ms) {
         return Err(Error::Config(format!(
