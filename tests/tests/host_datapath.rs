@@ -472,7 +472,7 @@ fn native_xdp_on_veth_strips_before_the_stack() {
     let (on, data) = measured(&agent_b);
     assert!(on, "measured once turned on");
     assert!(
-        data >= (2 * MIB / 1448 / 2) as u64,
+        data >= 2 * MIB / 1448 / 2,
         "{data} TCP data packets measured of 2 MiB"
     );
     sopa_testbed::agent::set_reordering(arb.b.name(), false).unwrap();
