@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use sopa_testbed::{
     experiment::{self, MIN_IDLE_PCT, ModeResult, Plan, Report},
-    fabric::{Fabric, FabricOptions, SRV6_FABRIC_MTU, parse_topo},
+    fabric::{Fabric, FabricOptions, LinkQdisc, SRV6_FABRIC_MTU, parse_topo},
     granularity,
 };
 use sopa_topology::srv6::Encoding;
@@ -49,6 +49,8 @@ struct Args {
     smoke: bool,
     /// The encodings to measure, each on a fabric of its own.
     encodings: Vec<Encoding>,
+    /// How the links serialize: htb (the default) or tbf with a one-packet bucket.
+    qdisc: LinkQdisc,
 }
 
 fn args() -> Args {
@@ -70,6 +72,7 @@ fn args() -> Args {
         out: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../results"),
         smoke: false,
         encodings: vec![Encoding::Ipv4Option],
+        qdisc: LinkQdisc::Htb,
     };
     let mut modes_given = false;
     let mut rates_given = false;
@@ -108,6 +111,11 @@ fn args() -> Args {
                             .unwrap_or_else(|e: String| panic!("--encoding: {e}"))
                     })
                     .collect()
+            }
+            "--qdisc" => {
+                a.qdisc = value()
+                    .parse()
+                    .unwrap_or_else(|e: String| panic!("--qdisc: {e}"))
             }
             "--bench" => {}
             other => panic!("unknown flag {other}"),
@@ -253,9 +261,13 @@ fn run_one(a: &Args, encoding: Encoding, rate: u32) -> (Vec<ModeResult>, bool) {
         // The non-blocking ideal is a mode of the run: its big switch is built beside the fabric.
         ideal: a.modes.iter().any(|m| m.starts_with("ideal")),
         encoding,
+        link_qdisc: a.qdisc,
         ..FabricOptions::default()
     };
-    eprintln!("building {} at {rate} Mbit/s, paths as {encoding}", a.topo);
+    eprintln!(
+        "building {} at {rate} Mbit/s ({} links), paths as {encoding}",
+        a.topo, a.qdisc
+    );
     let mut f = Fabric::build(&spec, &opts).expect("build the fabric");
     f.controller_args
         .extend(experiment::METER_REPORTS_ONLY.map(String::from));
@@ -289,6 +301,9 @@ fn run_one(a: &Args, encoding: Encoding, rate: u32) -> (Vec<ModeResult>, bool) {
     };
     if a.rates.len() > 1 {
         suffix.push_str(&format!("-{rate}mbit"));
+    }
+    if a.qdisc != LinkQdisc::Htb {
+        suffix.push_str(&format!("-{}", a.qdisc));
     }
     let name = if valid {
         format!("fabric-{}{suffix}", a.experiment)

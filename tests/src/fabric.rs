@@ -72,6 +72,41 @@ pub struct FabricOptions {
     /// How hosts carry the path. SRv6 gives every link IPv6 addresses (the topology's plan)
     /// and runs every link at [`SRV6_FABRIC_MTU`], the hosts' 1500 plus the outer header.
     pub encoding: Encoding,
+    /// How a shaped link serializes its packets.
+    pub link_qdisc: LinkQdisc,
+}
+
+/// The qdisc that makes a veth a link of the fabric's rate (this kernel has htb, tbf and
+/// pfifo/bfifo, no netem or fq).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LinkQdisc {
+    /// HTB at the rate (quantum one full packet) with a byte-limited bfifo below it.
+    #[default]
+    Htb,
+    /// TBF at the rate with a bucket of one packet: a packet leaves only once the link would
+    /// have finished sending the one before, as a switch port serializes.
+    Tbf,
+}
+
+impl std::fmt::Display for LinkQdisc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Htb => "htb",
+            Self::Tbf => "tbf",
+        })
+    }
+}
+
+impl std::str::FromStr for LinkQdisc {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "htb" => Ok(Self::Htb),
+            "tbf" => Ok(Self::Tbf),
+            other => Err(format!("link qdisc {other:?}: htb or tbf")),
+        }
+    }
 }
 
 /// Fabric links' MTU in the SRv6 encoding: hosts keep 1500 on their routes.
@@ -86,6 +121,7 @@ impl Default for FabricOptions {
             ideal: false,
             controllers: 1,
             encoding: Encoding::default(),
+            link_qdisc: LinkQdisc::default(),
         }
     }
 }
@@ -261,7 +297,7 @@ impl Fabric {
             if let Some(rate) = opts.rate_mbit {
                 let limit = (opts.queue_packets * 1514).to_string();
                 for (ns, dev) in [(na, &ia), (nb, &ib)] {
-                    shape(ns, dev, rate, &limit)?;
+                    shape(ns, dev, rate, &limit, opts.link_qdisc)?;
                 }
             }
         }
@@ -323,8 +359,8 @@ impl Fabric {
             ])?;
             if let Some(rate) = opts.rate_mbit {
                 let limit = (opts.queue_packets * 1514).to_string();
-                shape(host, &hif, rate, &limit)?;
-                shape(&big, &sif, rate, &limit)?;
+                shape(host, &hif, rate, &limit, opts.link_qdisc)?;
+                shape(&big, &sif, rate, &limit, opts.link_qdisc)?;
             }
         }
         self.ideal = Some(big);
@@ -816,9 +852,19 @@ fn wait(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Result<()
     Err(Error::Failed(format!("timed out waiting for {what}")))
 }
 
-/// HTB at `rate` Mbit/s (quantum one full packet) with a byte-limited bfifo below it.
-fn shape(ns: &NetNs, dev: &str, rate: u32, limit: &str) -> Result<()> {
+/// `dev` sending at `rate` Mbit/s, `limit` bytes queued at most (drop-tail).
+fn shape(ns: &NetNs, dev: &str, rate: u32, limit: &str, qdisc: LinkQdisc) -> Result<()> {
     let rate = format!("{rate}mbit");
+    if qdisc == LinkQdisc::Tbf {
+        // The bucket holds the largest frame of either encoding (an SRv6 fabric's links carry
+        // 1554-byte frames), and TBF drops a packet larger than its bucket.
+        let burst = (SRV6_FABRIC_MTU as usize + 14).to_string();
+        ns.tc(&[
+            "qdisc", "add", "dev", dev, "root", "tbf", "rate", &rate, "burst", &burst, "limit",
+            limit,
+        ])?;
+        return Ok(());
+    }
     ns.tc(&[
         "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "1",
     ])?;
@@ -1011,4 +1057,19 @@ fn replica_address(dir: &std::path::Path, n: usize) -> String {
         .map(|i| format!("unix:{}", replica_socket(dir, i).display()))
         .collect::<Vec<_>>()
         .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LinkQdisc;
+
+    #[test]
+    fn link_qdiscs_parse_and_print_by_name() {
+        for q in [LinkQdisc::Htb, LinkQdisc::Tbf] {
+            assert_eq!(q.to_string().parse::<LinkQdisc>(), Ok(q));
+        }
+        assert_eq!("tbf".parse::<LinkQdisc>(), Ok(LinkQdisc::Tbf));
+        let err = "netem".parse::<LinkQdisc>().unwrap_err();
+        assert!(err.contains("netem") && err.contains("htb or tbf"), "{err}");
+    }
 }

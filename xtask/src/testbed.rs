@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, Result, bail};
 use clap::Subcommand;
-use sopa_testbed::fabric::{Detached, Fabric, FabricOptions};
+use sopa_testbed::fabric::{Detached, Fabric, FabricOptions, LinkQdisc};
 use sopa_topology::{srv6::Encoding, topology::TopologySpec};
 
 use crate::{demo::build_release, setup};
@@ -37,6 +37,9 @@ pub enum TestbedCommand {
         /// are plain Linux SRv6 routers, links at 1540).
         #[arg(long, default_value = "ipv4-option")]
         encoding: Encoding,
+        /// How shaped links serialize: htb, or tbf with a one-packet bucket.
+        #[arg(long, default_value = "htb")]
+        qdisc: LinkQdisc,
     },
     /// Run a command in a node's namespace: `testbed exec h0 -- ping 10.1.0.2`.
     Exec {
@@ -113,6 +116,7 @@ pub fn run(cmd: TestbedCommand) -> Result<()> {
             queue,
             controllers,
             encoding,
+            qdisc,
         } => {
             if state_file().exists() {
                 bail!(
@@ -129,6 +133,7 @@ pub fn run(cmd: TestbedCommand) -> Result<()> {
                 ideal: false,
                 controllers: usize::from(controllers),
                 encoding,
+                link_qdisc: qdisc,
             };
             eprintln!(
                 "==> building {topo} at {} in namespaces",
