@@ -742,8 +742,10 @@ pub fn queue_drops(f: &Fabric) -> u64 {
                     qdiscs
                         .iter()
                         // The links' drop-tail queues: HTB's root counts its leaf's drops
-                        // again, so only the leaves are summed.
-                        .filter(|q| q["kind"] == "bfifo")
+                        // again, so only the leaves are summed; TBF's bfifo is hidden from
+                        // `tc qdisc show`, and TBF's root counts its drops (and the packets too
+                        // large for its bucket).
+                        .filter(|q| q["kind"] == "bfifo" || q["kind"] == "tbf")
                         .filter_map(|q| q["drops"].as_u64())
                         .sum::<u64>()
                 })
