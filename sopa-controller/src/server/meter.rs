@@ -15,7 +15,7 @@ use std::{
 use prost::Message as _;
 use sopa_channel::proto::{self, ChangeReply, LinkLoss, LinkRef, PathReport, SuspectLink};
 use tokio::sync::mpsc;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::Controller;
 use crate::{
@@ -32,12 +32,14 @@ const STATUS_LINKS: usize = 64;
 
 /// A conviction on its way to the task that drains: the link's ends as measured, the verdict.
 type Conviction = (String, String, Verdict);
+/// The convictions of one judged period, with the fabric's version they were judged against.
+type Convictions = (u64, Vec<Conviction>);
 
 pub(crate) struct MeterState {
     pub tomography: Mutex<Tomography>,
     pub suspicions: Mutex<Suspicions>,
-    convictions: mpsc::Sender<Vec<Conviction>>,
-    receiver: Mutex<Option<mpsc::Receiver<Vec<Conviction>>>>,
+    convictions: mpsc::Sender<Convictions>,
+    receiver: Mutex<Option<mpsc::Receiver<Convictions>>>,
     /// Reports taken, their encoded bytes, and those refused as malformed.
     pub reports: AtomicU64,
     pub report_bytes: AtomicU64,
@@ -178,9 +180,9 @@ impl Controller {
         }
         // A period closed: judged against the failures of now (the fabric's lock is never
         // taken under the tomography's: a change takes them in the other order).
-        let (topology, failures) = {
+        let (topology, failures, version) = {
             let f = self.fabric.lock().expect("fabric lock");
-            (f.shared_topology(), f.failures())
+            (f.shared_topology(), f.failures(), f.version())
         };
         let convictions: Vec<Conviction> = {
             let mut t = self.meter.tomography.lock().expect("tomography lock");
@@ -192,7 +194,13 @@ impl Controller {
                 })
                 .collect()
         };
-        if !convictions.is_empty() && self.meter.convictions.try_send(convictions).is_err() {
+        if !convictions.is_empty()
+            && self
+                .meter
+                .convictions
+                .try_send((version, convictions))
+                .is_err()
+        {
             warn!(
                 "convictions queue full; this period's are dropped (the next period's repeat them)"
             );
@@ -216,7 +224,18 @@ impl Controller {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                Some(convictions) = rx.recv() => {
+                Some((version, convictions)) = rx.recv() => {
+                    // Judged before the fabric last changed: the change forgot the evidence
+                    // (a link released from its hold-down must not be convicted again on the
+                    // losses that drained it).
+                    if version < self.fabric.lock().expect("fabric lock").version() {
+                        debug!(
+                            judged = version,
+                            convictions = convictions.len(),
+                            "path meter: verdicts judged before the fabric's last change, dropped"
+                        );
+                        continue;
+                    }
                     for (from, to, verdict) in convictions {
                         self.convict(&from, &to, &verdict).await;
                     }
