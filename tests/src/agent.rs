@@ -185,44 +185,30 @@ pub fn set_mode(node: &str, mode: &str) -> Result<String> {
 
 /// `sopa-agent mode --node NODE MODE EXTRA...`.
 pub fn set_mode_with(node: &str, mode: &str, extra: &[&str]) -> Result<String> {
-    let out = Command::new(bins::sopa_agent())
-        .args(["mode", "--node", node, mode])
-        .args(extra)
-        .output()
-        .map_err(|e| Error::io("running sopa-agent mode", e))?;
-    if !out.status.success() {
-        return Err(Error::Failed(
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    run_time_command("mode", node, mode, extra)
 }
 
 /// `sopa-agent reordering --node NODE on|off`: its output.
 pub fn set_reordering(node: &str, on: bool) -> Result<String> {
-    let state = if on { "on" } else { "off" };
-    let out = Command::new(bins::sopa_agent())
-        .args(["reordering", "--node", node, state])
-        .output()
-        .map_err(|e| Error::io("running sopa-agent reordering", e))?;
-    if !out.status.success() {
-        return Err(Error::Failed(format!(
-            "sopa-agent reordering {state} on {node}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    run_time_command("reordering", node, if on { "on" } else { "off" }, &[])
 }
 
 /// `sopa-agent granularity --node NODE G`: the running agent applies it before this returns.
 pub fn set_granularity(node: &str, granularity: &str) -> Result<String> {
+    run_time_command("granularity", node, granularity, &[])
+}
+
+/// `sopa-agent COMMAND --node NODE VALUE EXTRA...`, a change to a running agent: its output, or
+/// its error output.
+fn run_time_command(command: &str, node: &str, value: &str, extra: &[&str]) -> Result<String> {
     let out = Command::new(bins::sopa_agent())
-        .args(["granularity", "--node", node, granularity])
+        .args([command, "--node", node, value])
+        .args(extra)
         .output()
-        .map_err(|e| Error::io("running sopa-agent granularity", e))?;
+        .map_err(|e| Error::io(format!("running sopa-agent {command}"), e))?;
     if !out.status.success() {
         return Err(Error::Failed(format!(
-            "sopa-agent granularity {granularity} on {node}: {}",
+            "sopa-agent {command} {value} on {node}: {}",
             String::from_utf8_lossy(&out.stderr)
         )));
     }

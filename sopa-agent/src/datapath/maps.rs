@@ -81,6 +81,14 @@ fn map_err(name: &'static str) -> impl Fn(MapError) -> Error {
     Error::map(name)
 }
 
+/// A setting of a map that the datapath an older agent left does not have.
+fn older_agent(name: &str) -> Error {
+    Error::Config(format!(
+        "this datapath was left by an older agent and has no {name}: start this agent version \
+         on the node first"
+    ))
+}
+
 impl Srv6Maps {
     /// Removes every destination and segment entry.
     fn clear(&mut self) -> Result<()> {
@@ -349,12 +357,7 @@ impl MapSet {
     }
 
     pub fn set_first_path(&mut self, first: u32) -> Result<()> {
-        let m = self.start.as_mut().ok_or_else(|| {
-            Error::Config(format!(
-                "this datapath was left by an older agent and has no {START_MAP}: start this \
-                 agent version on the node first"
-            ))
-        })?;
+        let m = self.start.as_mut().ok_or_else(|| older_agent(START_MAP))?;
         m.set(0, first, 0).map_err(map_err(START_MAP))
     }
 
@@ -369,12 +372,10 @@ impl MapSet {
 
     /// Turns the measurement of reordering on or off (the counters and the flows' state stay).
     pub fn set_reordering_measured(&mut self, on: bool) -> Result<()> {
-        let m = self.measure.as_mut().ok_or_else(|| {
-            Error::Config(format!(
-                "this datapath was left by an older agent and has no {MEASURE_MAP}: start this \
-                 agent version on the node first"
-            ))
-        })?;
+        let m = self
+            .measure
+            .as_mut()
+            .ok_or_else(|| older_agent(MEASURE_MAP))?;
         let bits = m.get(&0, 0).map_err(map_err(MEASURE_MAP))?;
         let bits = if on {
             bits | measure::REORDERING

@@ -74,16 +74,10 @@ async fn dispatch(command: Command, netns: Option<String>) -> Result<(), Error> 
             mode,
             first_path,
         } => {
+            // The node named well before the mode is judged, as ever.
             host::validate_node(&node.node)?;
             let mode = status::parse_mode(&mode)?;
-            let pins = host::pin_dir(&node.node);
-            if !pins.exists() {
-                return Err(Error::NotRunning {
-                    node: node.node.clone(),
-                    dir: pins,
-                });
-            }
-            let mut maps = sopa_agent::datapath::MapSet::from_pins(&pins)?;
+            let mut maps = running_maps(&node.node)?;
             let first = first_path.map(|f| {
                 sopa_common::maps::first_path::NAMES
                     .iter()
@@ -119,15 +113,7 @@ async fn dispatch(command: Command, netns: Option<String>) -> Result<(), Error> 
             Ok(())
         }
         Command::Reordering { node, state } => {
-            host::validate_node(&node.node)?;
-            let pins = host::pin_dir(&node.node);
-            if !pins.exists() {
-                return Err(Error::NotRunning {
-                    node: node.node.clone(),
-                    dir: pins,
-                });
-            }
-            let mut maps = sopa_agent::datapath::MapSet::from_pins(&pins)?;
+            let mut maps = running_maps(&node.node)?;
             maps.set_reordering_measured(state == "on")?;
             println!(
                 "node {}: reordering {} (until the agent's next start, which sets what --measure-reordering says)",
@@ -150,4 +136,17 @@ async fn dispatch(command: Command, netns: Option<String>) -> Result<(), Error> 
             Ok(())
         }
     }
+}
+
+/// The maps of node `node`'s running agent, from its pins.
+fn running_maps(node: &str) -> Result<sopa_agent::datapath::MapSet, Error> {
+    host::validate_node(node)?;
+    let pins = host::pin_dir(node);
+    if !pins.exists() {
+        return Err(Error::NotRunning {
+            node: node.to_owned(),
+            dir: pins,
+        });
+    }
+    sopa_agent::datapath::MapSet::from_pins(&pins)
 }
