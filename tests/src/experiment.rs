@@ -543,7 +543,7 @@ pub fn run_sequential(
             let t = flow_line(l, *bytes).unwrap_or_else(|e| panic!("{src} -> {d}: {e}: {l}"));
             assert!(
                 t.intact(),
-                "{src} -> {d}: the receiver's sha256 differs from the sender's: {l}"
+                "{src} -> {d}: the receiver's digest differs from the sender's: {l}"
             );
             out.push((src.clone(), d.clone(), t));
         }
@@ -552,20 +552,20 @@ pub fn run_sequential(
     out
 }
 
-/// One flow of `sopa-traffic run`'s output (a JSON line) as a [`Transfer`], with the sha256 of
+/// One flow of `sopa-traffic run`'s output (a JSON line) as a [`Transfer`], with the digest of
 /// what the sender sent and of what the receiver received, as the tool printed them.
 pub fn flow_line(l: &serde_json::Value, bytes: u64) -> Result<Transfer, String> {
     if let Some(e) = l["error"].as_str() {
         return Err(format!("the flow failed: {e}"));
     }
-    let hash = |key: &str| -> Result<[u8; 32], String> {
+    let hash = |key: &str| -> Result<crate::traffic::Digest, String> {
         let text = l[key].as_str().ok_or(format!("no {key}"))?;
         let v: Vec<u8> = (0..text.len())
             .step_by(2)
             .map(|i| u8::from_str_radix(text.get(i..i + 2).unwrap_or("?"), 16))
             .collect::<Result<_, _>>()
             .map_err(|e| format!("{key} is not hex: {e}"))?;
-        v.try_into().map_err(|_| format!("{key} is not 32 bytes"))
+        v.try_into().map_err(|_| format!("{key} is not 16 bytes"))
     };
     if l["bytes"].as_u64() != Some(bytes) {
         return Err(format!("{} bytes, not the {bytes} scheduled", l["bytes"]));
@@ -574,8 +574,8 @@ pub fn flow_line(l: &serde_json::Value, bytes: u64) -> Result<Transfer, String> 
     Ok(Transfer {
         bytes,
         seconds: l["fct_s"].as_f64().ok_or("no fct_s")?,
-        sent_sha256: hash("sent_sha256")?,
-        received_sha256: hash("received_sha256")?,
+        sent_digest: hash("sent_digest")?,
+        received_digest: hash("received_digest")?,
         tcp: crate::traffic::TcpStats {
             total_retrans: n("total_retrans") as u32,
             reord_seen: n("reord_seen") as u32,
@@ -997,11 +997,11 @@ mod tests {
 
     #[test]
     fn a_flow_line_carries_both_hashes() {
-        let a = "ab".repeat(32);
+        let a = "ab".repeat(16);
         let line = |sent: &str, received: &str| {
             serde_json::json!({
                 "index": 0, "bytes": 1000, "fct_s": 0.5, "intact": true,
-                "sent_sha256": sent, "received_sha256": received, "total_retrans": 3,
+                "sent_digest": sent, "received_digest": received, "total_retrans": 3,
             })
         };
         let t = flow_line(&line(&a, &a), 1000).unwrap();

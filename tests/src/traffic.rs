@@ -1,4 +1,9 @@
-//! TCP transfers between namespaces whose bytes are checked end to end with sha256.
+//! TCP transfers between namespaces whose bytes are checked end to end with a digest.
+//!
+//! The digest is XXH3-128: it catches any corruption or loss a path could cause (the data is not
+//! adversarial), and it costs a tenth of SHA-256. On a 2-core machine, SHA-256 of every byte at
+//! both ends took 5.7% of the CPUs in a 25 Mbit/s per-link permutation: time taken from the
+//! fabric it measures.
 
 use std::{
     io::{Read as _, Write as _},
@@ -7,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use sha2::{Digest as _, Sha256};
+use xxhash_rust::xxh3::Xxh3;
 
 use crate::{Error, NetNs, Result};
 
@@ -42,12 +47,15 @@ impl Default for SendOptions {
     }
 }
 
+/// What both ends of a transfer hash the bytes into (XXH3-128, big-endian).
+pub type Digest = [u8; 16];
+
 #[derive(Clone, Debug)]
 pub struct Transfer {
     pub bytes: u64,
     pub seconds: f64,
-    pub sent_sha256: [u8; 32],
-    pub received_sha256: [u8; 32],
+    pub sent_digest: Digest,
+    pub received_digest: Digest,
     /// The sender's TCP_INFO at the end of the transfer.
     pub tcp: TcpStats,
 }
@@ -155,7 +163,7 @@ pub fn tcp_counters(ns: &NetNs) -> Result<std::collections::BTreeMap<String, u64
 
 impl Transfer {
     pub fn intact(&self) -> bool {
-        self.sent_sha256 == self.received_sha256
+        self.sent_digest == self.received_digest
     }
 
     pub fn mbit_per_s(&self) -> f64 {
@@ -286,10 +294,10 @@ fn connect(port: Option<u16>, to: SocketAddr, mptcp: bool) -> std::io::Result<Tc
 }
 
 /// The receiving end of one transfer: reads until EOF, hashing, then replies with the hash.
-pub fn receive(mut conn: TcpStream, stall: Duration) -> Result<[u8; 32]> {
+pub fn receive(mut conn: TcpStream, stall: Duration) -> Result<Digest> {
     conn.set_read_timeout(Some(stall))
         .map_err(|e| Error::io("setting a timeout", e))?;
-    let mut hasher = Sha256::new();
+    let mut hasher = Xxh3::new();
     let mut buf = vec![0u8; 256 * 1024];
     loop {
         let n = conn
@@ -300,7 +308,7 @@ pub fn receive(mut conn: TcpStream, stall: Duration) -> Result<[u8; 32]> {
         }
         hasher.update(&buf[..n]);
     }
-    let digest: [u8; 32] = hasher.finalize().into();
+    let digest = hasher.digest128().to_be_bytes();
     conn.write_all(&digest)
         .map_err(|e| Error::io("replying", e))?;
     Ok(digest)
@@ -374,8 +382,8 @@ pub fn accept_within(listener: &TcpListener, within: Duration) -> Result<TcpStre
 /// What the sending end saw of one transfer.
 #[derive(Clone, Debug)]
 pub struct Sent {
-    pub sent_sha256: [u8; 32],
-    pub echoed_sha256: [u8; 32],
+    pub sent_digest: Digest,
+    pub echoed_digest: Digest,
     pub seconds: f64,
     pub tcp: TcpStats,
 }
@@ -423,7 +431,7 @@ pub fn send(to: SocketAddr, bytes: u64, opts: &SendOptions) -> Result<Sent> {
         .map_err(|e| Error::io("timeout", e))?;
     conn.set_read_timeout(Some(opts.stall_timeout))
         .map_err(|e| Error::io("timeout", e))?;
-    let mut hasher = Sha256::new();
+    let mut hasher = Xxh3::new();
     let mut buf = vec![0u8; 256 * 1024];
     let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ bytes;
     let mut left = bytes;
@@ -447,7 +455,7 @@ pub fn send(to: SocketAddr, bytes: u64, opts: &SendOptions) -> Result<Sent> {
     let mptcp_before = opts.mptcp.then(|| mptcp_info(conn.as_raw_fd()));
     conn.shutdown(std::net::Shutdown::Write)
         .map_err(|e| Error::io("shutdown", e))?;
-    let mut echoed = [0u8; 32];
+    let mut echoed = Digest::default();
     conn.read_exact(&mut echoed).map_err(|e| {
         stalled_or(
             e,
@@ -469,8 +477,8 @@ pub fn send(to: SocketAddr, bytes: u64, opts: &SendOptions) -> Result<Sent> {
         tcp.mptcp_fallback = fallback;
     }
     Ok(Sent {
-        sent_sha256: hasher.finalize().into(),
-        echoed_sha256: echoed,
+        sent_digest: hasher.digest128().to_be_bytes(),
+        echoed_digest: echoed,
         seconds: start.elapsed().as_secs_f64(),
         tcp,
     })
@@ -503,7 +511,7 @@ pub fn tcp_transfer_to(
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let stall = opts.stall_timeout;
     let mptcp = opts.mptcp;
-    let server = dst.spawn(move || -> Result<[u8; 32]> {
+    let server = dst.spawn(move || -> Result<Digest> {
         let listener =
             listen_on(listen, mptcp).map_err(|e| Error::io(format!("binding {listen}"), e))?;
         let _ = ready_tx.send(());
@@ -520,7 +528,7 @@ pub fn tcp_transfer_to(
     let received = server
         .join()
         .map_err(|_| Error::Failed("the server thread panicked".into()))???;
-    if sent.echoed_sha256 != received {
+    if sent.echoed_digest != received {
         return Err(Error::Failed(
             "the receiver's reply does not match its own hash".into(),
         ));
@@ -528,8 +536,8 @@ pub fn tcp_transfer_to(
     Ok(Transfer {
         bytes,
         seconds: sent.seconds,
-        sent_sha256: sent.sent_sha256,
-        received_sha256: received,
+        sent_digest: sent.sent_digest,
+        received_digest: received,
         tcp: sent.tcp,
     })
 }

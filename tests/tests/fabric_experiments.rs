@@ -1,6 +1,6 @@
 //! Short versions of the paper's experiments (1 MB flows) on Fat-Tree k=4 at 10 Mbit/s, where
 //! `bench fabric` is valid: the machinery, not the figures. The fidelity check passes (one flow
-//! alone reaches 0.90 of the link rate), every flow completes with equal sha256 at both ends
+//! alone reaches 0.90 of the link rate), every flow completes with equal digests at both ends
 //! (checked inside), no bulk flow beats the link's shaper, every mode yields a row, the report
 //! serializes to JSON that parses back. Needs root.
 

@@ -130,7 +130,7 @@ fn a_core_link_cut_mid_transfer_costs_only_the_packets_in_flight() {
     let caps = captures(&f);
     let (t, cut) = transfer_cut_midway(&f, "a0", "c0", 600, 16 << 20);
     let lost = caps.finish().unwrap();
-    assert!(t.intact(), "sha256 differs across the cut");
+    assert!(t.intact(), "digest differs across the cut");
     eprintln!("controller away: {:.1} Mbit/s", t.mbit_per_s());
     for l in &lost {
         eprintln!("{}", l.report(cut));
@@ -163,7 +163,7 @@ fn a_core_link_cut_mid_transfer_costs_only_the_packets_in_flight() {
     let caps = captures(&f);
     let (t, cut) = transfer_cut_midway(&f, "c2", "a3", 600, 16 << 20);
     let lost = caps.finish().unwrap();
-    assert!(t.intact(), "sha256 differs across the cut");
+    assert!(t.intact(), "digest differs across the cut");
     eprintln!("controller up: {:.1} Mbit/s", t.mbit_per_s());
     for l in &lost {
         eprintln!("{}", l.report(cut));

@@ -60,7 +60,7 @@ impl Load {
                             &SendOptions::default(),
                         )
                         .unwrap_or_else(|e| panic!("{src} -> {dst}: {e}"));
-                        assert!(t.intact(), "{src} -> {dst}: sha256 differs");
+                        assert!(t.intact(), "{src} -> {dst}: digest differs");
                         done.fetch_add(1, Ordering::Relaxed);
                         port = port.wrapping_add(1);
                     }

@@ -217,6 +217,6 @@ fn hedera_separates_two_elephants_that_collide_under_hashing() {
     assert_ne!(cores[0], cores[1], "placed on disjoint cores: {paths:?}");
     for t in transfers {
         let t = t.unwrap();
-        assert!(t.intact(), "sha256 equal end to end");
+        assert!(t.intact(), "digests equal end to end");
     }
 }

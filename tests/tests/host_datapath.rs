@@ -70,7 +70,7 @@ fn option_on_the_wire_at_r_gone_at_b_transfer_intact() {
     .expect("50 MiB from A to B");
     let at_r = at_r.finish().unwrap();
     let at_b = at_b.finish().unwrap();
-    assert!(transfer.intact(), "sha256 differs");
+    assert!(transfer.intact(), "digest differs");
     eprintln!(
         "50 MiB in {:.2} s: {:.0} Mbit/s",
         transfer.seconds,
@@ -237,7 +237,7 @@ fn without_the_route_mtu_fix_full_size_segments_leave_unstamped_never_dropped() 
     // why the agent lowers the route MTU.
     let transfer = tcp_transfer(&arb.a, &arb.b, arb.b_addr, 5002, 4 * MIB, &opts)
         .expect("nothing is dropped for the option's sake");
-    assert!(transfer.intact(), "sha256 equal end to end");
+    assert!(transfer.intact(), "digests equal end to end");
     let stamp = agent_a.status().unwrap()["stamp"].clone();
     let full_size = 4 * MIB / 1448;
     let too_big = stamp["too_big"].as_u64().unwrap();

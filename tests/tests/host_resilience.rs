@@ -98,7 +98,7 @@ fn sigkill_during_a_transfer_loses_nothing_and_the_next_agent_adopts() {
         (t.join().unwrap(), after_kill, restarted)
     });
     let transfer = transfer.expect("the transfer survives the kill (no reset, no stall)");
-    assert!(transfer.intact(), "sha256 equal end to end");
+    assert!(transfer.intact(), "digests equal end to end");
     let (tcp, stamped) = from_a(&after_kill.frames, arb.a_addr, 6);
     eprintln!(
         "{} MiB in {:.2} s; while no agent ran: {tcp} TCP packets from A at R, {stamped} stamped",

@@ -266,7 +266,7 @@ fn routes_a_daemon_replaces_under_traffic_are_lowered_again_and_copies_follow_th
             "the daemon's route lowered again, all else as the daemon set it:\n{now}"
         );
         let t = transfer.join().unwrap().expect("the transfer");
-        assert!(t.intact(), "sha256 differs");
+        assert!(t.intact(), "digest differs");
     });
     probe.wait_received(500);
 

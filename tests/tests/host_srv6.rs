@@ -80,7 +80,7 @@ fn srv6_over_a_linux_usid_node_paths_cycle_and_b_sees_the_inner_packet_only() {
     .expect("50 MiB from A to B");
     let at_r = at_r.finish().unwrap();
     let at_b = at_b.finish().unwrap();
-    assert!(transfer.intact(), "sha256 differs");
+    assert!(transfer.intact(), "digest differs");
     eprintln!(
         "50 MiB in {:.2} s: {:.0} Mbit/s",
         transfer.seconds,
@@ -211,7 +211,7 @@ fn srv6_over_a_linux_usid_node_paths_cycle_and_b_sees_the_inner_packet_only() {
     )
     .expect("50 MiB from A to B over IPv6");
     let at_r = at_r.finish().unwrap();
-    assert!(transfer.intact(), "sha256 differs over IPv6");
+    assert!(transfer.intact(), "digest differs over IPv6");
     eprintln!(
         "IPv6: 50 MiB in {:.2} s: {:.0} Mbit/s",
         transfer.seconds,

@@ -145,7 +145,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     );
     println!("{:-<78}", "");
     println!(
-        "{:<14} {} MiB, sha256 {}, {:.2} s, {:.0} Mbit/s",
+        "{:<14} {} MiB, digest {}, {:.2} s, {:.0} Mbit/s",
         "transfer",
         args.mib,
         if transfer.intact() {

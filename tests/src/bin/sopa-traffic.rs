@@ -160,15 +160,15 @@ fn run(flows: &[Flow], opts: &SendOptions) -> bool {
                         let start_s = begin.elapsed().as_secs_f64();
                         let line = match send(f.to, f.bytes, opts) {
                             Ok(r) => {
-                                let intact = r.sent_sha256 == r.echoed_sha256;
+                                let intact = r.sent_digest == r.echoed_digest;
                                 ok &= intact;
                                 serde_json::json!({
                                     "index": i, "to": f.to.to_string(), "bytes": f.bytes,
                                     "start_s": start_s, "fct_s": r.seconds,
                                     "mbit_per_s": f.bytes as f64 * 8.0 / r.seconds / 1e6,
                                     "intact": intact,
-                                    "sent_sha256": hex(&r.sent_sha256),
-                                    "received_sha256": hex(&r.echoed_sha256),
+                                    "sent_digest": hex(&r.sent_digest),
+                                    "received_digest": hex(&r.echoed_digest),
                                     "total_retrans": r.tcp.total_retrans,
                                     "reord_seen": r.tcp.reord_seen,
                                     "reordering": r.tcp.reordering,
