@@ -432,15 +432,7 @@ fn run_one(a: &Args, encoding: Encoding, rate: u32) -> (Vec<ModeResult>, bool) {
         let overlapping: Vec<&str> = results
             .iter()
             .filter(|r| r.mode != "sopa" && r.round_means.len() > 1)
-            .filter(|r| {
-                let max_r = r.round_means.iter().copied().fold(0.0, f64::max);
-                let min_s = sopa
-                    .round_means
-                    .iter()
-                    .copied()
-                    .fold(f64::INFINITY, f64::min);
-                max_r >= min_s
-            })
+            .filter(|r| experiment::spreads_overlap(&r.round_means, &sopa.round_means))
             .map(|r| r.mode.as_str())
             .collect();
         if !overlapping.is_empty() {

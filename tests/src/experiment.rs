@@ -225,6 +225,19 @@ fn check_mptcp<'a>(mode: &str, transfers: impl Iterator<Item = &'a Transfer>) {
     );
 }
 
+/// Whether the spreads of two sets of round means (lowest to highest) meet: a difference
+/// between the two modes is then within the spread of either.
+pub fn spreads_overlap(a: &[f64], b: &[f64]) -> bool {
+    let range = |x: &[f64]| {
+        x.iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+                (lo.min(*v), hi.max(*v))
+            })
+    };
+    let ((a_lo, a_hi), (b_lo, b_hi)) = (range(a), range(b));
+    a_lo <= b_hi && b_lo <= a_hi
+}
+
 /// Jain's fairness index of `x`: 1 when every value is equal, 1/n when one takes everything.
 pub fn jain(x: &[f64]) -> f64 {
     let sum: f64 = x.iter().sum();
@@ -993,6 +1006,19 @@ mod tests {
         assert!((super::jain(&[0.5, 0.5, 0.5, 0.5]) - 1.0).abs() < 1e-12);
         assert!((super::jain(&[1.0, 0.0, 0.0, 0.0]) - 0.25).abs() < 1e-12);
         assert!((super::jain(&[0.6, 0.2]) - 0.8).abs() < 1e-12);
+    }
+
+    #[test]
+    fn spreads_overlap_only_when_they_meet_on_either_side() {
+        use super::spreads_overlap;
+        // Below, above, and either way round: apart.
+        assert!(!spreads_overlap(&[0.41, 0.47], &[0.69, 0.70]));
+        assert!(!spreads_overlap(&[0.69, 0.70], &[0.41, 0.47]));
+        // Meeting, nested, touching.
+        assert!(spreads_overlap(&[0.5, 0.7], &[0.6, 0.8]));
+        assert!(spreads_overlap(&[0.6, 0.8], &[0.5, 0.7]));
+        assert!(spreads_overlap(&[0.4, 0.9], &[0.6, 0.7]));
+        assert!(spreads_overlap(&[0.5, 0.6], &[0.6, 0.7]));
     }
 
     #[test]
