@@ -63,6 +63,7 @@ struct Acc {
     counters: BTreeMap<&'static str, u64>,
     links: Vec<u64>,
     idle: u64,
+    steal: u64,
     total: u64,
     drops: u64,
     /// Mean throughput (fraction of R) of each round.
@@ -121,7 +122,11 @@ pub fn run(f: &Fabric, plan: &Plan) -> Report {
             set_mode(f, mode);
             let mptcp = mode.starts_with("mptcp");
             let failed = (a.experiment == "failure").then(|| fail_switch(f, FAILED_SWITCH));
-            let (c0, l0, cpu0) = (host_counters(f), core_link_bytes(f, &a.experiment), cpu());
+            let (c0, l0, cpu0) = (
+                host_counters(f),
+                core_link_bytes(f, &a.experiment),
+                CpuTicks::read(),
+            );
             let drops0 = queue_drops(f);
             let mut round: Vec<(String, String, Transfer)> = Vec::new();
             if sequential {
@@ -153,7 +158,11 @@ pub fn run(f: &Fabric, plan: &Plan) -> Report {
                 let ts = run_round(f, &fl, a.mb, port, mptcp);
                 round.extend(fl.into_iter().zip(ts).map(|((s, d), t)| (s, d, t)));
             }
-            let (c1, l1, cpu1) = (host_counters(f), core_link_bytes(f, &a.experiment), cpu());
+            let (c1, l1, cpu1) = (
+                host_counters(f),
+                core_link_bytes(f, &a.experiment),
+                CpuTicks::read(),
+            );
             let drops = queue_drops(f).saturating_sub(drops0);
             if let Some(links) = failed {
                 restore_switch(f, FAILED_SWITCH, &links);
@@ -182,8 +191,9 @@ pub fn run(f: &Fabric, plan: &Plan) -> Report {
             for ((sum, x), y) in m.links.iter_mut().zip(&l1).zip(&l0) {
                 *sum += x.saturating_sub(*y);
             }
-            m.idle += cpu1.0.saturating_sub(cpu0.0);
-            m.total += cpu1.1.saturating_sub(cpu0.1);
+            m.idle += cpu1.idle.saturating_sub(cpu0.idle);
+            m.steal += cpu1.steal.saturating_sub(cpu0.steal);
+            m.total += cpu1.total.saturating_sub(cpu0.total);
             m.drops += drops;
             for (s, d, t) in round {
                 m.names.push((s, d));
@@ -303,8 +313,9 @@ fn mode_result(f: &Fabric, a: &Plan, mode: &str, m: Acc) -> ModeResult {
             lmax as f64 / lmin as f64
         },
         idle_cpu_pct: 100.0 * m.idle as f64 / m.total.max(1) as f64,
+        steal_cpu_pct: 100.0 * m.steal as f64 / m.total.max(1) as f64,
         cpu_s_per_gb: {
-            let busy_s = m.total.saturating_sub(m.idle) as f64 / clock_ticks_per_s();
+            let busy_s = m.total.saturating_sub(m.idle + m.steal) as f64 / clock_ticks_per_s();
             let gb = m.transfers.iter().map(|t| t.bytes).sum::<u64>() as f64 / 1e9;
             if gb > 0.0 { busy_s / gb } else { 0.0 }
         },
@@ -691,16 +702,16 @@ pub fn cpu() -> (u64, u64) {
 }
 
 /// One reading of `/proc/stat`'s summary line and `/proc/uptime`, in clock ticks.
-struct CpuTicks {
+pub struct CpuTicks {
     /// idle + iowait (measured exactly by tickless CPUs).
-    idle: u64,
-    steal: u64,
+    pub idle: u64,
+    pub steal: u64,
     /// Uptime times the CPUs.
-    total: u64,
+    pub total: u64,
 }
 
 impl CpuTicks {
-    fn read() -> Self {
+    pub fn read() -> Self {
         let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
         let mut lines = stat.lines();
         let v: Vec<u64> = lines
@@ -852,7 +863,12 @@ pub struct ModeResult {
     /// Infinite when a link carried nothing (JSON writes it as null).
     #[serde(deserialize_with = "null_is_infinite")]
     pub core_links_max_over_min: f64,
+    /// The CPUs' idle time while the mode ran, in %: the headroom the fidelity check asks for.
+    /// Time the hypervisor took (steal) is not headroom: the machine wanted it and did not get it.
     pub idle_cpu_pct: f64,
+    /// The share of the CPUs the hypervisor took while the mode ran, in %.
+    #[serde(default)]
+    pub steal_cpu_pct: f64,
     /// Busy CPU-seconds of the whole machine (every namespace: senders, switches, shapers,
     /// receivers, agents) per GB the flows moved, while the mode ran.
     #[serde(default)]
