@@ -52,6 +52,9 @@ struct Args {
     encodings: Vec<Encoding>,
     /// How the links serialize: htb (the default) or tbf with a one-packet bucket.
     qdisc: LinkQdisc,
+    /// How the hosts' agents attach `xdp_strip` (`sopa-agent run --xdp-mode`), each on a fabric
+    /// of its own: auto (generic on veth), generic or native.
+    xdp: Vec<String>,
 }
 
 fn args() -> Args {
@@ -74,6 +77,7 @@ fn args() -> Args {
         smoke: false,
         encodings: vec![Encoding::Ipv4Option],
         qdisc: LinkQdisc::Htb,
+        xdp: vec!["auto".into()],
     };
     let mut modes_given = false;
     let mut rates_given = false;
@@ -113,6 +117,16 @@ fn args() -> Args {
                     })
                     .collect()
             }
+            "--xdp" => {
+                a.xdp = value().split(',').map(String::from).collect();
+                if let Some(bad) = a
+                    .xdp
+                    .iter()
+                    .find(|x| !["auto", "generic", "native"].contains(&x.as_str()))
+                {
+                    panic!("--xdp: {bad} is not auto, generic or native");
+                }
+            }
             "--qdisc" => {
                 a.qdisc = value()
                     .parse()
@@ -122,6 +136,11 @@ fn args() -> Args {
             other => panic!("unknown flag {other}"),
         }
     }
+    assert!(
+        a.xdp.len() == 1
+            || (a.encodings.len() == 1 && a.rates.len() == 1 && a.experiment != "granularity"),
+        "--xdp with more than one attach mode compares them on one encoding at one rate, not in the granularity sweep"
+    );
     if a.experiment == "granularity" {
         if !modes_given {
             a.modes = [
@@ -180,17 +199,26 @@ fn main() {
     let a = args();
     let mut measured = Vec::new();
     let mut valid = true;
+    let mut by_xdp = Vec::new();
     for &encoding in &a.encodings {
         for &rate in &a.rates {
-            let (results, ok) = run_one(&a, encoding, rate);
-            valid &= ok;
-            measured.push((encoding, rate, results));
+            for xdp in &a.xdp {
+                let (results, ok) = run_one(&a, encoding, rate, xdp);
+                valid &= ok;
+                if a.xdp.len() > 1 {
+                    by_xdp.push((xdp.as_str(), results));
+                } else {
+                    measured.push((encoding, rate, results));
+                }
+            }
         }
     }
     if a.experiment == "granularity" {
         sweep(&a, &measured, valid);
     } else if measured.len() > 1 {
         compare(&a, &measured);
+    } else if by_xdp.len() > 1 {
+        compare_xdp(&by_xdp);
     }
     if !valid {
         println!("INVALID: the fidelity check failed; the JSON and figures above are marked so");
@@ -253,9 +281,35 @@ fn compare(a: &Args, measured: &[(Encoding, u32, Vec<ModeResult>)]) {
     }
 }
 
-/// Measures every mode on a fabric of `encoding`; prints its table, writes its JSON and
-/// figures. Returns the results and whether the fidelity checks held.
-fn run_one(a: &Args, encoding: Encoding, rate: u32) -> (Vec<ModeResult>, bool) {
+/// Every mode's mean and the machine's CPU under each XDP attach mode of the hosts, side by
+/// side (each on its own fabric, one after the other in this run).
+fn compare_xdp(by_xdp: &[(&str, Vec<ModeResult>)]) {
+    println!();
+    println!("xdp_strip's attach modes side by side (mean, CPU idle %, steal %, CPU s/GB):");
+    let header: Vec<String> = by_xdp.iter().map(|(x, _)| format!("{x:>28}")).collect();
+    println!("{:<12} {}", "mode", header.join(" "));
+    for r in &by_xdp[0].1 {
+        let cells: Vec<String> = by_xdp
+            .iter()
+            .map(
+                |(_, results)| match results.iter().find(|m| m.mode == r.mode) {
+                    Some(m) => format!(
+                        "{:>7.3} {:>6.1} {:>6.1} {:>6.1}",
+                        m.mean, m.idle_cpu_pct, m.steal_cpu_pct, m.cpu_s_per_gb
+                    ),
+                    None => format!("{:>28}", "-"),
+                },
+            )
+            .collect();
+        println!("{:<12} {}", r.mode, cells.join(" "));
+    }
+    println!("(the ideal's links carry no SOPA program: its column differs by the machine alone)");
+}
+
+/// Measures every mode on a fabric of `encoding`, its hosts' agents attaching `xdp_strip` as
+/// `xdp` says; prints its table, writes its JSON and figures. Returns the results and whether
+/// the fidelity checks held.
+fn run_one(a: &Args, encoding: Encoding, rate: u32, xdp: &str) -> (Vec<ModeResult>, bool) {
     let spec = parse_topo(&a.topo).unwrap_or_else(|e| panic!("{e}"));
     let opts = FabricOptions {
         rate_mbit: Some(rate),
@@ -263,10 +317,14 @@ fn run_one(a: &Args, encoding: Encoding, rate: u32) -> (Vec<ModeResult>, bool) {
         ideal: a.modes.iter().any(|m| m.starts_with("ideal")),
         encoding,
         link_qdisc: a.qdisc,
+        host_args: match xdp {
+            "auto" => Vec::new(),
+            x => vec!["--xdp-mode".into(), x.into()],
+        },
         ..FabricOptions::default()
     };
     eprintln!(
-        "building {} at {rate} Mbit/s ({} links), paths as {encoding}",
+        "building {} at {rate} Mbit/s ({} links), paths as {encoding}, xdp_strip {xdp}",
         a.topo, a.qdisc
     );
     let mut f = Fabric::build(&spec, &opts).expect("build the fabric");
@@ -305,6 +363,9 @@ fn run_one(a: &Args, encoding: Encoding, rate: u32) -> (Vec<ModeResult>, bool) {
     }
     if a.qdisc != LinkQdisc::Htb {
         suffix.push_str(&format!("-{}", a.qdisc));
+    }
+    if xdp != "auto" {
+        suffix.push_str(&format!("-xdp-{xdp}"));
     }
     let name = if valid {
         format!("fabric-{}{suffix}", a.experiment)
