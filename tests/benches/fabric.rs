@@ -1,10 +1,13 @@
 //! `cargo xtask bench fabric --experiment sec4.2|permutation|production|failure --modes
 //! sopa,rps,ecmp,hedera,single --repeat N [--topo fat-tree:4] [--rate 100] [--mb 10] [--seed S]
-//! [--flows-per-host 20] [--encoding ipv4-option,srv6] [--rates 10,25]`: the SOPA paper's
+//! [--flows-per-host 20] [--encoding ipv4-option,srv6] [--rates 10,25] [--qdisc htb|tbf]
+//! [--xdp auto|generic|native,...]`: the SOPA paper's
 //! experiments on the namespace fabric, the modes measured side by side in one run on one
 //! fabric. With several encodings or rates, the fabric is built once per encoding and rate in
 //! the same run (the same topology and seed; an SRv6 fabric's links at 1540), and the means are
-//! compared mode by mode.
+//! compared mode by mode. With several `--xdp` attach modes (one encoding, one rate), a fabric
+//! is built per attach mode of the hosts' `xdp_strip`, and the modes' means and the machine's
+//! CPU are compared side by side.
 //!
 //! `--experiment granularity`: the flowcell sweep on the permutation (by default the ideal,
 //! `sopa` per packet and `sopa+cellN` for N in 2, 4, 8, 16, 44, at 10 and 25 Mbit/s): per
@@ -125,6 +128,12 @@ fn args() -> Args {
                     .find(|x| !["auto", "generic", "native"].contains(&x.as_str()))
                 {
                     panic!("--xdp: {bad} is not auto, generic or native");
+                }
+                let mut seen = a.xdp.clone();
+                seen.sort();
+                seen.dedup();
+                if seen.len() != a.xdp.len() {
+                    panic!("--xdp: {} names an attach mode twice", a.xdp.join(","));
                 }
             }
             "--qdisc" => {
@@ -410,7 +419,7 @@ fn run_one(a: &Args, encoding: Encoding, rate: u32, xdp: &str) -> (Vec<ModeResul
     );
     if !cpu_ok {
         println!(
-            "fidelity FAILED: the CPUs were {min_idle:.1}% idle in the busiest mode (need {MIN_IDLE_PCT}%; time the hypervisor stole is not idle): the figures below are not valid; lower --rate (notes/fabric.md: 25 to 50 Mbit/s with per-packet units)"
+            "fidelity FAILED: the CPUs were {min_idle:.1}% idle in the busiest mode (need {MIN_IDLE_PCT}%; time the hypervisor stole is not idle): the figures below are not valid; lower --rate (on 2 cores, 10 Mbit/s per link passes with per-packet units and 25 does not: docs/RESULTS.md)"
         );
     }
     println!(
@@ -519,7 +528,7 @@ fn run_one(a: &Args, encoding: Encoding, rate: u32, xdp: &str) -> (Vec<ModeResul
     let path = a.out.join(format!("{name}.json"));
     let json = serde_json::json!({
         "experiment": a.experiment, "topology": a.topo, "rate_mbit": rate, "flow_mb": a.mb, "repeat": a.repeat,
-        "encoding": encoding.name(),
+        "encoding": encoding.name(), "qdisc": a.qdisc.to_string(), "xdp": xdp,
         "valid": valid,
         "fidelity": { "alone_fraction": alone_fraction, "alone_tries": alone_tries, "alone_steal_pct": alone_steal_pct, "alone_ok": fidelity_ok, "min_idle_cpu_pct": min_idle, "cpu_ok": cpu_ok }, "modes": results,
     });

@@ -76,6 +76,15 @@ fn a_schedule_runs_as_written_and_reports_every_flow() {
             for k in ["total_retrans", "reord_seen", "reordering", "rtos"] {
                 assert!(l[k].is_u64(), "{k} in {l}");
             }
+            // Both ends' digests, as XXH3-128 in hex, and equal.
+            for k in ["sent_digest", "received_digest"] {
+                let hex = l[k].as_str().unwrap_or_default();
+                assert!(
+                    hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()),
+                    "{k} in {l}"
+                );
+            }
+            assert_eq!(l["sent_digest"], l["received_digest"], "{l}");
             // An MPTCP flow is MPTCP end to end, not a TCP fallback; a TCP flow says it is not.
             if mptcp {
                 assert_eq!(l["mptcp_fallback"], false, "MPTCP negotiated: {l}");
