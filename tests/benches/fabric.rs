@@ -29,6 +29,8 @@
 
 use std::time::Duration;
 
+use clap::ValueEnum as _;
+use sopa_agent::host::XdpAttach;
 use sopa_testbed::{
     experiment::{self, MIN_IDLE_PCT, ModeResult, Plan, Report},
     fabric::{Fabric, FabricOptions, LinkQdisc, SRV6_FABRIC_MTU, parse_topo},
@@ -56,8 +58,8 @@ struct Args {
     /// How the links serialize: htb (the default) or tbf with a one-packet bucket.
     qdisc: LinkQdisc,
     /// How the hosts' agents attach `xdp_strip` (`sopa-agent run --xdp-mode`), each on a fabric
-    /// of its own: auto (generic on veth), generic or native.
-    xdp: Vec<String>,
+    /// of its own.
+    xdp: Vec<XdpAttach>,
 }
 
 fn args() -> Args {
@@ -80,7 +82,7 @@ fn args() -> Args {
         smoke: false,
         encodings: vec![Encoding::Ipv4Option],
         qdisc: LinkQdisc::Htb,
-        xdp: vec!["auto".into()],
+        xdp: vec![XdpAttach::Auto],
     };
     let mut modes_given = false;
     let mut rates_given = false;
@@ -121,19 +123,21 @@ fn args() -> Args {
                     .collect()
             }
             "--xdp" => {
-                a.xdp = value().split(',').map(String::from).collect();
-                if let Some(bad) = a
-                    .xdp
-                    .iter()
-                    .find(|x| !["auto", "generic", "native"].contains(&x.as_str()))
-                {
-                    panic!("--xdp: {bad} is not auto, generic or native");
-                }
-                let mut seen = a.xdp.clone();
-                seen.sort();
-                seen.dedup();
-                if seen.len() != a.xdp.len() {
-                    panic!("--xdp: {} names an attach mode twice", a.xdp.join(","));
+                let list = value();
+                a.xdp.clear();
+                for name in list.split(',') {
+                    let x = XdpAttach::from_str(name, false).unwrap_or_else(|_| {
+                        let names: Vec<_> = XdpAttach::value_variants()
+                            .iter()
+                            .filter_map(|v| v.to_possible_value())
+                            .map(|v| v.get_name().to_owned())
+                            .collect();
+                        panic!("--xdp: {name} is not one of {}", names.join(", "))
+                    });
+                    if a.xdp.contains(&x) {
+                        panic!("--xdp: {list} names an attach mode twice");
+                    }
+                    a.xdp.push(x);
                 }
             }
             "--qdisc" => {
@@ -211,11 +215,17 @@ fn main() {
     let mut by_xdp = Vec::new();
     for &encoding in &a.encodings {
         for &rate in &a.rates {
-            for xdp in &a.xdp {
-                let (results, ok) = run_one(&a, encoding, rate, xdp);
+            for &xdp in &a.xdp {
+                // The name `sopa-agent run --xdp-mode` takes.
+                let xdp = xdp
+                    .to_possible_value()
+                    .expect("every attach mode has a name")
+                    .get_name()
+                    .to_owned();
+                let (results, ok) = run_one(&a, encoding, rate, &xdp);
                 valid &= ok;
                 if a.xdp.len() > 1 {
-                    by_xdp.push((xdp.as_str(), results));
+                    by_xdp.push((xdp, results));
                 } else {
                     measured.push((encoding, rate, results));
                 }
@@ -292,7 +302,7 @@ fn compare(a: &Args, measured: &[(Encoding, u32, Vec<ModeResult>)]) {
 
 /// Every mode's mean and the machine's CPU under each XDP attach mode of the hosts, side by
 /// side (each on its own fabric, one after the other in this run).
-fn compare_xdp(by_xdp: &[(&str, Vec<ModeResult>)]) {
+fn compare_xdp(by_xdp: &[(String, Vec<ModeResult>)]) {
     println!();
     println!("xdp_strip's attach modes side by side (mean, CPU idle %, steal %, CPU s/GB):");
     let header: Vec<String> = by_xdp.iter().map(|(x, _)| format!("{x:>28}")).collect();

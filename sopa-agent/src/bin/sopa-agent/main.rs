@@ -74,7 +74,7 @@ async fn dispatch(command: Command, netns: Option<String>) -> Result<(), Error> 
             mode,
             first_path,
         } => {
-            // The node named well before the mode is judged, as ever.
+            // A bad node name is reported before a bad mode (running_maps checks it again).
             host::validate_node(&node.node)?;
             let mode = status::parse_mode(&mode)?;
             let mut maps = running_maps(&node.node)?;
