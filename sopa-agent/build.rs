@@ -1,16 +1,39 @@
 //! Builds the eBPF programs (nightly, bpfel target, bpf-linker) with aya-build and leaves the
 //! object in OUT_DIR, from where the agent embeds it. `cargo xtask setup` installs the toolchain.
+//!
+//! Without that toolchain (a fresh machine, where `cargo xtask` itself must build before it can
+//! install anything) the object is left empty, with a warning; loading it then fails with a
+//! message that says to run `cargo xtask setup`, and the next build, once the toolchain is
+//! there, builds the programs (this script runs again on every build until then).
+
+use std::path::{Path, PathBuf};
 
 fn main() -> anyhow::Result<()> {
     println!("cargo:rerun-if-env-changed=SOPA_AGENT_NO_EBPF");
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
     if std::env::var_os("SOPA_AGENT_NO_EBPF").is_some() {
         // Builds that never load the datapath (the cargo-fuzz targets of the loaders) skip the
         // eBPF toolchain; the embedded object is then empty and loading it fails.
-        let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
         std::fs::write(out.join("sopa"), [])?;
         return Ok(());
     }
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+    let missing = missing_toolchain();
+    if !missing.is_empty() {
+        println!(
+            "cargo:warning=the eBPF programs are not built ({}): run `cargo xtask setup`, then \
+             build again; until then this agent cannot load its datapath",
+            missing.join("; ")
+        );
+        // A file that never exists: cargo runs this script again on every build, so the
+        // programs are built as soon as the toolchain is installed.
+        println!(
+            "cargo:rerun-if-changed={}",
+            out.join("ebpf-toolchain-missing").display()
+        );
+        std::fs::write(out.join("sopa"), [])?;
+        return Ok(());
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("sopa-agent lives inside the workspace");
     let ebpf = root.join("sopa-ebpf");
@@ -26,4 +49,32 @@ fn main() -> anyhow::Result<()> {
         }],
         aya_build::Toolchain::default(),
     )
+}
+
+/// What the eBPF build needs and this machine lacks: the nightly toolchain, its `rust-src`
+/// (build-std=core for the bpfel target), and `bpf-linker` on the PATH.
+fn missing_toolchain() -> Vec<String> {
+    let mut missing = Vec::new();
+    let sysroot = std::process::Command::new("rustup")
+        .args(["run", "nightly", "rustc", "--print", "sysroot"])
+        .env_remove("RUSTC")
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    match sysroot {
+        None => missing.push("no nightly toolchain".to_owned()),
+        Some(s) if !s.join("lib/rustlib/src/rust/library/Cargo.lock").exists() => {
+            missing.push("the nightly has no rust-src".to_owned())
+        }
+        Some(_) => {}
+    }
+    let on_path = std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| dir.join("bpf-linker").is_file())
+    });
+    if !on_path {
+        missing.push("no bpf-linker on the PATH".to_owned());
+    }
+    missing
 }

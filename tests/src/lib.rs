@@ -24,6 +24,12 @@ pub mod resilience;
 pub mod traffic;
 
 pub use bins::release as bins_release;
+
+/// Whether this build embeds the eBPF programs (the testbed loads its lossy link from them): a
+/// build made before `cargo xtask setup` installed the eBPF toolchain does not.
+pub fn datapath_built() -> bool {
+    !sopa_agent::datapath::OBJECT.is_empty()
+}
 pub use netns::{NetNs, run_name};
 pub use process::Process;
 

@@ -1,7 +1,9 @@
 //! `cargo xtask`: the project's own build, test, demo and benchmark commands.
 //!
-//! xtask depends on nothing that needs the eBPF toolchain, so `setup` can run on a fresh machine
-//! before the first eBPF build.
+//! xtask builds on a fresh machine, before `setup` installed the eBPF toolchain: the agent's
+//! build then embeds no programs (its build script says so), and every command that runs
+//! `setup` first starts itself again through cargo once the toolchain is there, so that it runs
+//! with the programs built (the testbed loads its lossy link from them).
 
 mod bench;
 mod demo;
@@ -64,21 +66,48 @@ fn main() -> Result<()> {
             setup::cargo(&["build", "--release", "-p", "sopa-agent", "--bins"])
         }
         Command::Test(args) => {
-            setup::run()?;
+            setup_and_rebuilt()?;
             test::run(&args)
         }
         Command::Fuzz { seconds } => fuzz::run(seconds),
         Command::Demo(args) => {
-            setup::run()?;
+            setup_and_rebuilt()?;
             demo::run(&args)
         }
         Command::Testbed(cmd) => {
-            setup::run()?;
+            setup_and_rebuilt()?;
             testbed::run(cmd)
         }
         Command::Bench { name, args } => {
-            setup::run()?;
+            setup_and_rebuilt()?;
             bench::run(&name, &args)
         }
     }
+}
+
+/// Runs `setup`; if this xtask was built before the eBPF toolchain was there (its programs not
+/// embedded), runs the same command again through cargo, which now builds them, and exits with
+/// its status.
+fn setup_and_rebuilt() -> Result<()> {
+    setup::run()?;
+    if sopa_testbed::datapath_built() {
+        return Ok(());
+    }
+    const AGAIN: &str = "SOPA_XTASK_REBUILT";
+    if std::env::var_os(AGAIN).is_some() {
+        anyhow::bail!(
+            "xtask was rebuilt after setup and still embeds no eBPF programs: the agent's build \
+             printed why (cargo build -p sopa-agent -vv shows its warnings)"
+        );
+    }
+    eprintln!("[setup] the eBPF toolchain is installed: building xtask again with the programs");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .args(["run", "--quiet", "--package", "xtask", "--"])
+        .args(std::env::args_os().skip(1))
+        .env(AGAIN, "1")
+        .current_dir(setup::workspace_root())
+        .status()
+        .map_err(|e| anyhow::anyhow!("running xtask again through cargo: {e}"))?;
+    std::process::exit(status.code().unwrap_or(1));
 }

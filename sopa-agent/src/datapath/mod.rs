@@ -224,6 +224,13 @@ impl Datapath {
         flow_capacity: Option<u32>,
     ) -> Result<Self> {
         check_bpffs()?;
+        if OBJECT.is_empty() {
+            return Err(Error::Config(
+                "this sopa-agent was built without its eBPF programs (the nightly's rust-src or \
+                 bpf-linker was missing): run `cargo xtask setup`, then build it again"
+                    .to_owned(),
+            ));
+        }
         std::fs::create_dir_all(pin_dir)
             .map_err(|err| Error::io(format!("creating {}", pin_dir.display()), err))?;
         let mut loader = EbpfLoader::new();
