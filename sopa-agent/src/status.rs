@@ -81,6 +81,9 @@ pub struct Status {
     pub uplinks: Vec<u64>,
     /// Switch role: the tc_forward program id behind each port's pinned link.
     pub forward_programs: BTreeMap<String, u32>,
+    /// Switch role, SRv6: the uSID rules that take lists around this switch's dead ports.
+    #[serde(default)]
+    pub usid_rules: usize,
     /// The host programs' links are pinned and attached (with or without a running agent).
     pub attached: bool,
     /// The program ids behind the pinned links now.
@@ -138,17 +141,19 @@ pub fn read(node: &str, run_dir: &Path, pin_dir: &Path) -> Result<Status> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    let (forward, uplinks) = match crate::datapath::maps::ForwardMaps::from_pins(pin_dir) {
-        Ok(f) => (
-            f.counters()?
-                .into_iter()
-                .zip(sopa_common::maps::forward_reason::NAMES)
-                .map(|(v, n)| (n.to_owned(), v))
-                .collect(),
-            f.uplink_counters()?,
-        ),
-        Err(_) => (BTreeMap::new(), Vec::new()),
-    };
+    let (forward, uplinks, usid_rules) =
+        match crate::datapath::maps::ForwardMaps::from_pins(pin_dir) {
+            Ok(f) => (
+                f.counters()?
+                    .into_iter()
+                    .zip(sopa_common::maps::forward_reason::NAMES)
+                    .map(|(v, n)| (n.to_owned(), v))
+                    .collect(),
+                f.uplink_counters()?,
+                f.usid_rules().map_or(0, |r| r.len()),
+            ),
+            Err(_) => (BTreeMap::new(), Vec::new(), 0),
+        };
     let data = strip[strip_reason::TCP_DATA as usize];
     let reordered = strip[strip_reason::TCP_REORDERED as usize];
     let (stamp_prog_id, strip_prog_id) = crate::datapath::pinned_program_ids(pin_dir);
@@ -169,6 +174,7 @@ pub fn read(node: &str, run_dir: &Path, pin_dir: &Path) -> Result<Status> {
         strip_prog_id,
         kept_attached: record.kept_attached,
         forward_programs,
+        usid_rules,
         adopted: record.adopted.clone(),
         programs: record.programs,
         pins,
@@ -388,6 +394,13 @@ impl Status {
                 "tc_forward: {}",
                 nonzero(&self.forward, &sopa_common::maps::forward_reason::NAMES)
             );
+            if self.usid_rules > 0 {
+                let _ = writeln!(
+                    s,
+                    "SRv6 repair: {} uSID rules take lists around dead ports",
+                    self.usid_rules
+                );
+            }
             let used: Vec<String> = self
                 .uplinks
                 .iter()

@@ -422,3 +422,133 @@ fn a_detour_rewrites_the_hop_byte_marks_the_packet_and_is_taken_once() {
         "the detour repaired a bad header"
     );
 }
+
+/// An SRv6 frame: `plain(dst)` inside an outer header to the uSID list `usids`, flow label
+/// `label`.
+fn usid_frame(usids: &[u16], label: u32) -> Vec<u8> {
+    use sopa_common::srv6::{NEXTHDR_IPV4, address, outer_header};
+    let inner = plain([10, 2, 0, 2]);
+    let ip = &inner[14..];
+    let mut out = inner[..12].to_vec();
+    out.extend(0x86DDu16.to_be_bytes());
+    let len = u16::from_be_bytes([ip[2], ip[3]]);
+    out.extend(outer_header(
+        len,
+        NEXTHDR_IPV4,
+        ip[1],
+        label,
+        &[0xFD; 16],
+        &address(usids),
+    ));
+    out.extend(ip);
+    out
+}
+
+/// The uSIDs of an SRv6 frame's destination, up to the first 0.
+fn usids_of(frame: &[u8]) -> Vec<u16> {
+    frame[14 + 28..14 + 40]
+        .chunks(2)
+        .map(|c| u16::from_be_bytes([c[0], c[1]]))
+        .take_while(|u| *u != 0)
+        .collect()
+}
+
+#[test]
+fn a_usid_list_behind_a_dead_port_is_rewritten_and_a_detour_taken_once() {
+    use sopa_common::{
+        maps::{UsidRule, UsidRuleKey},
+        srv6::FLOW_LABEL_DETOURED,
+    };
+    let mut s = switch();
+    let count = |s: &Switch, r: u32| s.maps.counters().unwrap()[r as usize];
+    // This switch is uSID 5. With no rule, a uSID packet passes untouched.
+    let packet = usid_frame(&[5, 9, 3, 0xE002], 0x1234);
+    s.maps.set_usid_rules(5, &BTreeMap::new()).unwrap();
+    let before = count(&s, reason::USID_INTACT);
+    let (got, out) = run(&mut s, &packet);
+    assert_eq!((got, &out), (TC_ACT_UNSPEC, &packet));
+    assert_eq!(count(&s, reason::USID_INTACT), before + 1);
+
+    let rule = |replace: u8, with: &[u16], detour: bool| {
+        let mut w = [0; 4];
+        w[..with.len()].copy_from_slice(with);
+        UsidRule {
+            replace,
+            len: with.len() as u8,
+            detour: u8::from(detour),
+            _pad: 0,
+            with: w,
+        }
+    };
+    let key = |next, after| UsidRuleKey { next, after };
+    s.maps
+        .set_usid_rules(
+            5,
+            &BTreeMap::from([
+                // Substitute the next uSID (9 -> 10), after our own.
+                (key(9, 3), rule(1, &[10], false)),
+                // Substitute the next two (as a rack switch whose uplink died).
+                (key(7, 8), rule(2, &[11, 12], false)),
+                // Detour before the destination's rack switch (3), followed by a host.
+                (key(3, 0), rule(0, &[13, 14], true)),
+            ]),
+        )
+        .unwrap();
+    let cases: [(&[u16], &[u16], u32); 4] = [
+        // Our own uSID first: the rule keys on the one after it.
+        (
+            &[5, 9, 3, 0xE002],
+            &[5, 10, 3, 0xE002],
+            reason::USID_REPAIRED,
+        ),
+        // Not ours first (a host's packet at its rack switch): keyed on the first.
+        (
+            &[7, 8, 3, 0xE002],
+            &[11, 12, 3, 0xE002],
+            reason::USID_REPAIRED,
+        ),
+        (
+            &[5, 3, 0xE002],
+            &[5, 13, 14, 3, 0xE002],
+            reason::USID_DETOURED,
+        ),
+        // No rule for this list: untouched.
+        (&[5, 4, 3, 0xE002], &[5, 4, 3, 0xE002], reason::USID_INTACT),
+    ];
+    for (list, want, why) in cases {
+        let before = count(&s, why);
+        let (got, out) = run(&mut s, &usid_frame(list, 0x1234));
+        assert_eq!(got, TC_ACT_UNSPEC, "{list:?}");
+        assert_eq!(usids_of(&out), want, "{list:?}");
+        assert_eq!(count(&s, why), before + 1, "{list:?}");
+        // The rest of the frame is the packet's own.
+        let sent = usid_frame(list, 0x1234);
+        assert_eq!(out.len(), sent.len());
+        assert_eq!(out[14 + 40..], sent[14 + 40..], "{list:?}: inner packet");
+        let label = u32::from_be_bytes([0, out[15] & 0xF, out[16], out[17]]);
+        let marked = why == reason::USID_DETOURED;
+        assert_eq!(label & FLOW_LABEL_DETOURED != 0, marked, "{list:?}");
+        assert_eq!(label & !FLOW_LABEL_DETOURED, 0x1234, "{list:?}");
+    }
+
+    // A detoured packet at a second dead end: dropped, counted.
+    let before = count(&s, reason::USID_DETOUR_REFUSED);
+    let marked = usid_frame(&[5, 3, 0xE002], 0x1234 | FLOW_LABEL_DETOURED);
+    let (got, _) = run(&mut s, &marked);
+    assert_eq!(got, TC_ACT_SHOT);
+    assert_eq!(count(&s, reason::USID_DETOUR_REFUSED), before + 1);
+
+    // A detour that would not fit the address: dropped, counted.
+    let before = count(&s, reason::USID_NO_ROOM);
+    let full = usid_frame(&[5, 3, 0xE002, 1, 1, 1], 0);
+    let (got, _) = run(&mut s, &full);
+    assert_eq!(got, TC_ACT_SHOT);
+    assert_eq!(count(&s, reason::USID_NO_ROOM), before + 1);
+
+    // Rules gone (the port came back): untouched again.
+    s.maps.set_usid_rules(5, &BTreeMap::new()).unwrap();
+    assert!(s.maps.usid_rules().unwrap().is_empty());
+    let packet = usid_frame(&[5, 9, 3, 0xE002], 0);
+    let (got, out) = run(&mut s, &packet);
+    assert_eq!((got, out), (TC_ACT_UNSPEC, packet));
+}

@@ -513,7 +513,18 @@ pub mod forward_reason {
     pub const DETOUR_REFUSED: u32 = 11;
     /// No live way from this switch to the destination: dropped.
     pub const UNREACHABLE: u32 = 12;
-    pub const COUNT: u32 = 13;
+    /// SRv6: a packet of the fabric's uSID block left as it is (no rule for its list, or no
+    /// port of this switch is dead).
+    pub const USID_INTACT: u32 = 13;
+    /// SRv6: the list rewritten around a dead port (a uSID substituted).
+    pub const USID_REPAIRED: u32 = 14;
+    /// SRv6: the list rewritten around a dead port through another way up, the packet marked.
+    pub const USID_DETOURED: u32 = 15;
+    /// SRv6: a detoured packet at a second dead end: dropped.
+    pub const USID_DETOUR_REFUSED: u32 = 16;
+    /// SRv6: the rewritten list would not fit the address: dropped.
+    pub const USID_NO_ROOM: u32 = 17;
+    pub const COUNT: u32 = 18;
     const _: () = assert!(COUNT <= super::REASON_SLOTS);
     pub const NAMES: [&str; COUNT as usize] = [
         "redirected",
@@ -529,6 +540,11 @@ pub mod forward_reason {
         "detoured",
         "detour_refused",
         "unreachable",
+        "usid_intact",
+        "usid_repaired",
+        "usid_detoured",
+        "usid_detour_refused",
+        "usid_no_room",
     ];
 }
 
@@ -565,6 +581,50 @@ pub mod trust {
 /// Per-CPU counters of redirected packets per uplink index (the switch's packets per path).
 pub const FWD_UPLINK_STATS_MAP: &str = "SOPA_FWDUP_V1";
 
+/// Switch role, SRv6 encoding: `tc_forward`'s local repair of uSID lists around dead ports
+/// (`sopa_topology::srv6_failover`).
+pub mod usid_repair {
+    /// `Array` of one [`super::UsidRepairConfig`].
+    pub const CONFIG_MAP: &str = "SOPA_USIDC_V1";
+    /// [`super::UsidRuleKey`] -> [`super::UsidRule`].
+    pub const RULES_MAP: &str = "SOPA_USIDR_V1";
+    pub const CAPACITY: u32 = 8192;
+    /// uSIDs a rule can put in.
+    pub const MAX_WITH: usize = 4;
+}
+
+/// The switch's own uSID (the list's first uSID is its own before the kernel's End consumes it)
+/// and how many rules there are: with none, a uSID packet costs one array lookup.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UsidRepairConfig {
+    pub me: u16,
+    pub _pad: u16,
+    pub rules: u32,
+}
+
+/// The uSID this switch is about to route, and the one after it (0: a host's local uSID, or
+/// none).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct UsidRuleKey {
+    pub next: u16,
+    pub after: u16,
+}
+
+/// `replace` uSIDs from the key's `next` on become `with[..len]`; `detour` marks the packet
+/// ([`crate::srv6::FLOW_LABEL_DETOURED`]) and drops one marked already.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UsidRule {
+    pub replace: u8,
+    pub len: u8,
+    pub detour: u8,
+    pub _pad: u8,
+    pub with: [u16; usid_repair::MAX_WITH],
+}
+const _: () = assert!(size_of::<UsidRule>() == 12);
+
 #[cfg(feature = "user")]
 mod fwd_pod {
     use super::*;
@@ -573,4 +633,7 @@ mod fwd_pod {
     unsafe impl aya::Pod for FwdEntry {}
     unsafe impl aya::Pod for MeterConfig {}
     unsafe impl aya::Pod for MeterKey {}
+    unsafe impl aya::Pod for UsidRepairConfig {}
+    unsafe impl aya::Pod for UsidRuleKey {}
+    unsafe impl aya::Pod for UsidRule {}
 }

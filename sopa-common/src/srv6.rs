@@ -67,10 +67,15 @@ pub const fn host_lid(offset: u32) -> Option<u16> {
 }
 
 /// The outer flow label of a flow whose hash is `hash`: the upper bits rotated down, as the
-/// kernel's own IPv6 tunnels and Cilium do, cut to 20 bits.
+/// kernel's own IPv6 tunnels and Cilium do, cut to 19 bits (the 20th is
+/// [`FLOW_LABEL_DETOURED`], clear when a host sends).
 pub const fn flow_label(hash: u32) -> u32 {
-    hash.rotate_left(16) & 0xF_FFFF
+    hash.rotate_left(16) & 0x7_FFFF
 }
+
+/// The flow label's top bit: a switch's local repair detoured the packet once already (the
+/// switches' `tc_forward` sets it; a second detour drops the packet instead of bouncing it).
+pub const FLOW_LABEL_DETOURED: u32 = 0x8_0000;
 
 /// The outer IPv6 header: `payload_len` the inner packet's whole length, `next` its next-header
 /// value, `tclass` the inner packet's DSCP and ECN byte.
@@ -162,8 +167,9 @@ mod tests {
     }
 
     #[test]
-    fn a_flow_label_is_20_bits() {
-        assert_eq!(flow_label(0xFFFF_FFFF), 0xF_FFFF);
+    fn a_flow_label_is_19_bits_and_never_says_detoured() {
+        assert_eq!(flow_label(0xFFFF_FFFF), 0x7_FFFF);
         assert_eq!(flow_label(0x0001_0000), 1);
+        assert_eq!(flow_label(0xFFFF_FFFF) & FLOW_LABEL_DETOURED, 0);
     }
 }

@@ -18,6 +18,7 @@ mod packet;
 mod srv6;
 mod tc_forward;
 mod tc_stamp;
+mod usid_repair;
 mod xdp_strip;
 
 use aya_ebpf::{
@@ -30,6 +31,7 @@ use sopa_common::maps::{
     Config, Encap, FLOWS_CAPACITY, FWD_CAPACITY, FlowKey, FlowState, FwdEntry, HOP_STATS_LEN,
     MAX_UPLINKS, MeterConfig, MeterKey, PATHS_CAPACITY, PINS_CAPACITY, PathSet, Pin, REASON_SLOTS,
     REORDER_CAPACITY, ReorderState, SRV6_SEGS_CAPACITY, SegKey, Segments, Srv6Dest, TRUST_CAPACITY,
+    UsidRepairConfig, UsidRule, UsidRuleKey,
 };
 
 // Names must equal the constants of `sopa_common::maps` (checked by the agent's loader tests).
@@ -84,6 +86,13 @@ static TRUST: HashMap<u32, u32> = HashMap::pinned(TRUST_CAPACITY, 0);
 #[map(name = "SOPA_FWDUP_V1")]
 static FORWARD_UPLINK_STATS: PerCpuArray<u64> = PerCpuArray::pinned(MAX_UPLINKS as u32, 0);
 
+#[map(name = "SOPA_USIDC_V1")]
+static USID_CONFIG: Array<UsidRepairConfig> = Array::pinned(1, 0);
+
+#[map(name = "SOPA_USIDR_V1")]
+static USID_RULES: HashMap<UsidRuleKey, UsidRule> =
+    HashMap::pinned(sopa_common::maps::usid_repair::CAPACITY, 0);
+
 #[map(name = "SOPA_METER_V1")]
 static METER_CONFIG: Array<MeterConfig> = Array::pinned(1, 0);
 
@@ -95,7 +104,8 @@ static METER_RECEIVED: HashMap<MeterKey, u64> =
     HashMap::pinned(sopa_common::maps::meter::CAPACITY, 0);
 
 /// Switch ingress: source-routed packets at their decision point go to the named uplink; an
-/// option from a port the switch does not trust is neutralized.
+/// option from a port the switch does not trust is neutralized; an SRv6 uSID list this switch
+/// can no longer follow is rewritten around its dead port.
 #[classifier]
 pub fn tc_forward(ctx: TcContext) -> i32 {
     let (action, reason) = tc_forward::try_forward(&ctx);

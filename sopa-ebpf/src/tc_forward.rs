@@ -5,7 +5,8 @@
 //! the ECMP baseline is Linux's own). Where the switch agent saw a port die, its decisions
 //! already name live uplinks, and destinations it can no longer reach down have a detour entry
 //! (`sopa_topology::failover`): out of another port, a hop byte rewritten, the packet marked so
-//! it is detoured at most once (a second dead end, or one no detour gets around, drops it). Only ports in the trust map may bring the option: on any
+//! it is detoured at most once (a second dead end, or one no detour gets around, drops it). In
+//! the SRv6 encoding the same repair rewrites uSID lists instead (`usid_repair`). Only ports in the trust map may bring the option: on any
 //! other (a host whose agent is not live, so its processes could choose hop bytes themselves)
 //! the option's four bytes become NOPs and the kernel routes the packet, so neither this switch
 //! nor any after it honours the sender's choice, and nothing is dropped.
@@ -18,6 +19,7 @@ use aya_ebpf::{
 };
 use sopa_common::{
     maps::{MAX_UPLINKS, forward_reason as reason, fwd_kind, meter},
+    srv6::ETH_P_IPV6,
     wire::{
         ETH_HLEN, ETH_P_IP, IPV4_BASE_LEN, IPV4_STAMPED_LEN, OPTION_LEN, OPTION_TYPE,
         checksum_adjust, word,
@@ -51,8 +53,10 @@ fn decide(ctx: &TcContext) -> Result<(i32, u32), u32> {
     let ether_type: *const [u8; 2] =
         ptr_at(ctx.data(), ctx.data_end(), 12).ok_or(reason::TOO_SHORT)?;
     // SAFETY: bounds checked by ptr_at.
-    if u16::from_be_bytes(unsafe { *ether_type }) != ETH_P_IP {
-        return Err(reason::NOT_IPV4);
+    match u16::from_be_bytes(unsafe { *ether_type }) {
+        ETH_P_IP => {}
+        ETH_P_IPV6 => return crate::usid_repair::repair(ctx),
+        _ => return Err(reason::NOT_IPV4),
     }
     let base: *const [u8; IPV4_BASE_LEN] =
         ptr_at(ctx.data(), ctx.data_end(), ETH_HLEN).ok_or(reason::TOO_SHORT)?;

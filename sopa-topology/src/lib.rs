@@ -13,6 +13,7 @@ pub mod paths;
 pub mod prefix;
 pub mod properties;
 pub mod srv6;
+pub mod srv6_failover;
 pub mod topology;
 
 pub use graph::{Graph, LinkId, NodeId, NodeKind, Speed};

@@ -375,6 +375,47 @@ pub fn recovery_to(
         .map(|i| i as f64 * bin.as_secs_f64())
 }
 
+/// Sends `bytes` from `src` to `dst` (at `addr`, TCP `port`) and, once `a`'s port to `b` has
+/// sent `after` more packets (the event that the transfer is under way on that link), cuts the
+/// link `a`-`b` ([`Fabric::cut_link`]). Returns the transfer, which must complete, and the
+/// time of the cut.
+pub fn transfer_cut_midway(
+    f: &Fabric,
+    (src, dst, addr, port): (&str, &str, std::net::Ipv4Addr, u16),
+    (a, b): (&str, &str),
+    after: u64,
+    bytes: u64,
+) -> Result<(crate::traffic::Transfer, SystemTime)> {
+    let iface = f.link_iface(a, b);
+    let start = f.ns(a).tx_packets(&iface)?;
+    std::thread::scope(|s| {
+        let (from, to) = (f.ns(src), f.ns(dst));
+        let t = s.spawn(move || {
+            crate::traffic::tcp_transfer(
+                from,
+                to,
+                addr,
+                port,
+                bytes,
+                &crate::traffic::SendOptions::default(),
+            )
+        });
+        while f.ns(a).tx_packets(&iface)? < start + after {
+            if t.is_finished() {
+                return Err(Error::Failed(format!(
+                    "the transfer ended before {a}:{b} carried {after} packets"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let cut = f.cut_link(a, b)?;
+        let t = t
+            .join()
+            .map_err(|_| Error::Failed("the transfer's thread panicked".into()))??;
+        Ok((t, cut))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

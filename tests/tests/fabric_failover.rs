@@ -9,16 +9,20 @@
 use std::time::SystemTime;
 
 use sopa_testbed::{
-    NetNs,
     fabric::{Fabric, FabricOptions},
-    failure::{Element, element_links, paths_through},
+    failure::{Element, element_links, paths_through, transfer_cut_midway},
     loss::{FlowCaptures, Loss},
-    traffic::{SendOptions, Transfer, tcp_transfer},
+    traffic::{SendOptions, tcp_transfer},
 };
 use sopa_topology::topology::TopologySpec;
 
 const RATE_MBIT: u32 = 100;
 const QUEUE_PACKETS: u32 = 100;
+
+/// h0 -> h4 (10.1.0.2) on TCP port `port`.
+fn h0_to_h4(port: u16) -> (&'static str, &'static str, std::net::Ipv4Addr, u16) {
+    ("h0", "h4", std::net::Ipv4Addr::new(10, 1, 0, 2), port)
+}
 
 /// Both directions of h0 -> h4, in the order [`captures`] reports them.
 const FLOWS: [(&str, &str); 2] = [("h0", "h4"), ("h4", "h0")];
@@ -26,46 +30,6 @@ const FLOWS: [(&str, &str); 2] = [("h0", "h4"), ("h4", "h0")];
 /// Captures of both directions of h0 -> h4 where they enter and leave the fabric.
 fn captures(f: &Fabric) -> FlowCaptures {
     FlowCaptures::start(f, &[("h0".into(), "h4".into()), ("h4".into(), "h0".into())]).unwrap()
-}
-
-/// Runs `bytes` h0 -> h4 and, once `a`'s port to `b` has sent `after` more packets, cuts the
-/// link `a`-`b`. Returns the transfer and the time of the cut.
-fn transfer_cut_midway(
-    f: &Fabric,
-    a: &str,
-    b: &str,
-    after: u64,
-    bytes: u64,
-) -> (Transfer, SystemTime) {
-    let port = f.link_iface(a, b);
-    let start = f.ns(a).tx_packets(&port).unwrap();
-    std::thread::scope(|s| {
-        let (h0, h4): (&NetNs, &NetNs) = (f.ns("h0"), f.ns("h4"));
-        let t = s.spawn(move || {
-            tcp_transfer(
-                h0,
-                h4,
-                "10.1.0.2".parse().unwrap(),
-                7300,
-                bytes,
-                &SendOptions::default(),
-            )
-        });
-        // The event: this many of the flow's packets have crossed the link.
-        while f.ns(a).tx_packets(&port).unwrap() < start + after {
-            assert!(
-                !t.is_finished(),
-                "the transfer ended before {a}:{b} carried {after} packets"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        let cut = f.cut_link(a, b).unwrap();
-        let t = t
-            .join()
-            .unwrap()
-            .expect("the transfer completes across the cut");
-        (t, cut)
-    })
 }
 
 /// The packets of `l` (flow `src -> dst`) lost on a path through the link `a`-`b` that entered
@@ -128,7 +92,8 @@ fn a_core_link_cut_mid_transfer_costs_only_the_packets_in_flight() {
     f.stop_controller();
     let detoured = counter(&f, "c0", "detoured");
     let caps = captures(&f);
-    let (t, cut) = transfer_cut_midway(&f, "a0", "c0", 600, 16 << 20);
+    let (t, cut) = transfer_cut_midway(&f, h0_to_h4(7300), ("a0", "c0"), 600, 16 << 20)
+        .expect("the transfer completes across the cut");
     let lost = caps.finish().unwrap();
     assert!(t.intact(), "digest differs across the cut");
     eprintln!("controller away: {:.1} Mbit/s", t.mbit_per_s());
@@ -161,7 +126,8 @@ fn a_core_link_cut_mid_transfer_costs_only_the_packets_in_flight() {
     f.wait_applied(|down| down == 0, "the controller's return")
         .unwrap();
     let caps = captures(&f);
-    let (t, cut) = transfer_cut_midway(&f, "c2", "a3", 600, 16 << 20);
+    let (t, cut) = transfer_cut_midway(&f, h0_to_h4(7302), ("c2", "a3"), 600, 16 << 20)
+        .expect("the transfer completes across the cut");
     let lost = caps.finish().unwrap();
     assert!(t.intact(), "digest differs across the cut");
     eprintln!("controller up: {:.1} Mbit/s", t.mbit_per_s());

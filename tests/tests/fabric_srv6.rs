@@ -1,7 +1,9 @@
 //! Fabrics of plain Linux SRv6 routers in namespaces: the controller pushes `encoding = "srv6"`,
 //! every switch agent installs IPv6 routes and its `seg6local` End (NEXT-C-SID) locator through
-//! rtnetlink and attaches no program, hosts put each packet's path in an outer IPv6 header.
-//! Needs root.
+//! rtnetlink, hosts put each packet's path in an outer IPv6 header. The switches' `tc_forward`
+//! only rewrites lists around a dead port: with every port up the kernel forwards alone. A core
+//! link cut mid-transfer, with the controller stopped, is repaired by the switches at both
+//! ends. Needs root.
 
 use std::time::Duration;
 
@@ -9,6 +11,7 @@ use sopa_testbed::{
     NetNs,
     capture::Capture,
     fabric::{Fabric, FabricOptions},
+    failure::transfer_cut_midway,
     reach::all_pairs_tcp,
     traffic::{SendOptions, tcp_transfer, tcp_transfer_to},
 };
@@ -19,11 +22,17 @@ use sopa_topology::{
 };
 
 fn srv6_fabric(spec: &TopologySpec) -> Fabric {
-    let opts = FabricOptions {
-        rate_mbit: None,
-        encoding: Encoding::Srv6,
-        ..FabricOptions::default()
-    };
+    srv6_fabric_with(
+        spec,
+        FabricOptions {
+            rate_mbit: None,
+            encoding: Encoding::Srv6,
+            ..FabricOptions::default()
+        },
+    )
+}
+
+fn srv6_fabric_with(spec: &TopologySpec, opts: FabricOptions) -> Fabric {
     let mut f = Fabric::build(spec, &opts).expect("build the fabric");
     f.start(&opts).expect("start controller and agents");
     f.wait_ready(Duration::from_secs(60))
@@ -63,26 +72,31 @@ fn since(now: Vec<u64>, before: &[u64]) -> Vec<u64> {
     now.iter().zip(before).map(|(a, b)| a - b).collect()
 }
 
-/// No switch has a program of ours attached: `bpftool net` in its namespace lists none.
-fn no_program_on_any_switch(f: &Fabric) {
+/// With every port up, no switch's `tc_forward` rewrote a list: the kernel's SRv6 routes
+/// forwarded every packet (the program counted the uSID packets it left as they were).
+fn only_linux_forwarded(f: &Fabric) {
+    let mut intact = 0;
     for n in f.topo.graph().nodes.iter().filter(|n| n.kind.is_switch()) {
-        let out = f
-            .ns(&n.name)
-            .run(|| {
-                std::process::Command::new("bpftool")
-                    .args(["net", "show"])
-                    .output()
-            })
-            .unwrap()
-            .expect("bpftool net show");
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "bpftool on {}: {out:?}", n.name);
-        assert!(
-            !text.contains("tc_forward") && !text.contains("tcx/"),
-            "{}: a program is attached:\n{text}",
-            n.name
-        );
+        let s = f.switch_status(&n.name).unwrap();
+        for rewrite in [
+            "usid_repaired",
+            "usid_detoured",
+            "usid_detour_refused",
+            "usid_no_room",
+        ] {
+            assert_eq!(s["forward"][rewrite], 0, "{}: {rewrite}", n.name);
+        }
+        assert_eq!(s["usid_rules"], 0, "{}: rules with no port down", n.name);
+        intact += s["forward"]["usid_intact"].as_u64().unwrap_or(0);
     }
+    assert!(intact > 0, "tc_forward saw no uSID packet");
+}
+
+/// `switch`'s `tc_forward` counter `name`.
+fn counter(f: &Fabric, switch: &str, name: &str) -> u64 {
+    f.switch_status(switch).unwrap()["forward"][name]
+        .as_u64()
+        .unwrap_or(0)
 }
 
 /// The number of paths `host`'s datapath holds for `prefix`.
@@ -95,7 +109,6 @@ fn paths(f: &Fabric, host: &str, prefix: &str) -> usize {
 #[test]
 fn fat_tree_k4_of_linux_srv6_routers_carries_the_round_robin_exactly() {
     let f = srv6_fabric(&TopologySpec::FatTree { k: 4 });
-    no_program_on_any_switch(&f);
     let e0 = f.ns("e0").ip(&["-6", "route", "show"]).unwrap();
     assert!(
         e0.contains("encap seg6local action End flavors next-csid lblen 32 nflen 16"),
@@ -166,6 +179,7 @@ fn fat_tree_k4_of_linux_srv6_routers_carries_the_round_robin_exactly() {
     assert!(balanced(&sent[..2], 2000), "e0's uplinks: {sent:?}");
     assert!(balanced(&sent[2..], 1000), "the four core ports: {sent:?}");
     assert_eq!(f.host("h0").status().unwrap()["stamp"]["too_big"], 0);
+    only_linux_forwarded(&f);
 
     // e0 - a0 down: the hosts drop its paths and no packet crosses it.
     let out = f.sopactl(&["link", "down", "e0", "a0"]).unwrap();
@@ -235,6 +249,68 @@ fn fat_tree_k4_of_linux_srv6_routers_carries_the_round_robin_exactly() {
 #[test]
 fn modric_2x2_of_linux_srv6_routers_reaches_every_pair() {
     let f = srv6_fabric(&TopologySpec::Modric(ModricParams::new(2, 2, 1, 2, 2)));
-    no_program_on_any_switch(&f);
     all_pairs(&f);
+    only_linux_forwarded(&f);
+}
+
+/// The controller stopped, a core link cut for real in the middle of h0 -> h4 (one end set
+/// down): a0 names c1 instead of c0 in h0's lists (the data going up), c0 takes h4's
+/// acknowledgements down to pod 0 through another pod and c1, marked. Without that repair a
+/// quarter of every direction's packets would be lost until the controller came back (seen once
+/// with the rules left unwritten: the transfer stalled). The rules go when the link comes back.
+#[test]
+fn a_core_link_cut_mid_transfer_is_repaired_by_the_switches_at_both_ends() {
+    let f = srv6_fabric_with(
+        &TopologySpec::FatTree { k: 4 },
+        FabricOptions {
+            rate_mbit: Some(100),
+            queue_packets: 100,
+            encoding: Encoding::Srv6,
+            ..FabricOptions::default()
+        },
+    );
+    let mut f = f;
+    f.stop_controller();
+    let (repaired, detoured) = (
+        counter(&f, "a0", "usid_repaired"),
+        counter(&f, "c0", "usid_detoured"),
+    );
+    let (t, _) = transfer_cut_midway(
+        &f,
+        ("h0", "h4", "10.1.0.2".parse().unwrap(), 7400),
+        ("a0", "c0"),
+        600,
+        16 << 20,
+    )
+    .expect("the transfer completes across the cut");
+    assert!(t.intact(), "digest differs across the cut");
+    eprintln!("controller away: {:.1} Mbit/s", t.mbit_per_s());
+    let (repaired, detoured) = (
+        counter(&f, "a0", "usid_repaired") - repaired,
+        counter(&f, "c0", "usid_detoured") - detoured,
+    );
+    eprintln!("a0 rewrote {repaired} lists, c0 detoured {detoured}");
+    assert!(repaired > 1000, "a0 rewrote {repaired} of h0's lists");
+    assert!(
+        detoured > 100,
+        "c0 detoured {detoured} of h4's acknowledgements"
+    );
+    for s in ["a0", "c0"] {
+        assert!(
+            f.switch_status(s).unwrap()["usid_rules"].as_u64() > Some(0),
+            "{s}"
+        );
+    }
+    f.mend_link("a0", "c0").unwrap();
+    // The port's return is an event the switches see; their rules go with it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    for s in ["a0", "c0"] {
+        while f.switch_status(s).unwrap()["usid_rules"] != 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{s} kept its rules after the link came back"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }

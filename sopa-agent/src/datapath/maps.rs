@@ -10,8 +10,8 @@ use sopa_common::maps::{
     CONFIG_MAP, Config, ENCAP_MAP, Encap, FLOWS_MAP, FWD_MAP, FWD_STATS_MAP, FWD_UPLINK_STATS_MAP,
     FlowKey, FlowState, FwdEntry, HOP_STATS_MAP, MAX_PATHS, MAX_UPLINKS, MEASURE_MAP, MeterConfig,
     MeterKey, PATHS_MAP, PINS_MAP, PathSet, Pin, SRV6_DESTS_MAP, SRV6_SEGS_MAP, STAMP_STATS_MAP,
-    START_MAP, STRIP_STATS_MAP, SegKey, Segments, Srv6Dest, TRUST_MAP, encoding, forward_reason,
-    measure, meter, stamp_reason, strip_reason,
+    START_MAP, STRIP_STATS_MAP, SegKey, Segments, Srv6Dest, TRUST_MAP, UsidRepairConfig, UsidRule,
+    UsidRuleKey, encoding, forward_reason, measure, meter, stamp_reason, strip_reason, usid_repair,
 };
 
 use crate::{
@@ -553,6 +553,13 @@ pub struct ForwardMaps {
     /// The counter names of `stats`' layout (this one's, or a predecessor's).
     stats_names: &'static [&'static str],
     uplinks: PerCpuArray<MapData, u64>,
+    /// The SRv6 repair's rules and their configuration; absent in an older layout's pins.
+    usid: Option<UsidMaps>,
+}
+
+struct UsidMaps {
+    config: Array<MapData, UsidRepairConfig>,
+    rules: HashMap<MapData, UsidRuleKey, UsidRule>,
 }
 
 impl ForwardMaps {
@@ -574,6 +581,14 @@ impl ForwardMaps {
             uplinks: take(FWD_UPLINK_STATS_MAP)?
                 .try_into()
                 .map_err(map_err(FWD_UPLINK_STATS_MAP))?,
+            usid: Some(UsidMaps {
+                config: take(usid_repair::CONFIG_MAP)?
+                    .try_into()
+                    .map_err(map_err(usid_repair::CONFIG_MAP))?,
+                rules: take(usid_repair::RULES_MAP)?
+                    .try_into()
+                    .map_err(map_err(usid_repair::RULES_MAP))?,
+            }),
         })
     }
 
@@ -602,6 +617,15 @@ impl ForwardMaps {
             uplinks: open(FWD_UPLINK_STATS_MAP)?
                 .try_into()
                 .map_err(map_err(FWD_UPLINK_STATS_MAP))?,
+            usid: match (open(usid_repair::CONFIG_MAP), open(usid_repair::RULES_MAP)) {
+                (Ok(config), Ok(rules)) => Some(UsidMaps {
+                    config: config
+                        .try_into()
+                        .map_err(map_err(usid_repair::CONFIG_MAP))?,
+                    rules: rules.try_into().map_err(map_err(usid_repair::RULES_MAP))?,
+                }),
+                _ => None,
+            },
         })
     }
 
@@ -654,6 +678,53 @@ impl ForwardMaps {
             }
         }
         Ok(())
+    }
+
+    /// Makes the SRv6 repair's rules exactly `rules`, for a switch whose uSID is `me`: new and
+    /// changed rules first, the count raised before and lowered after, stale rules last, so a
+    /// packet never finds the count saying "none" while a rule it needs is written.
+    pub fn set_usid_rules(
+        &mut self,
+        me: u16,
+        rules: &std::collections::BTreeMap<UsidRuleKey, UsidRule>,
+    ) -> Result<()> {
+        let usid = self.usid.as_mut().ok_or_else(|| {
+            Error::map(usid_repair::RULES_MAP)(MapError::InvalidName {
+                name: usid_repair::RULES_MAP.to_owned(),
+            })
+        })?;
+        let old: Vec<UsidRuleKey> = usid.rules.keys().filter_map(|k| k.ok()).collect();
+        let config = |rules: usize| UsidRepairConfig {
+            me,
+            _pad: 0,
+            rules: rules as u32,
+        };
+        let most = old.len().max(rules.len());
+        usid.config
+            .set(0, config(most), 0)
+            .map_err(map_err(usid_repair::CONFIG_MAP))?;
+        for (key, rule) in rules {
+            if usid.rules.get(key, 0).ok() != Some(*rule) {
+                usid.rules
+                    .insert(key, rule, 0)
+                    .map_err(map_err(usid_repair::RULES_MAP))?;
+            }
+        }
+        for key in old.iter().filter(|k| !rules.contains_key(k)) {
+            match usid.rules.remove(key) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(map_err(usid_repair::RULES_MAP)(e)),
+            }
+        }
+        usid.config
+            .set(0, config(rules.len()), 0)
+            .map_err(map_err(usid_repair::CONFIG_MAP))
+    }
+
+    /// The SRv6 repair's rules, if this layout has them.
+    pub fn usid_rules(&self) -> Option<std::collections::BTreeMap<UsidRuleKey, UsidRule>> {
+        let usid = self.usid.as_ref()?;
+        Some(usid.rules.iter().filter_map(|e| e.ok()).collect())
     }
 
     /// The trusted ports (ifindex -> kind), if this layout has the map.

@@ -106,7 +106,7 @@ pub struct Datapath {
 
 /// Every map of this datapath layout, as pinned: a `SOPA_*` pin not in this list belongs to
 /// another layout (see [`layout`]).
-pub const MAP_NAMES: [&str; 20] = {
+pub const MAP_NAMES: [&str; 22] = {
     use sopa_common::maps::*;
     [
         CONFIG_MAP,
@@ -126,6 +126,8 @@ pub const MAP_NAMES: [&str; 20] = {
         FWD_STATS_MAP,
         FWD_UPLINK_STATS_MAP,
         TRUST_MAP,
+        usid_repair::CONFIG_MAP,
+        usid_repair::RULES_MAP,
         meter::CONFIG_MAP,
         meter::SENT_MAP,
         meter::RECEIVED_MAP,

@@ -2,19 +2,27 @@
 //! sees one go, `tc_forward`'s entries are rewritten from `sopa_topology::failover` (hop values
 //! on the dead uplink moved to a live one, destinations no longer reachable down this switch's
 //! own ports detoured), without waiting for the controller, which still removes the paths for
-//! every host. A port back up restores the plan's entries. Kernel routes need nothing here:
-//! the switch runs with `ignore_routes_with_linkdown`, so the kernel skips dead next hops itself.
+//! every host. In the SRv6 encoding its uSID rules are written instead, from
+//! `sopa_topology::srv6_failover` (lists whose next switch is behind a dead port rewritten
+//! around it). A port back up restores the plan's entries. IPv4 routes need nothing here: the
+//! switch runs with `ignore_routes_with_linkdown`, so the kernel skips dead next hops itself.
+//! IPv6 does not get that setting: the End locator's route is anchored on a port, and would be
+//! skipped with it; the uSID rules treat a route with any dead next hop as dead instead.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     time::{Duration, Instant},
 };
 
-use sopa_common::maps::{FwdEntry, MAX_UPLINKS, Uplink, fwd_kind};
+use sopa_common::maps::{
+    FwdEntry, MAX_UPLINKS, Uplink, UsidRule, UsidRuleKey, fwd_kind, usid_repair,
+};
 use sopa_topology::{
     LinkId, NodeId, Prefix, Topology,
     failover::{self, Reaction},
     paths::Failures,
+    srv6::{Encoding, Usids},
+    srv6_failover,
 };
 use tracing::{info, warn};
 
@@ -30,6 +38,8 @@ struct Installed {
     me: NodeId,
     failures: Failures,
     ports: HashMap<LinkId, Port>,
+    /// In the SRv6 encoding: the lists that reach this switch, and its uSID.
+    srv6: Option<(srv6_failover::Plan, u16)>,
 }
 
 /// `tc_forward`'s entries, kept in step with the plan and with the ports' carrier.
@@ -39,6 +49,8 @@ pub(crate) struct Repair {
     /// Ports (ifindex) whose carrier is down.
     down: BTreeSet<u32>,
     written: BTreeMap<Prefix, FwdEntry>,
+    /// The uSID rules written (SRv6).
+    usid_written: BTreeMap<UsidRuleKey, UsidRule>,
     last: Reaction,
 }
 
@@ -50,6 +62,8 @@ pub struct Repaired {
     pub substituted: usize,
     pub detours: usize,
     pub unreachable: Vec<Prefix>,
+    /// SRv6: lists that need a repair here and that no rule gets around.
+    pub unrepaired: usize,
     pub took: Duration,
 }
 
@@ -58,11 +72,13 @@ impl Repair {
     /// as written, so the first plan removes those it no longer has.
     pub fn new(maps: ForwardMaps) -> Result<Self> {
         let written = maps.entries()?;
+        let usid_written = maps.usid_rules().unwrap_or_default();
         Ok(Self {
             maps,
             plan: None,
             down: BTreeSet::new(),
             written,
+            usid_written,
             last: Reaction::default(),
         })
     }
@@ -75,24 +91,41 @@ impl Repair {
         &self.maps
     }
 
-    /// Installs the plan of switch `me` (`None`: no entries at all, as in SRv6).
+    /// Installs the plan of switch `me` in `encoding` (`None`: no entries at all).
     pub fn install(
         &mut self,
         plan: Option<(Topology, NodeId, Failures, HashMap<LinkId, Port>)>,
+        encoding: Encoding,
     ) -> Result<Repaired> {
-        self.plan = plan.map(|(topo, me, failures, ports)| Installed {
-            topo,
-            me,
-            failures,
-            ports,
-        });
+        self.plan = match plan {
+            Some((topo, me, failures, ports)) => {
+                let srv6 = if encoding == Encoding::Srv6 {
+                    Some(srv6_plan(&topo, me, &failures)?)
+                } else {
+                    None
+                };
+                Some(Installed {
+                    topo,
+                    me,
+                    failures,
+                    ports,
+                    srv6,
+                })
+            }
+            None => None,
+        };
         self.write()
     }
 
     /// The controller's failures changed: the simulation of the rest of the fabric follows.
     pub fn set_failures(&mut self, failures: &Failures) -> Result<Repaired> {
         match self.plan.as_mut() {
-            Some(p) => p.failures = failures.clone(),
+            Some(p) => {
+                p.failures = failures.clone();
+                if p.srv6.is_some() {
+                    p.srv6 = Some(srv6_plan(&p.topo, p.me, failures)?);
+                }
+            }
             None => return Ok(Repaired::default()),
         }
         self.write()
@@ -117,6 +150,7 @@ impl Repair {
         let started = Instant::now();
         let Some(p) = &self.plan else {
             self.replace(BTreeMap::new())?;
+            self.replace_usid(0, BTreeMap::new())?;
             self.last = Reaction::default();
             return Ok(Repaired::default());
         };
@@ -133,6 +167,52 @@ impl Repair {
                     .is_none_or(|port| self.down.contains(&port.ifindex))
             })
             .collect();
+        if let Some((plan, me)) = &p.srv6 {
+            let reaction = plan.react(&p.topo, &dead);
+            let rules = reaction
+                .rules
+                .iter()
+                .map(|r| {
+                    let mut with = [0; usid_repair::MAX_WITH];
+                    for (w, u) in with.iter_mut().zip(&r.with) {
+                        *w = *u;
+                    }
+                    (
+                        UsidRuleKey {
+                            next: r.next,
+                            after: r.after,
+                        },
+                        UsidRule {
+                            replace: r.replace,
+                            len: r.with.len().min(usid_repair::MAX_WITH) as u8,
+                            detour: u8::from(r.detour),
+                            _pad: 0,
+                            with,
+                        },
+                    )
+                })
+                .collect();
+            let dead: Vec<String> = dead.iter().map(|l| p.topo.graph().link_name(*l)).collect();
+            let me = *me;
+            self.replace(BTreeMap::new())?;
+            self.replace_usid(me, rules)?;
+            if !reaction.unrepaired.is_empty() {
+                warn!(
+                    ?dead,
+                    lists = reaction.unrepaired.len(),
+                    "no rewrite gets these uSID lists around the dead ports: their packets are lost here until the controller moves the hosts' paths"
+                );
+            }
+            self.last = Reaction::default();
+            return Ok(Repaired {
+                dead,
+                substituted: reaction.substituted(),
+                detours: reaction.detours(),
+                unreachable: Vec::new(),
+                unrepaired: reaction.unrepaired.len(),
+                took: started.elapsed(),
+            });
+        }
         let reaction = failover::react(&p.topo, p.me, &p.failures, &dead);
         let uplink = |l: &LinkId| {
             p.ports
@@ -175,12 +255,14 @@ impl Repair {
             entries.insert(*prefix, e);
         }
         let dead: Vec<String> = dead.iter().map(|l| g.link_name(*l)).collect();
+        self.replace_usid(0, BTreeMap::new())?;
         self.replace(entries)?;
         let repaired = Repaired {
             dead,
             substituted: reaction.substituted,
             detours: reaction.detours.len(),
             unreachable: reaction.unreachable.clone(),
+            unrepaired: 0,
             took: started.elapsed(),
         };
         if !repaired.unreachable.is_empty() && repaired.unreachable != self.last.unreachable {
@@ -192,6 +274,16 @@ impl Repair {
         }
         self.last = reaction;
         Ok(repaired)
+    }
+
+    /// Makes the uSID rules `rules` (unchanged ones are not written again).
+    fn replace_usid(&mut self, me: u16, rules: BTreeMap<UsidRuleKey, UsidRule>) -> Result<()> {
+        if rules == self.usid_written {
+            return Ok(());
+        }
+        self.maps.set_usid_rules(me, &rules)?;
+        self.usid_written = rules;
+        Ok(())
     }
 
     fn replace(&mut self, entries: BTreeMap<Prefix, FwdEntry>) -> Result<()> {
@@ -215,6 +307,19 @@ impl Repair {
     }
 }
 
+/// The SRv6 repair's plan of switch `me`, and its uSID.
+fn srv6_plan(
+    topo: &Topology,
+    me: NodeId,
+    failures: &Failures,
+) -> Result<(srv6_failover::Plan, u16)> {
+    let fail =
+        |e: sopa_topology::Error| Error::Config(format!("the SRv6 repair of this switch: {e}"));
+    let plan = srv6_failover::Plan::new(topo, me, failures).map_err(fail)?;
+    let usid = Usids::of(topo).map_err(fail)?.get(me);
+    Ok((plan, usid))
+}
+
 /// Logs one repair of the port watcher: `received` when the link event arrived. The wall
 /// clock times let a benchmark set the repair against the moment it failed the port.
 pub(crate) fn log(port: &str, up: bool, r: &Repaired, received: std::time::SystemTime) {
@@ -228,6 +333,7 @@ pub(crate) fn log(port: &str, up: bool, r: &Repaired, received: std::time::Syste
         dead = ?r.dead,
         substituted = r.substituted,
         detours = r.detours,
+        unrepaired = r.unrepaired,
         took_us = r.took.as_micros() as u64,
         received_unix_us = us(received),
         written_unix_us = us(std::time::SystemTime::now()),

@@ -329,9 +329,9 @@ impl Switch {
         }
     }
 
-    /// Installs the plan of `node` in `topo` under `failures`: routes, and, for the IPv4
-    /// option, decisions and `tc_forward` on each port; for SRv6, the IPv6 routes and the
-    /// `seg6local` End locator instead, no program attached.
+    /// Installs the plan of `node` in `topo` under `failures`: routes, `tc_forward` on each
+    /// port, and, for the IPv4 option, its decisions; for SRv6, the IPv6 routes and the
+    /// `seg6local` End locator, `tc_forward` there only to repair uSID lists around dead ports.
     pub async fn apply(
         &mut self,
         topo: &Topology,
@@ -387,16 +387,6 @@ impl Switch {
         let mut ifindexes: Vec<u32> = ports.values().map(|p| p.ifindex).collect();
         ifindexes.sort_unstable();
         ifindexes.dedup();
-        if encoding == Encoding::Srv6 {
-            if !self.attached.is_empty() {
-                warn!(
-                    ports = self.attached.len(),
-                    "the fabric moved to SRv6: tc_forward stays attached to the ports it was on \
-                     (it passes IPv6 untouched) until this agent restarts with --reset"
-                );
-            }
-            ifindexes.clear();
-        }
         for ifindex in ifindexes {
             if !self.attached.contains(&ifindex) {
                 let name = self.netlink.link_name(ifindex).await?;
@@ -409,8 +399,8 @@ impl Switch {
         // The entries after the programs: a program replaced in place (an upgrade) finds the
         // decisions the previous agent left, and never sees an entry kind it does not know.
         let repaired = self.lock().install(
-            (encoding != Encoding::Srv6)
-                .then(|| (topo.clone(), me, failures.clone(), ports.clone())),
+            Some((topo.clone(), me, failures.clone(), ports.clone())),
+            encoding,
         )?;
         if !repaired.dead.is_empty() {
             info!(dead = ?repaired.dead, substituted = repaired.substituted, detours = repaired.detours, "ports without carrier repaired around in the new plan");
