@@ -133,4 +133,50 @@ fn main() {
     println!(
         "(table: one host's paths to every other rack; update: one uplink failure, re-evaluating only the paths through it)"
     );
+    srv6_repair(smoke);
+}
+
+/// The SRv6 local repair of one switch: building its plan (every rack's lists walked to find
+/// those that reach it, when the controller's plan or failures change) and choosing its rules
+/// when a port dies (on the port event, before the maps are written).
+fn srv6_repair(smoke: bool) {
+    use std::collections::BTreeSet;
+
+    use sopa_topology::srv6_failover::Plan;
+    let ks: &[u32] = if smoke { &[4] } else { &[4, 8, 16] };
+    println!(
+        "\nSRv6 local repair, one switch:\n{:<20} {:>7} {:>9} {:>10} {:>11} {:>7} {:>11}",
+        "fabric", "switch", "lists in", "plan ms", "plan MiB", "rules", "react ms"
+    );
+    for &k in ks {
+        let topo = Topology::build(&TopologySpec::FatTree { k }).expect("valid");
+        let g = topo.graph();
+        for name in ["a0", "c0"] {
+            let me = g.find(name).expect("a switch of every Fat-Tree");
+            let (plan, plan_ms, plan_bytes) =
+                measure(|| Plan::new(&topo, me, &Failures::none(g)).unwrap());
+            // Its first port to another switch dies.
+            let port = g
+                .ports(me)
+                .iter()
+                .find(|(_, n)| g.node(*n).kind.is_switch())
+                .map(|(l, _)| *l)
+                .unwrap();
+            let (r, react_ms, _) = measure(|| plan.react(&topo, &BTreeSet::from([port])));
+            assert!(r.unrepaired.is_empty(), "{name} of k={k}: {r:?}");
+            println!(
+                "{:<20} {:>7} {:>9} {:>10.1} {:>11.1} {:>7} {:>11.3}",
+                topo.name(),
+                name,
+                plan.arrivals(),
+                plan_ms,
+                mib(plan_bytes),
+                r.rules.len(),
+                react_ms
+            );
+        }
+    }
+    println!(
+        "(lists in: the distinct uSID lists that reach the switch; react: its first switch port dead)"
+    );
 }

@@ -1,10 +1,22 @@
 //! Packets lost in the fabric, counted one by one: a flow's packets captured where they enter
 //! the fabric (the sender's rack switch port) and where they leave it (the receiver's
-//! interface), matched by IPv4 ID. A packet lost is one that entered and never left; the times
+//! interface), matched by IPv4 ID (in the SRv6 encoding, the IPv4 packet inside the outer
+//! header; its uSID list tells the path). A packet lost is one that entered and never left; the times
 //! are the kernel's receive times at the entry, so the loss window can be set against the
 //! moment of a failure.
 
-use std::{collections::BTreeSet, net::Ipv4Addr, time::SystemTime};
+use std::{
+    collections::{BTreeSet, HashMap},
+    net::Ipv4Addr,
+    time::SystemTime,
+};
+
+use sopa_common::srv6::{LIB_BASE, USID_SLOTS};
+use sopa_topology::{
+    PathTable,
+    paths::Failures,
+    srv6::{Encoding, host_plan},
+};
 
 use crate::{
     Result,
@@ -21,14 +33,55 @@ pub struct Seen {
     pub hops: Option<(u8, u8)>,
 }
 
-/// The TCP packets from `src` to `dst` a capture saw, in capture order.
-pub fn packets(c: &Captured, src: Ipv4Addr, dst: Ipv4Addr) -> Vec<Seen> {
+/// A flow's paths in the SRv6 encoding: the uSIDs of its list before the destination host's
+/// -> the path's hop bytes.
+pub type UsidPaths = HashMap<Vec<u16>, (u8, u8)>;
+
+/// The paths of `src`'s flows to `dst` (host names) as uSID lists, for a fabric in the SRv6
+/// encoding (empty in the option's).
+pub fn usid_paths(f: &Fabric, src: &str, dst: &str) -> Result<UsidPaths> {
+    if f.encoding != Encoding::Srv6 {
+        return Ok(UsidPaths::new());
+    }
+    let fail = |e: sopa_topology::Error| crate::Error::Failed(e.to_string());
+    let g = f.topo.graph();
+    let (s, d) = (g.find(src).expect("a host"), g.find(dst).expect("a host"));
+    let table = PathTable::compute(&f.topo, s, &Failures::none(g)).map_err(fail)?;
+    let plan = host_plan(&f.topo, &table).map_err(fail)?;
+    let rack = f.topo.rack_of(d).map_err(fail)?;
+    let mut out = UsidPaths::new();
+    for dest in plan.destinations.iter().filter(|x| x.prefix == rack.prefix) {
+        for (hops, list) in &dest.chosen {
+            let key = list.iter().chain(&dest.tail).copied().collect();
+            out.insert(key, (hops.hop0, hops.hop1));
+        }
+    }
+    Ok(out)
+}
+
+/// The TCP packets from `src` to `dst` a capture saw, in capture order; SRv6 frames are read
+/// by the IPv4 packet inside, their path looked up in `usids`.
+pub fn packets(c: &Captured, src: Ipv4Addr, dst: Ipv4Addr, usids: &UsidPaths) -> Vec<Seen> {
+    const OUTER: usize = 14 + sopa_common::srv6::IPV6_HLEN;
     let mut raw = Vec::new();
     for (frame, at) in c.frames.iter().zip(&c.times) {
-        if frame.len() < 34 || frame[12..14] != [8, 0] {
+        let (inner, path) = if frame.len() > OUTER + 20
+            && frame[12..14] == [0x86, 0xDD]
+            && frame[14 + 6] == sopa_common::srv6::NEXTHDR_IPV4
+        {
+            let list: Vec<u16> = frame[14 + 28..OUTER]
+                .chunks(2)
+                .take(USID_SLOTS)
+                .map(|c| u16::from_be_bytes([c[0], c[1]]))
+                .take_while(|u| *u != 0 && *u < LIB_BASE)
+                .collect();
+            (OUTER, Some(usids.get(&list).copied()))
+        } else if frame.len() >= 34 && frame[12..14] == [8, 0] {
+            (14, None)
+        } else {
             continue;
-        }
-        let Ok(ip) = etherparse::Ipv4HeaderSlice::from_slice(&frame[14..]) else {
+        };
+        let Ok(ip) = etherparse::Ipv4HeaderSlice::from_slice(&frame[inner..]) else {
             continue;
         };
         if ip.source_addr() == src
@@ -36,10 +89,12 @@ pub fn packets(c: &Captured, src: Ipv4Addr, dst: Ipv4Addr) -> Vec<Seen> {
             && ip.protocol() == etherparse::IpNumber::TCP
         {
             let o = crate::capture::unmarked(ip.options());
-            let hops = (o.len() == 4
-                && o[0] == sopa_common::wire::OPTION_TYPE
-                && o[1] == sopa_common::wire::OPTION_LEN)
-                .then(|| (o[2], o[3]));
+            let hops = path.unwrap_or_else(|| {
+                (o.len() == 4
+                    && o[0] == sopa_common::wire::OPTION_TYPE
+                    && o[1] == sopa_common::wire::OPTION_LEN)
+                    .then(|| (o[2], o[3]))
+            });
             raw.push((ip.identification(), *at, hops));
         }
     }
@@ -72,13 +127,16 @@ pub struct Loss {
 impl Loss {
     pub fn of(
         what: &str,
-        entered: &Captured,
-        left: &Captured,
+        (entered, left): (&Captured, &Captured),
         src: Ipv4Addr,
         dst: Ipv4Addr,
+        usids: &UsidPaths,
     ) -> Self {
-        let sent = packets(entered, src, dst);
-        let arrived: BTreeSet<i64> = packets(left, src, dst).into_iter().map(|p| p.id).collect();
+        let sent = packets(entered, src, dst, usids);
+        let arrived: BTreeSet<i64> = packets(left, src, dst, usids)
+            .into_iter()
+            .map(|p| p.id)
+            .collect();
         // A packet still on its way when the captures stopped is not lost: only those sent
         // before the last one that arrived count.
         let last = arrived.iter().next_back().copied().unwrap_or(i64::MIN);
@@ -138,6 +196,7 @@ pub fn ms_after(t: SystemTime, onset: SystemTime) -> f64 {
 pub struct FlowCaptures {
     flows: Vec<(String, String, Capture, Capture)>,
     addrs: Vec<(Ipv4Addr, Ipv4Addr)>,
+    usids: Vec<UsidPaths>,
 }
 
 impl FlowCaptures {
@@ -147,7 +206,9 @@ impl FlowCaptures {
         let g = f.topo.graph();
         let mut out = Vec::new();
         let mut addrs = Vec::new();
+        let mut usids = Vec::new();
         for (src, dst) in flows {
+            usids.push(usid_paths(f, src, dst)?);
             let (s, d) = (g.find(src).expect("a host"), g.find(dst).expect("a host"));
             let tor = f
                 .topo
@@ -163,20 +224,26 @@ impl FlowCaptures {
                 g.node(d).addr.expect("hosts have addresses"),
             ));
         }
-        Ok(Self { flows: out, addrs })
+        Ok(Self {
+            flows: out,
+            addrs,
+            usids,
+        })
     }
 
     /// Stops every capture; one [`Loss`] per flow, in the order given.
     pub fn finish(self) -> Result<Vec<Loss>> {
         let mut out = Vec::new();
-        for ((src, dst, entering, leaving), (s, d)) in self.flows.into_iter().zip(self.addrs) {
+        for (((src, dst, entering, leaving), (s, d)), usids) in
+            self.flows.into_iter().zip(self.addrs).zip(self.usids)
+        {
             let (entering, leaving) = (entering.finish()?, leaving.finish()?);
             out.push(Loss::of(
                 &format!("{src} -> {dst}"),
-                &entering,
-                &leaving,
+                (&entering, &leaving),
                 s,
                 d,
+                &usids,
             ));
         }
         Ok(out)
