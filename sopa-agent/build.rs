@@ -30,7 +30,11 @@ fn main() -> anyhow::Result<()> {
             "cargo:rerun-if-changed={}",
             out.join("ebpf-toolchain-missing").display()
         );
-        std::fs::write(out.join("sopa"), [])?;
+        // Written once: rewriting it on every build would rebuild the agent every time.
+        let object = out.join("sopa");
+        if std::fs::metadata(&object).map_or(true, |m| m.len() != 0) {
+            std::fs::write(object, [])?;
+        }
         return Ok(());
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))

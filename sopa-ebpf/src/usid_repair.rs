@@ -62,8 +62,12 @@ pub fn repair(ctx: &TcContext) -> Result<(i32, u32), u32> {
         next,
         after: if after >= LIB_BASE { 0 } else { after },
     };
-    // SAFETY: a plain read of a value the agent writes whole.
-    let rule = unsafe { USID_RULES.get(&key) }.ok_or(reason::USID_INTACT)?;
+    // Copied out at once: the agent may replace the entry while this packet is being rewritten.
+    let rule = USID_RULES
+        .get_ptr(&key)
+        // SAFETY: a volatile read of a whole value from a live map slot.
+        .map(|p| unsafe { core::ptr::read_volatile(p) })
+        .ok_or(reason::USID_INTACT)?;
     let detour = rule.detour != 0;
     if detour && h[1] & DETOURED_BIT != 0 {
         return Ok((TC_ACT_SHOT as i32, reason::USID_DETOUR_REFUSED));

@@ -175,6 +175,7 @@ impl Plan {
                         0,
                         &dead,
                         None,
+                        true,
                         &mut |at, l| {
                             if at == me {
                                 arrivals.insert(l.to_vec());
@@ -200,7 +201,8 @@ impl Plan {
 
     /// Walks `list` from switch `at` as the fabric routes it; true when every branch reaches a
     /// host. `visit` sees every switch reached and the list as it arrives there. A branch that
-    /// comes back to `avoid` fails.
+    /// comes back to `avoid` fails. With `all`, every branch is walked even after one failed
+    /// (to see every switch a list can reach).
     #[allow(clippy::too_many_arguments)]
     fn walk(
         &self,
@@ -210,6 +212,7 @@ impl Plan {
         depth: usize,
         dead: &dyn Fn(LinkId) -> bool,
         avoid: Option<NodeId>,
+        all: bool,
         visit: &mut dyn FnMut(NodeId, &[u16]),
         budget: &mut usize,
     ) -> bool {
@@ -238,6 +241,7 @@ impl Plan {
         if links.is_empty() || links.iter().any(|l| dead(*l)) {
             return false;
         }
+        let mut ok = true;
         for &link in links {
             let other = g.links[link as usize].other(at);
             if Some(other) == avoid {
@@ -250,17 +254,22 @@ impl Plan {
                 depth + 1,
                 dead,
                 avoid,
+                all,
                 visit,
                 budget,
             ) {
-                return false;
+                ok = false;
+                if !all {
+                    break;
+                }
             }
         }
-        true
+        ok
     }
 
-    /// The number of switches a walk of `list` from `me` crosses (its longest branch), if it
-    /// reaches the destination with `dead` skipped and never comes back here.
+    /// The switches a walk of `list` from `me` visits, over all its branches (what the rules
+    /// are ranked by: the fewest), if every branch reaches the destination host without a dead
+    /// next hop and never comes back here.
     fn reaches(
         &self,
         topo: &Topology,
@@ -278,6 +287,7 @@ impl Plan {
             0,
             dead,
             Some(me),
+            false,
             &mut |at, _| {
                 if at == me && !first {
                     deepest = usize::MAX;

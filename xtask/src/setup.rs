@@ -223,8 +223,9 @@ fn nightly_sysroot() -> Result<PathBuf> {
 
 fn nightly_rust_src() -> Result<()> {
     let sysroot = nightly_sysroot()?;
+    // The file aya-build looks for (and the agent's build script with it).
     if sysroot
-        .join("lib/rustlib/src/rust/library/core/Cargo.toml")
+        .join("lib/rustlib/src/rust/library/Cargo.lock")
         .exists()
     {
         return Ok(());

@@ -279,6 +279,26 @@ impl Netlink {
         .map_err(|err| Error::netlink(format!("installing IPv6 route {}", route.name()), err))
     }
 
+    /// [`Netlink::add_route6`], except that a route through a port that is down is not an
+    /// error: `Ok(false)`, nothing installed (the kernel refuses such a route, and takes every
+    /// route through a port that goes down with it).
+    pub async fn add_route6_if_up(&self, route: &Route6) -> Result<bool> {
+        match self
+            .route_request(
+                RouteNetlinkMessage::NewRoute(route.to_message()),
+                NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
+            )
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(err) if errno(&err) == Some(libc::ENETDOWN) => Ok(false),
+            Err(err) => Err(Error::netlink(
+                format!("installing IPv6 route {}", route.name()),
+                err,
+            )),
+        }
+    }
+
     pub async fn delete_route6(&self, route: &Route6) -> Result<()> {
         let request = RouteNetlinkMessage::DelRoute(route.to_message());
         match self.route_request(request, NLM_F_ACK).await {

@@ -49,8 +49,9 @@ pub(crate) struct Repair {
     /// Ports (ifindex) whose carrier is down.
     down: BTreeSet<u32>,
     written: BTreeMap<Prefix, FwdEntry>,
-    /// The uSID rules written (SRv6).
+    /// The uSID rules written (SRv6), and the uSID they were written for.
     usid_written: BTreeMap<UsidRuleKey, UsidRule>,
+    usid_me: u16,
     last: Reaction,
 }
 
@@ -79,6 +80,9 @@ impl Repair {
             down: BTreeSet::new(),
             written,
             usid_written,
+            // Not a uSID of any switch: the first write sets the configuration whatever an
+            // earlier agent left in it.
+            usid_me: u16::MAX,
             last: Reaction::default(),
         })
     }
@@ -278,10 +282,11 @@ impl Repair {
 
     /// Makes the uSID rules `rules` (unchanged ones are not written again).
     fn replace_usid(&mut self, me: u16, rules: BTreeMap<UsidRuleKey, UsidRule>) -> Result<()> {
-        if rules == self.usid_written {
+        if (me, &rules) == (self.usid_me, &self.usid_written) {
             return Ok(());
         }
         self.maps.set_usid_rules(me, &rules)?;
+        self.usid_me = me;
         self.usid_written = rules;
         Ok(())
     }

@@ -578,20 +578,39 @@ impl Switch {
                 _ => None,
             })
             .collect();
-        // New and changed routes first (each replaced atomically), stale ones after.
+        // What the kernel holds: a port set down takes its IPv6 routes with it (the End
+        // locator's too, when it is anchored there) while the journal still lists them, and a
+        // flap shorter than the controller's round trip never shows in a plan. A route the
+        // journal lists but the kernel lacks is installed again.
+        let present: std::collections::BTreeSet<(std::net::Ipv6Addr, u8)> = self
+            .netlink
+            .routes6()
+            .await?
+            .iter()
+            .map(|r| (r.dst, r.len))
+            .collect();
+        // New and changed routes first (each replaced atomically), stale ones after. A route
+        // through a port that is down (here, before the controller knows) is left out for now:
+        // the kernel refuses it, and the plan that follows the port's return installs it.
         for (key, r) in &wanted {
             match current.get(key) {
-                Some((_, old)) if old == r => {}
+                Some((_, old)) if old == r && present.contains(key) => {}
                 Some((i, _)) => {
-                    self.netlink.add_route6(r).await?;
-                    journal.record.changes[*i] = Change::Route6Added { route: r.clone() };
+                    if self.netlink.add_route6_if_up(r).await? {
+                        journal.record.changes[*i] = Change::Route6Added { route: r.clone() };
+                    } else {
+                        warn!(route = %r.name(), "its port is down: installed when it comes back");
+                    }
                 }
                 None => {
-                    self.netlink.add_route6(r).await?;
-                    journal
-                        .record
-                        .changes
-                        .push(Change::Route6Added { route: r.clone() });
+                    if self.netlink.add_route6_if_up(r).await? {
+                        journal
+                            .record
+                            .changes
+                            .push(Change::Route6Added { route: r.clone() });
+                    } else {
+                        warn!(route = %r.name(), "its port is down: installed when it comes back");
+                    }
                 }
             }
         }
