@@ -139,7 +139,8 @@ impl Plan {
         // local uSID, which only its rack switch reads).
         let dead = |l: LinkId| !failures.usable(g, l);
         let mut arrivals = BTreeSet::new();
-        for rack in topo.racks() {
+        let racks = topo.racks();
+        for rack in &racks {
             let Some(src) = first_host(topo, rack.tor) else {
                 continue;
             };
@@ -148,9 +149,8 @@ impl Plan {
             let table = PathTable::compute(topo, src, &Failures::none(g))?;
             let hp = host_plan(topo, &table)?;
             for d in &hp.destinations {
-                let dst_rack = topo
-                    .racks()
-                    .into_iter()
+                let dst_rack = racks
+                    .iter()
                     .find(|r| r.prefix == d.prefix)
                     .expect("a destination is a rack");
                 let Some(host) = first_host(topo, dst_rack.tor) else {
@@ -192,6 +192,11 @@ impl Plan {
 
     pub fn me(&self) -> NodeId {
         self.me
+    }
+
+    /// This switch's uSID.
+    pub fn usid(&self) -> u16 {
+        self.expected.own
     }
 
     /// Lists that reach this switch.
@@ -276,28 +281,21 @@ impl Plan {
         list: Vec<u16>,
         dead: &dyn Fn(LinkId) -> bool,
     ) -> Option<usize> {
-        let mut deepest = 0;
+        // Coming back here fails the walk itself (`avoid`).
+        let mut visited = 0;
         let mut budget = STEP_BUDGET;
-        let mut first = true;
-        let me = self.me;
         let ok = self.walk(
             topo,
-            me,
+            self.me,
             list,
             0,
             dead,
-            Some(me),
+            Some(self.me),
             false,
-            &mut |at, _| {
-                if at == me && !first {
-                    deepest = usize::MAX;
-                }
-                first = false;
-                deepest = deepest.saturating_add(1);
-            },
+            &mut |_, _| visited += 1,
             &mut budget,
         );
-        (ok && deepest != usize::MAX).then_some(deepest)
+        ok.then_some(visited)
     }
 
     /// The rules for this switch's ports on `dead` (links).

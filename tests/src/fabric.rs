@@ -841,7 +841,9 @@ impl Fabric {
     }
 }
 
-fn wait(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
+/// Polls `f` until it holds (a state the fabric reports, such as a switch's status), or fails
+/// after `timeout` naming `what`.
+pub fn wait(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
     let start = Instant::now();
     while start.elapsed() < timeout {
         if f() {

@@ -303,14 +303,12 @@ fn a_core_link_cut_mid_transfer_is_repaired_by_the_switches_at_both_ends() {
     }
     f.mend_link("a0", "c0").unwrap();
     // The port's return is an event the switches see; their rules go with it.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
     for s in ["a0", "c0"] {
-        while f.switch_status(s).unwrap()["usid_rules"] != 0 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{s} kept its rules after the link came back"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        sopa_testbed::fabric::wait(
+            &format!("{s} to drop its rules after the link came back"),
+            Duration::from_secs(60),
+            || f.switch_status(s).unwrap()["usid_rules"] == 0,
+        )
+        .unwrap();
     }
 }

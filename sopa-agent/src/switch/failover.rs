@@ -21,7 +21,7 @@ use sopa_topology::{
     LinkId, NodeId, Prefix, Topology,
     failover::{self, Reaction},
     paths::Failures,
-    srv6::{Encoding, Usids},
+    srv6::Encoding,
     srv6_failover,
 };
 use tracing::{info, warn};
@@ -38,8 +38,8 @@ struct Installed {
     me: NodeId,
     failures: Failures,
     ports: HashMap<LinkId, Port>,
-    /// In the SRv6 encoding: the lists that reach this switch, and its uSID.
-    srv6: Option<(srv6_failover::Plan, u16)>,
+    /// In the SRv6 encoding: the lists that reach this switch.
+    srv6: Option<srv6_failover::Plan>,
 }
 
 /// `tc_forward`'s entries, kept in step with the plan and with the ports' carrier.
@@ -171,7 +171,7 @@ impl Repair {
                     .is_none_or(|port| self.down.contains(&port.ifindex))
             })
             .collect();
-        if let Some((plan, me)) = &p.srv6 {
+        if let Some(plan) = &p.srv6 {
             let reaction = plan.react(&p.topo, &dead);
             let rules = reaction
                 .rules
@@ -197,7 +197,7 @@ impl Repair {
                 })
                 .collect();
             let dead: Vec<String> = dead.iter().map(|l| p.topo.graph().link_name(*l)).collect();
-            let me = *me;
+            let me = plan.usid();
             self.replace(BTreeMap::new())?;
             self.replace_usid(me, rules)?;
             if !reaction.unrepaired.is_empty() {
@@ -312,17 +312,10 @@ impl Repair {
     }
 }
 
-/// The SRv6 repair's plan of switch `me`, and its uSID.
-fn srv6_plan(
-    topo: &Topology,
-    me: NodeId,
-    failures: &Failures,
-) -> Result<(srv6_failover::Plan, u16)> {
-    let fail =
-        |e: sopa_topology::Error| Error::Config(format!("the SRv6 repair of this switch: {e}"));
-    let plan = srv6_failover::Plan::new(topo, me, failures).map_err(fail)?;
-    let usid = Usids::of(topo).map_err(fail)?.get(me);
-    Ok((plan, usid))
+/// The SRv6 repair's plan of switch `me`.
+fn srv6_plan(topo: &Topology, me: NodeId, failures: &Failures) -> Result<srv6_failover::Plan> {
+    srv6_failover::Plan::new(topo, me, failures)
+        .map_err(|e| Error::Config(format!("the SRv6 repair of this switch: {e}")))
 }
 
 /// Logs one repair of the port watcher: `received` when the link event arrived. The wall
