@@ -73,7 +73,8 @@ pub struct HostOptions {
 /// Bytes the table's encoding adds to every packet it carries a path in.
 fn overhead(table: &PathTable) -> u32 {
     if table.srv6.is_some() {
-        sopa_common::srv6::IPV6_HLEN as u32
+        // The outer header and the meter's mark, whether or not the meter runs now.
+        sopa_common::srv6::MAX_OVERHEAD as u32
     } else {
         u32::from(sopa_common::wire::OPTION_LEN)
     }

@@ -10,7 +10,9 @@ use etherparse::PacketBuilder;
 use sopa_common::{
     hash::flow_hash,
     maps::{FlowKey, mode, stamp_reason, strip_reason},
-    srv6::{NEXTHDR_IPV4, NEXTHDR_IPV6, address, outer_header},
+    srv6::{
+        MARK_LEN, NEXTHDR_DEST, NEXTHDR_IPV4, NEXTHDR_IPV6, address, mark_header, outer_header,
+    },
 };
 
 use common::{Fixture, TC_ACT_UNSPEC, gso_ctx};
@@ -389,8 +391,35 @@ fn a_packet_the_outer_header_would_take_past_the_mtu_passes_unencapsulated() {
             stamp_reason::TOO_BIG,
         ),
     ];
+    // With the path meter on, its mark takes 8 bytes more.
+    let marked_cases: Vec<Case> = vec![
+        (
+            "fits without the mark, not with it",
+            tcp(DST, 4, &[7; 1420]),
+            None,
+            stamp_reason::TOO_BIG,
+        ),
+        (
+            "just fits with the mark",
+            tcp(DST, 5, &[7; 1412]),
+            None,
+            stamp_reason::STAMPED,
+        ),
+        (
+            "gso segments that fit only without the mark",
+            tcp(DST, 6, &[7; 2826]),
+            Some(gso_ctx(2, 1413)),
+            stamp_reason::TOO_BIG,
+        ),
+    ];
+    let tai = sopa_agent::meter::tai_ns();
+    let cases = cases
+        .into_iter()
+        .map(|c| (0, c))
+        .chain(marked_cases.into_iter().map(|c| (tai, c)));
     ns.run(|| {
-        for (name, packet, ctx, reason) in cases {
+        for (period, (name, packet, ctx, reason)) in cases {
+            f.maps.set_meter_period(period).unwrap();
             let before = f.maps.stamp_counters().unwrap();
             let (action, out) = f.stamp_with(&packet, ctx.as_ref().map(|c| &c[..]));
             assert_eq!(action, TC_ACT_UNSPEC, "{name}: passed on");
@@ -402,7 +431,8 @@ fn a_packet_the_outer_header_would_take_past_the_mtu_passes_unencapsulated() {
                 stamp_reason::NAMES[reason as usize]
             );
             if reason == stamp_reason::STAMPED {
-                assert_eq!(out.len(), packet.len() + 40, "{name}");
+                let mark = if period == 0 { 0 } else { MARK_LEN };
+                assert_eq!(out.len(), packet.len() + 40 + mark, "{name}");
             } else {
                 assert_eq!(out, packet, "{name}: untouched");
             }
@@ -524,4 +554,135 @@ fn ipv6_that_srv6_does_not_carry_leaves_unencapsulated() {
             stamp_reason::NAMES[reason as usize]
         );
     }
+}
+
+/// `encapsulated` with the path meter's mark of path `hops` in the period of `color` between
+/// the outer header and the inner packet (IPv4 or IPv6 inside, by the inner frame's EtherType).
+fn marked(inner: &[u8], dst: &[u8; 16], label: u32, hops: [u8; 2], color: u8) -> Vec<u8> {
+    let ip = &inner[14..];
+    let (next, len) = if inner[12..14] == [0x86, 0xDD] {
+        (NEXTHDR_IPV6, u16::from_be_bytes([ip[4], ip[5]]) + 40)
+    } else {
+        (NEXTHDR_IPV4, u16::from_be_bytes([ip[2], ip[3]]))
+    };
+    let tclass = if next == NEXTHDR_IPV6 {
+        (ip[0] << 4) | (ip[1] >> 4)
+    } else {
+        ip[1]
+    };
+    let mut out = inner[..12].to_vec();
+    out.extend(0x86DDu16.to_be_bytes());
+    out.extend(outer_header(
+        len + MARK_LEN as u16,
+        NEXTHDR_DEST,
+        tclass,
+        label,
+        &SOURCE,
+        dst,
+    ));
+    out.extend(mark_header(next, hops, color));
+    out.extend(ip);
+    out
+}
+
+/// The path meter in the SRv6 encoding: `tc_stamp` puts RFC 9343's mark after the outer header
+/// (the path's hop bytes, the period's color) and counts what it sends per (destination rack,
+/// path, color); `xdp_strip` counts by the mark and the inner source's rack, and removes the
+/// mark with the outer header. With the period 0 there is no mark.
+#[test]
+fn the_path_meter_marks_srv6_packets_in_rfc_9343s_option_and_counts_both_ends() {
+    use sopa_common::maps::MeterKey;
+    let mut f = Fixture::new(TABLE, mode::SOPA);
+    let total = |counts: &[(MeterKey, u64)]| counts.iter().map(|(_, n)| n).sum::<u64>();
+    // A period as long as TAI time so far: now is in period 1 (odd) for decades; twice that,
+    // period 0 (even).
+    let tai = sopa_agent::meter::tai_ns();
+    let sport = 4545;
+    let start = flow_hash(&key(DST_INTER_POD, sport), 7) % 4;
+    let hops = |i: u32| [[0, 0], [0, 1], [1, 0], [1, 1]][((start + i) % 4) as usize];
+    let mut arrived = Vec::new();
+    for (i, (period, color)) in [(2 * tai, 0u8), (2 * tai, 0), (tai, 1)]
+        .into_iter()
+        .enumerate()
+    {
+        f.maps.set_meter_period(period).unwrap();
+        let i = i as u32;
+        let packet = tcp(DST_INTER_POD, sport, &[i as u8; 100]);
+        let out = f.stamp(&packet);
+        let want = marked(
+            &packet,
+            &inter_pod_address(start + i),
+            label_of(&out),
+            hops(i),
+            color,
+        );
+        assert_eq!(out, want, "packet {i}: path {:?}, color {color}", hops(i));
+        arrived.push((out, packet));
+    }
+    // IPv6 inside: the same mark, its next header 41.
+    let packet6 = tcp6(six(DST_INTER_POD), sport, &[3; 100]);
+    let out6 = f.stamp(&packet6);
+    assert_eq!(
+        out6,
+        marked(
+            &packet6,
+            &inter_pod_address(start + 3),
+            label_of(&out6),
+            hops(3),
+            1
+        )
+    );
+    arrived.push((out6, packet6));
+    let (sent0, _) = f.maps.meter_counts(0).unwrap();
+    let (sent1, _) = f.maps.meter_counts(1).unwrap();
+    assert_eq!((total(&sent0), total(&sent1)), (2, 2));
+    let rack = u32::from_ne_bytes([10, 3, 1, 0]);
+    assert!(sent0.iter().chain(&sent1).all(|(k, _)| k.peer == rack));
+
+    // At the destination (its rack switch consumed the list): the original frame, counted by
+    // the mark's path and color, from the source's rack; the receiver's own period is no matter.
+    f.maps.set_meter_period(2 * tai).unwrap();
+    for (out, packet) in &arrived {
+        let mut frame = out.clone();
+        frame[14 + 24..14 + 40].copy_from_slice(&address(&[0xE002]));
+        assert_eq!(&f.strip(&frame), packet, "decapsulated, mark and all");
+    }
+    let (_, received0) = f.maps.meter_counts(0).unwrap();
+    let (_, received1) = f.maps.meter_counts(1).unwrap();
+    let from = u32::from_ne_bytes([10, 1, 0, 0]);
+    assert!(
+        received0
+            .iter()
+            .chain(&received1)
+            .all(|(k, _)| k.peer == from)
+    );
+    let by_path = |c: &[(MeterKey, u64)]| {
+        let mut v: Vec<_> = c.iter().map(|(k, n)| ((k.hops, k.color), *n)).collect();
+        v.sort();
+        v
+    };
+    let sent: Vec<_> = [by_path(&sent0), by_path(&sent1)].concat();
+    let got: Vec<_> = [by_path(&received0), by_path(&received1)].concat();
+    assert_eq!(sent, got, "each path and color counted alike at both ends");
+
+    // A Destination Options header that is not our mark is not ours to remove.
+    let mut foreign = arrived[0].0.clone();
+    foreign[14 + 24..14 + 40].copy_from_slice(&address(&[0xE002]));
+    foreign[14 + 40 + 2] = 0x1E;
+    let before = f.maps.strip_counters().unwrap();
+    assert_eq!(f.strip(&foreign), foreign, "untouched");
+    let after = f.maps.strip_counters().unwrap();
+    assert_eq!(
+        verdicts(&before, &after, &strip_reason::NAMES),
+        ["foreign_srv6"]
+    );
+
+    // Off: no mark, nothing counted.
+    f.maps.set_meter_period(0).unwrap();
+    let packet = tcp(DST_INTER_POD, sport, b"off");
+    let out = f.stamp(&packet);
+    assert_eq!(out.len(), packet.len() + 40);
+    assert_eq!(out[14 + 6], NEXTHDR_IPV4);
+    let (sent1, _) = f.maps.meter_counts(1).unwrap();
+    assert_eq!(total(&sent1), 2);
 }

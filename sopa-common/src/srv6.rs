@@ -19,6 +19,17 @@
 //! flow label from the inner flow's hash (so receivers' NICs keep spreading flows over their
 //! queues, and IPv6 multipath routes hash per flow), next header 4 (IPv4 inside) or 41 (IPv6
 //! inside), hop limit [`HOP_LIMIT`].
+//!
+//! While the path meter runs, a Destination Options header of [`MARK_LEN`] bytes follows the
+//! outer header: RFC 9343's Alternate-Marking option, whose FlowMonID names the path (its two
+//! hop bytes) and whose L flag is the period's color. Only the host the address finally names
+//! reads it (no segment routing header precedes it, so no switch does), and switches forward it
+//! as they forward any IPv6 packet: nothing in the packet varies per path where a NIC hashes
+//! (the flow label stays the flow's), so a flow keeps its receive queue.
+//!
+//! ```text
+//! next header | 0 | 0x12 | 4 | FlowMonID (20 bits: 0000 hop0 hop1) L D reserved (10)
+//! ```
 
 /// EtherType of IPv6, host order.
 pub const ETH_P_IPV6: u16 = 0x86DD;
@@ -30,6 +41,17 @@ pub const NEXTHDR_IPV4: u8 = 4;
 pub const NEXTHDR_IPV6: u8 = 41;
 /// The outer header's hop limit.
 pub const HOP_LIMIT: u8 = 64;
+/// Next header of a Destination Options header.
+pub const NEXTHDR_DEST: u8 = 60;
+/// The IPv6 option type of Alternate Marking (RFC 9343, IANA): skipped where not understood,
+/// not changed en route.
+pub const ALT_MARK_OPTION: u8 = 0x12;
+/// The Destination Options header carrying the mark: 2 bytes of header, 2 of option type and
+/// length, 4 of data; no padding.
+pub const MARK_LEN: usize = 8;
+/// The most the encoding adds to a packet: the outer header and the mark. Routes and fabric
+/// MTUs leave room for both, so turning the meter on never makes a packet too big.
+pub const MAX_OVERHEAD: usize = IPV6_HLEN + MARK_LEN;
 
 /// The uSID block, the first 32 bits of every path address (`fcbb:bb00::/32`, the block of the
 /// uSID examples in RFC 9800 and in SONiC's documentation).
@@ -108,6 +130,27 @@ pub const fn outer_header(
     h
 }
 
+/// The Destination Options header of path `hops` in the period of `color` (0 or 1), in front
+/// of a packet of next header `next`.
+pub const fn mark_header(next: u8, hops: [u8; 2], color: u8) -> [u8; MARK_LEN] {
+    let flow_mon_id = ((hops[0] as u32) << 8) | hops[1] as u32;
+    let data = (flow_mon_id << 12) | (((color & 1) as u32) << 11);
+    let d = data.to_be_bytes();
+    [next, 0, ALT_MARK_OPTION, 4, d[0], d[1], d[2], d[3]]
+}
+
+/// A mark as [`mark_header`] writes it: the next header, the path's hop bytes and the color;
+/// `None` for any other Destination Options header (the host leaves such a packet alone).
+pub const fn read_mark(h: &[u8; MARK_LEN]) -> Option<(u8, [u8; 2], u8)> {
+    if h[1] != 0 || h[2] != ALT_MARK_OPTION || h[3] != 4 || h[4] >> 4 != 0 {
+        return None;
+    }
+    let data = u32::from_be_bytes([h[4], h[5], h[6], h[7]]);
+    let flow_mon_id = data >> 12;
+    let hops = [(flow_mon_id >> 8) as u8, flow_mon_id as u8];
+    Some((h[0], hops, ((data >> 11) & 1) as u8))
+}
+
 /// RFC 6040 (normal mode) at decapsulation: the inner ECN field after an outer one of `outer`.
 /// Congestion marked on the outer header (CE) reaches an ECN-capable inner packet; a not-ECT
 /// inner packet keeps its field (the egress would drop it instead: we leave that to the stack).
@@ -164,6 +207,25 @@ mod tests {
         assert_eq!(decapsulated_ecn(0b11, 0b01), 0b11);
         assert_eq!(decapsulated_ecn(0b11, 0b00), 0b00);
         assert_eq!(decapsulated_ecn(0b10, 0b01), 0b01);
+    }
+
+    #[test]
+    fn a_mark_is_rfc_9343s_option_and_reads_back() {
+        let h = mark_header(NEXTHDR_IPV4, [0x03, 0xA1], 1);
+        // Next header, length 0 (8 bytes), option 0x12 of 4 bytes, FlowMonID 0x003A1, L set.
+        assert_eq!(h, [4, 0, 0x12, 4, 0x00, 0x3A, 0x18, 0x00]);
+        assert_eq!(read_mark(&h), Some((4, [0x03, 0xA1], 1)));
+        assert_eq!(
+            read_mark(&mark_header(NEXTHDR_IPV6, [0xFF, 0xFF], 0)),
+            Some((41, [0xFF, 0xFF], 0))
+        );
+        // Any other Destination Options header is not ours.
+        let mut other = h;
+        other[2] = 0x1E;
+        assert_eq!(read_mark(&other), None);
+        let mut longer = h;
+        longer[1] = 1;
+        assert_eq!(read_mark(&longer), None);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The path meter's datapath half: the current period's color, and the counters of packets sent
-//! and received per (peer rack, path, color) (`sopa_common::maps::meter`).
+//! and received per (peer rack, path, color) (`sopa_common::maps::meter`). The option carries
+//! the color in its first hop byte, the SRv6 encoding in RFC 9343's mark (`sopa_common::srv6`).
 
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_tai_ns, maps::HashMap};
 use sopa_common::maps::{MeterKey, meter};
@@ -45,20 +46,20 @@ impl Meter {
         add(&METER_SENT, self.key(daddr, hops, self.color), n)
     }
 
-    /// Counts `n` packets from `saddr` on path `hops` in the color they carry; false when the table is full.
+    /// Counts `n` packets from `saddr` on path `hops` (bare) in the period of `color`; false
+    /// when the table is full.
     #[inline(always)]
-    pub fn received(saddr: [u8; 4], hops: [u8; 2], n: u64) -> bool {
+    pub fn received(saddr: [u8; 4], hops: [u8; 2], color: u8, n: u64) -> bool {
         let Some(config) = METER_CONFIG.get(0) else {
             return true;
         };
         if config.period_ns == 0 {
             return true;
         }
-        let color = u8::from(hops[0] & meter::COLOR != 0);
         let key = MeterKey {
             peer: u32::from_ne_bytes(saddr) & config.rack_mask,
             hops: [hops[0] & meter::HOP_MASK, hops[1]],
-            color,
+            color: color & 1,
             _pad: 0,
         };
         add(&METER_RECEIVED, key, n)

@@ -15,15 +15,17 @@ use sopa_common::{
         Encap, MAX_CHOSEN, MAX_TAIL, SegKey, encoding, stamp_reason as stamp, strip_reason as strip,
     },
     srv6::{
-        BLOCK, ETH_P_IPV6, IPV6_HLEN, LIB_BASE, MAX_HOST_OFFSET, NEXTHDR_IPV4, NEXTHDR_IPV6,
-        USID_SLOTS, decapsulated_ecn, flow_label, outer_header,
+        BLOCK, ETH_P_IPV6, IPV6_HLEN, LIB_BASE, MARK_LEN, MAX_HOST_OFFSET, NEXTHDR_DEST,
+        NEXTHDR_IPV4, NEXTHDR_IPV6, USID_SLOTS, decapsulated_ecn, flow_label, mark_header,
+        outer_header, read_mark,
     },
     wire::{ETH_HLEN, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP, IPV4_BASE_LEN, checksum_adjust, word},
 };
 
 use crate::{
-    ENCAP, SRV6_DESTS, SRV6_SEGS,
-    packet::{Ipv4, ptr_at},
+    ENCAP, SRV6_DESTS, SRV6_SEGS, STRIP_STATS,
+    meter::Meter,
+    packet::{Ipv4, count, ptr_at},
     tc_stamp::{is_gso, tc_ptr},
 };
 
@@ -97,10 +99,11 @@ fn path_address(ip: &Ipv4, hops: [u8; 2]) -> Result<[u8; 16], u32> {
     Ok(out)
 }
 
-/// Whether every segment of a GSO packet still fits the interface's MTU with the outer header
-/// on. Checked before encapsulating: room made for a tunnel header cannot be taken back cleanly.
+/// Whether every segment of a GSO packet still fits the interface's MTU with `extra` bytes of
+/// outer headers on. Checked before encapsulating: room made for a tunnel header cannot be
+/// taken back cleanly.
 #[inline(always)]
-fn gso_segments_fit(ctx: &TcContext, ip: &Ipv4, inner: &Inner) -> Result<bool, u32> {
+fn gso_segments_fit(ctx: &TcContext, ip: &Ipv4, inner: &Inner, extra: u32) -> Result<bool, u32> {
     // Only IHL-5 IPv4 packets and IPv6 ones without extension headers are encapsulated.
     let l3 = match inner {
         Inner::Ipv4 => IPV4_BASE_LEN,
@@ -121,12 +124,13 @@ fn gso_segments_fit(ctx: &TcContext, ip: &Ipv4, inner: &Inner) -> Result<bool, u
     unsafe { bpf_check_mtu(ctx.skb.skb.cast(), 0, &mut mtu, 0, 0) };
     // SAFETY: reading a field of the context the kernel handed us.
     let gso_size = u32::from(unsafe { (*ctx.skb.skb).gso_size });
-    let segment = l3 as u32 + l4_header + gso_size + u32::from(OUTER_LEN);
+    let segment = l3 as u32 + l4_header + gso_size + extra;
     Ok(mtu == 0 || segment <= mtu)
 }
 
 /// Puts the outer IPv6 header of path `hops` in front of the packet `ip` describes (an IPv6
-/// one by its embedded IPv4 addresses, its whole length and its traffic class).
+/// one by its embedded IPv4 addresses, its whole length and its traffic class), and after it
+/// the meter's mark of the period of `color` while the meter runs.
 #[inline(always)]
 pub fn encapsulate(
     ctx: &TcContext,
@@ -134,9 +138,11 @@ pub fn encapsulate(
     encap: &Encap,
     hops: [u8; 2],
     inner: Inner,
+    color: Option<u8>,
 ) -> Result<(), u32> {
     let dst = path_address(ip, hops)?;
-    if is_gso(ctx) && !gso_segments_fit(ctx, ip, &inner)? {
+    let mark = if color.is_some() { MARK_LEN as u16 } else { 0 };
+    if is_gso(ctx) && !gso_segments_fit(ctx, ip, &inner, u32::from(OUTER_LEN + mark))? {
         return Err(stamp::TOO_BIG);
     }
     // The inner flow's hash (the socket's, for local TCP), read before the packet changes.
@@ -145,7 +151,7 @@ pub fn encapsulate(
     // FIXED_GSO keeps gso_size, so a segment grows by exactly the outer header: the fabric's
     // MTU is 40 more than the hosts' (or the agent lowered the route MTUs by 40).
     ctx.adjust_room(
-        i32::from(OUTER_LEN),
+        i32::from(OUTER_LEN + mark),
         BPF_ADJ_ROOM_MAC,
         u64::from(BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 | BPF_F_ADJ_ROOM_FIXED_GSO),
     )
@@ -159,11 +165,21 @@ pub fn encapsulate(
         Inner::Ipv4 => NEXTHDR_IPV4,
         Inner::Ipv6 => NEXTHDR_IPV6,
     };
-    let outer = outer_header(ip.tot_len, next, ip.tos, label, &encap.source, &dst);
+    let (outer_next, payload_len) = match color {
+        Some(_) => (NEXTHDR_DEST, ip.tot_len.wrapping_add(mark)),
+        None => (next, ip.tot_len),
+    };
+    let outer = outer_header(payload_len, outer_next, ip.tos, label, &encap.source, &dst);
     let mut i = 0;
     while i < IPV6_HLEN {
         h[ETH_HLEN + i] = outer[i];
         i += 1;
+    }
+    if let Some(color) = color {
+        let at: *mut [u8; MARK_LEN] =
+            tc_ptr(ctx, ETH_HLEN + IPV6_HLEN).ok_or(stamp::ADJUST_FAILED)?;
+        // SAFETY: bounds checked by tc_ptr, in the room made above.
+        unsafe { *at = mark_header(next, hops, color) };
     }
     Ok(())
 }
@@ -203,42 +219,76 @@ pub fn decapsulate(ctx: &XdpContext) -> Result<Inner, u32> {
             strip::NOT_IPV4
         });
     }
-    let (inner, ether_type) = match (f[o] >> 4, f[o + 6]) {
-        (6, NEXTHDR_IPV4) => (Inner::Ipv4, ETH_P_IP),
-        (6, NEXTHDR_IPV6) => (Inner::Ipv6, ETH_P_IPV6),
+    if f[o] >> 4 != 6 {
+        return Err(strip::FOREIGN_SRV6);
+    }
+    let outer_ecn = ((f[o] << 4) | (f[o + 1] >> 4)) & 0b11;
+    // The meter's mark, when the sender's meter ran: the path and the period's color, counted
+    // by the inner packet's source whether or not the strip below succeeds (as the option's).
+    let (next, mark) = if f[o + 6] == NEXTHDR_DEST {
+        let at: *const [u8; MARK_LEN] =
+            ptr_at(ctx.data(), ctx.data_end(), ETH_HLEN + IPV6_HLEN).ok_or(strip::TOO_SHORT)?;
+        // SAFETY: bounds checked by ptr_at.
+        let Some((next, hops, color)) = read_mark(unsafe { &*at }) else {
+            return Err(strip::FOREIGN_SRV6);
+        };
+        (next, Some((hops, color)))
+    } else {
+        (f[o + 6], None)
+    };
+    let (inner, ether_type) = match next {
+        NEXTHDR_IPV4 => (Inner::Ipv4, ETH_P_IP),
+        NEXTHDR_IPV6 => (Inner::Ipv6, ETH_P_IPV6),
         _ => return Err(strip::FOREIGN_SRV6),
     };
-    let outer_ecn = ((f[o] << 4) | (f[o + 1] >> 4)) & 0b11;
-    // Ethernet addresses into place in front of the inner packet; what they overwrite is kept
-    // until the head moved, so a failure leaves the packet whole.
-    let mut saved = [0u8; ETH_HLEN];
-    let mut i = 0;
-    while i < ETH_HLEN {
-        saved[i] = f[IPV6_HLEN + i];
-        i += 1;
-    }
-    let mut i = 0;
-    while i < 12 {
-        f[IPV6_HLEN + i] = f[i];
-        i += 1;
-    }
-    [f[IPV6_HLEN + 12], f[IPV6_HLEN + 13]] = ether_type.to_be_bytes();
-    // SAFETY: plain helper call on our context.
-    if unsafe { bpf_xdp_adjust_head(ctx.ctx, i32::from(OUTER_LEN)) } != 0 {
-        // The head did not move, but the helper voided every packet pointer: fetch it again.
-        if let Some(head) = ptr_at::<[u8; ETH_HLEN + IPV6_HLEN]>(ctx.data(), ctx.data_end(), 0) {
-            // SAFETY: bounds checked by ptr_at.
-            let f = unsafe { &mut *head };
-            let mut i = 0;
-            while i < ETH_HLEN {
-                f[IPV6_HLEN + i] = saved[i];
-                i += 1;
-            }
+    if let Some((hops, color)) = mark {
+        const L3: usize = ETH_HLEN + IPV6_HLEN + MARK_LEN;
+        // The source's IPv4 address: its own, or the one an IPv6 source of the fabric embeds.
+        let source = match inner {
+            Inner::Ipv4 => ptr_at::<[u8; 4]>(ctx.data(), ctx.data_end(), L3 + 12),
+            Inner::Ipv6 => ptr_at::<[u8; 4]>(ctx.data(), ctx.data_end(), L3 + 20),
+        };
+        let source = source.ok_or(strip::TOO_SHORT)?;
+        // SAFETY: bounds checked by ptr_at.
+        if !Meter::received(unsafe { *source }, hops, color, 1) {
+            count(&STRIP_STATS, strip::METER_FULL, 1);
         }
-        return Err(strip::ADJUST_FAILED);
+        slide::<{ IPV6_HLEN + MARK_LEN }>(ctx, ether_type)?;
+    } else {
+        slide::<IPV6_HLEN>(ctx, ether_type)?;
     }
     propagate_ecn(ctx, &inner, outer_ecn);
     Ok(inner)
+}
+
+/// Removes the `SHIFT` bytes after the Ethernet header: its addresses and `ether_type` move in
+/// front of what follows them. What they overwrite is kept until the head moved, so a failure
+/// leaves the packet whole.
+#[inline(always)]
+fn slide<const SHIFT: usize>(ctx: &XdpContext, ether_type: u16) -> Result<(), u32> {
+    let from: *const [u8; ETH_HLEN] =
+        ptr_at(ctx.data(), ctx.data_end(), 0).ok_or(strip::TOO_SHORT)?;
+    let to: *mut [u8; ETH_HLEN] =
+        ptr_at(ctx.data(), ctx.data_end(), SHIFT).ok_or(strip::TOO_SHORT)?;
+    // SAFETY: bounds checked by ptr_at; the two do not overlap (SHIFT is past the header).
+    let (from, to) = unsafe { (&*from, &mut *to) };
+    let saved = *to;
+    let mut i = 0;
+    while i < 12 {
+        to[i] = from[i];
+        i += 1;
+    }
+    [to[12], to[13]] = ether_type.to_be_bytes();
+    // SAFETY: plain helper call on our context.
+    if unsafe { bpf_xdp_adjust_head(ctx.ctx, SHIFT as i32) } != 0 {
+        // The head did not move, but the helper voided every packet pointer: fetch it again.
+        if let Some(to) = ptr_at::<[u8; ETH_HLEN]>(ctx.data(), ctx.data_end(), SHIFT) {
+            // SAFETY: bounds checked by ptr_at.
+            unsafe { *to = saved };
+        }
+        return Err(strip::ADJUST_FAILED);
+    }
+    Ok(())
 }
 
 /// RFC 6040: congestion marked on the outer header is carried into the inner one.

@@ -24,7 +24,7 @@ use aya_ebpf::{
 use aya_log_ebpf::warn;
 use sopa_common::{
     maps::{FlowState, MAX_PATHS, encoding, mode, stamp_reason as reason},
-    srv6::{ETH_P_IPV6, IPV6_HLEN},
+    srv6::{ETH_P_IPV6, IPV6_HLEN, MARK_LEN, MAX_OVERHEAD},
     wire::{
         ETH_HLEN, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP, IPV4_BASE_LEN, IPV4_STAMPED_LEN, OPTION_LEN,
         OPTION_TYPE, checksum_adjust, word,
@@ -86,7 +86,14 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
     if ip.ihl > 5 && (!forged || srv6) {
         return Err(reason::HAS_OPTIONS);
     }
-    let extra = if srv6 { OUTER_LEN } else { OPTION_LEN.into() };
+    // The path meter marks and counts the packets of either encoding (SRv6: in a Destination
+    // Options header after the outer one, `crate::srv6`).
+    let meter = Meter::now();
+    let extra = if srv6 {
+        outer_len(meter.is_some())
+    } else {
+        OPTION_LEN.into()
+    };
     let l4 = if forged {
         ETH_HLEN + IPV4_STAMPED_LEN
     } else {
@@ -99,26 +106,41 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
     };
     // Before stamping: growing a GSO packet's header resets its segment count.
     let segs = segments(ctx);
-    // The path meter marks and counts the option's packets (an SRv6 packet is not metered).
-    let meter = if srv6 { None } else { Meter::now() };
     let wire = match meter {
         Some(m) => [m.mark(choice.hops[0]), choice.hops[1]],
         None => choice.hops,
     };
     if let Some(encap) = encap {
-        crate::srv6::encapsulate(ctx, &ip, encap, choice.hops, Inner::Ipv4)?;
+        let color = meter.map(|m| m.color);
+        crate::srv6::encapsulate(ctx, &ip, encap, choice.hops, Inner::Ipv4, color)?;
     } else if forged {
         restamp(ctx, wire).map_err(|_| reason::FORGED_DROPPED)?;
         count(&crate::STAMP_STATS, reason::RESTAMPED, 1);
     } else {
         stamp(ctx, &ip, wire)?;
     }
+    metered(meter, &ip, &choice, segs);
+    Ok(counted(&choice, segs))
+}
+
+/// Counts a stamped packet in the path meter, when it runs.
+#[inline(always)]
+fn metered(meter: Option<Meter>, ip: &Ipv4, choice: &Choice, segs: u64) {
     if let Some(m) = meter
         && !m.sent(ip.daddr, choice.hops, segs)
     {
         count(&crate::STAMP_STATS, reason::METER_FULL, 1);
     }
-    Ok(counted(&choice, segs))
+}
+
+/// What the SRv6 encoding adds to a packet, with the meter's mark or without it.
+#[inline(always)]
+fn outer_len(marked: bool) -> u16 {
+    if marked {
+        OUTER_LEN + MARK_LEN as u16
+    } else {
+        OUTER_LEN
+    }
 }
 
 /// IPv6 in the SRv6 encoding: a TCP or UDP packet without extension headers to the fabric's
@@ -165,13 +187,17 @@ fn stamp_ipv6(ctx: &TcContext) -> Result<u32, u32> {
         daddr: [h[36], h[37], h[38], h[39]],
     };
     // A payload length of 0 is BIG TCP's (past 64 KB, the length in the skb only): the outer
-    // header could not say it. Nor could it say one within 80 bytes of the maximum.
-    if ip6.payload_len == 0 || ip6.payload_len > u16::MAX - 2 * IPV6_HLEN as u16 {
+    // header could not say it. Nor could it say one within 88 bytes of the maximum.
+    if ip6.payload_len == 0 || ip6.payload_len > u16::MAX - (IPV6_HLEN + MAX_OVERHEAD) as u16 {
         return Err(reason::TOO_BIG);
     }
-    let choice = choose(ctx, &ip, false, OUTER_LEN, ETH_HLEN + IPV6_HLEN)?;
+    let meter = Meter::now();
+    let extra = outer_len(meter.is_some());
+    let choice = choose(ctx, &ip, false, extra, ETH_HLEN + IPV6_HLEN)?;
     let segs = segments(ctx);
-    crate::srv6::encapsulate(ctx, &ip, encap, choice.hops, Inner::Ipv6)?;
+    let color = meter.map(|m| m.color);
+    crate::srv6::encapsulate(ctx, &ip, encap, choice.hops, Inner::Ipv6, color)?;
+    metered(meter, &ip, &choice, segs);
     Ok(counted(&choice, segs))
 }
 

@@ -7,7 +7,7 @@
 
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_xdp_adjust_head, programs::XdpContext};
 use sopa_common::{
-    maps::{ReorderState, measure, strip_reason as reason},
+    maps::{ReorderState, measure, meter, strip_reason as reason},
     srv6::ETH_P_IPV6,
     wire::{
         ETH_HLEN, ETH_P_IP, IPPROTO_TCP, IPV4_BASE_LEN, IPV4_STAMPED_LEN, OPTION_LEN,
@@ -75,7 +75,9 @@ pub fn try_strip(ctx: &XdpContext) -> Result<u32, u32> {
     const E: usize = ETH_HLEN / 2;
     // The path meter counts it by the path and color it carries, whether or not the strip below
     // succeeds (the packet is delivered either way).
-    if !Meter::received(ip.saddr, w[E + 11].to_ne_bytes(), 1) {
+    let [hop0, hop1] = w[E + 11].to_ne_bytes();
+    let color = u8::from(hop0 & meter::COLOR != 0);
+    if !Meter::received(ip.saddr, [hop0, hop1], color, 1) {
         count(&STRIP_STATS, reason::METER_FULL, 1);
     }
     // The base header's first two words for its new length.

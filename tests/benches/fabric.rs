@@ -4,7 +4,7 @@
 //! [--xdp auto|generic|native,...]`: the SOPA paper's
 //! experiments on the namespace fabric, the modes measured side by side in one run on one
 //! fabric. With several encodings or rates, the fabric is built once per encoding and rate in
-//! the same run (the same topology and seed; an SRv6 fabric's links at 1540), and the means are
+//! the same run (the same topology and seed; an SRv6 fabric's links at 1548), and the means are
 //! compared mode by mode. With several `--xdp` attach modes (one encoding, one rate), a fabric
 //! is built per attach mode of the hosts' `xdp_strip`, and the modes' means and the machine's
 //! CPU are compared side by side.
@@ -253,7 +253,8 @@ fn full_size(encoding: Encoding) -> (f64, f64) {
     match encoding {
         // The route MTU is 4 under the link's 1500: the option fits in it.
         Encoding::Ipv4Option => (1500.0 + 14.0, 1496.0 - 52.0),
-        // Links at 1540: the 1500-byte inner packet and the 40-byte outer header.
+        // Links at 1548: the 1500-byte inner packet, the 40-byte outer header and the path
+        // meter's 8-byte mark (the testbed's agents meter).
         Encoding::Srv6 => (f64::from(SRV6_FABRIC_MTU) + 14.0, 1500.0 - 52.0),
     }
 }

@@ -32,6 +32,54 @@ pub fn tcp_from(frame: &[u8], src: std::net::Ipv4Addr) -> Option<(Vec<u8>, usize
     Some((unmarked(ip.options()), payload))
 }
 
+/// A captured frame of the SRv6 encoding, read as its parts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Srv6Frame {
+    pub src: std::net::Ipv6Addr,
+    /// The uSID list as the frame carried it when captured.
+    pub dst: std::net::Ipv6Addr,
+    pub flow_label: u32,
+    /// The outer header's payload length (the mark's 8 bytes included).
+    pub payload_len: u16,
+    /// What is inside: 4 (IPv4) or 41 (IPv6).
+    pub inner_next: u8,
+    /// The path meter's mark: the path's hop bytes and the period's color.
+    pub mark: Option<([u8; 2], u8)>,
+    /// Where the inner packet starts in the frame.
+    pub inner: usize,
+}
+
+/// An IPv6 frame with IPv4 or IPv6 inside (after the meter's mark, if it has one); `None` for
+/// anything else, such as neighbour discovery.
+pub fn srv6(frame: &[u8]) -> Option<Srv6Frame> {
+    use sopa_common::srv6::{MARK_LEN, NEXTHDR_DEST, NEXTHDR_IPV4, NEXTHDR_IPV6, read_mark};
+    const OUTER: usize = 14 + sopa_common::srv6::IPV6_HLEN;
+    if frame.len() < OUTER || frame[12..14] != [0x86, 0xDD] {
+        return None;
+    }
+    let (inner_next, mark, inner) = if frame[20] == NEXTHDR_DEST {
+        let h: &[u8; MARK_LEN] = frame.get(OUTER..OUTER + MARK_LEN)?.try_into().ok()?;
+        let (next, hops, color) = read_mark(h)?;
+        (next, Some((hops, color)), OUTER + MARK_LEN)
+    } else {
+        (frame[20], None, OUTER)
+    };
+    if inner_next != NEXTHDR_IPV4 && inner_next != NEXTHDR_IPV6 {
+        return None;
+    }
+    let src: [u8; 16] = frame[22..38].try_into().ok()?;
+    let dst: [u8; 16] = frame[38..54].try_into().ok()?;
+    Some(Srv6Frame {
+        src: src.into(),
+        dst: dst.into(),
+        flow_label: u32::from_be_bytes([0, frame[15] & 0xF, frame[16], frame[17]]),
+        payload_len: u16::from_be_bytes([frame[18], frame[19]]),
+        inner_next,
+        mark,
+        inner,
+    })
+}
+
 /// IPv4 options with the path meter's period mark taken off our option's first hop byte (the
 /// path it names is the same in either period).
 pub fn unmarked(options: &[u8]) -> Vec<u8> {

@@ -70,7 +70,8 @@ pub struct FabricOptions {
     /// replicas on a three-member etcd cluster (in a namespace of their own), one elected.
     pub controllers: usize,
     /// How hosts carry the path. SRv6 gives every link IPv6 addresses (the topology's plan)
-    /// and runs every link at [`SRV6_FABRIC_MTU`], the hosts' 1500 plus the outer header.
+    /// and runs every link at [`SRV6_FABRIC_MTU`], the hosts' 1500 plus the outer header and the
+    /// path meter's mark.
     pub encoding: Encoding,
     /// How a shaped link serializes its packets.
     pub link_qdisc: LinkQdisc,
@@ -110,7 +111,7 @@ impl std::str::FromStr for LinkQdisc {
 }
 
 /// Fabric links' MTU in the SRv6 encoding: hosts keep 1500 on their routes.
-pub const SRV6_FABRIC_MTU: u32 = 1540;
+pub const SRV6_FABRIC_MTU: u32 = 1548;
 
 impl Default for FabricOptions {
     fn default() -> Self {

@@ -62,20 +62,19 @@ pub fn usid_paths(f: &Fabric, src: &str, dst: &str) -> Result<UsidPaths> {
 /// The TCP packets from `src` to `dst` a capture saw, in capture order; SRv6 frames are read
 /// by the IPv4 packet inside, their path looked up in `usids`.
 pub fn packets(c: &Captured, src: Ipv4Addr, dst: Ipv4Addr, usids: &UsidPaths) -> Vec<Seen> {
-    const OUTER: usize = 14 + sopa_common::srv6::IPV6_HLEN;
     let mut raw = Vec::new();
     for (frame, at) in c.frames.iter().zip(&c.times) {
-        let (inner, path) = if frame.len() > OUTER + 20
-            && frame[12..14] == [0x86, 0xDD]
-            && frame[14 + 6] == sopa_common::srv6::NEXTHDR_IPV4
-        {
-            let list: Vec<u16> = frame[14 + 28..OUTER]
+        let srv6 = crate::capture::srv6(frame).filter(|f| {
+            f.inner_next == sopa_common::srv6::NEXTHDR_IPV4 && frame.len() > f.inner + 20
+        });
+        let (inner, path) = if let Some(f) = srv6 {
+            let list: Vec<u16> = f.dst.octets()[4..]
                 .chunks(2)
                 .take(USID_SLOTS)
                 .map(|c| u16::from_be_bytes([c[0], c[1]]))
                 .take_while(|u| *u != 0 && *u < LIB_BASE)
                 .collect();
-            (OUTER, Some(usids.get(&list).copied()))
+            (f.inner, Some(usids.get(&list).copied()))
         } else if frame.len() >= 34 && frame[12..14] == [8, 0] {
             (14, None)
         } else {

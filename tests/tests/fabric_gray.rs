@@ -368,3 +368,95 @@ fn a_gray_core_link_is_found_drained_and_trusted_again() {
     eprintln!("{transfers} transfers of 4 MiB completed, every one whole");
     assert!(transfers > 0);
 }
+
+/// The same gray link in the SRv6 encoding: the hosts' meters read the path from RFC 9343's mark
+/// behind the outer header (switches are plain Linux uSID routers that forward it untouched),
+/// and the controller finds, drains and stops the use of a0 -> c0 as it does for the option.
+#[test]
+fn a_gray_core_link_is_found_and_drained_in_the_srv6_encoding() {
+    let opts = FabricOptions {
+        rate_mbit: Some(100),
+        encoding: sopa_topology::srv6::Encoding::Srv6,
+        ..FabricOptions::default()
+    };
+    let mut f = Fabric::build(&TopologySpec::FatTree { k: 4 }, &opts).expect("build the fabric");
+    f.controller_args.extend(
+        ["--suspect-hold-ms", &HOLD_MS.to_string()]
+            .iter()
+            .map(|s| s.to_string()),
+    );
+    f.start(&opts).expect("start controller and agents");
+    f.wait_ready(Duration::from_secs(60))
+        .expect("every agent ready");
+    let f = Arc::new(f);
+    let mut lossy = LossyLink::attach(f.ns("a0"), &f.link_iface("a0", "c0")).unwrap();
+    let load = Load::start(&f);
+    let s = wait_status(
+        &f,
+        Duration::from_secs(30),
+        "metered packets on a0 -> c0",
+        |s| a0_c0(s).0 >= METERED,
+    );
+    let (sent, lost) = a0_c0(&s);
+    eprintln!("srv6, healthy: a0 -> c0 {sent} sent, {lost} lost");
+    // The receivers count what the senders do (read from the mark): a receiver that missed
+    // the mark would read every path as lost.
+    assert!(
+        lost * 20 <= sent,
+        "a healthy a0 -> c0 lost {lost} of {sent}"
+    );
+    assert_eq!(suspects(&s), Vec::<String>::new(), "a healthy link drained");
+
+    let (seen0, dropped0) = lossy.counts().unwrap();
+    lossy.set_loss(2.0).unwrap();
+    let onset = Instant::now();
+    let s = wait_status(&f, Duration::from_secs(20), "a0:c0 suspect at 2%", |s| {
+        suspects(s) == ["a0:c0"]
+            && s["down_links"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|l| l == "a0:c0")
+    });
+    let (seen, dropped) = lossy.counts().unwrap();
+    let (seen, dropped) = (seen - seen0, dropped - dropped0);
+    eprintln!(
+        "srv6, 2%: a0:c0 suspect {:.2} s after the onset; tc_lossy dropped {dropped} of {seen} \
+         ({:.2}%); {}",
+        onset.elapsed().as_secs_f64(),
+        100.0 * dropped as f64 / seen.max(1) as f64,
+        s["suspect_links"]
+    );
+    let sd = (seen as f64 * 0.02 * 0.98).sqrt();
+    assert!(
+        (dropped as f64 - seen as f64 * 0.02).abs() <= 5.0 * sd + 1.0,
+        "tc_lossy dropped {dropped} of {seen}, not 2%"
+    );
+    let x = &s["suspect_links"][0];
+    assert!(
+        x["lost"].as_u64().unwrap() <= dropped,
+        "convicted on more lost than dropped: {x}"
+    );
+    // Drained: the hosts' uSID lists no longer name c0 from a0.
+    f.wait_applied(|down| down >= 1, "every agent applied the drain")
+        .unwrap();
+    let port = f.link_iface("a0", "c0");
+    let before = f.ns("a0").tx_packets(&port).unwrap();
+    let done = load.done.load(Ordering::Relaxed);
+    let start = Instant::now();
+    while load.done.load(Ordering::Relaxed) <= done {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no transfer completed after the drain"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let after = f.ns("a0").tx_packets(&port).unwrap();
+    assert!(
+        after - before < 50,
+        "{} packets sent onto the drained link",
+        after - before
+    );
+    let transfers = load.finish();
+    eprintln!("srv6: {transfers} transfers of 4 MiB completed, every one whole");
+}

@@ -7,37 +7,29 @@ use std::net::Ipv6Addr;
 use sopa_testbed::{
     agent::Agent,
     arb::{A_ADDR6, A_PREFIX, A_RACK_USID, Arb, B_ADDR6, B_PREFIX, B_RACK_USID},
-    capture::{Capture, cycle_breaks, tcp_from},
+    capture::{Capture, Srv6Frame, cycle_breaks, srv6, tcp_from},
     traffic::{SendOptions, tcp_transfer, tcp_transfer_to},
 };
 
 const MIB: u64 = 1 << 20;
 const PATHS: u8 = 3;
 
-/// An encapsulated frame from `src6` as the outer header shows it: (destination, flow label,
-/// outer payload length) and the inner packet as an Ethernet frame of IPv4.
-fn outer(frame: &[u8], src6: Ipv6Addr) -> Option<(Ipv6Addr, u32, u16, Vec<u8>)> {
-    if frame.len() < 54 || frame[12..14] != [0x86, 0xDD] || frame[14 + 6] != 4 {
-        return None;
-    }
-    let src: [u8; 16] = frame[22..38].try_into().unwrap();
-    if Ipv6Addr::from(src) != src6 {
-        return None;
-    }
-    let dst: [u8; 16] = frame[38..54].try_into().unwrap();
-    let label = u32::from_be_bytes([0, frame[15] & 0xF, frame[16], frame[17]]);
-    let len = u16::from_be_bytes([frame[18], frame[19]]);
+/// An encapsulated frame from `src6` with IPv4 inside: its outer header and mark as read, and
+/// the inner packet as an Ethernet frame of IPv4.
+fn outer(frame: &[u8], src6: Ipv6Addr) -> Option<(Srv6Frame, Vec<u8>)> {
+    let f = srv6(frame).filter(|f| f.src == src6 && f.inner_next == 4)?;
     let mut inner = frame[..12].to_vec();
     inner.extend([0x08, 0x00]);
-    inner.extend(&frame[54..]);
-    Some((Ipv6Addr::from(dst), label, len, inner))
+    inner.extend(&frame[f.inner..]);
+    Some((f, inner))
 }
 
 #[test]
 fn srv6_over_a_linux_usid_node_paths_cycle_and_b_sees_the_inner_packet_only() {
     let arb = Arb::new("s").expect("build A - R - B");
-    // Fabric links 40 bytes above the hosts' 1500: the outer header costs no goodput.
-    arb.make_srv6(usize::from(PATHS), 1540)
+    // Fabric links 48 bytes above the hosts' 1500: the outer header and the path meter's mark
+    // cost no goodput.
+    arb.make_srv6(usize::from(PATHS), 1548)
         .expect("R as an SRv6 node");
     let routes_before = arb.a.ip(&["route"]).unwrap();
     let agent_a = Agent::start(
@@ -59,12 +51,12 @@ fn srv6_over_a_linux_usid_node_paths_cycle_and_b_sees_the_inner_packet_only() {
     let routes = arb.a.ip(&["route"]).unwrap();
     assert!(
         routes.contains("10.101.2.0/24 via 10.101.1.1") && routes.contains("mtu 1500"),
-        "the fabric route at the interface's 1540 less the outer header's 40:\n{routes}"
+        "the fabric route at the interface's 1548 less the outer header's 40 and the mark's 8:\n{routes}"
     );
     let routes6 = arb.a.ip(&["-6", "route"]).unwrap();
     assert!(
         routes6.contains("fd00:5a::/96 via fd00:5a::a65:101") && routes6.contains("mtu 1500"),
-        "IPv6 to the fabric's /96 as the default route goes, at 1540 less 40:\n{routes6}"
+        "IPv6 to the fabric's /96 as the default route goes, at 1548 less 48:\n{routes6}"
     );
 
     let at_r = Capture::start(&arb.r, &arb.r_a_if).unwrap();
@@ -107,14 +99,16 @@ fn srv6_over_a_linux_usid_node_paths_cycle_and_b_sees_the_inner_packet_only() {
     let shifted: Ipv6Addr = format!("fcbb:bb00:{B_RACK_USID:x}:e002::").parse().unwrap();
     let (mut sent, mut labels, mut full_size, mut plain, mut read_late) =
         (Vec::new(), Vec::new(), 0, 0, 0);
+    let mut colors = [0u64; 2];
     for frame in &at_r.frames {
         if tcp_from(frame, arb.a_addr).is_some() {
             plain += 1;
             continue;
         }
-        let Some((dst, label, len, inner)) = outer(frame, a6) else {
+        let Some((f, inner)) = outer(frame, a6) else {
             continue;
         };
+        let (dst, label) = (f.dst, f.flow_label);
         let Some((options, payload)) = tcp_from(&inner, arb.a_addr) else {
             continue;
         };
@@ -127,13 +121,20 @@ fn srv6_over_a_linux_usid_node_paths_cycle_and_b_sees_the_inner_packet_only() {
             .iter()
             .position(|l| *l == dst)
             .unwrap_or_else(|| panic!("outer destination {dst} is none of the paths' lists"));
+        // The path meter runs (every 250 ms by default): each packet carries RFC 9343's mark
+        // naming the path its list takes, in one color or the other.
+        let (hops, color) = f
+            .mark
+            .unwrap_or_else(|| panic!("a packet to {dst} without the meter's mark"));
+        assert_eq!(hops[0], path as u8, "the mark names the path of {dst}");
+        colors[usize::from(color)] += 1;
         sent.push((
             u16::from_be_bytes([inner[18], inner[19]]),
             path as u8,
             payload,
         ));
         labels.push(label);
-        if len == 1500 {
+        if f.payload_len == 1508 {
             full_size += 1;
         }
     }
@@ -152,7 +153,7 @@ fn srv6_over_a_linux_usid_node_paths_cycle_and_b_sees_the_inner_packet_only() {
     );
     assert!(
         full_size > sent.len() / 2,
-        "full-size inner packets (1500, in an outer payload of 1500): {full_size} of {}",
+        "full-size inner packets (1500, in an outer payload of 1508 with the mark): {full_size} of {}",
         sent.len()
     );
     // The label is the flow's hash (the socket's txhash): one flow keeps one, except where
@@ -173,7 +174,7 @@ fn srv6_over_a_linux_usid_node_paths_cycle_and_b_sees_the_inner_packet_only() {
             inner_at_b += 1;
         }
         // (Neighbour discovery is IPv6 too: only encapsulated packets count.)
-        if f.len() > 54 && f[12..14] == [0x86, 0xDD] && f[14 + 6] == 4 {
+        if srv6(f).is_some() {
             outer_at_b += 1;
         }
     }
@@ -222,21 +223,17 @@ fn srv6_over_a_linux_usid_node_paths_cycle_and_b_sees_the_inner_packet_only() {
     let mut per_path = [0u64; PATHS as usize];
     let mut plain6 = 0;
     for f in &at_r.frames {
-        if f.len() < 54 || f[12..14] != [0x86, 0xDD] {
+        if f.len() < 54 || f[12..14] != [0x86, 0xDD] || f[22..38] != a6.octets() {
             continue;
         }
-        let src: [u8; 16] = f[22..38].try_into().unwrap();
-        if Ipv6Addr::from(src) != a6 {
-            continue;
-        }
-        match f[20] {
-            41 => {
-                let dst: [u8; 16] = f[38..54].try_into().unwrap();
-                if let Some(p) = lists.iter().position(|l| *l == Ipv6Addr::from(dst)) {
+        match srv6(f) {
+            Some(o) if o.inner_next == 41 => {
+                if let Some(p) = lists.iter().position(|l| *l == o.dst) {
                     per_path[p] += 1;
+                    assert_eq!(o.mark.map(|m| m.0[0]), Some(p as u8), "IPv6 inside: marked");
                 }
             }
-            6 => plain6 += 1,
+            _ if f[20] == 6 => plain6 += 1,
             _ => {}
         }
     }
