@@ -7,8 +7,23 @@ use crate::error::{Error, Result};
 /// `net.ipv4.tcp_reordering`: the duplicate-ACK count that triggers a fast retransmit.
 pub const TCP_REORDERING: &str = "net.ipv4.tcp_reordering";
 
+/// A key's file: dots separate its parts, and a part holding a dot (an interface `eth0.100`)
+/// writes it as '/' (`net.ipv6.conf.eth0/100.accept_dad`), as sysctl(8) does.
 fn path(key: &str) -> PathBuf {
-    PathBuf::from("/proc/sys").join(key.replace('.', "/"))
+    let swapped: String = key
+        .chars()
+        .map(|c| match c {
+            '.' => '/',
+            '/' => '.',
+            c => c,
+        })
+        .collect();
+    PathBuf::from("/proc/sys").join(swapped)
+}
+
+/// The key of `setting` for interface `name` in `family`'s `conf` (`net.ipv6.conf.NAME.SETTING`).
+pub fn interface_key(family: &str, name: &str, setting: &str) -> String {
+    format!("net.{family}.conf.{}.{setting}", name.replace('.', "/"))
 }
 
 pub fn read(key: &str) -> Result<String> {

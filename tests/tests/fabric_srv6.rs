@@ -240,6 +240,17 @@ fn fat_tree_k4_of_linux_srv6_routers_carries_the_round_robin_exactly() {
     .expect("h0 -> h4 after the port came back");
     assert!(t.intact());
     let sent = since(f.hop_ports_tx("e0", h4), &before);
+    // A port back from a flap forwards at once: while its link-local address was tentative
+    // (duplicate address detection, 1-2 s) no neighbour could be resolved through it, the
+    // transfer crawled, and the path meter drained the link as gray.
+    let status: serde_json::Value =
+        serde_json::from_str(&f.sopactl(&["status", "--json"]).unwrap()).unwrap();
+    assert_eq!(
+        status["suspect_links"],
+        serde_json::json!([]),
+        "the flapped port lost packets after its return ({:.0} Mbit/s)",
+        t.mbit_per_s()
+    );
     assert!(
         balanced(&sent, 2000),
         "e0's uplinks after the flap: {sent:?}"

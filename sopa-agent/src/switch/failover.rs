@@ -95,40 +95,34 @@ impl Repair {
         &self.maps
     }
 
-    /// Installs the plan of switch `me` in `encoding` (`None`: no entries at all).
+    /// Installs the plan of switch `me` (`None`: no entries at all), with its SRv6 repair plan
+    /// in that encoding ([`srv6_plan`], built before the repair is locked).
     pub fn install(
         &mut self,
         plan: Option<(Topology, NodeId, Failures, HashMap<LinkId, Port>)>,
-        encoding: Encoding,
+        srv6: Option<srv6_failover::Plan>,
     ) -> Result<Repaired> {
-        self.plan = match plan {
-            Some((topo, me, failures, ports)) => {
-                let srv6 = if encoding == Encoding::Srv6 {
-                    Some(srv6_plan(&topo, me, &failures)?)
-                } else {
-                    None
-                };
-                Some(Installed {
-                    topo,
-                    me,
-                    failures,
-                    ports,
-                    srv6,
-                })
-            }
-            None => None,
-        };
+        self.plan = plan.map(|(topo, me, failures, ports)| Installed {
+            topo,
+            me,
+            failures,
+            ports,
+            srv6,
+        });
         self.write()
     }
 
-    /// The controller's failures changed: the simulation of the rest of the fabric follows.
-    pub fn set_failures(&mut self, failures: &Failures) -> Result<Repaired> {
+    /// The controller's failures changed: the simulation of the rest of the fabric follows, and
+    /// in the SRv6 encoding the repair plan built for them ([`srv6_plan`]).
+    pub fn set_failures(
+        &mut self,
+        failures: &Failures,
+        srv6: Option<srv6_failover::Plan>,
+    ) -> Result<Repaired> {
         match self.plan.as_mut() {
             Some(p) => {
                 p.failures = failures.clone();
-                if p.srv6.is_some() {
-                    p.srv6 = Some(srv6_plan(&p.topo, p.me, failures)?);
-                }
+                p.srv6 = srv6;
             }
             None => return Ok(Repaired::default()),
         }
@@ -312,9 +306,20 @@ impl Repair {
     }
 }
 
-/// The SRv6 repair's plan of switch `me`.
-fn srv6_plan(topo: &Topology, me: NodeId, failures: &Failures) -> Result<srv6_failover::Plan> {
+/// The SRv6 repair's plan of switch `me` under `failures` in `encoding` (`None` in the
+/// option's). Built before the repair is locked: it takes long at scale (0.7 s at k=16), and
+/// a port event waits for the lock.
+pub(crate) fn srv6_plan(
+    topo: &Topology,
+    me: NodeId,
+    failures: &Failures,
+    encoding: Encoding,
+) -> Result<Option<srv6_failover::Plan>> {
+    if encoding != Encoding::Srv6 {
+        return Ok(None);
+    }
     srv6_failover::Plan::new(topo, me, failures)
+        .map(Some)
         .map_err(|e| Error::Config(format!("the SRv6 repair of this switch: {e}")))
 }
 
