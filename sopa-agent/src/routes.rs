@@ -1,6 +1,6 @@
 //! The fabric routes of a host: every fabric prefix routed with an MTU under the interface's by
-//! what the encoding adds (4 bytes for the option, 40 for SRv6's outer header; a fabric whose
-//! links carry 40 more than the hosts' MTU loses nothing), so a full-size packet still fits once
+//! what the encoding adds (4 bytes for the option, 48 for SRv6's outer header and meter mark; a fabric whose
+//! links carry 48 more than the hosts' MTU loses nothing), so a full-size packet still fits once
 //! stamped, and kept so while routing
 //! daemons and operators change routes under the agent (rtnetlink route events). Every change
 //! is in the journal before it is made.

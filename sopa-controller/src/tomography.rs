@@ -293,9 +293,18 @@ impl Tomography {
     /// and their packets are lost, a switch's convergence and not a gray link). Periods
     /// waiting for reports before it are dropped.
     pub fn judge_from(&mut self, first: u64) {
-        self.first = self.first.max(first);
-        let first = self.first;
+        self.first = first;
         self.pending.retain(|p, _| *p >= first);
+        // A period closed between the change and now (a report that passed just before the
+        // change was published) is evidence from before it.
+        if self.judged.front().is_some_and(|(p, _)| *p < first) {
+            self.forget();
+        }
+    }
+
+    /// The hosts' period of alternate marking, in milliseconds (250 until a report says).
+    pub fn period_ms(&self) -> u32 {
+        self.period_ms
     }
 
     /// The newest judged period.

@@ -148,16 +148,28 @@ pub fn encapsulate(
     // The inner flow's hash (the socket's, for local TCP), read before the packet changes.
     // SAFETY: the helper reads and may set the skb's hash.
     let label = flow_label(unsafe { bpf_get_hash_recalc(ctx.skb.skb) });
-    // FIXED_GSO keeps gso_size, so a segment grows by exactly the outer header: the fabric's
-    // MTU is 40 more than the hosts' (or the agent lowered the route MTUs by 40).
+    // FIXED_GSO keeps gso_size, so a segment grows by exactly the outer header and the mark:
+    // the fabric's MTU is 48 more than the hosts' (or the agent lowered the route MTUs by 48).
     ctx.adjust_room(
         i32::from(OUTER_LEN + mark),
         BPF_ADJ_ROOM_MAC,
         u64::from(BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 | BPF_F_ADJ_ROOM_FIXED_GSO),
     )
     .map_err(|_| stamp::ADJUST_FAILED)?;
-    let head: *mut [u8; ETH_HLEN + IPV6_HLEN] = tc_ptr(ctx, 0).ok_or(stamp::ADJUST_FAILED)?;
-    // SAFETY: bounds checked by tc_ptr after the room was made.
+    // Both pointers before anything is written (a pull for the mark would void the header's),
+    // so a packet never leaves with a header that announces a mark it lacks.
+    let (head, at): (*mut [u8; ETH_HLEN + IPV6_HLEN], Option<*mut [u8; MARK_LEN]>) =
+        if color.is_some() {
+            tc_ptr::<[u8; MARK_LEN]>(ctx, ETH_HLEN + IPV6_HLEN).ok_or(stamp::ADJUST_FAILED)?;
+            let (data, end) = (ctx.data(), ctx.data_end());
+            (
+                ptr_at(data, end, 0).ok_or(stamp::ADJUST_FAILED)?,
+                Some(ptr_at(data, end, ETH_HLEN + IPV6_HLEN).ok_or(stamp::ADJUST_FAILED)?),
+            )
+        } else {
+            (tc_ptr(ctx, 0).ok_or(stamp::ADJUST_FAILED)?, None)
+        };
+    // SAFETY: bounds checked by tc_ptr / ptr_at after the room was made.
     let h = unsafe { &mut *head };
     // The kernel switched the skb's protocol; the frame's EtherType is ours to write.
     [h[12], h[13]] = ETH_P_IPV6.to_be_bytes();
@@ -175,10 +187,8 @@ pub fn encapsulate(
         h[ETH_HLEN + i] = outer[i];
         i += 1;
     }
-    if let Some(color) = color {
-        let at: *mut [u8; MARK_LEN] =
-            tc_ptr(ctx, ETH_HLEN + IPV6_HLEN).ok_or(stamp::ADJUST_FAILED)?;
-        // SAFETY: bounds checked by tc_ptr, in the room made above.
+    if let (Some(color), Some(at)) = (color, at) {
+        // SAFETY: bounds checked above, in the room made for it.
         unsafe { *at = mark_header(next, hops, color) };
     }
     Ok(())

@@ -141,7 +141,7 @@ fn fat_tree_k4_of_linux_srv6_routers_carries_the_round_robin_exactly() {
     let frames = at_h4.finish().unwrap().frames;
     let outer = frames
         .iter()
-        .filter(|fr| fr.len() > 54 && fr[12..14] == [0x86, 0xDD] && fr[20] == 4)
+        .filter(|fr| sopa_testbed::capture::srv6(fr).is_some())
         .count();
     assert!(
         frames.len() > 1000 && outer == 0,
@@ -213,6 +213,14 @@ fn fat_tree_k4_of_linux_srv6_routers_carries_the_round_robin_exactly() {
     // (e0's End locator among them when it is anchored there); the switches report the
     // carrier, and the plans of the failure and of the repair put every route back.
     let dev = f.link_iface("e0", "a0");
+    // No duplicate address detection on the port (see below).
+    let key = format!("net.ipv6.conf.{dev}.accept_dad");
+    let dad = sopa_testbed::netns::run(
+        "ip",
+        &["netns", "exec", f.ns("e0").name(), "sysctl", "-n", &key],
+    )
+    .unwrap();
+    assert_eq!(dad.trim(), "0", "e0's agent left DAD on its port {dev}");
     f.ns("e0").ip(&["link", "set", &dev, "down"]).unwrap();
     f.wait_applied(|down| down == 1, "the port down").unwrap();
     assert_eq!(paths(&f, "h0", "10.1.0.0/24"), 2, "h0 dropped the paths");

@@ -47,8 +47,17 @@ pub(crate) struct MeterState {
     /// Since when a published change waits for every connected agent to apply it: no report
     /// is judged meanwhile (see [`SETTLE_MAX`]).
     unsettled: Mutex<Option<Instant>>,
-    /// The newest period any host reported.
-    newest: AtomicU64,
+}
+
+/// TAI nanoseconds, the clock of the hosts' periods (`bpf_ktime_get_tai_ns`).
+fn tai_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_TAI, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
 }
 
 /// The longest a change keeps the meter from judging while some connected agent has not
@@ -67,7 +76,6 @@ impl MeterState {
             report_bytes: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             unsettled: Mutex::new(None),
-            newest: AtomicU64::new(0),
         }
     }
 
@@ -97,13 +105,12 @@ impl MeterState {
             }
             *unsettled = None;
         }
-        // A report comes half a period after its period ends: the newest period reported
-        // and the one after it may have begun before now.
-        let first = self.newest.load(Relaxed) + 2;
-        self.tomography
-            .lock()
-            .expect("tomography lock")
-            .judge_from(first);
+        // The first period that begins after now, on the TAI clock the hosts cut periods on.
+        let mut t = self.tomography.lock().expect("tomography lock");
+        let period_ns = u64::from(t.period_ms().max(1)) * 1_000_000;
+        let first = tai_ns() / period_ns + 1;
+        t.judge_from(first);
+        drop(t);
         debug!(first, "the fabric settled: the path meter judges again");
         true
     }
@@ -209,8 +216,9 @@ impl Controller {
         self.meter
             .report_bytes
             .fetch_add(report.encoded_len() as u64, Relaxed);
-        self.meter.newest.fetch_max(report.period, Relaxed);
-        if !self.meter.settle(|| self.change_applied()) {
+        // Settled by the agents' acknowledgements (`channel.rs`); a report only ends a wait
+        // that lasted too long.
+        if !self.meter.settle(|| false) {
             return;
         }
         let expected: BTreeSet<String> = self
