@@ -115,8 +115,6 @@ pub struct Tomography {
     pub periods_partial: u64,
     /// The hosts' period (from their reports), for a window's length in seconds.
     period_ms: u32,
-    /// Periods before this one are not judged (see [`Tomography::judge_from`]).
-    first: u64,
 }
 
 /// Adds `period` into `sum`, or takes it out (a path whose counts reach zero leaves).
@@ -169,7 +167,6 @@ impl Tomography {
             periods_judged: 0,
             periods_partial: 0,
             period_ms: 250,
-            first: 0,
         }
     }
 
@@ -190,8 +187,8 @@ impl Tomography {
         }
         let period = report.period;
         self.period_ms = report.period_ms.max(1);
-        if self.judged.back().is_some_and(|(p, _)| *p >= period) || period < self.first {
-            // Too late: that period is judged already, or it began before the fabric settled.
+        if self.judged.back().is_some_and(|(p, _)| *p >= period) {
+            // Too late: that period is judged already.
             return false;
         }
         self.pending
@@ -286,25 +283,6 @@ impl Tomography {
         for (_, sum) in &mut self.sums {
             sum.clear();
         }
-    }
-
-    /// Judges no period before `first` (one that began before the fabric settled: while a
-    /// change is being applied, paths come back before the switches' routes for them are in,
-    /// and their packets are lost, a switch's convergence and not a gray link). Periods
-    /// waiting for reports before it are dropped.
-    pub fn judge_from(&mut self, first: u64) {
-        self.first = first;
-        self.pending.retain(|p, _| *p >= first);
-        // A period closed between the change and now (a report that passed just before the
-        // change was published) is evidence from before it.
-        if self.judged.front().is_some_and(|(p, _)| *p < first) {
-            self.forget();
-        }
-    }
-
-    /// The hosts' period of alternate marking, in milliseconds (250 until a report says).
-    pub fn period_ms(&self) -> u32 {
-        self.period_ms
     }
 
     /// The newest judged period.
@@ -792,37 +770,5 @@ mod tests {
         assert_eq!(t.periods_partial, 1);
         assert_eq!(t.judge(|_| false), vec![]);
         assert!(t.link_loss(4).iter().all(|(_, _, lost)| *lost == 0));
-    }
-
-    #[test]
-    fn periods_before_the_fabric_settled_are_never_judged() {
-        let topo = fat_tree();
-        let mut t = Tomography::new(Arc::clone(&topo), JudgeConfig::default());
-        let lossy = Some(("a0", "c0", 0.05));
-        let reps = reports(&topo, 0, 400, lossy, 0, 16);
-        let expected: BTreeSet<String> = reps.iter().map(|(h, _)| h.clone()).collect();
-        // Half of period 3's reports are in when the fabric settles from period 5 on: period
-        // 3 is dropped, and neither it nor period 4 (which began before) is taken.
-        for (h, r) in reports(&topo, 3, 400, lossy, 0, 16).into_iter().take(8) {
-            assert!(!t.accept(&h, r, &expected));
-        }
-        t.judge_from(5);
-        for p in 3..5 {
-            for (h, r) in reports(&topo, p, 400, lossy, 0, 16) {
-                assert!(!t.accept(&h, r, &expected), "period {p} taken");
-            }
-        }
-        assert_eq!(t.last_period(), None);
-        assert_eq!(t.judge(|_| false), vec![]);
-        // From period 5 the same loss is judged, and convicted.
-        for p in 5..9 {
-            for (h, r) in reports(&topo, p, 400, lossy, 0, 16) {
-                t.accept(&h, r, &expected);
-            }
-        }
-        assert_eq!(t.last_period(), Some(8));
-        let v = t.judge(|_| false);
-        assert_eq!(v.len(), 1, "{v:?}");
-        assert_eq!(t.names(v[0].link), ("a0".to_owned(), "c0".to_owned()));
     }
 }

@@ -153,14 +153,11 @@ impl Controller {
     fn handle(self: &Arc<Self>, s: &Session, msg: AgentMessage) {
         let (node, session) = (s.node.as_str(), s.id);
         match msg.kind {
-            Some(agent_message::Kind::Ack(a)) => {
-                self.record(node, session, |r| {
-                    r.applied_version = a.version;
-                    r.last_ack = a.version;
-                    r.last_ack_at = Some(Instant::now());
-                });
-                self.meter.settle(|| self.change_applied());
-            }
+            Some(agent_message::Kind::Ack(a)) => self.record(node, session, |r| {
+                r.applied_version = a.version;
+                r.last_ack = a.version;
+                r.last_ack_at = Some(Instant::now());
+            }),
             Some(agent_message::Kind::Nack(n)) => {
                 let error = bounded(&n.error, MAX_TEXT_BYTES);
                 warn!(node, version = n.version, error = %error, "agent rejected a version");

@@ -44,25 +44,7 @@ pub(crate) struct MeterState {
     pub reports: AtomicU64,
     pub report_bytes: AtomicU64,
     pub refused: AtomicU64,
-    /// Since when a published change waits for every connected agent to apply it: no report
-    /// is judged meanwhile (see [`SETTLE_MAX`]).
-    unsettled: Mutex<Option<Instant>>,
 }
-
-/// TAI nanoseconds, the clock of the hosts' periods (`bpf_ktime_get_tai_ns`).
-fn tai_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec it is given.
-    unsafe { libc::clock_gettime(libc::CLOCK_TAI, &mut ts) };
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
-}
-
-/// The longest a change keeps the meter from judging while some connected agent has not
-/// applied it (an agent stuck on an old version must not blind the meter for good).
-pub const SETTLE_MAX: Duration = Duration::from_secs(10);
 
 impl MeterState {
     pub fn new(tomography: Tomography, suspicions: Suspicions) -> Self {
@@ -75,44 +57,7 @@ impl MeterState {
             reports: AtomicU64::new(0),
             report_bytes: AtomicU64::new(0),
             refused: AtomicU64::new(0),
-            unsettled: Mutex::new(None),
         }
-    }
-
-    /// The fabric changed: the evidence starts again once every connected agent applied it.
-    pub fn changed(&self) {
-        self.tomography.lock().expect("tomography lock").forget();
-        *self.unsettled.lock().expect("unsettled lock") = Some(Instant::now());
-    }
-
-    /// Ends the wait for a change if `applied` (every connected agent has it) or it lasted
-    /// [`SETTLE_MAX`]: judging starts with the first period that begins after now. Returns
-    /// whether the meter judges now.
-    pub fn settle(&self, applied: impl FnOnce() -> bool) -> bool {
-        // `applied` takes the fabric's lock, which a change holds while it takes this one: it
-        // is asked with this lock released.
-        let Some(since) = *self.unsettled.lock().expect("unsettled lock") else {
-            return true;
-        };
-        if since.elapsed() < SETTLE_MAX && !applied() {
-            return false;
-        }
-        {
-            let mut unsettled = self.unsettled.lock().expect("unsettled lock");
-            if *unsettled != Some(since) {
-                // Another change came meanwhile: it is waited for in turn.
-                return unsettled.is_none();
-            }
-            *unsettled = None;
-        }
-        // The first period that begins after now, on the TAI clock the hosts cut periods on.
-        let mut t = self.tomography.lock().expect("tomography lock");
-        let period_ns = u64::from(t.period_ms().max(1)) * 1_000_000;
-        let first = tai_ns() / period_ns + 1;
-        t.judge_from(first);
-        drop(t);
-        debug!(first, "the fabric settled: the path meter judges again");
-        true
     }
 
     pub fn suspect_links(&self) -> Vec<SuspectLink> {
@@ -216,11 +161,6 @@ impl Controller {
         self.meter
             .report_bytes
             .fetch_add(report.encoded_len() as u64, Relaxed);
-        // Settled by the agents' acknowledgements (`channel.rs`); a report only ends a wait
-        // that lasted too long.
-        if !self.meter.settle(|| false) {
-            return;
-        }
         let expected: BTreeSet<String> = self
             .hosts
             .lock()
@@ -265,17 +205,6 @@ impl Controller {
                 "convictions queue full; this period's are dropped (the next period's repeat them)"
             );
         }
-    }
-
-    /// Whether every connected agent applied the fabric's current version.
-    pub(super) fn change_applied(&self) -> bool {
-        let version = self.version();
-        self.agents
-            .lock()
-            .expect("agents lock")
-            .values()
-            .filter(|a| a.connected)
-            .all(|a| a.applied_version >= version)
     }
 
     /// Drains the links the meter convicts, and trusts them again when their hold-down ends.

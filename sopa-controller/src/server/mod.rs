@@ -441,8 +441,12 @@ impl Controller {
         if let Some(d) = delta {
             info!(version = d.version, "fabric changed");
             // The path meter's evidence straddles the change (paths moved, a failure's losses
-            // are in it): it starts again once every agent applied the change.
-            self.meter.changed();
+            // are in it): it starts again.
+            self.meter
+                .tomography
+                .lock()
+                .expect("tomography lock")
+                .forget();
             // No subscribers is fine: nobody to tell.
             let _ = self.updates.send(Arc::new(d));
         }
