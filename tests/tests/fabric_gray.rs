@@ -147,6 +147,51 @@ fn wait_status(
     }
 }
 
+/// a0:c0 suspect, and its drain stored and in force (the suspicion shows as soon as it is made).
+fn drained(s: &serde_json::Value) -> bool {
+    suspects(s) == ["a0:c0"]
+        && s["down_links"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l == "a0:c0")
+}
+
+/// `tc_lossy` dropped `percent` of what it saw (binomial, within 5 standard deviations).
+fn assert_injected(seen: u64, dropped: u64, percent: f64) {
+    let p = percent / 100.0;
+    let sd = (seen as f64 * p * (1.0 - p)).sqrt();
+    assert!(
+        (dropped as f64 - seen as f64 * p).abs() <= 5.0 * sd + 1.0,
+        "tc_lossy dropped {dropped} of {seen}, not {percent}%"
+    );
+}
+
+/// Once every agent applied the drain, a0's port to c0 carries only what was queued: under 50
+/// packets while one more transfer of 4 MiB from pod 0 completes (traffic that sprayed over
+/// every path before the drain).
+fn assert_drained_port_idle(f: &Fabric, load: &Load) {
+    f.wait_applied(|down| down >= 1, "every agent applied the drain")
+        .unwrap();
+    let port = f.link_iface("a0", "c0");
+    let before = f.ns("a0").tx_packets(&port).unwrap();
+    let done = load.done.load(Ordering::Relaxed);
+    let start = Instant::now();
+    while load.done.load(Ordering::Relaxed) <= done {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no transfer completed after the drain"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let after = f.ns("a0").tx_packets(&port).unwrap();
+    assert!(
+        after - before < 50,
+        "{} packets sent onto the drained link",
+        after - before
+    );
+}
+
 #[test]
 fn a_gray_core_link_is_found_drained_and_trusted_again() {
     let opts = FabricOptions {
@@ -212,15 +257,6 @@ fn a_gray_core_link_is_found_drained_and_trusted_again() {
     let (seen0, dropped0) = lossy.counts().unwrap();
     lossy.set_loss(2.0).unwrap();
     let onset = Instant::now();
-    // Suspect, and the drain stored and in force (the suspicion shows as soon as it is made).
-    let drained = |s: &serde_json::Value| {
-        suspects(s) == ["a0:c0"]
-            && s["down_links"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|l| l == "a0:c0")
-    };
     let s = wait_status(&f, Duration::from_secs(20), "a0:c0 suspect at 2%", drained);
     let found = onset.elapsed();
     let (seen, dropped) = lossy.counts().unwrap();
@@ -231,12 +267,8 @@ fn a_gray_core_link_is_found_drained_and_trusted_again() {
         100.0 * dropped as f64 / seen.max(1) as f64,
         s["suspect_links"]
     );
-    // The injected loss is what was asked (binomial, within 5 standard deviations).
-    let sd = (seen as f64 * 0.02 * 0.98).sqrt();
-    assert!(
-        (dropped as f64 - seen as f64 * 0.02).abs() <= 5.0 * sd + 1.0,
-        "tc_lossy dropped {dropped} of {seen}, not 2%"
-    );
+    // The injected loss is what was asked.
+    assert_injected(seen, dropped, 2.0);
     // Where operators look: the metric, the recorded loss ratio and the alert of deploy/'s
     // rules (over the last minutes: the hold-down may end before a scrape is judged here).
     let seen =
@@ -290,28 +322,8 @@ fn a_gray_core_link_is_found_drained_and_trusted_again() {
             .any(|l| l == "a0:c0"),
         "a suspect link is down for the agents"
     );
-    // Drained: the hosts stop sending on it (its port carries only what was queued).
-    f.wait_applied(|down| down >= 1, "every agent applied the drain")
-        .unwrap();
-    let port = f.link_iface("a0", "c0");
-    let before = f.ns("a0").tx_packets(&port).unwrap();
-    // What the port sends while one more transfer of 4 MiB from pod 0 completes: traffic that
-    // sprayed over every path before the drain.
-    let done = load.done.load(Ordering::Relaxed);
-    let start = Instant::now();
-    while load.done.load(Ordering::Relaxed) <= done {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "no transfer completed after the drain"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let after = f.ns("a0").tx_packets(&port).unwrap();
-    assert!(
-        after - before < 50,
-        "{} packets sent onto the drained link",
-        after - before
-    );
+    // Drained: the hosts stop sending on it.
+    assert_drained_port_idle(&f, &load);
 
     // Healed: trusted again when the hold-down ends, and not convicted again.
     lossy.set_loss(0.0).unwrap();
@@ -410,14 +422,7 @@ fn a_gray_core_link_is_found_and_drained_in_the_srv6_encoding() {
     let (seen0, dropped0) = lossy.counts().unwrap();
     lossy.set_loss(2.0).unwrap();
     let onset = Instant::now();
-    let s = wait_status(&f, Duration::from_secs(20), "a0:c0 suspect at 2%", |s| {
-        suspects(s) == ["a0:c0"]
-            && s["down_links"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|l| l == "a0:c0")
-    });
+    let s = wait_status(&f, Duration::from_secs(20), "a0:c0 suspect at 2%", drained);
     let (seen, dropped) = lossy.counts().unwrap();
     let (seen, dropped) = (seen - seen0, dropped - dropped0);
     eprintln!(
@@ -427,36 +432,14 @@ fn a_gray_core_link_is_found_and_drained_in_the_srv6_encoding() {
         100.0 * dropped as f64 / seen.max(1) as f64,
         s["suspect_links"]
     );
-    let sd = (seen as f64 * 0.02 * 0.98).sqrt();
-    assert!(
-        (dropped as f64 - seen as f64 * 0.02).abs() <= 5.0 * sd + 1.0,
-        "tc_lossy dropped {dropped} of {seen}, not 2%"
-    );
+    assert_injected(seen, dropped, 2.0);
     let x = &s["suspect_links"][0];
     assert!(
         x["lost"].as_u64().unwrap() <= dropped,
         "convicted on more lost than dropped: {x}"
     );
     // Drained: the hosts' uSID lists no longer name c0 from a0.
-    f.wait_applied(|down| down >= 1, "every agent applied the drain")
-        .unwrap();
-    let port = f.link_iface("a0", "c0");
-    let before = f.ns("a0").tx_packets(&port).unwrap();
-    let done = load.done.load(Ordering::Relaxed);
-    let start = Instant::now();
-    while load.done.load(Ordering::Relaxed) <= done {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "no transfer completed after the drain"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let after = f.ns("a0").tx_packets(&port).unwrap();
-    assert!(
-        after - before < 50,
-        "{} packets sent onto the drained link",
-        after - before
-    );
+    assert_drained_port_idle(&f, &load);
     let transfers = load.finish();
     eprintln!("srv6: {transfers} transfers of 4 MiB completed, every one whole");
 }
