@@ -87,10 +87,11 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
         return Err(reason::HAS_OPTIONS);
     }
     // The path meter marks and counts the packets of either encoding (SRv6: in a Destination
-    // Options header after the outer one, `crate::srv6`).
-    let meter = Meter::now();
+    // Options header after the outer one, `crate::srv6`). SRv6 needs it before the path is
+    // chosen (the mark's bytes must fit); the option only for a packet it stamps.
+    let srv6_meter = if srv6 { Meter::now() } else { None };
     let extra = if srv6 {
-        outer_len(meter.is_some())
+        outer_len(srv6_meter.is_some())
     } else {
         OPTION_LEN.into()
     };
@@ -106,6 +107,7 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
     };
     // Before stamping: growing a GSO packet's header resets its segment count.
     let segs = segments(ctx);
+    let meter = if srv6 { srv6_meter } else { Meter::now() };
     let wire = match meter {
         Some(m) => [m.mark(choice.hops[0]), choice.hops[1]],
         None => choice.hops,
