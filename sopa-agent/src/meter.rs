@@ -15,7 +15,7 @@ use std::{
 };
 
 use sopa_channel::proto::{PathReport, PeerPaths, agent_message::Kind};
-use sopa_common::maps::{MeterKey, stamp_reason, strip_reason};
+use sopa_common::maps::{MeterKey, MeterSent, stamp_reason, strip_reason};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
@@ -32,8 +32,8 @@ pub fn tai_ns() -> u64 {
 /// One color's counters as last read, and the period they closed.
 struct Reading {
     period: u64,
-    sent: HashMap<MeterKey, u64>,
-    received: HashMap<MeterKey, u64>,
+    sent: HashMap<MeterKey, MeterSent>,
+    received: HashMap<MeterKey, MeterSent>,
 }
 
 /// Turns successive readings of the cumulative counters into each period's packets.
@@ -85,7 +85,7 @@ impl PeriodMeter {
                 .collect(),
             received: received
                 .into_iter()
-                .map(|(mut k, v)| (clear(&mut k), v))
+                .map(|(mut k, packets)| (clear(&mut k), MeterSent { packets, bytes: 0 }))
                 .collect(),
         };
         let incomplete = full != self.full || !spraying || !self.spraying;
@@ -103,8 +103,8 @@ impl PeriodMeter {
         Some(PathReport {
             period,
             period_ms: self.period.as_millis() as u32,
-            sent: deltas(&before.sent, &now.sent),
-            received: deltas(&before.received, &now.received),
+            sent: deltas(&before.sent, &now.sent, true),
+            received: deltas(&before.received, &now.received, false),
             incomplete,
         })
     }
@@ -116,14 +116,19 @@ fn clear(k: &mut MeterKey) -> MeterKey {
     *k
 }
 
-/// What each key counted since `before`, grouped by peer rack; keys that did not move are left
-/// out.
-fn deltas(before: &HashMap<MeterKey, u64>, now: &HashMap<MeterKey, u64>) -> Vec<PeerPaths> {
+/// What each key counted since `before`, grouped by peer rack, with the bytes when `bytes`;
+/// keys that did not move are left out.
+fn deltas(
+    before: &HashMap<MeterKey, MeterSent>,
+    now: &HashMap<MeterKey, MeterSent>,
+    bytes: bool,
+) -> Vec<PeerPaths> {
     let mut racks: BTreeMap<u32, PeerPaths> = BTreeMap::new();
     let mut keys: Vec<_> = now.iter().collect();
     keys.sort_by_key(|(k, _)| **k);
     for (k, v) in keys {
-        let d = v.saturating_sub(before.get(k).copied().unwrap_or(0));
+        let was = before.get(k).copied().unwrap_or_default();
+        let d = v.packets.saturating_sub(was.packets);
         if d == 0 {
             continue;
         }
@@ -136,6 +141,9 @@ fn deltas(before: &HashMap<MeterKey, u64>, now: &HashMap<MeterKey, u64>) -> Vec<
         e.hops
             .push(u32::from(k.hops[0]) | (u32::from(k.hops[1]) << 8));
         e.packets.push(d);
+        if bytes {
+            e.bytes.push(v.bytes.saturating_sub(was.bytes));
+        }
     }
     racks.into_values().collect()
 }
@@ -206,6 +214,14 @@ pub async fn report_loop(maps: Arc<Mutex<MapSet>>, reports: mpsc::Sender<Kind>, 
 mod tests {
     use super::*;
 
+    /// `packets` sent, 100 bytes each.
+    fn out(packets: u64) -> MeterSent {
+        MeterSent {
+            packets,
+            bytes: packets * 100,
+        }
+    }
+
     fn key(peer: [u8; 4], hops: [u8; 2], color: u8) -> MeterKey {
         MeterKey {
             peer: u32::from_ne_bytes(peer),
@@ -222,13 +238,19 @@ mod tests {
         let b = key([10, 2, 0, 0], [0, 1], 1);
         // First reading of color 1: no baseline yet.
         assert!(
-            m.sample(7, (vec![(a, 10)], vec![]), 0, false, true)
+            m.sample(7, (vec![(a, out(10))], vec![]), 0, false, true)
                 .is_none()
         );
         // Period 8 (color 0) does not disturb color 1's baseline.
         assert!(m.sample(8, (vec![], vec![]), 0, false, true).is_none());
         let r = m
-            .sample(9, (vec![(a, 25), (b, 4)], vec![(a, 3)]), 0, false, true)
+            .sample(
+                9,
+                (vec![(a, out(25)), (b, out(4))], vec![(a, 3)]),
+                0,
+                false,
+                true,
+            )
             .expect("an exact period");
         assert_eq!(r.period, 9);
         assert_eq!(r.sent.len(), 1);
@@ -238,7 +260,9 @@ mod tests {
         );
         assert_eq!(r.sent[0].hops, vec![1 << 8, 1]);
         assert_eq!(r.sent[0].packets, vec![4, 15]);
+        assert_eq!(r.sent[0].bytes, vec![400, 1500]);
         assert_eq!(r.received[0].packets, vec![3]);
+        assert!(r.received[0].bytes.is_empty());
         assert!(!r.incomplete);
     }
 
@@ -247,40 +271,43 @@ mod tests {
         let mut m = PeriodMeter::new(DEFAULT_PERIOD);
         let a = key([10, 2, 0, 0], [1, 0], 0);
         assert!(
-            m.sample(2, (vec![(a, 1)], vec![]), 0, false, true)
+            m.sample(2, (vec![(a, out(1))], vec![]), 0, false, true)
                 .is_none()
         );
         // Period 4 missed: 6 is two periods after nothing.
         assert!(
-            m.sample(6, (vec![(a, 5)], vec![]), 0, false, true)
+            m.sample(6, (vec![(a, out(5))], vec![]), 0, false, true)
                 .is_none()
         );
         // Late: no report, and the next one's baseline is tainted too.
-        assert!(m.sample(8, (vec![(a, 9)], vec![]), 0, true, true).is_none());
         assert!(
-            m.sample(10, (vec![(a, 12)], vec![]), 0, false, true)
+            m.sample(8, (vec![(a, out(9))], vec![]), 0, true, true)
+                .is_none()
+        );
+        assert!(
+            m.sample(10, (vec![(a, out(12))], vec![]), 0, false, true)
                 .is_none()
         );
         let r = m
-            .sample(12, (vec![(a, 20)], vec![]), 0, false, true)
+            .sample(12, (vec![(a, out(20))], vec![]), 0, false, true)
             .expect("clean again");
         assert_eq!(r.sent[0].packets, vec![8]);
         // A full table since the last reading marks the report incomplete.
         let r = m
-            .sample(14, (vec![(a, 21)], vec![]), 3, false, true)
+            .sample(14, (vec![(a, out(21))], vec![]), 3, false, true)
             .expect("a report");
         assert!(r.incomplete);
         let r = m
-            .sample(16, (vec![(a, 22)], vec![]), 3, false, true)
+            .sample(16, (vec![(a, out(22))], vec![]), 3, false, true)
             .expect("a report");
         assert!(!r.incomplete);
         // Not spraying now, or at the reading before: incomplete (congestion would look gray).
         let r = m
-            .sample(18, (vec![(a, 23)], vec![]), 3, false, false)
+            .sample(18, (vec![(a, out(23))], vec![]), 3, false, false)
             .expect("a report");
         assert!(r.incomplete);
         let r = m
-            .sample(20, (vec![(a, 24)], vec![]), 3, false, true)
+            .sample(20, (vec![(a, out(24))], vec![]), 3, false, true)
             .expect("a report");
         assert!(r.incomplete);
     }

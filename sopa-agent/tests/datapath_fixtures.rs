@@ -971,9 +971,16 @@ fn a_forged_option_never_leaves_as_its_sender_set_it() {
 /// strip; with the period 0 nothing is marked or counted.
 #[test]
 fn the_path_meter_marks_odd_periods_and_counts_both_ends() {
-    use sopa_common::maps::{MeterKey, meter};
+    use sopa_common::maps::{MeterKey, MeterSent, meter};
     let mut f = Fixture::new(TABLE, mode::SOPA);
     let total = |counts: &[(MeterKey, u64)]| counts.iter().map(|(_, n)| n).sum::<u64>();
+    let packets = |counts: &[(MeterKey, MeterSent)]| {
+        counts
+            .iter()
+            .map(|(k, c)| (*k, c.packets))
+            .collect::<Vec<_>>()
+    };
+    let bytes = |counts: &[(MeterKey, MeterSent)]| counts.iter().map(|(_, c)| c.bytes).sum::<u64>();
     // A period as long as TAI time so far: now is in period 1 (odd) for decades; twice
     // that, period 0 (even).
     let tai = sopa_agent::meter::tai_ns();
@@ -1000,6 +1007,10 @@ fn the_path_meter_marks_odd_periods_and_counts_both_ends() {
     }
     let (sent0, _) = f.maps.meter_counts(0).unwrap();
     let (sent1, _) = f.maps.meter_counts(1).unwrap();
+    // The bytes each packet took on the wire, as stamped.
+    let wire = |ps: &[Vec<u8>]| ps.iter().map(|p| p.len() as u64).sum::<u64>();
+    assert_eq!((bytes(&sent0), bytes(&sent1)), (wire(&even), wire(&odd)));
+    let (sent0, sent1) = (packets(&sent0), packets(&sent1));
     assert_eq!((total(&sent0), total(&sent1)), (5, 3));
     // Keyed by the destination's rack (the table's longest prefix, /24) and the bare path.
     let rack = u32::from_ne_bytes([10, 3, 1, 0]);
@@ -1050,11 +1061,22 @@ fn the_path_meter_marks_odd_periods_and_counts_both_ends() {
     got.sort();
     assert_eq!(sent, got, "each path and color counted alike at both ends");
 
+    // A GSO packet counts its segments, and each segment's headers on the wire (TCP's taken
+    // with timestamps). A forged option is restamped in place, which test_run allows a GSO
+    // context (growing its header it does not).
+    let forged = common::with_option(&tcp(DST_INTER_POD, 6001, 1, &[7; 2000]), 1, 1);
+    let (action, out) = f.stamp_with(&forged, Some(&gso_ctx(2, 1000)));
+    assert_eq!(action, TC_ACT_UNSPEC);
+    let (sent1, _) = f.maps.meter_counts(1).unwrap();
+    let headers = (14 + 24 + 32) as u64;
+    assert_eq!(total(&packets(&sent1)), 3 + 2);
+    assert_eq!(bytes(&sent1), wire(&odd) + out.len() as u64 + headers);
+
     // Off: no mark, no count.
     f.maps.set_meter_period(0).unwrap();
     let p = f.stamp(&tcp(DST_INTER_POD, 6000, 9, b"off"));
     assert_eq!(p[36] & meter::COLOR, 0);
     let (sent1, _) = f.maps.meter_counts(1).unwrap();
     let (sent0, _) = f.maps.meter_counts(0).unwrap();
-    assert_eq!((total(&sent0), total(&sent1)), (5, 3));
+    assert_eq!((total(&packets(&sent0)), total(&packets(&sent1))), (5, 5));
 }

@@ -13,7 +13,8 @@ use std::{
 use aya::maps::{Map, MapData, PerCpuArray, PerCpuValues};
 use sopa_agent::datapath::{Datapath, layout};
 use sopa_common::maps::{
-    FWD_STATS_MAP, STAMP_STATS_MAP, STRIP_STATS_MAP, forward_reason, stamp_reason, strip_reason,
+    FWD_STATS_MAP, STAMP_STATS_MAP, STRIP_STATS_MAP, forward_reason, meter, stamp_reason,
+    strip_reason,
 };
 
 /// A pin folder of its own, removed on drop.
@@ -64,6 +65,11 @@ fn counter(map: &PerCpuArray<MapData, u64>, names: &[&str], name: &str) -> u64 {
 /// at `value(old index)` on every CPU, under their old names.
 fn previous_layout(pins: &Path, value: impl Fn(u32) -> u64) {
     drop(Datapath::load(pins).unwrap());
+    // The meter's sent counters of V1 were a hash of the received map's kind: made from it,
+    // the received map made again, this layout's sent map removed.
+    std::fs::rename(pins.join(meter::RECEIVED_MAP), pins.join("SOPA_SENT_V1")).unwrap();
+    drop(Datapath::load(pins).unwrap());
+    std::fs::remove_file(pins.join(meter::SENT_MAP)).unwrap();
     for p in &layout::PREDECESSORS {
         let old = pins.join(p.old);
         std::fs::rename(pins.join(p.new), &old).unwrap();
@@ -123,6 +129,10 @@ fn counters_of_the_previous_layout_are_carried_over_by_name() {
     for p in &layout::PREDECESSORS {
         assert!(!pins.0.join(p.old).exists(), "{} is unpinned", p.old);
     }
+    for name in layout::RETIRED {
+        assert!(!pins.0.join(name).exists(), "{name} is unpinned");
+    }
+    assert!(pins.0.join(meter::SENT_MAP).exists());
     assert_eq!(
         counter(&stamp, &stamp_reason::NAMES, "stamped"),
         (1 + 5 + 7) * n,

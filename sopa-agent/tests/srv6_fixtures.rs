@@ -591,9 +591,16 @@ fn marked(inner: &[u8], dst: &[u8; 16], label: u32, hops: [u8; 2], color: u8) ->
 /// mark with the outer header. With the period 0 there is no mark.
 #[test]
 fn the_path_meter_marks_srv6_packets_in_rfc_9343s_option_and_counts_both_ends() {
-    use sopa_common::maps::MeterKey;
+    use sopa_common::maps::{MeterKey, MeterSent};
     let mut f = Fixture::new(TABLE, mode::SOPA);
     let total = |counts: &[(MeterKey, u64)]| counts.iter().map(|(_, n)| n).sum::<u64>();
+    let packets = |counts: &[(MeterKey, MeterSent)]| {
+        counts
+            .iter()
+            .map(|(k, c)| (*k, c.packets))
+            .collect::<Vec<_>>()
+    };
+    let bytes = |counts: &[(MeterKey, MeterSent)]| counts.iter().map(|(_, c)| c.bytes).sum::<u64>();
     // A period as long as TAI time so far: now is in period 1 (odd) for decades; twice that,
     // period 0 (even).
     let tai = sopa_agent::meter::tai_ns();
@@ -635,6 +642,10 @@ fn the_path_meter_marks_srv6_packets_in_rfc_9343s_option_and_counts_both_ends() 
     arrived.push((out6, packet6));
     let (sent0, _) = f.maps.meter_counts(0).unwrap();
     let (sent1, _) = f.maps.meter_counts(1).unwrap();
+    // The bytes the packets took on the wire, outer header and mark on.
+    let wire = |r: std::ops::Range<usize>| arrived[r].iter().map(|(o, _)| o.len() as u64).sum();
+    assert_eq!((bytes(&sent0), bytes(&sent1)), (wire(0..2), wire(2..4)));
+    let (sent0, sent1) = (packets(&sent0), packets(&sent1));
     assert_eq!((total(&sent0), total(&sent1)), (2, 2));
     let rack = u32::from_ne_bytes([10, 3, 1, 0]);
     assert!(sent0.iter().chain(&sent1).all(|(k, _)| k.peer == rack));
@@ -684,5 +695,5 @@ fn the_path_meter_marks_srv6_packets_in_rfc_9343s_option_and_counts_both_ends() 
     assert_eq!(out.len(), packet.len() + 40);
     assert_eq!(out[14 + 6], NEXTHDR_IPV4);
     let (sent1, _) = f.maps.meter_counts(1).unwrap();
-    assert_eq!(total(&sent1), 2);
+    assert_eq!(total(&packets(&sent1)), 2);
 }

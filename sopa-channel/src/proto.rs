@@ -156,6 +156,11 @@ pub struct PeerPaths {
     pub hops: Vec<u32>,
     #[prost(uint64, repeated, tag = "3")]
     pub packets: Vec<u64>,
+    /// What the packets took on the wire, in bytes, parallel to `packets`: the sender's only
+    /// (a link's load is what was sent onto it). Empty from an agent that counts no bytes; the
+    /// controller then takes its packets as full-size.
+    #[prost(uint64, repeated, tag = "4")]
+    pub bytes: Vec<u64>,
 }
 
 /// The most peer racks one path report may name per direction.

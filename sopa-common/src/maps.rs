@@ -368,8 +368,9 @@ pub mod strip_reason {
 pub mod meter {
     /// The metering configuration, a one-entry array of [`super::MeterConfig`].
     pub const CONFIG_MAP: &str = "SOPA_METER_V1";
-    /// Packets sent, by [`super::MeterKey`] (peer: the destination's rack).
-    pub const SENT_MAP: &str = "SOPA_SENT_V1";
+    /// Packets and bytes sent, [`super::MeterSent`] by [`super::MeterKey`] (peer: the
+    /// destination's rack). V1 counted packets only.
+    pub const SENT_MAP: &str = "SOPA_SENT_V2";
     /// Packets received, by [`super::MeterKey`] (peer: the source's rack).
     pub const RECEIVED_MAP: &str = "SOPA_RECV_V1";
     /// Entries of each counter map: (peer rack, path, color) triples a host has exchanged
@@ -407,6 +408,17 @@ pub struct MeterKey {
     pub _pad: u8,
 }
 const _: () = assert!(size_of::<MeterKey>() == 8);
+
+/// What the sender counts per [`MeterKey`]: packets, and the bytes they take on the wire
+/// (Ethernet header on; a GSO packet's segments each with their headers), so the controller
+/// knows each link's load without taking every packet as full-size.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MeterSent {
+    pub packets: u64,
+    pub bytes: u64,
+}
+const _: () = assert!(size_of::<MeterSent>() == 16);
 
 /// Per-CPU packet counters of `xdp_strip`, indexed by [`strip_reason`], [`REASON_SLOTS`] long.
 pub const STRIP_STATS_MAP: &str = "SOPA_STRIP_V2";
@@ -633,6 +645,7 @@ mod fwd_pod {
     unsafe impl aya::Pod for FwdEntry {}
     unsafe impl aya::Pod for MeterConfig {}
     unsafe impl aya::Pod for MeterKey {}
+    unsafe impl aya::Pod for MeterSent {}
     unsafe impl aya::Pod for UsidRepairConfig {}
     unsafe impl aya::Pod for UsidRuleKey {}
     unsafe impl aya::Pod for UsidRule {}

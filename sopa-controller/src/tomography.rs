@@ -35,14 +35,15 @@ pub struct JudgeConfig {
     pub windows: Vec<u32>,
     /// The fabric links' rate, bits per second.
     pub link_bps: f64,
-    /// A link whose metered packets (taken as full-size) fill more than this share of its rate
-    /// over a window is not judged: its queue may be dropping, and congestion drops land on
-    /// some paths more than others as a gray link's would.
+    /// A link whose metered bytes fill more than this share of its rate over a window is not
+    /// judged: its queue may be dropping, and congestion drops land on some paths more than
+    /// others as a gray link's would.
     pub max_load: f64,
 }
 
-/// The size a metered packet is taken to have when a link's load is estimated.
-pub const FULL_PACKET_BITS: f64 = 1514.0 * 8.0;
+/// The size a metered packet is taken to have when its sender counted no bytes (an agent
+/// older than the byte count).
+pub const FULL_PACKET_BYTES: u64 = 1514;
 
 impl Default for JudgeConfig {
     fn default() -> Self {
@@ -62,14 +63,69 @@ pub type Directed = (LinkId, NodeId);
 /// A path between racks: source rack, destination rack, `hop0 | hop1 << 8`.
 type PathKey = (u32, u32, u32);
 
-/// Packets (sent, lost).
-type Counts = (u64, u64);
+/// A path's or a link's packets, and the bytes sent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Counts {
+    sent: u64,
+    lost: u64,
+    bytes: u64,
+}
+
+impl std::ops::AddAssign for Counts {
+    fn add_assign(&mut self, o: Self) {
+        self.sent += o.sent;
+        self.lost += o.lost;
+        self.bytes += o.bytes;
+    }
+}
+
+impl std::ops::SubAssign for Counts {
+    fn sub_assign(&mut self, o: Self) {
+        self.sent -= o.sent;
+        self.lost -= o.lost;
+        self.bytes -= o.bytes;
+    }
+}
 
 /// One judged period: each path's counts.
 type Period = (u64, HashMap<PathKey, Counts>);
 
-/// A link's counts over unexplained paths, in all and per rack pair.
-type LinkCounts = (u64, u64, HashMap<(u32, u32), Counts>);
+/// A rack pair's paths' links, by `hop0 | hop1 << 8`, as directed-link indices.
+type PairLinks = HashMap<u32, Box<[u32]>>;
+
+/// A window's paths with packets, in key order (a rack pair's paths together), with their
+/// links.
+#[derive(Default)]
+struct WindowPaths {
+    keys: Vec<PathKey>,
+    counts: Vec<Counts>,
+    /// Path `i`'s links are `links[starts[i]..starts[i + 1]]`.
+    starts: Vec<u32>,
+    links: Vec<u32>,
+}
+
+impl WindowPaths {
+    fn of(&self, i: usize) -> &[u32] {
+        &self.links[self.starts[i] as usize..self.starts[i + 1] as usize]
+    }
+
+    /// The index ranges of each rack pair's paths.
+    fn pairs(&self) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+        let mut at = 0;
+        std::iter::from_fn(move || {
+            let first = *self.keys.get(at)?;
+            let start = at;
+            while self
+                .keys
+                .get(at)
+                .is_some_and(|k| (k.0, k.1) == (first.0, first.1))
+            {
+                at += 1;
+            }
+            Some(start..at)
+        })
+    }
+}
 
 /// A link the evidence convicts.
 #[derive(Clone, Debug, PartialEq)]
@@ -100,8 +156,14 @@ pub struct Tomography {
     /// Rack index by host name, and one host of each rack (paths are computed from it).
     host_rack: HashMap<String, u32>,
     rack_host: Vec<Option<NodeId>>,
-    /// Links of each path, by rack pair then hops; computed when first needed.
-    links: HashMap<(u32, u32), HashMap<u32, Vec<Directed>>>,
+    /// Links of each path, by rack pair then hops, as indices into `dirs`; computed when first
+    /// needed.
+    links: HashMap<(u32, u32), PairLinks>,
+    /// Every directed link some path crosses, and its index there.
+    dirs: Vec<Directed>,
+    dir_ids: HashMap<Directed, u32>,
+    /// Rack index by prefix address (what reports name racks by).
+    rack_ids: HashMap<u32, u32>,
     pending: BTreeMap<u64, Pending>,
     /// The judged periods, newest last: each path's (sent, lost).
     judged: VecDeque<Period>,
@@ -119,15 +181,12 @@ pub struct Tomography {
 
 /// Adds `period` into `sum`, or takes it out (a path whose counts reach zero leaves).
 fn add(sum: &mut HashMap<PathKey, Counts>, period: &HashMap<PathKey, Counts>, into: bool) {
-    for (k, (s, l)) in period {
+    for (k, c) in period {
         if into {
-            let e = sum.entry(*k).or_default();
-            e.0 += s;
-            e.1 += l;
+            *sum.entry(*k).or_default() += *c;
         } else if let Some(e) = sum.get_mut(k) {
-            e.0 -= s;
-            e.1 -= l;
-            if e.0 == 0 && e.1 == 0 {
+            *e -= *c;
+            if *e == Counts::default() {
                 sum.remove(k);
             }
         }
@@ -149,12 +208,20 @@ impl Tomography {
             }
         }
         let keep = config.windows.iter().copied().max().unwrap_or(1).max(1) as usize;
+        let rack_ids = racks
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (u32::from(r.prefix.addr), i as u32))
+            .collect();
         Self {
             topo,
             racks,
             host_rack,
             rack_host,
             links: HashMap::new(),
+            dirs: Vec::new(),
+            dir_ids: HashMap::new(),
+            rack_ids,
             pending: BTreeMap::new(),
             judged: VecDeque::new(),
             sums: config
@@ -172,6 +239,10 @@ impl Tomography {
 
     /// The rack whose prefix holds `addr`.
     fn rack_of_addr(&self, addr: u32) -> Option<u32> {
+        // Reports name a rack by its prefix's address, unless racks' prefixes differ in length.
+        if let Some(&i) = self.rack_ids.get(&addr) {
+            return Some(i);
+        }
         let addr = Ipv4Addr::from(addr);
         self.racks
             .iter()
@@ -229,8 +300,8 @@ impl Tomography {
         if !blind.is_empty() {
             self.periods_partial += 1;
         }
-        let mut sent: HashMap<PathKey, u64> = HashMap::new();
-        let mut received: HashMap<PathKey, u64> = HashMap::new();
+        let mut sent: HashMap<PathKey, (u64, u64)> = HashMap::new();
+        let mut received: HashMap<PathKey, (u64, u64)> = HashMap::new();
         for (host, report) in &pending.reports {
             let me = self.host_rack[host];
             if blind.contains(&me) {
@@ -248,17 +319,21 @@ impl Tomography {
                         continue;
                     }
                     let (s, d) = if outgoing { (me, other) } else { (other, me) };
-                    for (&hops, &n) in peer.hops.iter().zip(&peer.packets) {
-                        *into.entry((s, d, hops)).or_default() += n;
+                    for (i, (&hops, &n)) in peer.hops.iter().zip(&peer.packets).enumerate() {
+                        let bytes = peer.bytes.get(i).copied().unwrap_or(n * FULL_PACKET_BYTES);
+                        let e = into.entry((s, d, hops)).or_default();
+                        e.0 += n;
+                        e.1 += bytes;
                     }
                 }
             }
         }
         let paths = sent
             .into_iter()
-            .map(|(k, s)| {
-                let r = received.get(&k).copied().unwrap_or(0);
-                (k, (s, s.saturating_sub(r)))
+            .map(|(k, (sent, bytes))| {
+                let (r, _) = received.get(&k).copied().unwrap_or_default();
+                let lost = sent.saturating_sub(r);
+                (k, Counts { sent, lost, bytes })
             })
             .collect();
         self.judged.push_back((period, paths));
@@ -290,63 +365,108 @@ impl Tomography {
         self.judged.back().map(|(p, _)| *p)
     }
 
-    /// Each path's (sent, lost) over the last `window` periods.
-    fn window(&self, window: u32) -> HashMap<PathKey, (u64, u64)> {
+    /// Each path's counts over the last `window` periods.
+    fn window(&self, window: u32) -> HashMap<PathKey, Counts> {
         if let Some((_, sum)) = self.sums.iter().find(|(w, _)| *w == window) {
             return sum.clone();
         }
-        let mut sum: HashMap<PathKey, (u64, u64)> = HashMap::new();
+        let mut sum: HashMap<PathKey, Counts> = HashMap::new();
         for (_, paths) in self.judged.iter().rev().take(window as usize) {
-            for (k, (s, l)) in paths {
-                let e = sum.entry(*k).or_default();
-                e.0 += s;
-                e.1 += l;
+            for (k, c) in paths {
+                *sum.entry(*k).or_default() += *c;
             }
         }
         sum
     }
 
-    /// The fabric links (switch to switch) a path crosses, in order, each with the node it
-    /// leaves; empty for a path the topology does not have.
-    fn path_links(&mut self, (s, d, hops): PathKey) -> Vec<Directed> {
+    /// The fabric links (switch to switch) a path crosses, in order, each as the index of the
+    /// direction it is crossed in ([`Tomography::dirs`]); empty for a path the topology does
+    /// not have. A rack pair's paths are computed together when first needed.
+    fn path_links(&mut self, (s, d, hops): PathKey) -> &[u32] {
         let (Some(src), Some(rack)) = (
             self.rack_host.get(s as usize).copied().flatten(),
             self.racks.get(d as usize).copied(),
         ) else {
-            return Vec::new();
+            return &[];
         };
-        let topo = Arc::clone(&self.topo);
-        let by_hops = self.links.entry((s, d)).or_insert_with(|| {
+        let Self {
+            topo,
+            links,
+            dirs,
+            dir_ids,
+            ..
+        } = self;
+        let by_hops = links.entry((s, d)).or_insert_with(|| {
             let g = topo.graph();
             let mut out = HashMap::new();
-            topo.paths_to_rack(src, &rack, |hop0, hop1, links| {
+            topo.paths_to_rack(src, &rack, |hop0, hop1, path| {
                 let mut at = src;
-                let mut dirs = Vec::new();
-                for &l in links {
+                let mut ids = Vec::new();
+                for &l in path {
                     let next = g.links[l as usize].other(at);
                     if g.node(at).kind.is_switch() && g.node(next).kind.is_switch() {
-                        dirs.push((l, at));
+                        let id = *dir_ids.entry((l, at)).or_insert_with(|| {
+                            dirs.push((l, at));
+                            dirs.len() as u32 - 1
+                        });
+                        ids.push(id);
                     }
                     at = next;
                 }
-                out.insert(u32::from(hop0) | (u32::from(hop1) << 8), dirs);
+                out.insert(u32::from(hop0) | (u32::from(hop1) << 8), ids.into());
             });
             out
         });
-        by_hops.get(&hops).cloned().unwrap_or_default()
+        by_hops.get(&hops).map_or(&[], |ids| ids)
+    }
+
+    /// The paths with packets over the last `window` periods, in key order (a rack pair's
+    /// together), each with its links.
+    fn window_paths(&mut self, window: u32) -> WindowPaths {
+        let mut keys: Vec<(PathKey, Counts)> = match self.sums.iter().find(|(w, _)| *w == window) {
+            Some((_, sum)) => sum
+                .iter()
+                .filter(|(_, c)| c.sent > 0)
+                .map(|(k, c)| (*k, *c))
+                .collect(),
+            None => self
+                .window(window)
+                .into_iter()
+                .filter(|(_, c)| c.sent > 0)
+                .collect(),
+        };
+        keys.sort_unstable_by_key(|(k, _)| *k);
+        let mut out = WindowPaths {
+            starts: Vec::with_capacity(keys.len() + 1),
+            links: Vec::with_capacity(keys.len() * 4),
+            ..WindowPaths::default()
+        };
+        out.starts.push(0);
+        for (k, c) in keys {
+            let ids = self.path_links(k);
+            out.links.extend_from_slice(ids);
+            out.starts.push(out.links.len() as u32);
+            out.keys.push(k);
+            out.counts.push(c);
+        }
+        out
     }
 
     /// Every directed link's (sent, lost) over the last `window` periods, worst loss first.
     pub fn link_loss(&mut self, window: u32) -> Vec<(Directed, u64, u64)> {
-        let mut links: HashMap<Directed, (u64, u64)> = HashMap::new();
-        for (k, (s, l)) in self.window(window) {
-            for dir in self.path_links(k) {
-                let e = links.entry(dir).or_default();
-                e.0 += s;
-                e.1 += l;
+        let paths = self.window_paths(window);
+        let mut links = vec![Counts::default(); self.dirs.len()];
+        for i in 0..paths.keys.len() {
+            for &l in paths.of(i) {
+                links[l as usize] += paths.counts[i];
             }
         }
-        let mut out: Vec<_> = links.into_iter().map(|(d, (s, l))| (d, s, l)).collect();
+        let mut out: Vec<_> = links
+            .into_iter()
+            .enumerate()
+            .filter(|(_, c)| c.sent > 0)
+            .map(|(l, c)| (self.dirs[l], c.sent, c.lost))
+            .collect();
         out.sort_by(|a, b| {
             let ra = a.2 as f64 / a.1.max(1) as f64;
             let rb = b.2 as f64 / b.1.max(1) as f64;
@@ -371,100 +491,101 @@ impl Tomography {
         out
     }
 
+    /// One window's verdicts. Linear in the paths' links per verdict: a link's siblings (the
+    /// other paths of the rack pairs it carries) are its pairs' totals less its own, each pair
+    /// added once to each link its paths cross.
     fn judge_window(&mut self, window: u32, down: &impl Fn(LinkId) -> bool) -> Vec<Verdict> {
-        let paths: Vec<(PathKey, u64, u64, Vec<Directed>)> = {
-            let w = self.window(window);
-            let mut keys: Vec<_> = w.into_iter().filter(|(_, (s, _))| *s > 0).collect();
-            keys.sort_by_key(|(k, _)| *k);
-            keys.into_iter()
-                .map(|(k, (s, l))| (k, s, l, self.path_links(k)))
-                .collect()
-        };
-        let mut explained: Vec<bool> = paths
-            .iter()
-            .map(|(_, _, _, dirs)| dirs.iter().any(|(l, _)| down(*l)))
+        let paths = self.window_paths(window);
+        let n = self.dirs.len();
+        let is_down: Vec<bool> = self.dirs.iter().map(|(l, _)| down(*l)).collect();
+        let mut explained: Vec<bool> = (0..paths.keys.len())
+            .map(|i| paths.of(i).iter().any(|&l| is_down[l as usize]))
             .collect();
         // A rack pair that lost candidate paths to a failure sprays over fewer: the links its
         // remaining paths cross carry more than their share, and their queues' drops read like
         // a gray link's. They are not judged while the failure lasts.
-        let mut reduced: HashMap<(u32, u32), bool> = HashMap::new();
-        let mut skewed: HashSet<Directed> = HashSet::new();
-        for ((s, d, _), _, _, dirs) in &paths {
-            let pair = (*s, *d);
-            let is_reduced = *reduced.entry(pair).or_insert_with(|| {
-                self.links
-                    .get(&pair)
-                    .is_some_and(|all| all.values().flatten().any(|(l, _)| down(*l)))
-            });
-            if is_reduced {
-                skewed.extend(dirs.iter().copied());
+        let mut skewed = vec![false; n];
+        if is_down.contains(&true) {
+            for group in paths.pairs() {
+                let (s, d, _) = paths.keys[group.start];
+                let reduced = self
+                    .links
+                    .get(&(s, d))
+                    .is_some_and(|all| all.values().flatten().any(|&l| is_down[l as usize]));
+                if reduced {
+                    for i in group {
+                        for &l in paths.of(i) {
+                            skewed[l as usize] = true;
+                        }
+                    }
+                }
             }
         }
+        let seconds = f64::from(window) * f64::from(self.period_ms) / 1e3;
+        let limit = self.config.max_load * self.config.link_bps;
         let mut verdicts = Vec::new();
         loop {
-            // Per rack pair and per link, over the paths not yet explained.
-            let mut pairs: HashMap<(u32, u32), (u64, u64)> = HashMap::new();
-            let mut links: BTreeMap<Directed, LinkCounts> = BTreeMap::new();
-            for (i, ((s, d, _), sent, lost, dirs)) in paths.iter().enumerate() {
-                if explained[i] {
-                    continue;
+            // Per link over the paths not yet explained: its own counts, and the totals of the
+            // rack pairs it carries (each pair once).
+            let mut own = vec![Counts::default(); n];
+            let mut pairs = vec![Counts::default(); n];
+            let mut seen = vec![usize::MAX; n];
+            for (g, group) in paths.pairs().enumerate() {
+                let mut total = Counts::default();
+                for i in group.clone().filter(|&i| !explained[i]) {
+                    total += paths.counts[i];
                 }
-                let p = pairs.entry((*s, *d)).or_default();
-                p.0 += sent;
-                p.1 += lost;
-                for dir in dirs {
-                    let e = links.entry(*dir).or_default();
-                    e.0 += sent;
-                    e.1 += lost;
-                    let q = e.2.entry((*s, *d)).or_default();
-                    q.0 += sent;
-                    q.1 += lost;
+                for i in group.filter(|&i| !explained[i]) {
+                    for &l in paths.of(i) {
+                        let l = l as usize;
+                        own[l] += paths.counts[i];
+                        if seen[l] != g {
+                            seen[l] = g;
+                            pairs[l] += total;
+                        }
+                    }
                 }
             }
             let mut best: Option<Verdict> = None;
-            for (dir, (sent, lost, by_pair)) in &links {
-                if skewed.contains(dir) {
+            for l in 0..n {
+                let c = own[l];
+                if c.sent == 0 || skewed[l] || c.bytes as f64 * 8.0 / seconds > limit {
                     continue;
                 }
-                let seconds = f64::from(window) * f64::from(self.period_ms) / 1e3;
-                if *sent as f64 * FULL_PACKET_BITS / seconds
-                    > self.config.max_load * self.config.link_bps
-                {
-                    continue;
-                }
-                let (mut s_out, mut l_out) = (0u64, 0u64);
-                for (pair, (s_in, l_in)) in by_pair {
-                    let (s_all, l_all) = pairs[pair];
-                    s_out += s_all - s_in;
-                    l_out += l_all - l_in;
-                }
-                let rate = *lost as f64 / *sent as f64;
+                let (s_out, l_out) = (pairs[l].sent - c.sent, pairs[l].lost - c.lost);
+                let rate = c.lost as f64 / c.sent as f64;
                 let rate_out = if s_out > 0 {
                     l_out as f64 / s_out as f64
                 } else {
                     0.0
                 };
-                let expected = rate_out * *sent as f64;
-                let convicted = *lost >= self.config.min_lost
+                let expected = rate_out * c.sent as f64;
+                let convicted = c.lost >= self.config.min_lost
                     && rate >= self.config.threshold
                     && rate >= 2.0 * rate_out
-                    && *lost as f64 > expected + 3.0 * expected.sqrt() + 1.0;
+                    && c.lost as f64 > expected + 3.0 * expected.sqrt() + 1.0;
                 if !convicted {
                     continue;
                 }
                 // The link that explains the most lost packets: a lossy core link's paths go
                 // on through several downlinks, each of which loses at the same rate but
                 // explains only its share; where two explain the same packets (one link's
-                // paths are all the other's), the denser loss is the better explanation.
+                // paths are all the other's), the denser loss is the better explanation (and
+                // of equals, the lower link, so the verdict does not depend on map order).
+                let dir = self.dirs[l];
                 let better = match &best {
                     None => true,
-                    Some(b) => *lost > b.lost || (*lost == b.lost && rate > b.loss()),
+                    Some(b) => {
+                        c.lost > b.lost
+                            || (c.lost == b.lost
+                                && (rate > b.loss() || (rate == b.loss() && dir < b.link)))
+                    }
                 };
                 if better {
                     best = Some(Verdict {
-                        link: *dir,
-                        sent: *sent,
-                        lost: *lost,
+                        link: dir,
+                        sent: c.sent,
+                        lost: c.lost,
                         window,
                     });
                 }
@@ -472,9 +593,10 @@ impl Tomography {
             let Some(v) = best else {
                 break;
             };
-            for (i, (_, _, _, dirs)) in paths.iter().enumerate() {
-                if dirs.contains(&v.link) {
-                    explained[i] = true;
+            let id = self.dir_ids[&v.link];
+            for (i, e) in explained.iter_mut().enumerate() {
+                if paths.of(i).contains(&id) {
+                    *e = true;
                 }
             }
             verdicts.push(v);
@@ -581,6 +703,10 @@ mod tests {
         out.into_iter().collect()
     }
 
+    fn t_names(topo: &Arc<Topology>, link: Directed) -> (String, String) {
+        Tomography::new(Arc::clone(topo), JudgeConfig::default()).names(link)
+    }
+
     fn feed(t: &mut Tomography, reps: Vec<(String, PathReport)>) {
         let expected: BTreeSet<String> = reps.iter().map(|(h, _)| h.clone()).collect();
         for (h, r) in reps {
@@ -603,6 +729,59 @@ mod tests {
         assert_eq!(v.len(), 1, "{v:?}");
         assert_eq!(t.names(v[0].link), ("a0".into(), "c0".into()));
         assert!((v[0].loss() - 0.02).abs() < 0.001, "{}", v[0].loss());
+    }
+
+    #[test]
+    fn a_links_load_is_the_bytes_its_senders_counted() {
+        let topo = fat_tree();
+        let config = JudgeConfig {
+            windows: vec![4],
+            ..JudgeConfig::default()
+        };
+        // `size` bytes for each packet sent; `None`: no bytes, as an older agent reports.
+        let run = |link_bps: f64, size: Option<u64>| {
+            let mut t = Tomography::new(
+                Arc::clone(&topo),
+                JudgeConfig {
+                    link_bps,
+                    ..config.clone()
+                },
+            );
+            for p in 0..4 {
+                let mut reps = reports(&topo, p, 200, Some(("a0", "c0", 0.02)), 0, 16);
+                for (_, r) in &mut reps {
+                    for peer in &mut r.sent {
+                        peer.bytes = match size {
+                            Some(b) => peer.packets.iter().map(|n| n * b).collect(),
+                            None => Vec::new(),
+                        };
+                    }
+                }
+                feed(&mut t, reps);
+            }
+            t.judge(|_| false)
+        };
+        let v = run(config.link_bps, None);
+        assert_eq!(v.len(), 1, "{v:?}");
+        // A rate a0 -> c0's packets fill to 1.5 times the limit at full size, to half of it at
+        // 500 bytes each.
+        let full = v[0].sent as f64 * (FULL_PACKET_BYTES * 8) as f64 / 1.0;
+        let link_bps = full / config.max_load / 1.5;
+        assert!(
+            run(link_bps, None).is_empty(),
+            "taken full-size: over the limit"
+        );
+        assert!(
+            run(link_bps, Some(1514)).is_empty(),
+            "counted full-size: over the limit"
+        );
+        let v = run(link_bps, Some(500));
+        assert_eq!(
+            v.len(),
+            1,
+            "counted at 500 bytes: under the limit, judged: {v:?}"
+        );
+        assert_eq!(t_names(&topo, v[0].link), ("a0".into(), "c0".into()));
     }
 
     #[test]
@@ -667,6 +846,217 @@ mod tests {
             "without the failure it convicts"
         );
         assert_eq!(t.judge(|l| dead.contains(&l)), vec![]);
+    }
+
+    /// The judge as first written (per link, a map of the rack pairs it carries), kept to check
+    /// the linear one against: one window's verdicts.
+    fn reference_judge(
+        t: &mut Tomography,
+        window: u32,
+        down: &dyn Fn(LinkId) -> bool,
+    ) -> Vec<Verdict> {
+        let w = t.window_paths(window);
+        let paths: Vec<(PathKey, Counts, Vec<Directed>)> = (0..w.keys.len())
+            .map(|i| {
+                let dirs = w.of(i).iter().map(|&l| t.dirs[l as usize]).collect();
+                (w.keys[i], w.counts[i], dirs)
+            })
+            .collect();
+        let mut explained: Vec<bool> = paths
+            .iter()
+            .map(|(_, _, dirs)| dirs.iter().any(|(l, _)| down(*l)))
+            .collect();
+        let mut skewed: HashSet<Directed> = HashSet::new();
+        for ((s, d, _), _, dirs) in &paths {
+            let reduced = t.links[&(*s, *d)]
+                .values()
+                .flatten()
+                .any(|&l| down(t.dirs[l as usize].0));
+            if reduced {
+                skewed.extend(dirs.iter().copied());
+            }
+        }
+        let seconds = f64::from(window) * f64::from(t.period_ms) / 1e3;
+        let mut verdicts = Vec::new();
+        loop {
+            let mut pairs: HashMap<(u32, u32), Counts> = HashMap::new();
+            // Per link: its counts, in all and per rack pair.
+            type ByPair = HashMap<(u32, u32), Counts>;
+            let mut links: BTreeMap<Directed, (Counts, ByPair)> = BTreeMap::new();
+            for (i, ((s, d, _), c, dirs)) in paths.iter().enumerate() {
+                if explained[i] {
+                    continue;
+                }
+                *pairs.entry((*s, *d)).or_default() += *c;
+                for dir in dirs {
+                    let e = links.entry(*dir).or_default();
+                    e.0 += *c;
+                    *e.1.entry((*s, *d)).or_default() += *c;
+                }
+            }
+            let mut best: Option<Verdict> = None;
+            for (dir, (c, by_pair)) in &links {
+                if skewed.contains(dir)
+                    || c.bytes as f64 * 8.0 / seconds > t.config.max_load * t.config.link_bps
+                {
+                    continue;
+                }
+                let (mut s_out, mut l_out) = (0u64, 0u64);
+                for (pair, inside) in by_pair {
+                    s_out += pairs[pair].sent - inside.sent;
+                    l_out += pairs[pair].lost - inside.lost;
+                }
+                let rate = c.lost as f64 / c.sent as f64;
+                let rate_out = if s_out > 0 {
+                    l_out as f64 / s_out as f64
+                } else {
+                    0.0
+                };
+                let expected = rate_out * c.sent as f64;
+                let convicted = c.lost >= t.config.min_lost
+                    && rate >= t.config.threshold
+                    && rate >= 2.0 * rate_out
+                    && c.lost as f64 > expected + 3.0 * expected.sqrt() + 1.0;
+                let better = best
+                    .as_ref()
+                    .is_none_or(|b| c.lost > b.lost || (c.lost == b.lost && rate > b.loss()));
+                if convicted && better {
+                    best = Some(Verdict {
+                        link: *dir,
+                        sent: c.sent,
+                        lost: c.lost,
+                        window,
+                    });
+                }
+            }
+            let Some(v) = best else { break };
+            for (i, (_, _, dirs)) in paths.iter().enumerate() {
+                explained[i] |= dirs.contains(&v.link);
+            }
+            verdicts.push(v);
+        }
+        verdicts
+    }
+
+    #[test]
+    fn the_linear_judge_convicts_what_the_first_one_did() {
+        let topo = fat_tree();
+        let g = topo.graph();
+        let hosts: Vec<NodeId> = g.nodes_of(NodeKind::Host).collect();
+        let racks = topo.racks();
+        let fabric: Vec<LinkId> = (0..g.links.len() as LinkId)
+            .filter(|&l| {
+                let link = &g.links[l as usize];
+                g.node(link.a).kind.is_switch() && g.node(link.b).kind.is_switch()
+            })
+            .collect();
+        // A small deterministic generator (xorshift), so a failure names its case.
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let mut convicted = 0;
+        for case in 0..60 {
+            // Up to three lossy directed links at 0.5-6%, noise on every path, some hosts
+            // silent, some rack pairs unused, sometimes a link down.
+            let lossy: Vec<((NodeId, NodeId), f64)> = (0..1 + next(3))
+                .map(|_| {
+                    let l = &g.links[fabric[next(fabric.len() as u64) as usize] as usize];
+                    let ends = if next(2) == 0 { (l.a, l.b) } else { (l.b, l.a) };
+                    (ends, [0.005, 0.02, 0.06][next(3) as usize])
+                })
+                .collect();
+            let down_link = (next(3) == 0).then(|| fabric[next(fabric.len() as u64) as usize]);
+            let mut t = Tomography::new(
+                Arc::clone(&topo),
+                JudgeConfig {
+                    // Sometimes low enough that some links are over the load limit.
+                    link_bps: [10e9, 10e9, 30e6, 60e6][next(4) as usize],
+                    ..JudgeConfig::default()
+                },
+            );
+            for period in 0..6 {
+                let mut out: BTreeMap<String, PathReport> = hosts
+                    .iter()
+                    .map(|&h| {
+                        let r = PathReport {
+                            period,
+                            period_ms: 250,
+                            ..PathReport::default()
+                        };
+                        (g.name(h).to_owned(), r)
+                    })
+                    .collect();
+                for &h in &hosts {
+                    if next(4) == 0 {
+                        continue;
+                    }
+                    let own = topo.rack_of(h).unwrap();
+                    for rack in racks.iter().filter(|r| r.tor != own.tor) {
+                        if next(3) == 0 {
+                            continue;
+                        }
+                        let dst = hosts
+                            .iter()
+                            .copied()
+                            .find(|x| topo.rack_of(*x).unwrap().tor == rack.tor)
+                            .unwrap();
+                        let mut sent = PeerPaths {
+                            rack: u32::from(rack.prefix.addr),
+                            ..PeerPaths::default()
+                        };
+                        let mut recv = PeerPaths {
+                            rack: u32::from(own.prefix.addr),
+                            ..PeerPaths::default()
+                        };
+                        topo.paths_to_rack(h, rack, |h0, h1, links| {
+                            let n = 50 + next(300);
+                            let mut keep = 1.0;
+                            let mut at = h;
+                            for &l in links {
+                                let to = g.links[l as usize].other(at);
+                                for ((a, b), loss) in &lossy {
+                                    if (*a, *b) == (at, to) {
+                                        keep *= 1.0 - loss;
+                                    }
+                                }
+                                at = to;
+                            }
+                            let lost = ((n as f64 * (1.0 - keep)).round() as u64 + next(2)).min(n);
+                            let hops = u32::from(h0) | (u32::from(h1) << 8);
+                            sent.hops.push(hops);
+                            sent.packets.push(n);
+                            sent.bytes.push(n * (100 + next(1400)));
+                            recv.hops.push(hops);
+                            recv.packets.push(n - lost);
+                        });
+                        out.get_mut(g.name(h)).unwrap().sent.push(sent);
+                        out.get_mut(g.name(dst)).unwrap().received.push(recv);
+                    }
+                }
+                feed(&mut t, out.into_iter().collect());
+            }
+            let down = |l: LinkId| Some(l) == down_link;
+            let mut want = Vec::new();
+            for w in t.config.windows.clone() {
+                for v in reference_judge(&mut t, w, &down) {
+                    if !want.iter().any(|o: &Verdict| o.link == v.link) {
+                        want.push(v);
+                    }
+                }
+            }
+            assert_eq!(
+                t.judge(down),
+                want,
+                "case {case}: {lossy:?}, down {down_link:?}"
+            );
+            convicted += want.len();
+        }
+        // The cases exercise convictions, not only their absence.
+        assert!(convicted >= 30, "{convicted} verdicts in 60 cases");
     }
 
     #[test]

@@ -29,9 +29,9 @@ use aya_ebpf::{
 };
 use sopa_common::maps::{
     Config, Encap, FLOWS_CAPACITY, FWD_CAPACITY, FlowKey, FlowState, FwdEntry, HOP_STATS_LEN,
-    MAX_UPLINKS, MeterConfig, MeterKey, PATHS_CAPACITY, PINS_CAPACITY, PathSet, Pin, REASON_SLOTS,
-    REORDER_CAPACITY, ReorderState, SRV6_SEGS_CAPACITY, SegKey, Segments, Srv6Dest, TRUST_CAPACITY,
-    UsidRepairConfig, UsidRule, UsidRuleKey,
+    MAX_UPLINKS, MeterConfig, MeterKey, MeterSent, PATHS_CAPACITY, PINS_CAPACITY, PathSet, Pin,
+    REASON_SLOTS, REORDER_CAPACITY, ReorderState, SRV6_SEGS_CAPACITY, SegKey, Segments, Srv6Dest,
+    TRUST_CAPACITY, UsidRepairConfig, UsidRule, UsidRuleKey,
 };
 
 // Names must equal the constants of `sopa_common::maps` (checked by the agent's loader tests).
@@ -96,8 +96,9 @@ static USID_RULES: HashMap<UsidRuleKey, UsidRule> =
 #[map(name = "SOPA_METER_V1")]
 static METER_CONFIG: Array<MeterConfig> = Array::pinned(1, 0);
 
-#[map(name = "SOPA_SENT_V1")]
-static METER_SENT: HashMap<MeterKey, u64> = HashMap::pinned(sopa_common::maps::meter::CAPACITY, 0);
+#[map(name = "SOPA_SENT_V2")]
+static METER_SENT: HashMap<MeterKey, MeterSent> =
+    HashMap::pinned(sopa_common::maps::meter::CAPACITY, 0);
 
 #[map(name = "SOPA_RECV_V1")]
 static METER_RECEIVED: HashMap<MeterKey, u64> =

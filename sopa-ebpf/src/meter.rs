@@ -40,10 +40,19 @@ impl Meter {
         }
     }
 
-    /// Counts `n` packets to `daddr` on path `hops`; false when the table is full.
+    /// Counts `n` packets of `bytes` on the wire to `daddr` on path `hops`; false when the
+    /// table is full.
     #[inline(always)]
-    pub fn sent(&self, daddr: [u8; 4], hops: [u8; 2], n: u64) -> bool {
-        add(&METER_SENT, self.key(daddr, hops, self.color), n)
+    pub fn sent(&self, daddr: [u8; 4], hops: [u8; 2], n: u64, bytes: u64) -> bool {
+        let Some(counter) = counter(&METER_SENT, self.key(daddr, hops, self.color)) else {
+            return false;
+        };
+        // SAFETY: a pointer from a successful lookup, valid for this run, u64-aligned fields.
+        unsafe {
+            xadd(&raw mut (*counter).packets, n);
+            xadd(&raw mut (*counter).bytes, bytes);
+        }
+        true
     }
 
     /// Counts `n` packets from `saddr` on path `hops` (bare) in the period of `color`; false
@@ -62,7 +71,12 @@ impl Meter {
             color: color & 1,
             _pad: 0,
         };
-        add(&METER_RECEIVED, key, n)
+        let Some(counter) = counter(&METER_RECEIVED, key) else {
+            return false;
+        };
+        // SAFETY: as in `sent`.
+        unsafe { xadd(counter, n) };
+        true
     }
 
     #[inline(always)]
@@ -76,26 +90,26 @@ impl Meter {
     }
 }
 
-/// Adds `n` to the counter of `key`, creating it at 0 first; false when the map is full.
+/// The counter of `key`, created at zero first; `None` when the map is full.
 #[inline(always)]
-fn add(map: &HashMap<MeterKey, u64>, key: MeterKey, n: u64) -> bool {
-    use core::intrinsics::{AtomicOrdering::Relaxed, atomic_xadd};
+fn counter<V: Default>(map: &HashMap<MeterKey, V>, key: MeterKey) -> Option<*mut V> {
     // One lookup for a counter that exists (every packet but a path's first).
-    let counter = match map.get_ptr_mut(&key) {
-        Some(c) => Some(c),
-        None => {
-            // Another CPU may create it at the same moment: NOEXIST lets one win, both add.
-            let _ = map.insert(&key, &0, u64::from(BPF_NOEXIST));
-            map.get_ptr_mut(&key)
-        }
-    };
-    match counter {
-        Some(counter) => {
-            // SAFETY: a pointer from a successful lookup, valid for this run, u64-aligned;
-            // atomic because two CPUs count one peer's path at once (see `tc_stamp::account`).
-            unsafe { atomic_xadd::<u64, u64, { Relaxed }>(counter, n) };
-            true
-        }
-        None => false,
+    if let Some(c) = map.get_ptr_mut(&key) {
+        return Some(c);
     }
+    // Another CPU may create it at the same moment: NOEXIST lets one win, both add.
+    let _ = map.insert(&key, &V::default(), u64::from(BPF_NOEXIST));
+    map.get_ptr_mut(&key)
+}
+
+/// Adds `n` to a counter two CPUs may add to at once (one peer's path, see
+/// `tc_stamp::account`).
+///
+/// # Safety
+/// `counter` points to a live, u64-aligned map value.
+#[inline(always)]
+unsafe fn xadd(counter: *mut u64, n: u64) {
+    use core::intrinsics::{AtomicOrdering::Relaxed, atomic_xadd};
+    // SAFETY: the caller's.
+    unsafe { atomic_xadd::<u64, u64, { Relaxed }>(counter, n) };
 }

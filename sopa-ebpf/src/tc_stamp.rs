@@ -121,16 +121,31 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
     } else {
         stamp(ctx, &ip, wire)?;
     }
-    metered(meter, &ip, &choice, segs);
+    // The option a sender forged was in its headers already.
+    let headers = if forged { l4 } else { l4 + usize::from(extra) };
+    metered(ctx, meter, &ip, &choice, segs, headers);
     Ok(counted(&choice, segs))
 }
 
-/// Counts a stamped packet in the path meter, when it runs.
+/// Counts a stamped packet in the path meter, when it runs: its segments, and the bytes they
+/// take on the wire. `headers`: where the stamped packet's L4 header begins.
 #[inline(always)]
-fn metered(meter: Option<Meter>, ip: &Ipv4, choice: &Choice, segs: u64) {
-    if let Some(m) = meter
-        && !m.sent(ip.daddr, choice.hops, segs)
-    {
+fn metered(
+    ctx: &TcContext,
+    meter: Option<Meter>,
+    ip: &Ipv4,
+    choice: &Choice,
+    segs: u64,
+    headers: usize,
+) {
+    let Some(m) = meter else {
+        return;
+    };
+    // A GSO packet holds its headers once; each of its segments carries them (TCP's taken
+    // with timestamps, 32 bytes: the controller's load estimate errs high, never low).
+    let l4 = if ip.proto == IPPROTO_TCP { 32 } else { 8 };
+    let bytes = u64::from(ctx.len()) + (segs - 1) * (headers as u64 + l4);
+    if !m.sent(ip.daddr, choice.hops, segs, bytes) {
         count(&crate::STAMP_STATS, reason::METER_FULL, 1);
     }
 }
@@ -199,7 +214,8 @@ fn stamp_ipv6(ctx: &TcContext) -> Result<u32, u32> {
     let segs = segments(ctx);
     let color = meter.map(|m| m.color);
     crate::srv6::encapsulate(ctx, &ip, encap, choice.hops, Inner::Ipv6, color)?;
-    metered(meter, &ip, &choice, segs);
+    let headers = ETH_HLEN + IPV6_HLEN + usize::from(extra);
+    metered(ctx, meter, &ip, &choice, segs, headers);
     Ok(counted(&choice, segs))
 }
 

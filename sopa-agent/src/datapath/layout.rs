@@ -88,6 +88,12 @@ pub const PREDECESSORS: [Predecessor; 3] = [
     },
 ];
 
+/// Maps of an older layout this agent replaces without carrying their content over: the path
+/// meter's sent counters before they counted bytes (V1). The meter's periods start anew with
+/// every agent (its first readings are baselines, not reports), so nothing in them is lost.
+/// Their pins are removed once this agent's programs replaced the old ones.
+pub const RETIRED: [&str; 1] = ["SOPA_SENT_V1"];
+
 /// Refuses pins of an unknown layout in the node's pin folder: a map of another `_Vn` would be
 /// ignored by this agent while the old programs kept using it. Maps of a predecessor layout
 /// are accepted (see [`Carry`]).
@@ -101,6 +107,7 @@ pub fn check(pins: &Path) -> Result<()> {
         .filter(|n| n.starts_with("SOPA_"))
         .filter(|n| !super::MAP_NAMES.contains(&n.as_str()))
         .filter(|n| !PREDECESSORS.iter().any(|p| p.old == n))
+        .filter(|n| !RETIRED.contains(&n.as_str()))
         .collect();
     if foreign.is_empty() {
         Ok(())
@@ -152,9 +159,17 @@ impl Carry {
         })
     }
 
-    /// Adds what the old programs counted since [`Carry::start`] and removes the old pins.
-    /// Returns the names of the maps carried over.
+    /// Adds what the old programs counted since [`Carry::start`] and removes the old pins,
+    /// those of [`RETIRED`] maps too. Returns the names of the maps carried over.
     pub fn finish(self) -> Result<Vec<&'static str>> {
+        for name in RETIRED {
+            let pin = self.pins.join(name);
+            match std::fs::remove_file(&pin) {
+                Ok(()) => info!(map = name, "a map of an older layout retired"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io(format!("removing {}", pin.display()), e)),
+            }
+        }
         let mut done = Vec::new();
         for (p, copied) in self.copied {
             let old_pin = self.pins.join(p.old);

@@ -9,9 +9,10 @@ use aya::{
 use sopa_common::maps::{
     CONFIG_MAP, Config, ENCAP_MAP, Encap, FLOWS_MAP, FWD_MAP, FWD_STATS_MAP, FWD_UPLINK_STATS_MAP,
     FlowKey, FlowState, FwdEntry, HOP_STATS_MAP, MAX_PATHS, MAX_UPLINKS, MEASURE_MAP, MeterConfig,
-    MeterKey, PATHS_MAP, PINS_MAP, PathSet, Pin, SRV6_DESTS_MAP, SRV6_SEGS_MAP, STAMP_STATS_MAP,
-    START_MAP, STRIP_STATS_MAP, SegKey, Segments, Srv6Dest, TRUST_MAP, UsidRepairConfig, UsidRule,
-    UsidRuleKey, encoding, forward_reason, measure, meter, stamp_reason, strip_reason, usid_repair,
+    MeterKey, MeterSent, PATHS_MAP, PINS_MAP, PathSet, Pin, SRV6_DESTS_MAP, SRV6_SEGS_MAP,
+    STAMP_STATS_MAP, START_MAP, STRIP_STATS_MAP, SegKey, Segments, Srv6Dest, TRUST_MAP,
+    UsidRepairConfig, UsidRule, UsidRuleKey, encoding, forward_reason, measure, meter,
+    stamp_reason, strip_reason, usid_repair,
 };
 
 use crate::{
@@ -40,7 +41,7 @@ impl Srv6Maps {
 /// The path meter's maps (absent in the pins of a datapath an older agent left).
 pub struct MeterMaps {
     config: Array<MapData, MeterConfig>,
-    sent: HashMap<MapData, MeterKey, u64>,
+    sent: HashMap<MapData, MeterKey, MeterSent>,
     received: HashMap<MapData, MeterKey, u64>,
 }
 
@@ -55,7 +56,7 @@ impl MeterMaps {
 }
 
 /// The path meter's counters of one color, cumulative: (sent, received).
-pub type MeterCounts = (Vec<(MeterKey, u64)>, Vec<(MeterKey, u64)>);
+pub type MeterCounts = (Vec<(MeterKey, MeterSent)>, Vec<(MeterKey, u64)>);
 
 pub struct MapSet {
     config: Array<MapData, Config>,
@@ -276,16 +277,20 @@ impl MapSet {
         let Some(m) = &self.meter else {
             return Ok((Vec::new(), Vec::new()));
         };
-        let read = |map: &HashMap<MapData, MeterKey, u64>, name: &'static str| {
+        fn read<V: aya::Pod>(
+            map: &HashMap<MapData, MeterKey, V>,
+            name: &'static str,
+            color: u8,
+        ) -> Result<Vec<(MeterKey, V)>> {
             map.iter()
                 .filter(|e| !matches!(e, Err(MapError::KeyNotFound)))
                 .filter(|e| !matches!(e, Ok((k, _)) if k.color != color))
                 .collect::<std::result::Result<Vec<_>, _>>()
                 .map_err(map_err(name))
-        };
+        }
         Ok((
-            read(&m.sent, meter::SENT_MAP)?,
-            read(&m.received, meter::RECEIVED_MAP)?,
+            read(&m.sent, meter::SENT_MAP, color)?,
+            read(&m.received, meter::RECEIVED_MAP, color)?,
         ))
     }
 
