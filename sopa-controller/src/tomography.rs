@@ -20,7 +20,7 @@ use std::{
     sync::Arc,
 };
 
-use sopa_channel::proto::PathReport;
+use sopa_channel::proto::{PathReport, PeerPaths};
 use sopa_topology::{LinkId, NodeId, NodeKind, Topology, topology::Rack};
 
 /// How the meter's evidence is judged.
@@ -87,8 +87,12 @@ impl std::ops::SubAssign for Counts {
     }
 }
 
+/// A map by path, with a fast hash (a period holds a path of every rack pair in use: 663,552
+/// at k=48 when every rack sends to one other).
+type PathMap<V> = HashMap<PathKey, V, foldhash::fast::RandomState>;
+
 /// One judged period: each path's counts.
-type Period = (u64, HashMap<PathKey, Counts>);
+type Period = (u64, PathMap<Counts>);
 
 /// A rack pair's paths' links, by `hop0 | hop1 << 8`, as directed-link indices.
 type PairLinks = HashMap<u32, Box<[u32]>>;
@@ -143,10 +147,20 @@ impl Verdict {
     }
 }
 
-/// One period's reports, until every host's is in.
+/// What the reports in so far say of one path in one period.
+#[derive(Clone, Copy, Debug, Default)]
+struct Tally {
+    sent: u64,
+    bytes: u64,
+    received: u64,
+}
+
+/// One period's reports, summed per path as they come in, until every host's is in.
 #[derive(Default)]
 struct Pending {
-    reports: HashMap<String, PathReport>,
+    /// The hosts that reported, and whether their counts were complete.
+    hosts: HashMap<String, bool>,
+    paths: PathMap<Tally>,
 }
 
 /// The meter's evidence and its judge.
@@ -169,7 +183,7 @@ pub struct Tomography {
     judged: VecDeque<Period>,
     /// Each configured window's sums over its periods, kept as periods come and go (summing
     /// 16 periods of every path at each judgement is what large fabrics cannot afford).
-    sums: Vec<(u32, HashMap<PathKey, Counts>)>,
+    sums: Vec<(u32, PathMap<Counts>)>,
     keep: usize,
     pub config: JudgeConfig,
     /// Periods judged, and those given up on (a host's report missing).
@@ -180,7 +194,7 @@ pub struct Tomography {
 }
 
 /// Adds `period` into `sum`, or takes it out (a path whose counts reach zero leaves).
-fn add(sum: &mut HashMap<PathKey, Counts>, period: &HashMap<PathKey, Counts>, into: bool) {
+fn add(sum: &mut PathMap<Counts>, period: &PathMap<Counts>, into: bool) {
     for (k, c) in period {
         if into {
             *sum.entry(*k).or_default() += *c;
@@ -227,7 +241,7 @@ impl Tomography {
             sums: config
                 .windows
                 .iter()
-                .map(|w| (*w, HashMap::new()))
+                .map(|w| (*w, PathMap::default()))
                 .collect(),
             keep,
             config,
@@ -262,16 +276,12 @@ impl Tomography {
             // Too late: that period is judged already.
             return false;
         }
-        self.pending
-            .entry(period)
-            .or_default()
-            .reports
-            .insert(host.to_owned(), report);
+        self.fold(host, &report);
         let mut closed = false;
         while let Some((&first, pending)) = self.pending.first_key_value() {
             // Counted first: checking every name on every report would cost hosts squared.
-            let complete = pending.reports.len() >= expected.len()
-                && expected.iter().all(|h| pending.reports.contains_key(h));
+            let complete = pending.hosts.len() >= expected.len()
+                && expected.iter().all(|h| pending.hosts.contains_key(h));
             // A period two behind the newest is closed whatever is missing: its hosts' reports
             // come half a period after it ends.
             let newest = *self.pending.keys().next_back().expect("not empty");
@@ -285,55 +295,65 @@ impl Tomography {
         closed
     }
 
-    /// Sums a period's reports per path. A rack is judged only if every host of it reported
-    /// the period completely: a host that did not (its agent away, reconnecting, never
-    /// started) may still have received packets others counted as sent, which would read as
-    /// lost.
+    /// Adds a host's report into its period's sums per path. A second report of a period from
+    /// one host is left out (its packets are counted already).
+    fn fold(&mut self, host: &str, report: &PathReport) {
+        let me = self.host_rack[host];
+        // Each peer's rack, looked up before the period's sums are borrowed.
+        let racks = |list: &[PeerPaths]| -> Vec<Option<u32>> {
+            list.iter()
+                .map(|peer| self.rack_of_addr(peer.rack).filter(|&r| r != me))
+                .collect()
+        };
+        let (to, from) = (racks(&report.sent), racks(&report.received));
+        let pending = self.pending.entry(report.period).or_default();
+        if pending.hosts.contains_key(host) {
+            return;
+        }
+        pending.hosts.insert(host.to_owned(), !report.incomplete);
+        for (peer, other) in report.sent.iter().zip(to) {
+            let Some(other) = other else { continue };
+            for (i, (&hops, &n)) in peer.hops.iter().zip(&peer.packets).enumerate() {
+                let bytes = peer.bytes.get(i).copied().unwrap_or(n * FULL_PACKET_BYTES);
+                let e = pending.paths.entry((me, other, hops)).or_default();
+                e.sent += n;
+                e.bytes += bytes;
+            }
+        }
+        for (peer, other) in report.received.iter().zip(from) {
+            let Some(other) = other else { continue };
+            for (&hops, &n) in peer.hops.iter().zip(&peer.packets) {
+                pending.paths.entry((other, me, hops)).or_default().received += n;
+            }
+        }
+    }
+
+    /// Closes a period. A rack is judged only if every host of it reported the period
+    /// completely: a host that did not (its agent away, reconnecting, never started) may still
+    /// have received packets others counted as sent, which would read as lost. So the paths of
+    /// a rack pair with a blind end are left out.
     fn close(&mut self, period: u64, pending: Pending) {
         let mut blind: HashSet<u32> = HashSet::new();
         for (h, &r) in &self.host_rack {
-            let ok = pending.reports.get(h).is_some_and(|r| !r.incomplete);
-            if !ok {
+            if !pending.hosts.get(h).copied().unwrap_or(false) {
                 blind.insert(r);
             }
         }
         if !blind.is_empty() {
             self.periods_partial += 1;
         }
-        let mut sent: HashMap<PathKey, (u64, u64)> = HashMap::new();
-        let mut received: HashMap<PathKey, (u64, u64)> = HashMap::new();
-        for (host, report) in &pending.reports {
-            let me = self.host_rack[host];
-            if blind.contains(&me) {
-                continue;
-            }
-            for (into, list, outgoing) in [
-                (&mut sent, &report.sent, true),
-                (&mut received, &report.received, false),
-            ] {
-                for peer in list {
-                    let Some(other) = self.rack_of_addr(peer.rack) else {
-                        continue;
-                    };
-                    if blind.contains(&other) || other == me {
-                        continue;
-                    }
-                    let (s, d) = if outgoing { (me, other) } else { (other, me) };
-                    for (i, (&hops, &n)) in peer.hops.iter().zip(&peer.packets).enumerate() {
-                        let bytes = peer.bytes.get(i).copied().unwrap_or(n * FULL_PACKET_BYTES);
-                        let e = into.entry((s, d, hops)).or_default();
-                        e.0 += n;
-                        e.1 += bytes;
-                    }
-                }
-            }
-        }
-        let paths = sent
+        let paths = pending
+            .paths
             .into_iter()
-            .map(|(k, (sent, bytes))| {
-                let (r, _) = received.get(&k).copied().unwrap_or_default();
-                let lost = sent.saturating_sub(r);
-                (k, Counts { sent, lost, bytes })
+            .filter(|((s, d, _), t)| t.sent > 0 && !blind.contains(s) && !blind.contains(d))
+            .map(|(k, t)| {
+                let lost = t.sent.saturating_sub(t.received);
+                let c = Counts {
+                    sent: t.sent,
+                    lost,
+                    bytes: t.bytes,
+                };
+                (k, c)
             })
             .collect();
         self.judged.push_back((period, paths));
@@ -366,11 +386,11 @@ impl Tomography {
     }
 
     /// Each path's counts over the last `window` periods.
-    fn window(&self, window: u32) -> HashMap<PathKey, Counts> {
+    fn window(&self, window: u32) -> PathMap<Counts> {
         if let Some((_, sum)) = self.sums.iter().find(|(w, _)| *w == window) {
             return sum.clone();
         }
-        let mut sum: HashMap<PathKey, Counts> = HashMap::new();
+        let mut sum: PathMap<Counts> = PathMap::default();
         for (_, paths) in self.judged.iter().rev().take(window as usize) {
             for (k, c) in paths {
                 *sum.entry(*k).or_default() += *c;
@@ -732,6 +752,28 @@ mod tests {
     }
 
     #[test]
+    fn a_report_sent_twice_counts_once() {
+        let topo = fat_tree();
+        let run = |twice: bool| {
+            let mut t = Tomography::new(Arc::clone(&topo), JudgeConfig::default());
+            for p in 0..4 {
+                let reps = reports(&topo, p, 200, Some(("a0", "c0", 0.02)), 0, 16);
+                let expected: BTreeSet<String> = reps.iter().map(|(h, _)| h.clone()).collect();
+                if twice {
+                    t.accept(&reps[0].0, reps[0].1.clone(), &expected);
+                }
+                for (h, r) in reps {
+                    t.accept(&h, r, &expected);
+                }
+            }
+            t.judge(|_| false)
+        };
+        let once = run(false);
+        assert_eq!(once.len(), 1);
+        assert_eq!(run(true), once);
+    }
+
+    #[test]
     fn a_links_load_is_the_bytes_its_senders_counted() {
         let topo = fat_tree();
         let config = JudgeConfig {
@@ -1068,7 +1110,7 @@ mod tests {
             feed(&mut t, reports(&topo, p, 100 + p, lossy, 0, 16));
         }
         for w in [4u32, 16] {
-            let mut again: HashMap<PathKey, Counts> = HashMap::new();
+            let mut again: PathMap<Counts> = PathMap::default();
             for (_, paths) in t.judged.iter().rev().take(w as usize) {
                 add(&mut again, paths, true);
             }
