@@ -535,6 +535,13 @@ pub struct LinkLoss {
     pub sent: u64,
     #[prost(uint64, tag = "3")]
     pub lost: u64,
+    /// The share of the link's rate (`--link-rate-mbit`) its metered bytes took over the window.
+    #[prost(double, tag = "4")]
+    pub load: f64,
+    /// Its load passes `--max-load`, so the meter does not judge it (a full queue's drops
+    /// would read as a gray link's).
+    #[prost(bool, tag = "5")]
+    pub over_load: bool,
 }
 
 /// An operator's word on a link the path meter judges: `trust` clears a suspicion and keeps

@@ -24,6 +24,10 @@ use sopa_topology::{NodeKind, Topology, topology::TopologySpec};
 /// about 360 full packets per path per 250 ms): two varint bytes.
 const PER_PATH: u64 = 300;
 
+/// Their bytes on the wire, as a sender counts them (full packets and acknowledgements mixed,
+/// 1,000 bytes on average): three varint bytes.
+const PER_PATH_BYTES: u64 = PER_PATH * 1000;
+
 fn fat_tree(k: u32) -> Topology {
     Topology::build(&TopologySpec::FatTree { k }).expect("a Fat-Tree")
 }
@@ -51,8 +55,10 @@ fn report(topo: &Topology, host: u32, racks: usize) -> PathReport {
             p.hops.push(u32::from(h0) | (u32::from(h1) << 8));
             p.packets.push(PER_PATH);
         });
-        r.sent.push(p.clone());
-        r.received.push(p);
+        r.received.push(p.clone());
+        // Only the sender counts bytes.
+        p.bytes = vec![PER_PATH_BYTES; p.packets.len()];
+        r.sent.push(p);
     }
     r
 }
@@ -151,6 +157,7 @@ fn permutation(topo: &Topology, lossy: (&str, &str), periods: u64) -> (Duration,
                 let lost = if through { PER_PATH / 50 } else { 0 };
                 sent.hops.push(u32::from(h0) | (u32::from(h1) << 8));
                 sent.packets.push(PER_PATH);
+                sent.bytes.push(PER_PATH_BYTES);
                 recv.hops.push(u32::from(h0) | (u32::from(h1) << 8));
                 recv.packets.push(PER_PATH - lost);
             });

@@ -80,6 +80,17 @@ impl Collector for ControllerCollector {
         }
 
         let mut family = encoder.encode_descriptor(
+            "sopa_link_load_ratio",
+            "Share of each fabric link's rate (direction from -> to) its metered bytes took in the shortest judged window; above the controller's --max-load the path meter does not judge it",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for l in &loss {
+            let link = l.link.clone().unwrap_or_default();
+            let labels = [("from", link.a.as_str()), ("to", link.b.as_str())];
+            ConstGauge::new(l.load).encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
             "sopa_link_suspect",
             "1 while the path meter holds a link suspect (drained)",
             None,

@@ -45,6 +45,10 @@ pub struct JudgeConfig {
 /// older than the byte count).
 pub const FULL_PACKET_BYTES: u64 = 1514;
 
+/// What an Ethernet frame takes on the wire beyond the bytes a sender counts: preamble and
+/// start delimiter (8), FCS (4), the inter-frame gap (12).
+pub const FRAME_OVERHEAD_BYTES: u64 = 24;
+
 impl Default for JudgeConfig {
     fn default() -> Self {
         Self {
@@ -141,6 +145,16 @@ pub struct Verdict {
     pub window: u32,
 }
 
+/// A directed link over a window: its metered packets, those lost on its paths, and the share of
+/// its rate the packets took (over [`JudgeConfig::max_load`] it is not judged).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LinkWindow {
+    pub link: Directed,
+    pub sent: u64,
+    pub lost: u64,
+    pub load: f64,
+}
+
 impl Verdict {
     pub fn loss(&self) -> f64 {
         self.lost as f64 / self.sent.max(1) as f64
@@ -179,7 +193,7 @@ pub struct Tomography {
     /// Rack index by prefix address (what reports name racks by).
     rack_ids: HashMap<u32, u32>,
     pending: BTreeMap<u64, Pending>,
-    /// The judged periods, newest last: each path's (sent, lost).
+    /// The judged periods, newest last: each path's counts.
     judged: VecDeque<Period>,
     /// Each configured window's sums over its periods, kept as periods come and go (summing
     /// 16 periods of every path at each judgement is what large fabrics cannot afford).
@@ -314,7 +328,8 @@ impl Tomography {
         for (peer, other) in report.sent.iter().zip(to) {
             let Some(other) = other else { continue };
             for (i, (&hops, &n)) in peer.hops.iter().zip(&peer.packets).enumerate() {
-                let bytes = peer.bytes.get(i).copied().unwrap_or(n * FULL_PACKET_BYTES);
+                let full = n.saturating_mul(FULL_PACKET_BYTES);
+                let bytes = peer.bytes.get(i).copied().unwrap_or(full);
                 let e = pending.paths.entry((me, other, hops)).or_default();
                 e.sent += n;
                 e.bytes += bytes;
@@ -472,8 +487,9 @@ impl Tomography {
         out
     }
 
-    /// Every directed link's (sent, lost) over the last `window` periods, worst loss first.
-    pub fn link_loss(&mut self, window: u32) -> Vec<(Directed, u64, u64)> {
+    /// Every directed link's packets and losses over the last `window` periods, and the share
+    /// of its rate its metered bytes took, worst loss first.
+    pub fn link_loss(&mut self, window: u32) -> Vec<LinkWindow> {
         let paths = self.window_paths(window);
         let mut links = vec![Counts::default(); self.dirs.len()];
         for i in 0..paths.keys.len() {
@@ -485,14 +501,30 @@ impl Tomography {
             .into_iter()
             .enumerate()
             .filter(|(_, c)| c.sent > 0)
-            .map(|(l, c)| (self.dirs[l], c.sent, c.lost))
+            .map(|(l, c)| LinkWindow {
+                link: self.dirs[l],
+                sent: c.sent,
+                lost: c.lost,
+                load: self.load(&c, window),
+            })
             .collect();
         out.sort_by(|a, b| {
-            let ra = a.2 as f64 / a.1.max(1) as f64;
-            let rb = b.2 as f64 / b.1.max(1) as f64;
-            rb.total_cmp(&ra).then(a.0.cmp(&b.0))
+            let ra = a.lost as f64 / a.sent.max(1) as f64;
+            let rb = b.lost as f64 / b.sent.max(1) as f64;
+            rb.total_cmp(&ra).then(a.link.cmp(&b.link))
         });
         out
+    }
+
+    /// The share of a link's rate that `c`'s packets take over the last `window` periods:
+    /// their bytes, and what each frame takes on the wire besides (preamble, delimiter, FCS,
+    /// inter-frame gap). A window not yet full (after a fabric change made the evidence start
+    /// again) is as long as the periods it holds.
+    fn load(&self, c: &Counts, window: u32) -> f64 {
+        let periods = (window as usize).min(self.judged.len()).max(1);
+        let seconds = periods as f64 * f64::from(self.period_ms) / 1e3;
+        let bytes = c.bytes + c.sent * FRAME_OVERHEAD_BYTES;
+        bytes as f64 * 8.0 / seconds / self.config.link_bps
     }
 
     /// The links the evidence convicts, over every configured window. Paths through a link
@@ -541,8 +573,18 @@ impl Tomography {
                 }
             }
         }
-        let seconds = f64::from(window) * f64::from(self.period_ms) / 1e3;
-        let limit = self.config.max_load * self.config.link_bps;
+        // A link's load is what all its paths carry, explained or not: a conviction elsewhere
+        // does not empty its queue.
+        let mut loaded = vec![Counts::default(); n];
+        for i in 0..paths.keys.len() {
+            for &l in paths.of(i) {
+                loaded[l as usize] += paths.counts[i];
+            }
+        }
+        let over: Vec<bool> = loaded
+            .iter()
+            .map(|c| self.load(c, window) > self.config.max_load)
+            .collect();
         let mut verdicts = Vec::new();
         loop {
             // Per link over the paths not yet explained: its own counts, and the totals of the
@@ -569,7 +611,7 @@ impl Tomography {
             let mut best: Option<Verdict> = None;
             for l in 0..n {
                 let c = own[l];
-                if c.sent == 0 || skewed[l] || c.bytes as f64 * 8.0 / seconds > limit {
+                if c.sent == 0 || skewed[l] || over[l] {
                     continue;
                 }
                 let (s_out, l_out) = (pairs[l].sent - c.sent, pairs[l].lost - c.lost);
@@ -752,6 +794,40 @@ mod tests {
     }
 
     #[test]
+    fn a_window_not_yet_full_is_as_long_as_the_periods_it_holds() {
+        let topo = fat_tree();
+        let periods = |windows: Vec<u32>, link_bps: f64| {
+            let config = JudgeConfig {
+                windows,
+                link_bps,
+                ..JudgeConfig::default()
+            };
+            let mut t = Tomography::new(Arc::clone(&topo), config);
+            for p in 0..4 {
+                feed(
+                    &mut t,
+                    reports(&topo, p, 200, Some(("a0", "c0", 0.02)), 0, 16),
+                );
+            }
+            t
+        };
+        let sent = periods(vec![4], 10e9).judge(|_| false)[0].sent;
+        // a0 -> c0 at 1.5 times the limit over the 4 periods in (1 s).
+        let frame = (FULL_PACKET_BYTES + FRAME_OVERHEAD_BYTES) as f64;
+        let link_bps = sent as f64 * frame * 8.0 / 0.7 / 1.5;
+        // A 16-period window holding 4 (as after a fabric change): over the limit, not a
+        // quarter of it.
+        let mut t = periods(vec![16], link_bps);
+        let shown = t
+            .link_loss(16)
+            .into_iter()
+            .find(|l| t.names(l.link) == ("a0".into(), "c0".into()))
+            .unwrap();
+        assert!((shown.load - 1.5 * 0.7).abs() < 1e-9, "{}", shown.load);
+        assert_eq!(t.judge(|_| false), vec![]);
+    }
+
+    #[test]
     fn a_report_sent_twice_counts_once() {
         let topo = fat_tree();
         let run = |twice: bool| {
@@ -801,23 +877,30 @@ mod tests {
                 }
                 feed(&mut t, reps);
             }
-            t.judge(|_| false)
+            let verdicts = t.judge(|_| false);
+            // What status and the metrics show of a0 -> c0.
+            let shown = t
+                .link_loss(4)
+                .into_iter()
+                .find(|l| t.names(l.link) == ("a0".into(), "c0".into()))
+                .unwrap();
+            (verdicts, shown.load)
         };
-        let v = run(config.link_bps, None);
+        let (v, _) = run(config.link_bps, None);
         assert_eq!(v.len(), 1, "{v:?}");
         // A rate a0 -> c0's packets fill to 1.5 times the limit at full size, to half of it at
-        // 500 bytes each.
-        let full = v[0].sent as f64 * (FULL_PACKET_BYTES * 8) as f64 / 1.0;
+        // 500 bytes each (each frame with its 24 bytes on the wire besides).
+        let frame = |b: u64| (b + FRAME_OVERHEAD_BYTES) as f64;
+        let full = v[0].sent as f64 * frame(FULL_PACKET_BYTES) * 8.0 / 1.0;
         let link_bps = full / config.max_load / 1.5;
-        assert!(
-            run(link_bps, None).is_empty(),
-            "taken full-size: over the limit"
-        );
-        assert!(
-            run(link_bps, Some(1514)).is_empty(),
-            "counted full-size: over the limit"
-        );
-        let v = run(link_bps, Some(500));
+        let (v, load) = run(link_bps, None);
+        assert!(v.is_empty(), "taken full-size: over the limit");
+        assert!((load - 1.5 * config.max_load).abs() < 1e-9, "{load}");
+        let (v, _) = run(link_bps, Some(1514));
+        assert!(v.is_empty(), "counted full-size: over the limit");
+        let (v, load) = run(link_bps, Some(500));
+        let want = 1.5 * config.max_load * frame(500) / frame(FULL_PACKET_BYTES);
+        assert!((load - want).abs() < 1e-9, "{load}, not {want}");
         assert_eq!(
             v.len(),
             1,
@@ -918,7 +1001,18 @@ mod tests {
                 skewed.extend(dirs.iter().copied());
             }
         }
-        let seconds = f64::from(window) * f64::from(t.period_ms) / 1e3;
+        // The load rule is the judge's (over all of a link's paths, each frame's overhead on).
+        let mut loaded: BTreeMap<Directed, Counts> = BTreeMap::new();
+        for (_, c, dirs) in &paths {
+            for dir in dirs {
+                *loaded.entry(*dir).or_default() += *c;
+            }
+        }
+        let over: HashSet<Directed> = loaded
+            .iter()
+            .filter(|(_, c)| t.load(c, window) > t.config.max_load)
+            .map(|(d, _)| *d)
+            .collect();
         let mut verdicts = Vec::new();
         loop {
             let mut pairs: HashMap<(u32, u32), Counts> = HashMap::new();
@@ -938,9 +1032,7 @@ mod tests {
             }
             let mut best: Option<Verdict> = None;
             for (dir, (c, by_pair)) in &links {
-                if skewed.contains(dir)
-                    || c.bytes as f64 * 8.0 / seconds > t.config.max_load * t.config.link_bps
-                {
+                if skewed.contains(dir) || over.contains(dir) {
                     continue;
                 }
                 let (mut s_out, mut l_out) = (0u64, 0u64);
@@ -1201,6 +1293,6 @@ mod tests {
         assert_eq!(t.last_period(), Some(0));
         assert_eq!(t.periods_partial, 1);
         assert_eq!(t.judge(|_| false), vec![]);
-        assert!(t.link_loss(4).iter().all(|(_, _, lost)| *lost == 0));
+        assert!(t.link_loss(4).iter().all(|l| l.lost == 0));
     }
 }

@@ -142,7 +142,8 @@ fn metered(
         return;
     };
     // A GSO packet holds its headers once; each of its segments carries them (TCP's taken
-    // with timestamps, 32 bytes: the controller's load estimate errs high, never low).
+    // with timestamps, 32 bytes; a segment with more options, or a tunnel's GSO packet, counts
+    // a few bytes short). What a frame takes on the wire besides, the controller adds.
     let l4 = if ip.proto == IPPROTO_TCP { 32 } else { 8 };
     let bytes = u64::from(ctx.len()) + (segs - 1) * (headers as u64 + l4);
     if !m.sent(ip.daddr, choice.hops, segs, bytes) {

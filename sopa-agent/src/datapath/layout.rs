@@ -10,7 +10,7 @@ use aya::maps::{Map, MapData, PerCpuArray, PerCpuValues};
 use sopa_common::maps::{
     FWD_STATS_MAP, STAMP_STATS_MAP, STRIP_STATS_MAP, forward_reason, stamp_reason, strip_reason,
 };
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::error::{Error, Result};
 
@@ -162,14 +162,6 @@ impl Carry {
     /// Adds what the old programs counted since [`Carry::start`] and removes the old pins,
     /// those of [`RETIRED`] maps too. Returns the names of the maps carried over.
     pub fn finish(self) -> Result<Vec<&'static str>> {
-        for name in RETIRED {
-            let pin = self.pins.join(name);
-            match std::fs::remove_file(&pin) {
-                Ok(()) => info!(map = name, "a map of an older layout retired"),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(Error::io(format!("removing {}", pin.display()), e)),
-            }
-        }
         let mut done = Vec::new();
         for (p, copied) in self.copied {
             let old_pin = self.pins.join(p.old);
@@ -196,6 +188,15 @@ impl Carry {
                 "counters carried over to this layout"
             );
             done.push(p.old);
+        }
+        // Last: a retired pin left behind is harmless (accepted, removed at the next start).
+        for name in RETIRED {
+            let pin = self.pins.join(name);
+            match std::fs::remove_file(&pin) {
+                Ok(()) => info!(map = name, "a map of an older layout retired"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => warn!(map = name, %e, "a map of an older layout could not be removed"),
+            }
         }
         Ok(done)
     }

@@ -94,18 +94,21 @@ impl MeterState {
             .collect()
     }
 
-    /// Every directed link's packets and losses over the shortest judged window.
+    /// Every directed link's packets, losses and load over the shortest judged window.
     pub fn all_link_loss(&self) -> Vec<LinkLoss> {
         let mut t = self.tomography.lock().expect("tomography lock");
         let window = t.config.windows.iter().copied().min().unwrap_or(1);
+        let max_load = t.config.max_load;
         t.link_loss(window)
             .into_iter()
-            .map(|(dir, sent, lost)| {
-                let (a, b) = t.names(dir);
+            .map(|l| {
+                let (a, b) = t.names(l.link);
                 LinkLoss {
                     link: Some(LinkRef { a, b }),
-                    sent,
-                    lost,
+                    sent: l.sent,
+                    lost: l.lost,
+                    load: l.load,
+                    over_load: l.load > max_load,
                 }
             })
             .collect()
@@ -133,7 +136,7 @@ fn malformed(report: &PathReport) -> Option<String> {
             proto::MAX_REPORT_RACKS
         ));
     }
-    report
+    let counts = report
         .sent
         .iter()
         .chain(&report.received)
@@ -145,7 +148,23 @@ fn malformed(report: &PathReport) -> Option<String> {
                 p.hops.len(),
                 p.packets.len()
             )
-        })
+        });
+    // Bytes for every path sent on, or none (an agent older than the byte count).
+    let bytes = || {
+        report
+            .sent
+            .iter()
+            .find(|p| !p.bytes.is_empty() && p.bytes.len() != p.packets.len())
+            .map(|p| {
+                format!(
+                    "rack {}: {} paths but {} byte counts",
+                    std::net::Ipv4Addr::from(p.rack),
+                    p.hops.len(),
+                    p.bytes.len()
+                )
+            })
+    };
+    counts.or_else(bytes)
 }
 
 impl Controller {
@@ -359,5 +378,39 @@ impl Controller {
                 changed: false,
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sopa_channel::proto::PeerPaths;
+
+    fn report(hops: usize, packets: usize, bytes: usize) -> PathReport {
+        PathReport {
+            period: 1,
+            period_ms: 250,
+            sent: vec![PeerPaths {
+                rack: u32::from(std::net::Ipv4Addr::new(10, 1, 0, 0)),
+                hops: vec![0; hops],
+                packets: vec![1; packets],
+                bytes: vec![100; bytes],
+            }],
+            ..PathReport::default()
+        }
+    }
+
+    #[test]
+    fn a_report_whose_arrays_disagree_is_refused_naming_the_rack() {
+        assert_eq!(malformed(&report(2, 2, 2)), None);
+        assert_eq!(
+            malformed(&report(2, 2, 0)),
+            None,
+            "no bytes: an older agent"
+        );
+        let why = malformed(&report(2, 1, 0)).unwrap();
+        assert!(why.contains("10.1.0.0: 2 paths but 1 counts"), "{why}");
+        let why = malformed(&report(2, 2, 1)).unwrap();
+        assert!(why.contains("10.1.0.0: 2 paths but 1 byte counts"), "{why}");
     }
 }

@@ -287,7 +287,7 @@ pub fn status(c: &Connection, json: bool) -> Result<()> {
                     "held_links": s.held_links.iter().filter_map(|h| h.link.as_ref().map(|l| serde_json::json!({"link": format!("{}:{}", l.a, l.b), "remaining_ms": h.remaining_ms}))).collect::<Vec<_>>(),
                     "suspect_links": s.suspect_links.iter().filter_map(|x| x.link.as_ref().map(|l| serde_json::json!({"link": format!("{}:{}", l.a, l.b), "loss": x.loss, "lost": x.lost, "sent": x.sent, "remaining_ms": x.remaining_ms, "strikes": x.strikes}))).collect::<Vec<_>>(),
                     "trusted_links": s.trusted_links.iter().map(|l| format!("{}:{}", l.a, l.b)).collect::<Vec<_>>(),
-                    "link_loss": s.link_loss.iter().filter_map(|x| x.link.as_ref().map(|l| serde_json::json!({"from": l.a, "to": l.b, "sent": x.sent, "lost": x.lost}))).collect::<Vec<_>>(),
+                    "link_loss": s.link_loss.iter().filter_map(|x| x.link.as_ref().map(|l| serde_json::json!({"from": l.a, "to": l.b, "sent": x.sent, "lost": x.lost, "load": x.load, "over_load": x.over_load}))).collect::<Vec<_>>(),
                     "refusals": s.refusals.iter().map(|r| (r.reason.clone(), serde_json::Value::from(r.count))).collect::<serde_json::Map<_, _>>(),
                 }))?
             );
@@ -348,7 +348,10 @@ pub fn status(c: &Connection, json: bool) -> Result<()> {
             .filter(|x| x.lost > 0)
             .take(8)
             .filter_map(|x| {
-                x.link.as_ref().map(|l| format!("{}->{} {:.2}%", l.a, l.b, 100.0 * x.lost as f64 / x.sent.max(1) as f64))
+                x.link.as_ref().map(|l| {
+                    let judged = if x.over_load { format!(" (load {:.0}%: not judged)", 100.0 * x.load) } else { String::new() };
+                    format!("{}->{} {:.2}%{judged}", l.a, l.b, 100.0 * x.lost as f64 / x.sent.max(1) as f64)
+                })
             })
             .collect();
         if !lossy.is_empty() {
