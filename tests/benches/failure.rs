@@ -614,7 +614,7 @@ fn main() {
             .collect();
         let file = a.out.join(format!(
             "failure-{}{suffix}.svg",
-            name.replace([' ', ':', '%'], "-")
+            name.replace([' ', ':', '%'], "-").trim_end_matches('-')
         ));
         figures::lines(
             &file,
