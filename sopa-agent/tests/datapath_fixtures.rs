@@ -971,16 +971,9 @@ fn a_forged_option_never_leaves_as_its_sender_set_it() {
 /// strip; with the period 0 nothing is marked or counted.
 #[test]
 fn the_path_meter_marks_odd_periods_and_counts_both_ends() {
-    use sopa_common::maps::{MeterKey, MeterSent, meter};
+    use common::{meter_bytes as bytes, meter_packets as packets, meter_total as total};
+    use sopa_common::maps::meter;
     let mut f = Fixture::new(TABLE, mode::SOPA);
-    let total = |counts: &[(MeterKey, u64)]| counts.iter().map(|(_, n)| n).sum::<u64>();
-    let packets = |counts: &[(MeterKey, MeterSent)]| {
-        counts
-            .iter()
-            .map(|(k, c)| (*k, c.packets))
-            .collect::<Vec<_>>()
-    };
-    let bytes = |counts: &[(MeterKey, MeterSent)]| counts.iter().map(|(_, c)| c.bytes).sum::<u64>();
     // A period as long as TAI time so far: now is in period 1 (odd) for decades; twice
     // that, period 0 (even).
     let tai = sopa_agent::meter::tai_ns();

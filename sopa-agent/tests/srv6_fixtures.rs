@@ -591,16 +591,8 @@ fn marked(inner: &[u8], dst: &[u8; 16], label: u32, hops: [u8; 2], color: u8) ->
 /// mark with the outer header. With the period 0 there is no mark.
 #[test]
 fn the_path_meter_marks_srv6_packets_in_rfc_9343s_option_and_counts_both_ends() {
-    use sopa_common::maps::{MeterKey, MeterSent};
+    use common::{meter_bytes as bytes, meter_packets as packets, meter_total as total};
     let mut f = Fixture::new(TABLE, mode::SOPA);
-    let total = |counts: &[(MeterKey, u64)]| counts.iter().map(|(_, n)| n).sum::<u64>();
-    let packets = |counts: &[(MeterKey, MeterSent)]| {
-        counts
-            .iter()
-            .map(|(k, c)| (*k, c.packets))
-            .collect::<Vec<_>>()
-    };
-    let bytes = |counts: &[(MeterKey, MeterSent)]| counts.iter().map(|(_, c)| c.bytes).sum::<u64>();
     // A period as long as TAI time so far: now is in period 1 (odd) for decades; twice that,
     // period 0 (even).
     let tai = sopa_agent::meter::tai_ns();
@@ -667,7 +659,7 @@ fn the_path_meter_marks_srv6_packets_in_rfc_9343s_option_and_counts_both_ends() 
             .chain(&received1)
             .all(|(k, _)| k.peer == from)
     );
-    let by_path = |c: &[(MeterKey, u64)]| {
+    let by_path = |c: &[(sopa_common::maps::MeterKey, u64)]| {
         let mut v: Vec<_> = c.iter().map(|(k, n)| ((k.hops, k.color), *n)).collect();
         v.sort();
         v

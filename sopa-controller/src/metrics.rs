@@ -6,10 +6,12 @@ use std::sync::{Arc, atomic::Ordering::Relaxed};
 
 use prometheus_client::{
     collector::Collector,
-    encoding::{DescriptorEncoder, EncodeMetric as _},
-    metrics::{counter::ConstCounter, gauge::ConstGauge},
+    encoding::{DescriptorEncoder, EncodeGaugeValue, EncodeMetric as _},
+    metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
     registry::Registry,
 };
+
+use sopa_channel::proto::LinkLoss;
 
 use crate::server::Controller;
 
@@ -25,6 +27,23 @@ impl std::fmt::Debug for Controller {
 fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, v: i64) -> std::fmt::Result {
     let g = ConstGauge::new(v);
     g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)
+}
+
+/// A gauge per directed link of `loss`, labelled `from` and `to`.
+fn link_gauges<N: EncodeGaugeValue>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    loss: &[LinkLoss],
+    value: impl Fn(&LinkLoss) -> N,
+) -> std::fmt::Result {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for l in loss {
+        let link = l.link.clone().unwrap_or_default();
+        let labels = [("from", link.a.as_str()), ("to", link.b.as_str())];
+        ConstGauge::new(value(l)).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
 }
 
 fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
@@ -55,41 +74,28 @@ impl Collector for ControllerCollector {
             status.agents.iter().filter(|a| a.connected).count() as i64,
         )?;
 
-        let mut family = encoder.encode_descriptor(
+        let loss = c.meter.all_link_loss();
+        link_gauges(
+            &mut encoder,
             "sopa_link_sent_packets",
             "Metered packets sent over each fabric link (direction from -> to) in the shortest judged window",
-            None,
-            prometheus_client::metrics::MetricType::Gauge,
+            &loss,
+            |l| l.sent as i64,
         )?;
-        let loss = c.meter.all_link_loss();
-        for l in &loss {
-            let link = l.link.clone().unwrap_or_default();
-            let labels = [("from", link.a.as_str()), ("to", link.b.as_str())];
-            ConstGauge::new(l.sent as i64).encode(family.encode_family(&labels)?)?;
-        }
-        let mut family = encoder.encode_descriptor(
+        link_gauges(
+            &mut encoder,
             "sopa_link_lost_packets",
             "Metered packets lost on paths through each fabric link (direction from -> to) in the shortest judged window",
-            None,
-            prometheus_client::metrics::MetricType::Gauge,
+            &loss,
+            |l| l.lost as i64,
         )?;
-        for l in &loss {
-            let link = l.link.clone().unwrap_or_default();
-            let labels = [("from", link.a.as_str()), ("to", link.b.as_str())];
-            ConstGauge::new(l.lost as i64).encode(family.encode_family(&labels)?)?;
-        }
-
-        let mut family = encoder.encode_descriptor(
+        link_gauges(
+            &mut encoder,
             "sopa_link_load_ratio",
             "Share of each fabric link's rate (direction from -> to) its metered bytes took in the shortest judged window; above the controller's --max-load the path meter does not judge it",
-            None,
-            prometheus_client::metrics::MetricType::Gauge,
+            &loss,
+            |l| l.load,
         )?;
-        for l in &loss {
-            let link = l.link.clone().unwrap_or_default();
-            let labels = [("from", link.a.as_str()), ("to", link.b.as_str())];
-            ConstGauge::new(l.load).encode(family.encode_family(&labels)?)?;
-        }
         let mut family = encoder.encode_descriptor(
             "sopa_link_suspect",
             "1 while the path meter holds a link suspect (drained)",

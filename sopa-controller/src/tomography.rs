@@ -685,38 +685,39 @@ mod tests {
         Arc::new(Topology::build(&TopologySpec::FatTree { k: 4 }).unwrap())
     }
 
-    /// The first `senders` hosts send `per_path` packets on each path to every other rack;
-    /// packets on paths through `lossy` (from, to) lose about `loss` of them, and every path
-    /// loses `everywhere` more packets at the receiver's own link.
-    fn reports(
+    /// Every host's report of `period`: the hosts `sends` picks (by index) send to the other
+    /// racks `to` picks, each path's (sent, lost, bytes) from `path` (given the sender, the
+    /// rack and the path's links); the first host of the destination rack receives.
+    fn reports_by(
         topo: &Topology,
         period: u64,
-        per_path: u64,
-        lossy: Option<(&str, &str, f64)>,
-        everywhere: u64,
-        senders: usize,
+        sends: impl Fn(usize) -> bool,
+        to: impl Fn() -> bool,
+        path: impl Fn(NodeId, &Rack, &[LinkId]) -> (u64, u64, Option<u64>),
     ) -> Vec<(String, PathReport)> {
         let g = topo.graph();
         let racks = topo.racks();
-        let mut out: BTreeMap<String, PathReport> = BTreeMap::new();
         let hosts: Vec<_> = g.nodes_of(NodeKind::Host).collect();
-        for &h in &hosts {
-            out.insert(
-                g.name(h).to_owned(),
-                PathReport {
+        let mut out: BTreeMap<String, PathReport> = hosts
+            .iter()
+            .map(|&h| {
+                let r = PathReport {
                     period,
                     period_ms: 250,
                     ..PathReport::default()
-                },
-            );
-        }
-        for &h in hosts.iter().take(senders) {
+                };
+                (g.name(h).to_owned(), r)
+            })
+            .collect();
+        for (i, &h) in hosts.iter().enumerate() {
+            if !sends(i) {
+                continue;
+            }
             let own = topo.rack_of(h).unwrap();
-            for rack in &racks {
-                if rack.tor == own.tor {
+            for rack in racks.iter().filter(|r| r.tor != own.tor) {
+                if !to() {
                     continue;
                 }
-                // The receiver: the first host of the destination rack.
                 let dst = hosts
                     .iter()
                     .copied()
@@ -731,38 +732,56 @@ mod tests {
                     ..PeerPaths::default()
                 };
                 topo.paths_to_rack(h, rack, |h0, h1, links| {
+                    let (n, lost, bytes) = path(h, rack, links);
                     let hops = u32::from(h0) | (u32::from(h1) << 8);
-                    let mut at = h;
-                    let mut through = false;
-                    for &l in links {
-                        let next = g.links[l as usize].other(at);
-                        if let Some((a, b, _)) = lossy
-                            && g.name(at) == a
-                            && g.name(next) == b
-                        {
-                            through = true;
-                        }
-                        at = next;
-                    }
-                    // Uneven, as sampling makes it: paths into pod 1 lose one and a half times
-                    // the rate, the others three quarters of it.
-                    let share = if rack.at.0 == 1 { 1.5 } else { 0.75 };
-                    let lost = match lossy {
-                        Some((_, _, loss)) if through => {
-                            (per_path as f64 * loss * share).round() as u64
-                        }
-                        _ => 0,
-                    };
                     sent.hops.push(hops);
-                    sent.packets.push(per_path);
+                    sent.packets.push(n);
+                    sent.bytes.extend(bytes);
                     recv.hops.push(hops);
-                    recv.packets.push(per_path - lost - everywhere);
+                    recv.packets.push(n - lost);
                 });
                 out.get_mut(g.name(h)).unwrap().sent.push(sent);
                 out.get_mut(g.name(dst)).unwrap().received.push(recv);
             }
         }
         out.into_iter().collect()
+    }
+
+    /// The first `senders` hosts send `per_path` packets on each path to every other rack;
+    /// packets on paths through `lossy` (from, to) lose about `loss` of them, and every path
+    /// loses `everywhere` more packets at the receiver's own link.
+    fn reports(
+        topo: &Topology,
+        period: u64,
+        per_path: u64,
+        lossy: Option<(&str, &str, f64)>,
+        everywhere: u64,
+        senders: usize,
+    ) -> Vec<(String, PathReport)> {
+        let g = topo.graph();
+        let path = |h: NodeId, rack: &Rack, links: &[LinkId]| {
+            let mut at = h;
+            let mut through = false;
+            for &l in links {
+                let next = g.links[l as usize].other(at);
+                if let Some((a, b, _)) = lossy
+                    && g.name(at) == a
+                    && g.name(next) == b
+                {
+                    through = true;
+                }
+                at = next;
+            }
+            // Uneven, as sampling makes it: paths into pod 1 lose one and a half times the
+            // rate, the others three quarters of it.
+            let share = if rack.at.0 == 1 { 1.5 } else { 0.75 };
+            let lost = match lossy {
+                Some((_, _, loss)) if through => (per_path as f64 * loss * share).round() as u64,
+                _ => 0,
+            };
+            (per_path, lost + everywhere, None)
+        };
+        reports_by(topo, period, |i| i < senders, || true, path)
     }
 
     fn t_names(topo: &Arc<Topology>, link: Directed) -> (String, String) {
@@ -1076,8 +1095,6 @@ mod tests {
     fn the_linear_judge_convicts_what_the_first_one_did() {
         let topo = fat_tree();
         let g = topo.graph();
-        let hosts: Vec<NodeId> = g.nodes_of(NodeKind::Host).collect();
-        let racks = topo.racks();
         let fabric: Vec<LinkId> = (0..g.links.len() as LinkId)
             .filter(|&l| {
                 let link = &g.links[l as usize];
@@ -1085,11 +1102,13 @@ mod tests {
             })
             .collect();
         // A small deterministic generator (xorshift), so a failure names its case.
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut next = move |n: u64| {
+        let state = std::cell::Cell::new(0x9e37_79b9_7f4a_7c15_u64);
+        let next = |n: u64| {
+            let mut x = state.get();
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
+            state.set(x);
             x % n
         };
         let mut convicted = 0;
@@ -1113,65 +1132,24 @@ mod tests {
                 },
             );
             for period in 0..6 {
-                let mut out: BTreeMap<String, PathReport> = hosts
-                    .iter()
-                    .map(|&h| {
-                        let r = PathReport {
-                            period,
-                            period_ms: 250,
-                            ..PathReport::default()
-                        };
-                        (g.name(h).to_owned(), r)
-                    })
-                    .collect();
-                for &h in &hosts {
-                    if next(4) == 0 {
-                        continue;
-                    }
-                    let own = topo.rack_of(h).unwrap();
-                    for rack in racks.iter().filter(|r| r.tor != own.tor) {
-                        if next(3) == 0 {
-                            continue;
-                        }
-                        let dst = hosts
-                            .iter()
-                            .copied()
-                            .find(|x| topo.rack_of(*x).unwrap().tor == rack.tor)
-                            .unwrap();
-                        let mut sent = PeerPaths {
-                            rack: u32::from(rack.prefix.addr),
-                            ..PeerPaths::default()
-                        };
-                        let mut recv = PeerPaths {
-                            rack: u32::from(own.prefix.addr),
-                            ..PeerPaths::default()
-                        };
-                        topo.paths_to_rack(h, rack, |h0, h1, links| {
-                            let n = 50 + next(300);
-                            let mut keep = 1.0;
-                            let mut at = h;
-                            for &l in links {
-                                let to = g.links[l as usize].other(at);
-                                for ((a, b), loss) in &lossy {
-                                    if (*a, *b) == (at, to) {
-                                        keep *= 1.0 - loss;
-                                    }
-                                }
-                                at = to;
+                let path = |h: NodeId, _: &Rack, links: &[LinkId]| {
+                    let n = 50 + next(300);
+                    let mut keep = 1.0;
+                    let mut at = h;
+                    for &l in links {
+                        let to = g.links[l as usize].other(at);
+                        for ((a, b), loss) in &lossy {
+                            if (*a, *b) == (at, to) {
+                                keep *= 1.0 - loss;
                             }
-                            let lost = ((n as f64 * (1.0 - keep)).round() as u64 + next(2)).min(n);
-                            let hops = u32::from(h0) | (u32::from(h1) << 8);
-                            sent.hops.push(hops);
-                            sent.packets.push(n);
-                            sent.bytes.push(n * (100 + next(1400)));
-                            recv.hops.push(hops);
-                            recv.packets.push(n - lost);
-                        });
-                        out.get_mut(g.name(h)).unwrap().sent.push(sent);
-                        out.get_mut(g.name(dst)).unwrap().received.push(recv);
+                        }
+                        at = to;
                     }
-                }
-                feed(&mut t, out.into_iter().collect());
+                    let lost = ((n as f64 * (1.0 - keep)).round() as u64 + next(2)).min(n);
+                    (n, lost, Some(n * (100 + next(1400))))
+                };
+                let reps = reports_by(&topo, period, |_| next(4) != 0, || next(3) != 0, path);
+                feed(&mut t, reps);
             }
             let down = |l: LinkId| Some(l) == down_link;
             let mut want = Vec::new();

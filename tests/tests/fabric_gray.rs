@@ -8,8 +8,8 @@
 
 use std::{
     sync::{
-        Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Condvar, Mutex,
+        atomic::{AtomicBool, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -34,14 +34,15 @@ const FLOWS: [(&str, &str, &str); 2] = [("h0", "h4", "10.1.0.2"), ("h2", "h12", 
 /// Transfers h -> peer back to back until `stop`, each checked whole.
 struct Load {
     stop: Arc<AtomicBool>,
-    done: Arc<AtomicU64>,
+    /// Transfers completed, signalled at each.
+    done: Arc<(Mutex<u64>, Condvar)>,
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Load {
     fn start(f: &Arc<Fabric>) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
-        let done = Arc::new(AtomicU64::new(0));
+        let done = Arc::new((Mutex::new(0), Condvar::new()));
         let threads = FLOWS
             .iter()
             .enumerate()
@@ -61,7 +62,8 @@ impl Load {
                         )
                         .unwrap_or_else(|e| panic!("{src} -> {dst}: {e}"));
                         assert!(t.intact(), "{src} -> {dst}: digest differs");
-                        done.fetch_add(1, Ordering::Relaxed);
+                        *done.0.lock().unwrap() += 1;
+                        done.1.notify_all();
                         port = port.wrapping_add(1);
                     }
                 })
@@ -79,7 +81,19 @@ impl Load {
         for t in std::mem::take(&mut self.threads) {
             t.join().expect("a transfer failed");
         }
-        self.done.load(Ordering::Relaxed)
+        *self.done.0.lock().unwrap()
+    }
+
+    /// Waits for one more transfer to complete than had when called; panics after `within`.
+    fn wait_next(&self, within: Duration, what: &str) {
+        let (count, completed) = &*self.done;
+        let count = count.lock().unwrap();
+        let before = *count;
+        let (count, wait) = completed
+            .wait_timeout_while(count, within, |n| *n <= before)
+            .unwrap();
+        assert!(!wait.timed_out(), "{what}");
+        drop(count);
     }
 }
 
@@ -175,15 +189,10 @@ fn assert_drained_port_idle(f: &Fabric, load: &Load) {
         .unwrap();
     let port = f.link_iface("a0", "c0");
     let before = f.ns("a0").tx_packets(&port).unwrap();
-    let done = load.done.load(Ordering::Relaxed);
-    let start = Instant::now();
-    while load.done.load(Ordering::Relaxed) <= done {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "no transfer completed after the drain"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    load.wait_next(
+        Duration::from_secs(60),
+        "no transfer completed after the drain",
+    );
     let after = f.ns("a0").tx_packets(&port).unwrap();
     assert!(
         after - before < 50,

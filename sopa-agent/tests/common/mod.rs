@@ -11,7 +11,10 @@ use sopa_agent::{
     datapath::{Datapath, MapSet},
     path_table::PathTable,
 };
-use sopa_common::{maps::Config, wire::ipv4_header_checksum};
+use sopa_common::{
+    maps::{Config, MeterKey, MeterSent},
+    wire::ipv4_header_checksum,
+};
 
 /// TCX_NEXT: the packet goes on to the programs and filters attached after ours.
 pub const TC_ACT_UNSPEC: u32 = -1i32 as u32;
@@ -151,4 +154,19 @@ pub fn gso_ctx(segs: u32, gso_size: u32) -> [u8; 192] {
     ctx[164..168].copy_from_slice(&segs.to_ne_bytes());
     ctx[176..180].copy_from_slice(&gso_size.to_ne_bytes());
     ctx
+}
+
+/// The path meter's packets in all, over `counts`.
+pub fn meter_total(counts: &[(MeterKey, u64)]) -> u64 {
+    counts.iter().map(|(_, n)| n).sum()
+}
+
+/// The sender's meter counts as packets only.
+pub fn meter_packets(counts: &[(MeterKey, MeterSent)]) -> Vec<(MeterKey, u64)> {
+    counts.iter().map(|(k, c)| (*k, c.packets)).collect()
+}
+
+/// The sender's meter bytes in all, over `counts`.
+pub fn meter_bytes(counts: &[(MeterKey, MeterSent)]) -> u64 {
+    counts.iter().map(|(_, c)| c.bytes).sum()
 }

@@ -13,7 +13,9 @@ use std::{
 };
 
 use prost::Message as _;
-use sopa_channel::proto::{self, ChangeReply, LinkLoss, LinkRef, PathReport, SuspectLink};
+use sopa_channel::proto::{
+    self, ChangeReply, LinkLoss, LinkRef, PathReport, PeerPaths, SuspectLink,
+};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
@@ -136,33 +138,23 @@ fn malformed(report: &PathReport) -> Option<String> {
             proto::MAX_REPORT_RACKS
         ));
     }
+    let disagree = |p: &PeerPaths, n: usize, what: &str| {
+        let rack = std::net::Ipv4Addr::from(p.rack);
+        format!("rack {rack}: {} paths but {n} {what}", p.hops.len())
+    };
     let counts = report
         .sent
         .iter()
         .chain(&report.received)
         .find(|p| p.hops.len() != p.packets.len())
-        .map(|p| {
-            format!(
-                "rack {}: {} paths but {} counts",
-                std::net::Ipv4Addr::from(p.rack),
-                p.hops.len(),
-                p.packets.len()
-            )
-        });
+        .map(|p| disagree(p, p.packets.len(), "counts"));
     // Bytes for every path sent on, or none (an agent older than the byte count).
     let bytes = || {
         report
             .sent
             .iter()
             .find(|p| !p.bytes.is_empty() && p.bytes.len() != p.packets.len())
-            .map(|p| {
-                format!(
-                    "rack {}: {} paths but {} byte counts",
-                    std::net::Ipv4Addr::from(p.rack),
-                    p.hops.len(),
-                    p.bytes.len()
-                )
-            })
+            .map(|p| disagree(p, p.bytes.len(), "byte counts"))
     };
     counts.or_else(bytes)
 }
@@ -384,7 +376,6 @@ impl Controller {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sopa_channel::proto::PeerPaths;
 
     fn report(hops: usize, packets: usize, bytes: usize) -> PathReport {
         PathReport {
