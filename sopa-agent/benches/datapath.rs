@@ -91,11 +91,47 @@ fn test_run_table(args: &Args) {
         hash_seed: 1,
     })
     .unwrap();
-    let table = PathTable::parse(
-        "[[destination]]\nprefix = \"10.3.0.0/16\"\npaths = [[0, 0], [0, 1], [1, 0], [1, 1]]",
-    )
-    .unwrap();
+    // A rack prefix per edge switch of a k=48 Fat-Tree (1,152 /24s), the benchmark's
+    // destination among them: the trie's walk is as deep as in such a fabric.
+    let racks: String = (0..48u32)
+        .flat_map(|pod| (0..24u32).map(move |edge| (pod, edge)))
+        .map(|(pod, edge)| {
+            format!(
+                "[[destination]]\nprefix = \"10.{pod}.{edge}.0/24\"\n\
+                 paths = [[0, 0], [0, 1], [1, 0], [1, 1]]\n"
+            )
+        })
+        .collect();
+    let table = PathTable::parse(&racks).unwrap();
     maps.apply_paths(&table).unwrap();
+    assert_eq!(
+        maps.exact_length().unwrap(),
+        Some(24),
+        "one length: matched exactly"
+    );
+    // The same destination in a table of two lengths: the trie's longest match.
+    let pins_trie = std::path::PathBuf::from(format!(
+        "/sys/fs/bpf/sopa-bench-trie-{}",
+        std::process::id()
+    ));
+    let mut dp_trie = Datapath::load(&pins_trie).expect("load the trie's datapath");
+    let mut maps_trie = dp_trie.take_maps().unwrap();
+    maps_trie
+        .set_config(Config {
+            mode: mode::SOPA,
+            hash_seed: 1,
+        })
+        .unwrap();
+    let table_trie = PathTable::parse(&format!(
+        "{racks}[[destination]]\nprefix = \"10.200.0.0/16\"\npaths = [[0, 0]]"
+    ))
+    .unwrap();
+    maps_trie.apply_paths(&table_trie).unwrap();
+    assert_eq!(
+        maps_trie.exact_length().unwrap(),
+        None,
+        "two lengths: the trie"
+    );
     // The same paths in the SRv6 encoding, on a datapath of its own.
     let pins6 = std::path::PathBuf::from(format!("/sys/fs/bpf/sopa-bench6-{}", std::process::id()));
     let mut dp6 = Datapath::load(&pins6).expect("load the SRv6 datapath");
@@ -259,6 +295,16 @@ fn test_run_table(args: &Args) {
             total_ns: 0,
             runs: 0,
         },
+        Meter {
+            name: "tc_stamp, stamped, two lengths (trie)",
+            total_ns: 0,
+            runs: 0,
+        },
+        Meter {
+            name: "tc_stamp, passed, two lengths (trie)",
+            total_ns: 0,
+            runs: 0,
+        },
     ];
     let batch = 10_000u32.min(args.runs);
     let batches = args.runs.div_ceil(batch);
@@ -281,14 +327,15 @@ fn test_run_table(args: &Args) {
                         7 => dp6.strip_program().test_run(opts),
                         9 => prog_ref::<SchedClassifier>(&mut baseline, "tc_room").test_run(opts),
                         10 => prog_ref::<Xdp>(&mut baseline, "xdp_head").test_run(opts),
+                        11 | 12 => dp_trie.stamp_program().test_run(opts),
                         _ => dp.strip_program().test_run(opts),
                     }
                     .expect("test_run");
                     r.duration.as_nanos()
                 };
                 let input: &[u8] = match i {
-                    0 | 1 | 3 | 6 | 9 | 10 => &fabric,
-                    2 => &outside,
+                    0 | 1 | 3 | 6 | 9 | 10 | 11 => &fabric,
+                    2 | 12 => &outside,
                     4 | 8 => &stamped,
                     7 => &encapsulated,
                     _ => &fabric,
@@ -306,7 +353,7 @@ fn test_run_table(args: &Args) {
         "program", "ns/packet", "over baseline", "ratio"
     );
     for (i, m) in meters.iter().enumerate() {
-        let base = if i < 3 || i == 6 || i == 9 {
+        let base = if i < 3 || i == 6 || i == 9 || i >= 11 {
             mean(&meters[0])
         } else {
             mean(&meters[3])
@@ -328,11 +375,18 @@ fn test_run_table(args: &Args) {
         over(7, 4),
         over(7, 3) / over(4, 3)
     );
+    println!(
+        "one exact match over the trie's longest match: stamped {:+.1} ns/packet, passed {:+.1}",
+        over(1, 11),
+        over(2, 12)
+    );
     drop(baseline);
     drop(dp);
     drop(dp6);
+    drop(dp_trie);
     let _ = std::fs::remove_dir_all(&pins);
     let _ = std::fs::remove_dir_all(&pins6);
+    let _ = std::fs::remove_dir_all(&pins_trie);
 }
 
 fn prog_ref<'a, P>(ebpf: &'a mut aya::Ebpf, name: &str) -> &'a mut P

@@ -63,6 +63,9 @@ pub struct Status {
     pub uptime_s: u64,
     pub prefixes: usize,
     pub paths: usize,
+    /// The length `tc_stamp` matches destinations at exactly (every prefix has it), or `None`
+    /// where it finds the longest match in the trie.
+    pub exact_length: Option<u8>,
     /// prefix -> paths as "hop0,hop1" strings ("none" for 0xFF).
     pub path_table: BTreeMap<String, Vec<String>>,
     pub stamp: BTreeMap<String, u64>,
@@ -204,6 +207,7 @@ pub fn read(node: &str, run_dir: &Path, pin_dir: &Path) -> Result<Status> {
         paths_file: record.paths_file.as_ref().map(|p| p.display().to_string()),
         uptime_s: now.saturating_sub(record.started_unix),
         prefixes: table.len(),
+        exact_length: maps.exact_length()?,
         paths: table.destinations.values().map(Vec::len).sum(),
         path_table: table
             .destinations
@@ -327,9 +331,13 @@ impl Status {
         );
         let _ = writeln!(
             s,
-            "path table: {} prefixes, {} paths{}",
+            "path table: {} prefixes, {} paths, {}{}",
             self.prefixes,
             self.paths,
+            match self.exact_length {
+                Some(len) => format!("matched exactly at /{len}"),
+                None => "longest match (trie)".into(),
+            },
             self.paths_file
                 .as_ref()
                 .map(|f| format!(" (from {f})"))

@@ -1073,3 +1073,93 @@ fn the_path_meter_marks_odd_periods_and_counts_both_ends() {
     let (sent0, _) = f.maps.meter_counts(0).unwrap();
     assert_eq!((total(&packets(&sent0)), total(&packets(&sent1))), (5, 5));
 }
+
+/// A table of `(prefix, first hop)` entries, one path each.
+fn one_path_table(entries: &[(&str, u8)]) -> PathTable {
+    let toml: String = entries
+        .iter()
+        .map(|(prefix, hop)| format!("[[destination]]\nprefix = \"{prefix}\"\npaths = [[{hop}]]\n"))
+        .collect();
+    PathTable::parse(&toml).unwrap()
+}
+
+#[test]
+fn prefixes_of_one_length_are_matched_exactly_and_the_trie_finds_the_longest_otherwise() {
+    use aya::maps::{Array, LpmTrie, Map, MapData, lpm_trie::Key};
+    use sopa_common::maps::{PATHS_MAP, PATHS_MASK_MAP, PathSet};
+
+    let mut f = Fixture::new(TABLE, mode::SINGLE);
+    assert_eq!(
+        f.maps.exact_length().unwrap(),
+        None,
+        "TABLE has two lengths"
+    );
+    let to = |dst: [u8; 4]| tcp(dst, 1, 1, b"x");
+    let (a, b) = (to([10, 3, 1, 2]), to([10, 3, 2, 2]));
+
+    // Two /24s: one exact match per packet.
+    f.maps
+        .apply_paths(&one_path_table(&[("10.3.1.0/24", 1), ("10.3.2.0/24", 2)]))
+        .unwrap();
+    assert_eq!(f.maps.exact_length().unwrap(), Some(24));
+    assert_eq!(f.stamp(&a), stamped(&a, 1, HOP_NONE));
+    assert_eq!(f.stamp(&b), stamped(&b, 2, HOP_NONE));
+    // The exact table is what the program reads: with the trie's entry gone it still stamps,
+    // and with the mask cleared (the trie alone) it no longer does.
+    let pins = f.pins.clone();
+    let pin = |name: &str| Map::from_map_data(MapData::from_pin(pins.join(name)).unwrap()).unwrap();
+    let mut trie: LpmTrie<MapData, [u8; 4], PathSet> = pin(PATHS_MAP).try_into().unwrap();
+    trie.remove(&Key::new(24, [10, 3, 1, 0])).unwrap();
+    assert_eq!(
+        f.stamp(&a),
+        stamped(&a, 1, HOP_NONE),
+        "found by the exact match"
+    );
+    let mut mask: Array<MapData, u32> = pin(PATHS_MASK_MAP).try_into().unwrap();
+    mask.set(0, 0, 0).unwrap();
+    assert_eq!(f.stamp(&a), a, "the trie alone no longer has it");
+
+    // A prefix gone from a table of the same length is gone from the exact table too.
+    f.maps
+        .apply_paths(&one_path_table(&[("10.3.1.0/24", 3)]))
+        .unwrap();
+    assert_eq!(f.maps.exact_length().unwrap(), Some(24));
+    assert_eq!(f.stamp(&a), stamped(&a, 3, HOP_NONE));
+    assert_eq!(f.stamp(&b), b, "10.3.2.0/24 left the table");
+
+    // Two lengths: the longest match, as before.
+    f.maps
+        .apply_paths(&one_path_table(&[("10.3.0.0/16", 4), ("10.3.1.0/24", 5)]))
+        .unwrap();
+    assert_eq!(f.maps.exact_length().unwrap(), None);
+    assert_eq!(f.stamp(&a), stamped(&a, 5, HOP_NONE), "the /24 is longer");
+    assert_eq!(
+        f.stamp(&b),
+        stamped(&b, 4, HOP_NONE),
+        "only the /16 holds it"
+    );
+
+    // Back to one length, /16: matched exactly at /16.
+    f.maps
+        .apply_paths(&one_path_table(&[("10.3.0.0/16", 6)]))
+        .unwrap();
+    assert_eq!(f.maps.exact_length().unwrap(), Some(16));
+    assert_eq!(f.stamp(&a), stamped(&a, 6, HOP_NONE));
+    assert_eq!(f.stamp(&b), stamped(&b, 6, HOP_NONE));
+
+    // One prefix of another length written alone (a failure's update): the exact match turns
+    // off, and the trie finds the new prefix.
+    let p24: sopa_agent::path_table::Prefix = "10.3.1.0/24".parse().unwrap();
+    f.maps
+        .set_paths(
+            &p24,
+            &[sopa_agent::path_table::Hops {
+                hop0: 7,
+                hop1: HOP_NONE,
+            }],
+        )
+        .unwrap();
+    assert_eq!(f.maps.exact_length().unwrap(), None);
+    assert_eq!(f.stamp(&a), stamped(&a, 7, HOP_NONE));
+    assert_eq!(f.stamp(&b), stamped(&b, 6, HOP_NONE));
+}

@@ -137,6 +137,14 @@ const _: () = assert!(size_of::<Segments>() == 8);
 pub const PATHS_MAP: &str = "SOPA_PATHS_V1";
 /// Destination prefixes (one per edge/access switch of a fabric).
 pub const PATHS_CAPACITY: u32 = 16_384;
+/// The same path sets keyed by the prefix's network address alone (hash, network order),
+/// looked up with one exact match instead of the trie's walk when every prefix of the table has
+/// one length ([`PATHS_MASK_MAP`]). Allocated as entries come (a path set is 2 KB).
+pub const PATHS_EXACT_MAP: &str = "SOPA_PATHX_V1";
+/// A one-entry array: the netmask (host order) that every prefix of [`PATHS_EXACT_MAP`] has, or
+/// 0 (a fresh datapath, prefixes of several lengths, or the exact table being rewritten): the
+/// trie is looked up. The trie always holds the whole table.
+pub const PATHS_MASK_MAP: &str = "SOPA_PMASK_V1";
 /// Paths per destination prefix: (k/2)^2 for a Fat-Tree of k = 64.
 pub const MAX_PATHS: usize = 1024;
 

@@ -22,7 +22,7 @@ mod usid_repair;
 mod xdp_strip;
 
 use aya_ebpf::{
-    bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC, xdp_action::XDP_PASS},
+    bindings::{BPF_F_NO_PREALLOC, TC_ACT_SHOT, TC_ACT_UNSPEC, xdp_action::XDP_PASS},
     macros::{classifier, map, xdp},
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
     programs::{TcContext, XdpContext},
@@ -43,6 +43,12 @@ static START: Array<u32> = Array::pinned(1, 0);
 
 #[map(name = "SOPA_PATHS_V1")]
 static PATHS: LpmTrie<[u8; 4], PathSet> = LpmTrie::pinned(PATHS_CAPACITY, 0);
+
+#[map(name = "SOPA_PATHX_V1")]
+static PATHS_EXACT: HashMap<[u8; 4], PathSet> = HashMap::pinned(PATHS_CAPACITY, BPF_F_NO_PREALLOC);
+
+#[map(name = "SOPA_PMASK_V1")]
+static PATHS_MASK: Array<u32> = Array::pinned(1, 0);
 
 #[map(name = "SOPA_ENCAP_V1")]
 static ENCAP: Array<Encap> = Array::pinned(1, 0);

@@ -9,10 +9,10 @@ use aya::{
 use sopa_common::maps::{
     CONFIG_MAP, Config, ENCAP_MAP, Encap, FLOWS_MAP, FWD_MAP, FWD_STATS_MAP, FWD_UPLINK_STATS_MAP,
     FlowKey, FlowState, FwdEntry, HOP_STATS_MAP, MAX_PATHS, MAX_UPLINKS, MEASURE_MAP, MeterConfig,
-    MeterKey, MeterSent, PATHS_MAP, PINS_MAP, PathSet, Pin, SRV6_DESTS_MAP, SRV6_SEGS_MAP,
-    STAMP_STATS_MAP, START_MAP, STRIP_STATS_MAP, SegKey, Segments, Srv6Dest, TRUST_MAP,
-    UsidRepairConfig, UsidRule, UsidRuleKey, encoding, forward_reason, measure, meter,
-    stamp_reason, strip_reason, usid_repair,
+    MeterKey, MeterSent, PATHS_EXACT_MAP, PATHS_MAP, PATHS_MASK_MAP, PINS_MAP, PathSet, Pin,
+    SRV6_DESTS_MAP, SRV6_SEGS_MAP, STAMP_STATS_MAP, START_MAP, STRIP_STATS_MAP, SegKey, Segments,
+    Srv6Dest, TRUST_MAP, UsidRepairConfig, UsidRule, UsidRuleKey, encoding, forward_reason,
+    measure, meter, stamp_reason, strip_reason, usid_repair,
 };
 
 use crate::{
@@ -55,6 +55,65 @@ impl MeterMaps {
     }
 }
 
+/// The path sets by network address, for the one exact match per packet, and the mask that
+/// turns that lookup on (absent in the pins of a datapath an older agent left: its programs
+/// look up the trie alone).
+pub struct ExactPaths {
+    paths: HashMap<MapData, [u8; 4], PathSet>,
+    mask: Array<MapData, u32>,
+}
+
+impl ExactPaths {
+    fn from_maps(paths: Map, mask: Map) -> Result<Self> {
+        Ok(Self {
+            paths: paths.try_into().map_err(map_err(PATHS_EXACT_MAP))?,
+            mask: mask.try_into().map_err(map_err(PATHS_MASK_MAP))?,
+        })
+    }
+
+    fn mask(&self) -> Result<u32> {
+        self.mask.get(&0, 0).map_err(map_err(PATHS_MASK_MAP))
+    }
+
+    fn set_mask(&mut self, mask: u32) -> Result<()> {
+        self.mask.set(0, mask, 0).map_err(map_err(PATHS_MASK_MAP))
+    }
+
+    fn insert(&mut self, prefix: &Prefix, set: &PathSet) -> Result<()> {
+        self.paths
+            .insert(Prefix::of(prefix.addr, prefix.len).addr.octets(), set, 0)
+            .map_err(map_err(PATHS_EXACT_MAP))
+    }
+
+    /// Removes every entry whose network `keep` refuses.
+    fn retain(&mut self, keep: impl Fn(&[u8; 4]) -> bool) -> Result<()> {
+        let stale: Vec<[u8; 4]> = self
+            .paths
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| !keep(k))
+            .collect();
+        for k in stale {
+            match self.paths.remove(&k) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(source) => return Err(Error::map(PATHS_EXACT_MAP)(source)),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The netmask every prefix of `table` has, where they all have one length (and the table
+/// has any); `None` where the datapath must find the longest match.
+pub fn one_length_mask(table: &PathTable) -> Option<u32> {
+    let mut lengths = table.destinations.keys().map(|p| p.len);
+    let len = lengths.next()?;
+    if len == 0 || lengths.any(|l| l != len) {
+        return None;
+    }
+    Some(u32::MAX << (32 - u32::from(len)))
+}
+
 /// The path meter's counters of one color, cumulative: (sent, received).
 pub type MeterCounts = (Vec<(MeterKey, MeterSent)>, Vec<(MeterKey, u64)>);
 
@@ -76,6 +135,7 @@ pub struct MapSet {
     pins: HashMap<MapData, FlowKey, Pin>,
     srv6: Option<Srv6Maps>,
     meter: Option<MeterMaps>,
+    exact: Option<ExactPaths>,
 }
 
 fn map_err(name: &'static str) -> impl Fn(MapError) -> Error {
@@ -146,6 +206,10 @@ impl MapSet {
             take(meter::SENT_MAP)?,
             take(meter::RECEIVED_MAP)?,
         )?);
+        set.exact = Some(ExactPaths::from_maps(
+            take(PATHS_EXACT_MAP)?,
+            take(PATHS_MASK_MAP)?,
+        )?);
         Ok(set)
     }
 
@@ -198,6 +262,10 @@ impl MapSet {
             (Ok(c), Ok(s), Ok(r)) => Some(MeterMaps::from_maps(c, s, r)?),
             _ => None,
         };
+        set.exact = match (open(PATHS_EXACT_MAP), open(PATHS_MASK_MAP)) {
+            (Ok(p), Ok(m)) => Some(ExactPaths::from_maps(p, m)?),
+            _ => None,
+        };
         Ok(set)
     }
 
@@ -224,6 +292,7 @@ impl MapSet {
             pins: pins.try_into().map_err(map_err(PINS_MAP))?,
             srv6: None,
             meter: None,
+            exact: None,
         })
     }
 
@@ -393,10 +462,27 @@ impl MapSet {
     /// Replaces the path table make-before-break: every new or changed prefix is written in one
     /// element update (which the kernel swaps atomically), then the prefixes no longer present
     /// are removed. A packet sees the old or the new path set of its prefix, never a mix.
+    ///
+    /// Where every prefix has one length, the exact table holds the same sets and the
+    /// datapath looks them up there; its mask changes only while the trie alone is looked up
+    /// (mask 0), so no packet is ever matched at a length the table does not have. A failure
+    /// leaves the trie looked up.
     pub fn apply_paths(&mut self, table: &PathTable) -> Result<()> {
         self.set_meter_mask(table)?;
+        let mask = one_length_mask(table);
+        if let Some(x) = self.exact.as_mut()
+            && x.mask()? != mask.unwrap_or(0)
+        {
+            x.set_mask(0)?;
+        }
         for (prefix, hops) in &table.destinations {
-            self.set_paths(prefix, hops)?;
+            let set = path_set(hops);
+            self.paths
+                .insert(&key(prefix), set, 0)
+                .map_err(map_err(PATHS_MAP))?;
+            if mask.is_some() {
+                self.with_exact(|x| x.insert(prefix, &set))?;
+            }
         }
         let stale: Vec<Key<[u8; 4]>> = self
             .paths
@@ -410,20 +496,66 @@ impl MapSet {
                 Err(source) => return Err(Error::map(PATHS_MAP)(source)),
             }
         }
-        Ok(())
+        let len = mask.map(u32::count_ones);
+        self.with_exact(|x| {
+            x.retain(|network| {
+                len.is_some_and(|len| {
+                    table.destinations.contains_key(&Prefix {
+                        addr: (*network).into(),
+                        len: len as u8,
+                    })
+                })
+            })?;
+            x.set_mask(mask.unwrap_or(0))
+        })
+    }
+
+    /// Runs `f` on the exact table where the datapath has one; where `f` fails, the datapath
+    /// is left to the trie (which always holds the whole table) before the error returns.
+    fn with_exact(&mut self, f: impl FnOnce(&mut ExactPaths) -> Result<()>) -> Result<()> {
+        let Some(x) = self.exact.as_mut() else {
+            return Ok(());
+        };
+        f(x).inspect_err(|_| {
+            let _ = x.set_mask(0);
+        })
     }
 
     /// Writes one prefix's path set (an empty one means every path has failed: the datapath
-    /// then leaves the packets to kernel routing).
+    /// then leaves the packets to kernel routing). A prefix of another length than the exact
+    /// table's turns that table off (the trie is looked up) until the next whole table.
     pub fn set_paths(&mut self, prefix: &Prefix, hops: &[Hops]) -> Result<()> {
-        let mut set = PathSet::EMPTY;
-        set.count = hops.len().min(MAX_PATHS) as u32;
-        for (slot, h) in set.hops.iter_mut().zip(hops) {
-            *slot = [h.hop0, h.hop1];
-        }
+        let set = path_set(hops);
+        let exact = match self.exact.as_mut() {
+            Some(x) => match x.mask()? {
+                0 => false,
+                m if m.count_ones() == u32::from(prefix.len) => true,
+                _ => {
+                    x.set_mask(0)?;
+                    false
+                }
+            },
+            None => false,
+        };
         self.paths
             .insert(&key(prefix), set, 0)
-            .map_err(map_err(PATHS_MAP))
+            .map_err(map_err(PATHS_MAP))?;
+        if exact {
+            self.with_exact(|x| x.insert(prefix, &set))?;
+        }
+        Ok(())
+    }
+
+    /// The prefix length the datapath matches exactly, or `None` where it finds the longest
+    /// match in the trie.
+    pub fn exact_length(&self) -> Result<Option<u8>> {
+        match &self.exact {
+            Some(x) => Ok(match x.mask()? {
+                0 => None,
+                m => Some(m.count_ones() as u8),
+            }),
+            None => Ok(None),
+        }
     }
 
     /// The encoding and this host's SRv6 addresses (the IPv4 option where the datapath has no
@@ -776,6 +908,16 @@ fn sum_all(map: &PerCpuArray<MapData, u64>, len: u32, name: &'static str) -> Res
                 .map_err(map_err(name))
         })
         .collect()
+}
+
+/// The datapath's form of a prefix's paths (at most [`MAX_PATHS`]).
+fn path_set(hops: &[Hops]) -> PathSet {
+    let mut set = PathSet::EMPTY;
+    set.count = hops.len().min(MAX_PATHS) as u32;
+    for (slot, h) in set.hops.iter_mut().zip(hops) {
+        *slot = [h.hop0, h.hop1];
+    }
+    set
 }
 
 fn key(prefix: &Prefix) -> Key<[u8; 4]> {

@@ -106,13 +106,15 @@ pub struct Datapath {
 
 /// Every map of this datapath layout, as pinned: a `SOPA_*` pin not in this list belongs to
 /// another layout (see [`layout`]).
-pub const MAP_NAMES: [&str; 22] = {
+pub const MAP_NAMES: [&str; 24] = {
     use sopa_common::maps::*;
     [
         CONFIG_MAP,
         START_MAP,
         MEASURE_MAP,
         PATHS_MAP,
+        PATHS_EXACT_MAP,
+        PATHS_MASK_MAP,
         ENCAP_MAP,
         SRV6_DESTS_MAP,
         SRV6_SEGS_MAP,
