@@ -19,7 +19,7 @@ use sopa_agent::{
     datapath::{self, Datapath},
     path_table::PathTable,
 };
-use sopa_common::maps::{Config, mode};
+use sopa_common::maps::{Config, lookup, mode};
 use sopa_testbed::{Process, arb::Arb};
 
 struct Args {
@@ -142,15 +142,51 @@ fn test_run_table(args: &Args) {
             hash_seed: 1,
         })
         .unwrap();
-    let table6 = PathTable::parse(
-        "encoding = \"srv6\"\n[srv6]\nsource = \"fd00:5a::a65:102\"\n\
-         receive = \"fcbb:bb00:9:e102::\"\n[[destination]]\nprefix = \"10.3.0.0/19\"\n\
-         paths = [[0, 0], [0, 1], [1, 0], [1, 1]]\n\
-         segments = [[1, 3], [1, 4], [2, 5], [2, 6]]\ntail = [9]",
-    )
-    .unwrap();
+    // The same racks in the SRv6 encoding, each with its switches' uSIDs.
+    let srv6 = "encoding = \"srv6\"\n[srv6]\nsource = \"fd00:5a::a65:102\"\n\
+                receive = \"fcbb:bb00:9:e102::\"\n";
+    let racks6: String = (0..48u32)
+        .flat_map(|pod| (0..24u32).map(move |edge| (pod, edge)))
+        .map(|(pod, edge)| {
+            format!(
+                "[[destination]]\nprefix = \"10.{pod}.{edge}.0/24\"\n\
+                 paths = [[0, 0], [0, 1], [1, 0], [1, 1]]\n\
+                 segments = [[1, 3], [1, 4], [2, 5], [2, 6]]\ntail = [9]\n"
+            )
+        })
+        .collect();
+    let table6 = PathTable::parse(&format!("{srv6}{racks6}")).unwrap();
     maps6.apply_paths(&table6).unwrap();
     maps6.apply_srv6(table6.srv6.as_ref()).unwrap();
+    assert_eq!(
+        maps6.exact_length_of(lookup::SRV6_DESTS).unwrap(),
+        Some(24),
+        "one length: matched exactly"
+    );
+    // And of two lengths: two tries (the path sets' and the destinations').
+    let pins6_trie = std::path::PathBuf::from(format!(
+        "/sys/fs/bpf/sopa-bench6-trie-{}",
+        std::process::id()
+    ));
+    let mut dp6_trie = Datapath::load(&pins6_trie).expect("load the SRv6 trie's datapath");
+    let mut maps6_trie = dp6_trie.take_maps().unwrap();
+    maps6_trie
+        .set_config(Config {
+            mode: mode::SOPA,
+            hash_seed: 1,
+        })
+        .unwrap();
+    let table6_trie = PathTable::parse(&format!(
+        "{srv6}{racks6}[[destination]]\nprefix = \"10.200.0.0/19\"\npaths = [[0, 0]]\n\
+         segments = [[1, 3]]\ntail = [9]\n"
+    ))
+    .unwrap();
+    maps6_trie.apply_paths(&table6_trie).unwrap();
+    maps6_trie.apply_srv6(table6_trie.srv6.as_ref()).unwrap();
+    assert_eq!(
+        maps6_trie.exact_length_of(lookup::SRV6_DESTS).unwrap(),
+        None
+    );
     let mut baseline = EbpfLoader::new()
         .default_map_pin_directory(&pins)
         .load(datapath::OBJECT)
@@ -202,6 +238,13 @@ fn test_run_table(args: &Args) {
         stamped.len(),
         fabric.len() + 4,
         "the benchmark packet is stamped"
+    );
+
+    // The tries' datapaths do the same work on it.
+    assert_eq!(output(dp_trie.stamp_program(), &fabric), stamped);
+    assert_eq!(
+        output(dp6_trie.stamp_program(), &fabric),
+        output(dp6.stamp_program(), &fabric)
     );
 
     // The floors do their work on this packet too (a helper that failed would cost less).
@@ -305,6 +348,11 @@ fn test_run_table(args: &Args) {
             total_ns: 0,
             runs: 0,
         },
+        Meter {
+            name: "tc_stamp, SRv6, two lengths (tries)",
+            total_ns: 0,
+            runs: 0,
+        },
     ];
     let batch = 10_000u32.min(args.runs);
     let batches = args.runs.div_ceil(batch);
@@ -328,13 +376,14 @@ fn test_run_table(args: &Args) {
                         9 => prog_ref::<SchedClassifier>(&mut baseline, "tc_room").test_run(opts),
                         10 => prog_ref::<Xdp>(&mut baseline, "xdp_head").test_run(opts),
                         11 | 12 => dp_trie.stamp_program().test_run(opts),
+                        13 => dp6_trie.stamp_program().test_run(opts),
                         _ => dp.strip_program().test_run(opts),
                     }
                     .expect("test_run");
                     r.duration.as_nanos()
                 };
                 let input: &[u8] = match i {
-                    0 | 1 | 3 | 6 | 9 | 10 | 11 => &fabric,
+                    0 | 1 | 3 | 6 | 9 | 10 | 11 | 13 => &fabric,
                     2 | 12 => &outside,
                     4 | 8 => &stamped,
                     7 => &encapsulated,
@@ -376,17 +425,21 @@ fn test_run_table(args: &Args) {
         over(7, 3) / over(4, 3)
     );
     println!(
-        "one exact match over the trie's longest match: stamped {:+.1} ns/packet, passed {:+.1}",
+        "one exact match over the trie's longest match (1,152 rack prefixes): stamped {:+.1} \
+         ns/packet, passed {:+.1}, SRv6 {:+.1}",
         over(1, 11),
-        over(2, 12)
+        over(2, 12),
+        over(6, 13)
     );
     drop(baseline);
     drop(dp);
     drop(dp6);
     drop(dp_trie);
+    drop(dp6_trie);
     let _ = std::fs::remove_dir_all(&pins);
     let _ = std::fs::remove_dir_all(&pins6);
     let _ = std::fs::remove_dir_all(&pins_trie);
+    let _ = std::fs::remove_dir_all(&pins6_trie);
 }
 
 fn prog_ref<'a, P>(ebpf: &'a mut aya::Ebpf, name: &str) -> &'a mut P

@@ -66,6 +66,8 @@ pub struct Status {
     /// The length `tc_stamp` matches destinations at exactly (every prefix has it), or `None`
     /// where it finds the longest match in the trie.
     pub exact_length: Option<u8>,
+    /// The prefix covering every destination prefix: `tc_stamp` looks nothing up outside it.
+    pub fabric_cover: Option<String>,
     /// prefix -> paths as "hop0,hop1" strings ("none" for 0xFF).
     pub path_table: BTreeMap<String, Vec<String>>,
     pub stamp: BTreeMap<String, u64>,
@@ -208,6 +210,7 @@ pub fn read(node: &str, run_dir: &Path, pin_dir: &Path) -> Result<Status> {
         uptime_s: now.saturating_sub(record.started_unix),
         prefixes: table.len(),
         exact_length: maps.exact_length()?,
+        fabric_cover: maps.fabric_cover()?.map(|p| p.to_string()),
         paths: table.destinations.values().map(Vec::len).sum(),
         path_table: table
             .destinations
@@ -334,9 +337,10 @@ impl Status {
             "path table: {} prefixes, {} paths, {}{}",
             self.prefixes,
             self.paths,
-            match self.exact_length {
-                Some(len) => format!("matched exactly at /{len}"),
-                None => "longest match (trie)".into(),
+            match (self.exact_length, &self.fabric_cover) {
+                (Some(len), Some(cover)) => format!("matched exactly at /{len} within {cover}"),
+                (None, Some(cover)) => format!("longest match (trie) within {cover}"),
+                _ => "longest match (trie)".into(),
             },
             self.paths_file
                 .as_ref()

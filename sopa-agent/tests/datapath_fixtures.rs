@@ -1086,7 +1086,7 @@ fn one_path_table(entries: &[(&str, u8)]) -> PathTable {
 #[test]
 fn prefixes_of_one_length_are_matched_exactly_and_the_trie_finds_the_longest_otherwise() {
     use aya::maps::{Array, LpmTrie, Map, MapData, lpm_trie::Key};
-    use sopa_common::maps::{PATHS_MAP, PATHS_MASK_MAP, PathSet};
+    use sopa_common::maps::{LOOKUP_MAP, PATHS_MAP, PathSet, lookup};
 
     let mut f = Fixture::new(TABLE, mode::SINGLE);
     assert_eq!(
@@ -1115,9 +1115,22 @@ fn prefixes_of_one_length_are_matched_exactly_and_the_trie_finds_the_longest_oth
         stamped(&a, 1, HOP_NONE),
         "found by the exact match"
     );
-    let mut mask: Array<MapData, u32> = pin(PATHS_MASK_MAP).try_into().unwrap();
-    mask.set(0, 0, 0).unwrap();
+    let mut mask: Array<MapData, u32> = pin(LOOKUP_MAP).try_into().unwrap();
+    mask.set(lookup::PATHS, 0, 0).unwrap();
     assert_eq!(f.stamp(&a), a, "the trie alone no longer has it");
+
+    // Nothing outside the prefix that covers the table is looked up.
+    assert_eq!(
+        f.maps.fabric_cover().unwrap(),
+        Some("10.3.0.0/22".parse().unwrap())
+    );
+    mask.set(lookup::PATHS, u32::MAX << 8, 0).unwrap();
+    mask.set(lookup::FABRIC, u32::from_be_bytes([10, 4, 0, 0]), 0)
+        .unwrap();
+    assert_eq!(f.stamp(&b), b, "outside the cover: not the fabric's");
+    mask.set(lookup::FABRIC, u32::from_be_bytes([10, 3, 0, 0]), 0)
+        .unwrap();
+    assert_eq!(f.stamp(&b), stamped(&b, 2, HOP_NONE));
 
     // A prefix gone from a table of the same length is gone from the exact table too.
     f.maps
@@ -1162,4 +1175,21 @@ fn prefixes_of_one_length_are_matched_exactly_and_the_trie_finds_the_longest_oth
     assert_eq!(f.maps.exact_length().unwrap(), None);
     assert_eq!(f.stamp(&a), stamped(&a, 7, HOP_NONE));
     assert_eq!(f.stamp(&b), stamped(&b, 6, HOP_NONE));
+    // One outside the cover widens it.
+    let far: sopa_agent::path_table::Prefix = "10.9.0.0/24".parse().unwrap();
+    f.maps
+        .set_paths(
+            &far,
+            &[sopa_agent::path_table::Hops {
+                hop0: 8,
+                hop1: HOP_NONE,
+            }],
+        )
+        .unwrap();
+    assert_eq!(
+        f.maps.fabric_cover().unwrap(),
+        Some("10.0.0.0/12".parse().unwrap())
+    );
+    let c = to([10, 9, 0, 5]);
+    assert_eq!(f.stamp(&c), stamped(&c, 8, HOP_NONE));
 }

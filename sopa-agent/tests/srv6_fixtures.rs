@@ -689,3 +689,51 @@ fn the_path_meter_marks_srv6_packets_in_rfc_9343s_option_and_counts_both_ends() 
     let (sent1, _) = f.maps.meter_counts(1).unwrap();
     assert_eq!(total(&packets(&sent1)), 2);
 }
+
+#[test]
+fn destinations_of_one_length_are_matched_exactly() {
+    use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, lpm_trie::Key};
+    use sopa_common::maps::{LOOKUP_MAP, SRV6_DESTS_EXACT_MAP, SRV6_DESTS_MAP, Srv6Dest, lookup};
+
+    // Both prefixes /24: the path sets and the SRv6 destinations are matched exactly.
+    let one_length = TABLE.replace("10.3.0.0/19", "10.3.1.0/24");
+    let mut f = Fixture::new(&one_length, mode::SINGLE);
+    assert_eq!(f.maps.exact_length_of(lookup::PATHS).unwrap(), Some(24));
+    assert_eq!(
+        f.maps.exact_length_of(lookup::SRV6_DESTS).unwrap(),
+        Some(24)
+    );
+    let packet = tcp(DST_INTER_POD, 9, b"x");
+    let by_exact = f.stamp(&packet);
+    assert_eq!(by_exact.len(), packet.len() + 40, "encapsulated");
+
+    let pins = f.pins.clone();
+    let pin = |name: &str| Map::from_map_data(MapData::from_pin(pins.join(name)).unwrap()).unwrap();
+    let mut mask: Array<MapData, u32> = pin(LOOKUP_MAP).try_into().unwrap();
+    // The trie gives the same outer header.
+    mask.set(lookup::SRV6_DESTS, 0, 0).unwrap();
+    assert_eq!(
+        f.stamp(&packet),
+        by_exact,
+        "the trie's answer is the exact match's"
+    );
+    // The exact table is what the program reads while the mask is set: with the trie's entry
+    // gone it still encapsulates, with the mask cleared too it cannot.
+    mask.set(lookup::SRV6_DESTS, u32::MAX << 8, 0).unwrap();
+    let mut trie: LpmTrie<MapData, [u8; 4], Srv6Dest> = pin(SRV6_DESTS_MAP).try_into().unwrap();
+    trie.remove(&Key::new(24, [10, 3, 1, 0])).unwrap();
+    assert_eq!(f.stamp(&packet), by_exact, "found by the exact match");
+    mask.set(lookup::SRV6_DESTS, 0, 0).unwrap();
+    assert_eq!(
+        f.stamp(&packet),
+        packet,
+        "no destination: left unencapsulated"
+    );
+
+    // Back to the option: the SRv6 exact table is emptied and off.
+    f.maps.apply_srv6(None).unwrap();
+    assert_eq!(f.maps.exact_length_of(lookup::SRV6_DESTS).unwrap(), None);
+    let dests: HashMap<MapData, [u8; 4], Srv6Dest> = pin(SRV6_DESTS_EXACT_MAP).try_into().unwrap();
+    assert_eq!(dests.keys().count(), 0, "no entry left behind");
+    assert_eq!(f.stamp(&packet).len(), packet.len() + 4, "the option");
+}

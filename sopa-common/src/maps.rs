@@ -139,12 +139,29 @@ pub const PATHS_MAP: &str = "SOPA_PATHS_V1";
 pub const PATHS_CAPACITY: u32 = 16_384;
 /// The same path sets keyed by the prefix's network address alone (hash, network order),
 /// looked up with one exact match instead of the trie's walk when every prefix of the table has
-/// one length ([`PATHS_MASK_MAP`]). Allocated as entries come (a path set is 2 KB).
+/// one length ([`LOOKUP_MAP`]). Allocated as entries come (a path set is 2 KB).
 pub const PATHS_EXACT_MAP: &str = "SOPA_PATHX_V1";
-/// A one-entry array: the netmask (host order) that every prefix of [`PATHS_EXACT_MAP`] has, or
-/// 0 (a fresh datapath, prefixes of several lengths, or the exact table being rewritten): the
-/// trie is looked up. The trie always holds the whole table.
-pub const PATHS_MASK_MAP: &str = "SOPA_PMASK_V1";
+/// How `tc_stamp` looks destinations up, an array of [`lookup`] slots (host order), all 0 in a
+/// fresh datapath: the tries, for every destination.
+pub const LOOKUP_MAP: &str = "SOPA_LOOKUP_V1";
+/// [`SRV6_DESTS_MAP`]'s entries keyed by network address, as [`PATHS_EXACT_MAP`]'s are.
+pub const SRV6_DESTS_EXACT_MAP: &str = "SOPA_SRV6DX_V1";
+
+/// The slots of [`LOOKUP_MAP`].
+pub mod lookup {
+    /// The netmask every prefix of [`super::PATHS_EXACT_MAP`] has, or 0 (prefixes of several
+    /// lengths, or the exact table being rewritten): the trie, which always holds the whole
+    /// table, is looked up.
+    pub const PATHS: u32 = 0;
+    /// The same for [`super::SRV6_DESTS_EXACT_MAP`].
+    pub const SRV6_DESTS: u32 = 1;
+    /// A prefix covering every destination prefix (network and mask): a destination outside it
+    /// is not the fabric's, without a lookup. 0/0 covers everything.
+    pub const FABRIC: u32 = 2;
+    pub const FABRIC_MASK: u32 = 3;
+    pub const SLOTS: u32 = 4;
+}
+
 /// Paths per destination prefix: (k/2)^2 for a Fat-Tree of k = 64.
 pub const MAX_PATHS: usize = 1024;
 

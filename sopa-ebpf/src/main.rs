@@ -15,6 +15,7 @@ mod baseline;
 mod lossy;
 mod meter;
 mod packet;
+mod prefix;
 mod srv6;
 mod tc_forward;
 mod tc_stamp;
@@ -47,14 +48,18 @@ static PATHS: LpmTrie<[u8; 4], PathSet> = LpmTrie::pinned(PATHS_CAPACITY, 0);
 #[map(name = "SOPA_PATHX_V1")]
 static PATHS_EXACT: HashMap<[u8; 4], PathSet> = HashMap::pinned(PATHS_CAPACITY, BPF_F_NO_PREALLOC);
 
-#[map(name = "SOPA_PMASK_V1")]
-static PATHS_MASK: Array<u32> = Array::pinned(1, 0);
+#[map(name = "SOPA_LOOKUP_V1")]
+static LOOKUP: Array<u32> = Array::pinned(sopa_common::maps::lookup::SLOTS, 0);
 
 #[map(name = "SOPA_ENCAP_V1")]
 static ENCAP: Array<Encap> = Array::pinned(1, 0);
 
 #[map(name = "SOPA_SRV6D_V1")]
 static SRV6_DESTS: LpmTrie<[u8; 4], Srv6Dest> = LpmTrie::pinned(PATHS_CAPACITY, 0);
+
+#[map(name = "SOPA_SRV6DX_V1")]
+static SRV6_DESTS_EXACT: HashMap<[u8; 4], Srv6Dest> =
+    HashMap::pinned(PATHS_CAPACITY, BPF_F_NO_PREALLOC);
 
 #[map(name = "SOPA_SRV6S_V1")]
 static SRV6_SEGS: HashMap<SegKey, Segments> = HashMap::pinned(SRV6_SEGS_CAPACITY, 0);

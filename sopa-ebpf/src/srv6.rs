@@ -7,7 +7,6 @@ use aya_ebpf::{
         BPF_F_ADJ_ROOM_ENCAP_L3_IPV6, BPF_F_ADJ_ROOM_FIXED_GSO, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC,
     },
     helpers::{bpf_check_mtu, bpf_get_hash_recalc, bpf_xdp_adjust_head},
-    maps::lpm_trie::Key,
     programs::{TcContext, XdpContext},
 };
 use sopa_common::{
@@ -43,9 +42,13 @@ fn push(acc: &mut (u64, u64), word: u16) {
 /// the destination's tail, its local uSID.
 #[inline(always)]
 fn path_address(ip: &Ipv4, hops: [u8; 2]) -> Result<[u8; 16], u32> {
-    let dest = SRV6_DESTS
-        .get(Key::new(32, ip.daddr))
-        .ok_or(stamp::NO_SEGMENTS)?;
+    let dest = crate::prefix::find(
+        sopa_common::maps::lookup::SRV6_DESTS,
+        &crate::SRV6_DESTS_EXACT,
+        &SRV6_DESTS,
+        ip.daddr,
+    )
+    .ok_or(stamp::NO_SEGMENTS)?;
     let segs = SRV6_SEGS
         .get_ptr(&SegKey {
             group: dest.group,

@@ -18,12 +18,11 @@ use aya_ebpf::{
         bpf_check_mtu_ret::{BPF_MTU_CHK_RET_FRAG_NEEDED, BPF_MTU_CHK_RET_SEGS_TOOBIG},
     },
     helpers::{bpf_check_mtu, bpf_get_prandom_u32, bpf_ktime_get_ns},
-    maps::lpm_trie::Key,
     programs::TcContext,
 };
 use aya_log_ebpf::warn;
 use sopa_common::{
-    maps::{FlowState, MAX_PATHS, PathSet, encoding, mode, stamp_reason as reason},
+    maps::{FlowState, MAX_PATHS, encoding, lookup, mode, stamp_reason as reason},
     srv6::{ETH_P_IPV6, IPV6_HLEN, MARK_LEN, MAX_OVERHEAD},
     wire::{
         ETH_HLEN, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP, IPV4_BASE_LEN, IPV4_STAMPED_LEN, OPTION_LEN,
@@ -261,7 +260,11 @@ fn choose(ctx: &TcContext, ip: &Ipv4, forged: bool, extra: u16, l4: usize) -> Re
     if config.mode == mode::OFF || config.mode >= mode::COUNT {
         return Err(reason::MODE_OFF);
     }
-    let paths = path_set(ip.daddr).ok_or(reason::NOT_FABRIC)?;
+    if !crate::prefix::in_fabric(ip.daddr) {
+        return Err(reason::NOT_FABRIC);
+    }
+    let paths = crate::prefix::find(lookup::PATHS, &crate::PATHS_EXACT, &PATHS, ip.daddr)
+        .ok_or(reason::NOT_FABRIC)?;
     let n = if paths.count as usize > MAX_PATHS {
         MAX_PATHS as u32
     } else {
@@ -333,20 +336,6 @@ fn choose(ctx: &TcContext, ip: &Ipv4, forged: bool, extra: u16, l4: usize) -> Re
         pinned: pin.is_some(),
         stateless: fallback,
     })
-}
-
-/// The path set of the prefix holding `daddr`: one exact match where every prefix has one
-/// length (the agent says which in `PATHS_MASK`), the trie's longest match otherwise.
-#[inline(always)]
-fn path_set(daddr: [u8; 4]) -> Option<&'static PathSet> {
-    match crate::PATHS_MASK.get(0) {
-        Some(&mask) if mask != 0 => {
-            let network = (u32::from_be_bytes(daddr) & mask).to_be_bytes();
-            // SAFETY: a value of a map that is only ever replaced whole.
-            unsafe { crate::PATHS_EXACT.get(&network) }
-        }
-        _ => PATHS.get(Key::new(32, daddr)),
-    }
 }
 
 /// Inserts the option with `hops` after the base header.

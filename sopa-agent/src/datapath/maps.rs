@@ -1,6 +1,6 @@
 //! Typed access to the datapath's maps, from the loaded object or from its pins.
 
-use std::path::Path;
+use std::{collections::BTreeMap, path::Path};
 
 use aya::{
     Ebpf,
@@ -8,13 +8,15 @@ use aya::{
 };
 use sopa_common::maps::{
     CONFIG_MAP, Config, ENCAP_MAP, Encap, FLOWS_MAP, FWD_MAP, FWD_STATS_MAP, FWD_UPLINK_STATS_MAP,
-    FlowKey, FlowState, FwdEntry, HOP_STATS_MAP, MAX_PATHS, MAX_UPLINKS, MEASURE_MAP, MeterConfig,
-    MeterKey, MeterSent, PATHS_EXACT_MAP, PATHS_MAP, PATHS_MASK_MAP, PINS_MAP, PathSet, Pin,
-    SRV6_DESTS_MAP, SRV6_SEGS_MAP, STAMP_STATS_MAP, START_MAP, STRIP_STATS_MAP, SegKey, Segments,
-    Srv6Dest, TRUST_MAP, UsidRepairConfig, UsidRule, UsidRuleKey, encoding, forward_reason,
-    measure, meter, stamp_reason, strip_reason, usid_repair,
+    FlowKey, FlowState, FwdEntry, HOP_STATS_MAP, LOOKUP_MAP, MAX_PATHS, MAX_UPLINKS, MEASURE_MAP,
+    MeterConfig, MeterKey, MeterSent, PATHS_EXACT_MAP, PATHS_MAP, PINS_MAP, PathSet, Pin,
+    SRV6_DESTS_EXACT_MAP, SRV6_DESTS_MAP, SRV6_SEGS_MAP, STAMP_STATS_MAP, START_MAP,
+    STRIP_STATS_MAP, SegKey, Segments, Srv6Dest, TRUST_MAP, UsidRepairConfig, UsidRule,
+    UsidRuleKey, encoding, forward_reason, lookup, measure, meter, stamp_reason, strip_reason,
+    usid_repair,
 };
 
+use super::lookup::Lookup;
 use crate::{
     error::{Error, Result},
     path_table::{Hops, PathTable, Prefix},
@@ -55,65 +57,6 @@ impl MeterMaps {
     }
 }
 
-/// The path sets by network address, for the one exact match per packet, and the mask that
-/// turns that lookup on (absent in the pins of a datapath an older agent left: its programs
-/// look up the trie alone).
-pub struct ExactPaths {
-    paths: HashMap<MapData, [u8; 4], PathSet>,
-    mask: Array<MapData, u32>,
-}
-
-impl ExactPaths {
-    fn from_maps(paths: Map, mask: Map) -> Result<Self> {
-        Ok(Self {
-            paths: paths.try_into().map_err(map_err(PATHS_EXACT_MAP))?,
-            mask: mask.try_into().map_err(map_err(PATHS_MASK_MAP))?,
-        })
-    }
-
-    fn mask(&self) -> Result<u32> {
-        self.mask.get(&0, 0).map_err(map_err(PATHS_MASK_MAP))
-    }
-
-    fn set_mask(&mut self, mask: u32) -> Result<()> {
-        self.mask.set(0, mask, 0).map_err(map_err(PATHS_MASK_MAP))
-    }
-
-    fn insert(&mut self, prefix: &Prefix, set: &PathSet) -> Result<()> {
-        self.paths
-            .insert(Prefix::of(prefix.addr, prefix.len).addr.octets(), set, 0)
-            .map_err(map_err(PATHS_EXACT_MAP))
-    }
-
-    /// Removes every entry whose network `keep` refuses.
-    fn retain(&mut self, keep: impl Fn(&[u8; 4]) -> bool) -> Result<()> {
-        let stale: Vec<[u8; 4]> = self
-            .paths
-            .keys()
-            .filter_map(|k| k.ok())
-            .filter(|k| !keep(k))
-            .collect();
-        for k in stale {
-            match self.paths.remove(&k) {
-                Ok(()) | Err(MapError::KeyNotFound) => {}
-                Err(source) => return Err(Error::map(PATHS_EXACT_MAP)(source)),
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The netmask every prefix of `table` has, where they all have one length (and the table
-/// has any); `None` where the datapath must find the longest match.
-pub fn one_length_mask(table: &PathTable) -> Option<u32> {
-    let mut lengths = table.destinations.keys().map(|p| p.len);
-    let len = lengths.next()?;
-    if len == 0 || lengths.any(|l| l != len) {
-        return None;
-    }
-    Some(u32::MAX << (32 - u32::from(len)))
-}
-
 /// The path meter's counters of one color, cumulative: (sent, received).
 pub type MeterCounts = (Vec<(MeterKey, MeterSent)>, Vec<(MeterKey, u64)>);
 
@@ -135,7 +78,7 @@ pub struct MapSet {
     pins: HashMap<MapData, FlowKey, Pin>,
     srv6: Option<Srv6Maps>,
     meter: Option<MeterMaps>,
-    exact: Option<ExactPaths>,
+    lookup: Option<Lookup>,
 }
 
 fn map_err(name: &'static str) -> impl Fn(MapError) -> Error {
@@ -206,9 +149,10 @@ impl MapSet {
             take(meter::SENT_MAP)?,
             take(meter::RECEIVED_MAP)?,
         )?);
-        set.exact = Some(ExactPaths::from_maps(
+        set.lookup = Some(Lookup::from_maps(
+            take(LOOKUP_MAP)?,
             take(PATHS_EXACT_MAP)?,
-            take(PATHS_MASK_MAP)?,
+            take(SRV6_DESTS_EXACT_MAP)?,
         )?);
         Ok(set)
     }
@@ -262,8 +206,12 @@ impl MapSet {
             (Ok(c), Ok(s), Ok(r)) => Some(MeterMaps::from_maps(c, s, r)?),
             _ => None,
         };
-        set.exact = match (open(PATHS_EXACT_MAP), open(PATHS_MASK_MAP)) {
-            (Ok(p), Ok(m)) => Some(ExactPaths::from_maps(p, m)?),
+        set.lookup = match (
+            open(LOOKUP_MAP),
+            open(PATHS_EXACT_MAP),
+            open(SRV6_DESTS_EXACT_MAP),
+        ) {
+            (Ok(m), Ok(p), Ok(d)) => Some(Lookup::from_maps(m, p, d)?),
             _ => None,
         };
         Ok(set)
@@ -292,7 +240,7 @@ impl MapSet {
             pins: pins.try_into().map_err(map_err(PINS_MAP))?,
             srv6: None,
             meter: None,
-            exact: None,
+            lookup: None,
         })
     }
 
@@ -469,20 +417,18 @@ impl MapSet {
     /// leaves the trie looked up.
     pub fn apply_paths(&mut self, table: &PathTable) -> Result<()> {
         self.set_meter_mask(table)?;
-        let mask = one_length_mask(table);
-        if let Some(x) = self.exact.as_mut()
-            && x.mask()? != mask.unwrap_or(0)
-        {
-            x.set_mask(0)?;
+        if let Some(x) = self.lookup.as_mut() {
+            x.prepare(lookup::PATHS, table.destinations.keys())?;
         }
-        for (prefix, hops) in &table.destinations {
-            let set = path_set(hops);
+        let sets: BTreeMap<Prefix, PathSet> = table
+            .destinations
+            .iter()
+            .map(|(prefix, hops)| (*prefix, path_set(hops)))
+            .collect();
+        for (prefix, set) in &sets {
             self.paths
                 .insert(&key(prefix), set, 0)
                 .map_err(map_err(PATHS_MAP))?;
-            if mask.is_some() {
-                self.with_exact(|x| x.insert(prefix, &set))?;
-            }
         }
         let stale: Vec<Key<[u8; 4]>> = self
             .paths
@@ -496,29 +442,10 @@ impl MapSet {
                 Err(source) => return Err(Error::map(PATHS_MAP)(source)),
             }
         }
-        let len = mask.map(u32::count_ones);
-        self.with_exact(|x| {
-            x.retain(|network| {
-                len.is_some_and(|len| {
-                    table.destinations.contains_key(&Prefix {
-                        addr: (*network).into(),
-                        len: len as u8,
-                    })
-                })
-            })?;
-            x.set_mask(mask.unwrap_or(0))
-        })
-    }
-
-    /// Runs `f` on the exact table where the datapath has one; where `f` fails, the datapath
-    /// is left to the trie (which always holds the whole table) before the error returns.
-    fn with_exact(&mut self, f: impl FnOnce(&mut ExactPaths) -> Result<()>) -> Result<()> {
-        let Some(x) = self.exact.as_mut() else {
-            return Ok(());
-        };
-        f(x).inspect_err(|_| {
-            let _ = x.set_mask(0);
-        })
+        match self.lookup.as_mut() {
+            Some(x) => x.fill_paths(&sets),
+            None => Ok(()),
+        }
     }
 
     /// Writes one prefix's path set (an empty one means every path has failed: the datapath
@@ -526,34 +453,34 @@ impl MapSet {
     /// table's turns that table off (the trie is looked up) until the next whole table.
     pub fn set_paths(&mut self, prefix: &Prefix, hops: &[Hops]) -> Result<()> {
         let set = path_set(hops);
-        let exact = match self.exact.as_mut() {
-            Some(x) => match x.mask()? {
-                0 => false,
-                m if m.count_ones() == u32::from(prefix.len) => true,
-                _ => {
-                    x.set_mask(0)?;
-                    false
-                }
-            },
-            None => false,
-        };
+        if let Some(x) = self.lookup.as_mut() {
+            x.before_path_set(prefix)?;
+        }
         self.paths
             .insert(&key(prefix), set, 0)
             .map_err(map_err(PATHS_MAP))?;
-        if exact {
-            self.with_exact(|x| x.insert(prefix, &set))?;
+        match self.lookup.as_mut() {
+            Some(x) => x.set_path_set(prefix, &set),
+            None => Ok(()),
         }
-        Ok(())
     }
 
-    /// The prefix length the datapath matches exactly, or `None` where it finds the longest
-    /// match in the trie.
+    /// The prefix length the datapath matches destinations' path sets at exactly, or `None`
+    /// where it finds the longest match in the trie.
     pub fn exact_length(&self) -> Result<Option<u8>> {
-        match &self.exact {
-            Some(x) => Ok(match x.mask()? {
-                0 => None,
-                m => Some(m.count_ones() as u8),
-            }),
+        self.exact_length_of(lookup::PATHS)
+    }
+
+    /// The prefix covering every destination prefix, outside which the datapath looks nothing
+    /// up (`None` where the datapath has no such setting).
+    pub fn fabric_cover(&self) -> Result<Option<Prefix>> {
+        self.lookup.as_ref().map(Lookup::fabric).transpose()
+    }
+
+    /// The same for table `slot` of [`lookup`].
+    pub fn exact_length_of(&self, slot: u32) -> Result<Option<u8>> {
+        match &self.lookup {
+            Some(x) => x.length(slot),
             None => Ok(None),
         }
     }
@@ -585,10 +512,17 @@ impl MapSet {
             m.encap
                 .set(0, Encap::default(), 0)
                 .map_err(map_err(ENCAP_MAP))?;
+            if let Some(x) = self.lookup.as_mut() {
+                x.off(lookup::SRV6_DESTS)?;
+                x.fill_srv6_dests(&BTreeMap::new())?;
+            }
             return m.clear();
         };
         table.validate().map_err(Error::Config)?;
         let compiled = table.compile();
+        if let Some(x) = self.lookup.as_mut() {
+            x.prepare(lookup::SRV6_DESTS, compiled.dests.keys())?;
+        }
         for (k, v) in &compiled.segs {
             m.segs.insert(k, v, 0).map_err(map_err(SRV6_SEGS_MAP))?;
         }
@@ -630,7 +564,10 @@ impl MapSet {
                 Err(source) => return Err(Error::map(SRV6_SEGS_MAP)(source)),
             }
         }
-        Ok(())
+        match self.lookup.as_mut() {
+            Some(x) => x.fill_srv6_dests(&compiled.dests),
+            None => Ok(()),
+        }
     }
 
     /// The path table as the datapath holds it.

@@ -2,6 +2,7 @@
 //! exactly what was attached.
 
 pub mod layout;
+pub mod lookup;
 pub mod maps;
 
 use std::collections::BTreeMap;
@@ -106,7 +107,7 @@ pub struct Datapath {
 
 /// Every map of this datapath layout, as pinned: a `SOPA_*` pin not in this list belongs to
 /// another layout (see [`layout`]).
-pub const MAP_NAMES: [&str; 24] = {
+pub const MAP_NAMES: [&str; 25] = {
     use sopa_common::maps::*;
     [
         CONFIG_MAP,
@@ -114,9 +115,10 @@ pub const MAP_NAMES: [&str; 24] = {
         MEASURE_MAP,
         PATHS_MAP,
         PATHS_EXACT_MAP,
-        PATHS_MASK_MAP,
+        LOOKUP_MAP,
         ENCAP_MAP,
         SRV6_DESTS_MAP,
+        SRV6_DESTS_EXACT_MAP,
         SRV6_SEGS_MAP,
         FLOWS_MAP,
         PINS_MAP,
