@@ -4,9 +4,9 @@
 //! of four bytes; the trie walks a node per bit that tells its prefixes apart (about 90 ns more
 //! a packet among the 1,152 rack prefixes of a k=48 Fat-Tree, `cargo xtask bench datapath`).
 
-use aya_ebpf::maps::{HashMap, LpmTrie, lpm_trie::Key};
+use aya_ebpf::maps::{HashMap, lpm_trie::Key};
 
-use sopa_common::maps::lookup;
+use sopa_common::maps::{PathSet, Srv6Dest, lookup};
 
 use crate::LOOKUP;
 
@@ -21,12 +21,15 @@ pub fn in_fabric(daddr: [u8; 4]) -> bool {
 }
 
 /// The value of the prefix holding `daddr`: from `exact` while the mask in `slot` is set, from
-/// `trie` otherwise.
+/// `trie` otherwise. The trie's lookup is a function of its own (a BPF subprogram): were both
+/// lookups in one body, LLVM would share one call instruction between the two maps, and the
+/// verifier, seeing two maps at one call, would neither inline the hash lookup nor call either
+/// map's lookup directly (every lookup then goes through the generic helper's indirect call).
 #[inline(always)]
 pub fn find<V>(
     slot: u32,
     exact: &'static HashMap<[u8; 4], V>,
-    trie: &'static LpmTrie<[u8; 4], V>,
+    trie: impl FnOnce([u8; 4]) -> Option<&'static V>,
     daddr: [u8; 4],
 ) -> Option<&'static V> {
     match LOOKUP.get(slot) {
@@ -35,6 +38,18 @@ pub fn find<V>(
             // SAFETY: a value the agent only ever replaces whole.
             unsafe { exact.get(&network) }
         }
-        _ => trie.get(Key::new(32, daddr)),
+        _ => trie(daddr),
     }
+}
+
+/// The path set of the longest prefix holding `daddr`.
+#[inline(never)]
+pub fn paths_trie(daddr: [u8; 4]) -> Option<&'static PathSet> {
+    crate::PATHS.get(Key::new(32, daddr))
+}
+
+/// The SRv6 destination of the longest prefix holding `daddr`.
+#[inline(never)]
+pub fn srv6_dests_trie(daddr: [u8; 4]) -> Option<&'static Srv6Dest> {
+    crate::SRV6_DESTS.get(Key::new(32, daddr))
 }

@@ -22,7 +22,7 @@ use sopa_common::{
 };
 
 use crate::{
-    ENCAP, SRV6_DESTS, SRV6_SEGS, STRIP_STATS,
+    ENCAP, SRV6_SEGS, STRIP_STATS,
     meter::Meter,
     packet::{Ipv4, count, ptr_at},
     tc_stamp::{is_gso, tc_ptr},
@@ -45,7 +45,7 @@ fn path_address(ip: &Ipv4, hops: [u8; 2]) -> Result<[u8; 16], u32> {
     let dest = crate::prefix::find(
         sopa_common::maps::lookup::SRV6_DESTS,
         &crate::SRV6_DESTS_EXACT,
-        &SRV6_DESTS,
+        crate::prefix::srv6_dests_trie,
         ip.daddr,
     )
     .ok_or(stamp::NO_SEGMENTS)?;

@@ -37,7 +37,7 @@ use crate::{
 };
 
 use crate::{
-    CONFIG, FLOWS, HOP_STATS, PATHS, PINS,
+    CONFIG, FLOWS, HOP_STATS, PINS,
     packet::{Ipv4, count, flow_hash, ptr_at},
 };
 
@@ -263,8 +263,13 @@ fn choose(ctx: &TcContext, ip: &Ipv4, forged: bool, extra: u16, l4: usize) -> Re
     if !crate::prefix::in_fabric(ip.daddr) {
         return Err(reason::NOT_FABRIC);
     }
-    let paths = crate::prefix::find(lookup::PATHS, &crate::PATHS_EXACT, &PATHS, ip.daddr)
-        .ok_or(reason::NOT_FABRIC)?;
+    let paths = crate::prefix::find(
+        lookup::PATHS,
+        &crate::PATHS_EXACT,
+        crate::prefix::paths_trie,
+        ip.daddr,
+    )
+    .ok_or(reason::NOT_FABRIC)?;
     let n = if paths.count as usize > MAX_PATHS {
         MAX_PATHS as u32
     } else {
