@@ -1128,6 +1128,12 @@ fn prefixes_of_one_length_are_matched_exactly_and_the_trie_finds_the_longest_oth
     mask.set(lookup::FABRIC, u32::from_be_bytes([10, 4, 0, 0]), 0)
         .unwrap();
     assert_eq!(f.stamp(&b), b, "outside the cover: not the fabric's");
+    // A mask of 0 covers everything whatever the network says (the agent's first step when
+    // it changes the cover).
+    let cover_mask = mask.get(&lookup::FABRIC_MASK, 0).unwrap();
+    mask.set(lookup::FABRIC_MASK, 0, 0).unwrap();
+    assert_eq!(f.stamp(&b), stamped(&b, 2, HOP_NONE), "mask 0: covered");
+    mask.set(lookup::FABRIC_MASK, cover_mask, 0).unwrap();
     mask.set(lookup::FABRIC, u32::from_be_bytes([10, 3, 0, 0]), 0)
         .unwrap();
     assert_eq!(f.stamp(&b), stamped(&b, 2, HOP_NONE));

@@ -156,7 +156,8 @@ pub mod lookup {
     /// The same for [`super::SRV6_DESTS_EXACT_MAP`].
     pub const SRV6_DESTS: u32 = 1;
     /// A prefix covering every destination prefix (network and mask): a destination outside it
-    /// is not the fabric's, without a lookup. 0/0 covers everything.
+    /// is not the fabric's, without a lookup. A mask of 0 covers everything, whatever the
+    /// network.
     pub const FABRIC: u32 = 2;
     pub const FABRIC_MASK: u32 = 3;
     pub const SLOTS: u32 = 4;

@@ -10,12 +10,14 @@ use sopa_common::maps::{PathSet, Srv6Dest, lookup};
 
 use crate::LOOKUP;
 
-/// Whether `daddr` is inside the prefix covering every destination of the path table (all of
-/// them are, in a fresh datapath).
+/// Whether `daddr` is inside the prefix covering every destination of the path table. A mask
+/// of 0 covers everything, whatever the network slot says: a fresh datapath, and the agent
+/// while it changes the cover (mask 0, the network, the new mask; the two slots cannot change
+/// at once).
 #[inline(always)]
 pub fn in_fabric(daddr: [u8; 4]) -> bool {
     match (LOOKUP.get(lookup::FABRIC), LOOKUP.get(lookup::FABRIC_MASK)) {
-        (Some(&network), Some(&mask)) => u32::from_be_bytes(daddr) & mask == network,
+        (Some(&network), Some(&mask)) => mask == 0 || u32::from_be_bytes(daddr) & mask == network,
         _ => true,
     }
 }

@@ -111,16 +111,15 @@ impl Lookup {
     }
 
     fn set_fabric(&mut self, p: Prefix) -> Result<()> {
-        // The mask first when it widens, last when it narrows: in between, the network is
-        // compared under the wider of the two masks, and the two networks agree under it.
         let (network, mask) = (u32::from(p.addr), netmask(p.len));
-        if mask.count_ones() < self.get(lookup::FABRIC_MASK)?.count_ones() {
-            self.set(lookup::FABRIC_MASK, mask)?;
-            self.set(lookup::FABRIC, network)
-        } else {
-            self.set(lookup::FABRIC, network)?;
-            self.set(lookup::FABRIC_MASK, mask)
+        if (self.get(lookup::FABRIC)?, self.get(lookup::FABRIC_MASK)?) == (network, mask) {
+            return Ok(());
         }
+        // The two slots cannot change at once: the mask goes to 0 first (everything covered),
+        // then the network, then the new mask. A failure in between leaves everything covered.
+        self.set(lookup::FABRIC_MASK, 0)?;
+        self.set(lookup::FABRIC, network)?;
+        self.set(lookup::FABRIC_MASK, mask)
     }
 
     /// Widens the cover to hold `prefix` too.
