@@ -16,7 +16,7 @@ use aya::{
     programs::{SchedClassifier, TestRun as _, TestRunOptions, Xdp},
 };
 use sopa_agent::{
-    datapath::{self, Datapath},
+    datapath::{self, Datapath, MapSet},
     path_table::PathTable,
 };
 use sopa_common::maps::{Config, lookup, mode};
@@ -83,14 +83,6 @@ fn main() {
 }
 
 fn test_run_table(args: &Args) {
-    let pins = std::path::PathBuf::from(format!("/sys/fs/bpf/sopa-bench-{}", std::process::id()));
-    let mut dp = Datapath::load(&pins).expect("load the datapath");
-    let mut maps = dp.take_maps().unwrap();
-    maps.set_config(Config {
-        mode: mode::SOPA,
-        hash_seed: 1,
-    })
-    .unwrap();
     // A rack prefix per edge switch of a k=48 Fat-Tree (1,152 /24s), the benchmark's
     // destination among them: the trie's walk is as deep as in such a fabric.
     let racks: String = (0..48u32)
@@ -102,87 +94,33 @@ fn test_run_table(args: &Args) {
             )
         })
         .collect();
-    let table = PathTable::parse(&racks).unwrap();
-    maps.apply_paths(&table).unwrap();
-    assert_eq!(
-        maps.exact_length().unwrap(),
-        Some(24),
-        "one length: matched exactly"
-    );
-    // The same destination in a table of two lengths: the trie's longest match.
-    let pins_trie = std::path::PathBuf::from(format!(
-        "/sys/fs/bpf/sopa-bench-trie-{}",
-        std::process::id()
-    ));
-    let mut dp_trie = Datapath::load(&pins_trie).expect("load the trie's datapath");
-    let mut maps_trie = dp_trie.take_maps().unwrap();
-    maps_trie
-        .set_config(Config {
-            mode: mode::SOPA,
-            hash_seed: 1,
-        })
-        .unwrap();
-    let table_trie = PathTable::parse(&format!(
-        "{racks}[[destination]]\nprefix = \"10.200.0.0/16\"\npaths = [[0, 0]]"
-    ))
-    .unwrap();
-    maps_trie.apply_paths(&table_trie).unwrap();
-    assert_eq!(
-        maps_trie.exact_length().unwrap(),
-        None,
-        "two lengths: the trie"
-    );
-    // The same paths in the SRv6 encoding, on a datapath of its own.
-    let pins6 = std::path::PathBuf::from(format!("/sys/fs/bpf/sopa-bench6-{}", std::process::id()));
-    let mut dp6 = Datapath::load(&pins6).expect("load the SRv6 datapath");
-    let mut maps6 = dp6.take_maps().unwrap();
-    maps6
-        .set_config(Config {
-            mode: mode::SOPA,
-            hash_seed: 1,
-        })
-        .unwrap();
     // The same racks in the SRv6 encoding, each with its switches' uSIDs.
     let srv6 = "encoding = \"srv6\"\n[srv6]\nsource = \"fd00:5a::a65:102\"\n\
                 receive = \"fcbb:bb00:9:e102::\"\n";
-    let racks6: String = (0..48u32)
-        .flat_map(|pod| (0..24u32).map(move |edge| (pod, edge)))
-        .map(|(pod, edge)| {
-            format!(
-                "[[destination]]\nprefix = \"10.{pod}.{edge}.0/24\"\n\
-                 paths = [[0, 0], [0, 1], [1, 0], [1, 1]]\n\
-                 segments = [[1, 3], [1, 4], [2, 5], [2, 6]]\ntail = [9]\n"
-            )
-        })
-        .collect();
-    let table6 = PathTable::parse(&format!("{srv6}{racks6}")).unwrap();
-    maps6.apply_paths(&table6).unwrap();
-    maps6.apply_srv6(table6.srv6.as_ref()).unwrap();
-    assert_eq!(
-        maps6.exact_length_of(lookup::SRV6_DESTS).unwrap(),
-        Some(24),
-        "one length: matched exactly"
+    let racks6: String = racks.replace(
+        "paths = [[0, 0], [0, 1], [1, 0], [1, 1]]\n",
+        "paths = [[0, 0], [0, 1], [1, 0], [1, 1]]\n\
+         segments = [[1, 3], [1, 4], [2, 5], [2, 6]]\ntail = [9]\n",
     );
-    // And of two lengths: two tries (the path sets' and the destinations').
-    let pins6_trie = std::path::PathBuf::from(format!(
-        "/sys/fs/bpf/sopa-bench6-trie-{}",
-        std::process::id()
-    ));
-    let mut dp6_trie = Datapath::load(&pins6_trie).expect("load the SRv6 trie's datapath");
-    let mut maps6_trie = dp6_trie.take_maps().unwrap();
-    maps6_trie
-        .set_config(Config {
-            mode: mode::SOPA,
-            hash_seed: 1,
-        })
-        .unwrap();
-    let table6_trie = PathTable::parse(&format!(
-        "{srv6}{racks6}[[destination]]\nprefix = \"10.200.0.0/19\"\npaths = [[0, 0]]\n\
-         segments = [[1, 3]]\ntail = [9]\n"
-    ))
-    .unwrap();
-    maps6_trie.apply_paths(&table6_trie).unwrap();
-    maps6_trie.apply_srv6(table6_trie.srv6.as_ref()).unwrap();
+    // One prefix of another length more: the tries' longest match, as every datapath looked
+    // destinations up before the exact match.
+    let other_length = "[[destination]]\nprefix = \"10.200.0.0/19\"\npaths = [[0, 0]]\n";
+    let (mut dp, mut maps, pins) = loaded("", &racks);
+    let (mut dp_trie, maps_trie, pins_trie) = loaded("trie-", &format!("{racks}{other_length}"));
+    let (mut dp6, maps6, pins6) = loaded("6-", &format!("{srv6}{racks6}"));
+    let (mut dp6_trie, maps6_trie, pins6_trie) = loaded(
+        "6-trie-",
+        &format!("{srv6}{racks6}{other_length}segments = [[1, 3]]\ntail = [9]\n"),
+    );
+    for (m, want) in [
+        (&maps, Some(24)),
+        (&maps_trie, None),
+        (&maps6, Some(24)),
+        (&maps6_trie, None),
+    ] {
+        assert_eq!(m.exact_length_of(lookup::PATHS).unwrap(), want);
+    }
+    assert_eq!(maps6.exact_length_of(lookup::SRV6_DESTS).unwrap(), Some(24));
     assert_eq!(
         maps6_trie.exact_length_of(lookup::SRV6_DESTS).unwrap(),
         None
@@ -212,6 +150,8 @@ fn test_run_table(args: &Args) {
 
     let fabric = frame([10, 3, 1, 2], 1448);
     let outside = frame([192, 168, 9, 9], 1448);
+    // Inside the prefix that covers the racks (10.0.0.0/10), in none of them: looked up, missed.
+    let inside = frame([10, 63, 0, 1], 1448);
     let mut out = vec![0u8; 2048];
     let run_once = |prog: &mut dyn FnMut(TestRunOptions) -> u128, input: &[u8], out: &mut [u8]| {
         prog(TestRunOptions {
@@ -246,6 +186,13 @@ fn test_run_table(args: &Args) {
         output(dp6_trie.stamp_program(), &fabric),
         output(dp6.stamp_program(), &fabric)
     );
+
+    assert_eq!(
+        output(dp.stamp_program(), &inside),
+        inside,
+        "no prefix: passed"
+    );
+    assert_eq!(output(dp_trie.stamp_program(), &inside), inside);
 
     // The floors do their work on this packet too (a helper that failed would cost less).
     assert_eq!(
@@ -344,12 +291,17 @@ fn test_run_table(args: &Args) {
             runs: 0,
         },
         Meter {
-            name: "tc_stamp, passed, two lengths (trie)",
+            name: "tc_stamp, no prefix, two lengths (trie)",
             total_ns: 0,
             runs: 0,
         },
         Meter {
             name: "tc_stamp, SRv6, two lengths (tries)",
+            total_ns: 0,
+            runs: 0,
+        },
+        Meter {
+            name: "tc_stamp, no prefix (exact match)",
             total_ns: 0,
             runs: 0,
         },
@@ -369,7 +321,7 @@ fn test_run_table(args: &Args) {
                 let mut f = |opts: TestRunOptions| -> u128 {
                     let r = match i {
                         0 => tc_pass_ref(&mut baseline).test_run(opts),
-                        1 | 2 => dp.stamp_program().test_run(opts),
+                        1 | 2 | 14 => dp.stamp_program().test_run(opts),
                         3 => xdp_pass_ref(&mut baseline).test_run(opts),
                         6 => dp6.stamp_program().test_run(opts),
                         7 => dp6.strip_program().test_run(opts),
@@ -384,7 +336,8 @@ fn test_run_table(args: &Args) {
                 };
                 let input: &[u8] = match i {
                     0 | 1 | 3 | 6 | 9 | 10 | 11 | 13 => &fabric,
-                    2 | 12 => &outside,
+                    2 => &outside,
+                    12 | 14 => &inside,
                     4 | 8 => &stamped,
                     7 => &encapsulated,
                     _ => &fabric,
@@ -426,9 +379,9 @@ fn test_run_table(args: &Args) {
     );
     println!(
         "one exact match over the trie's longest match (1,152 rack prefixes): stamped {:+.1} \
-         ns/packet, passed {:+.1}, SRv6 {:+.1}",
+         ns/packet, no prefix {:+.1}, SRv6 {:+.1}",
         over(1, 11),
-        over(2, 12),
+        over(14, 12),
         over(6, 13)
     );
     drop(baseline);
@@ -440,6 +393,25 @@ fn test_run_table(args: &Args) {
     let _ = std::fs::remove_dir_all(&pins6);
     let _ = std::fs::remove_dir_all(&pins_trie);
     let _ = std::fs::remove_dir_all(&pins6_trie);
+}
+
+/// A datapath of its own (pins under `sopa-bench-{tag}PID`) in `sopa` mode, given `table`.
+fn loaded(tag: &str, table: &str) -> (Datapath, MapSet, std::path::PathBuf) {
+    let pins = std::path::PathBuf::from(format!(
+        "/sys/fs/bpf/sopa-bench-{tag}{}",
+        std::process::id()
+    ));
+    let mut dp = Datapath::load(&pins).expect("load the datapath");
+    let mut maps = dp.take_maps().unwrap();
+    maps.set_config(Config {
+        mode: mode::SOPA,
+        hash_seed: 1,
+    })
+    .unwrap();
+    let table = PathTable::parse(table).unwrap();
+    maps.apply_paths(&table).unwrap();
+    maps.apply_srv6(table.srv6.as_ref()).unwrap();
+    (dp, maps, pins)
 }
 
 fn prog_ref<'a, P>(ebpf: &'a mut aya::Ebpf, name: &str) -> &'a mut P

@@ -1085,7 +1085,7 @@ fn one_path_table(entries: &[(&str, u8)]) -> PathTable {
 
 #[test]
 fn prefixes_of_one_length_are_matched_exactly_and_the_trie_finds_the_longest_otherwise() {
-    use aya::maps::{Array, LpmTrie, Map, MapData, lpm_trie::Key};
+    use aya::maps::{Array, LpmTrie, MapData, lpm_trie::Key};
     use sopa_common::maps::{LOOKUP_MAP, PATHS_MAP, PathSet, lookup};
 
     let mut f = Fixture::new(TABLE, mode::SINGLE);
@@ -1106,16 +1106,14 @@ fn prefixes_of_one_length_are_matched_exactly_and_the_trie_finds_the_longest_oth
     assert_eq!(f.stamp(&b), stamped(&b, 2, HOP_NONE));
     // The exact table is what the program reads: with the trie's entry gone it still stamps,
     // and with the mask cleared (the trie alone) it no longer does.
-    let pins = f.pins.clone();
-    let pin = |name: &str| Map::from_map_data(MapData::from_pin(pins.join(name)).unwrap()).unwrap();
-    let mut trie: LpmTrie<MapData, [u8; 4], PathSet> = pin(PATHS_MAP).try_into().unwrap();
+    let mut trie: LpmTrie<MapData, [u8; 4], PathSet> = f.pinned(PATHS_MAP).try_into().unwrap();
     trie.remove(&Key::new(24, [10, 3, 1, 0])).unwrap();
     assert_eq!(
         f.stamp(&a),
         stamped(&a, 1, HOP_NONE),
         "found by the exact match"
     );
-    let mut mask: Array<MapData, u32> = pin(LOOKUP_MAP).try_into().unwrap();
+    let mut mask: Array<MapData, u32> = f.pinned(LOOKUP_MAP).try_into().unwrap();
     mask.set(lookup::PATHS, 0, 0).unwrap();
     assert_eq!(f.stamp(&a), a, "the trie alone no longer has it");
 
@@ -1145,6 +1143,11 @@ fn prefixes_of_one_length_are_matched_exactly_and_the_trie_finds_the_longest_oth
     assert_eq!(f.maps.exact_length().unwrap(), Some(24));
     assert_eq!(f.stamp(&a), stamped(&a, 3, HOP_NONE));
     assert_eq!(f.stamp(&b), b, "10.3.2.0/24 left the table");
+    assert_eq!(
+        f.maps.fabric_cover().unwrap(),
+        Some("10.3.1.0/24".parse().unwrap()),
+        "the cover narrows to the table"
+    );
 
     // Two lengths: the longest match, as before.
     f.maps
@@ -1166,8 +1169,37 @@ fn prefixes_of_one_length_are_matched_exactly_and_the_trie_finds_the_longest_oth
     assert_eq!(f.stamp(&a), stamped(&a, 6, HOP_NONE));
     assert_eq!(f.stamp(&b), stamped(&b, 6, HOP_NONE));
 
-    // One prefix of another length written alone (a failure's update): the exact match turns
-    // off, and the trie finds the new prefix.
+    // One prefix of the table's length written alone (a failure's update): written in the
+    // exact table too, which answers for it.
+    let p16: sopa_agent::path_table::Prefix = "10.3.0.0/16".parse().unwrap();
+    f.maps
+        .set_paths(
+            &p16,
+            &[sopa_agent::path_table::Hops {
+                hop0: 9,
+                hop1: HOP_NONE,
+            }],
+        )
+        .unwrap();
+    assert_eq!(f.maps.exact_length().unwrap(), Some(16));
+    trie.remove(&Key::new(16, [10, 3, 0, 0])).unwrap();
+    assert_eq!(
+        f.stamp(&a),
+        stamped(&a, 9, HOP_NONE),
+        "the exact table has the update"
+    );
+    f.maps
+        .set_paths(
+            &p16,
+            &[sopa_agent::path_table::Hops {
+                hop0: 6,
+                hop1: HOP_NONE,
+            }],
+        )
+        .unwrap();
+
+    // One prefix of another length written alone: the exact match turns off, and the trie
+    // finds the new prefix.
     let p24: sopa_agent::path_table::Prefix = "10.3.1.0/24".parse().unwrap();
     f.maps
         .set_paths(

@@ -692,7 +692,7 @@ fn the_path_meter_marks_srv6_packets_in_rfc_9343s_option_and_counts_both_ends() 
 
 #[test]
 fn destinations_of_one_length_are_matched_exactly() {
-    use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, lpm_trie::Key};
+    use aya::maps::{Array, HashMap, LpmTrie, MapData, lpm_trie::Key};
     use sopa_common::maps::{LOOKUP_MAP, SRV6_DESTS_EXACT_MAP, SRV6_DESTS_MAP, Srv6Dest, lookup};
 
     // Both prefixes /24: the path sets and the SRv6 destinations are matched exactly.
@@ -707,9 +707,7 @@ fn destinations_of_one_length_are_matched_exactly() {
     let by_exact = f.stamp(&packet);
     assert_eq!(by_exact.len(), packet.len() + 40, "encapsulated");
 
-    let pins = f.pins.clone();
-    let pin = |name: &str| Map::from_map_data(MapData::from_pin(pins.join(name)).unwrap()).unwrap();
-    let mut mask: Array<MapData, u32> = pin(LOOKUP_MAP).try_into().unwrap();
+    let mut mask: Array<MapData, u32> = f.pinned(LOOKUP_MAP).try_into().unwrap();
     // The trie gives the same outer header.
     mask.set(lookup::SRV6_DESTS, 0, 0).unwrap();
     assert_eq!(
@@ -720,7 +718,8 @@ fn destinations_of_one_length_are_matched_exactly() {
     // The exact table is what the program reads while the mask is set: with the trie's entry
     // gone it still encapsulates, with the mask cleared too it cannot.
     mask.set(lookup::SRV6_DESTS, u32::MAX << 8, 0).unwrap();
-    let mut trie: LpmTrie<MapData, [u8; 4], Srv6Dest> = pin(SRV6_DESTS_MAP).try_into().unwrap();
+    let mut trie: LpmTrie<MapData, [u8; 4], Srv6Dest> =
+        f.pinned(SRV6_DESTS_MAP).try_into().unwrap();
     trie.remove(&Key::new(24, [10, 3, 1, 0])).unwrap();
     assert_eq!(f.stamp(&packet), by_exact, "found by the exact match");
     mask.set(lookup::SRV6_DESTS, 0, 0).unwrap();
@@ -733,7 +732,37 @@ fn destinations_of_one_length_are_matched_exactly() {
     // Back to the option: the SRv6 exact table is emptied and off.
     f.maps.apply_srv6(None).unwrap();
     assert_eq!(f.maps.exact_length_of(lookup::SRV6_DESTS).unwrap(), None);
-    let dests: HashMap<MapData, [u8; 4], Srv6Dest> = pin(SRV6_DESTS_EXACT_MAP).try_into().unwrap();
+    let dests: HashMap<MapData, [u8; 4], Srv6Dest> =
+        f.pinned(SRV6_DESTS_EXACT_MAP).try_into().unwrap();
     assert_eq!(dests.keys().count(), 0, "no entry left behind");
     assert_eq!(f.stamp(&packet).len(), packet.len() + 4, "the option");
+
+    // A table of the same length whose groups are numbered anew (the first destination gone:
+    // the second's segments take group 0): the exact table names the new group.
+    f.maps
+        .apply_srv6(table_of(&one_length).srv6.as_ref())
+        .unwrap();
+    let second_only = one_length.replace(
+        "[[destination]]\nprefix = \"10.2.0.0/24\"\npaths = [[0], [1], [2]]\n\
+         segments = [[0x0100], [0x0101], [0x0102]]\ntail = [0x0200]\n",
+        "",
+    );
+    assert_ne!(second_only, one_length, "the first destination is gone");
+    let t = table_of(&second_only);
+    f.maps.apply_paths(&t).unwrap();
+    f.maps.apply_srv6(t.srv6.as_ref()).unwrap();
+    assert_eq!(
+        f.maps.exact_length_of(lookup::SRV6_DESTS).unwrap(),
+        Some(24)
+    );
+    let mut fresh = Fixture::new(&second_only, mode::SINGLE);
+    assert_eq!(
+        f.stamp(&packet),
+        fresh.stamp(&packet),
+        "as a datapath given it first"
+    );
+}
+
+fn table_of(toml: &str) -> sopa_agent::path_table::PathTable {
+    sopa_agent::path_table::PathTable::parse(toml).unwrap()
 }

@@ -1,8 +1,9 @@
 //! Destination prefix lookups: none for a destination outside the prefix that covers the
 //! fabric's, one exact match where the agent says every prefix of a table has one length
 //! (`LOOKUP`), the trie's longest match otherwise. The exact match is one hash
-//! of four bytes; the trie walks a node per bit that tells its prefixes apart (about 90 ns more
-//! a packet among the 1,152 rack prefixes of a k=48 Fat-Tree, `cargo xtask bench datapath`).
+//! of four bytes; the trie walks a node per bit that tells its prefixes apart (about 100 ns
+//! more a packet among the 1,152 rack prefixes of a k=48 Fat-Tree, `cargo xtask bench
+//! datapath`).
 
 use aya_ebpf::maps::{HashMap, lpm_trie::Key};
 

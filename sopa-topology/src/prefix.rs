@@ -8,13 +8,40 @@ pub struct Prefix {
     pub len: u8,
 }
 
-pub fn mask(addr: Ipv4Addr, len: u8) -> Ipv4Addr {
-    let m = if len == 0 {
+/// The netmask of a prefix length, host order (0 for /0).
+pub fn netmask(len: u8) -> u32 {
+    if len == 0 {
         0
     } else {
-        u32::MAX << (32 - u32::from(len))
+        u32::MAX << (32 - u32::from(len.min(32)))
+    }
+}
+
+pub fn mask(addr: Ipv4Addr, len: u8) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(addr) & netmask(len))
+}
+
+/// The longest prefix holding every one of `prefixes` (0/0 for none).
+pub fn cover<'a>(prefixes: impl IntoIterator<Item = &'a Prefix>) -> Prefix {
+    let mut it = prefixes.into_iter();
+    let Some(first) = it.next() else {
+        return Prefix::of(Ipv4Addr::UNSPECIFIED, 0);
     };
-    Ipv4Addr::from(u32::from(addr) & m)
+    it.fold(Prefix::of(first.addr, first.len), |c, p| {
+        let common = (u32::from(c.addr) ^ u32::from(p.addr)).leading_zeros() as u8;
+        Prefix::of(c.addr, c.len.min(p.len).min(common))
+    })
+}
+
+/// The length every one of `prefixes` has, where they all have one (and there is any) and it
+/// is not 0.
+pub fn one_length<'a>(prefixes: impl IntoIterator<Item = &'a Prefix>) -> Option<u8> {
+    let mut lengths = prefixes.into_iter().map(|p| p.len);
+    let len = lengths.next()?;
+    if len == 0 || lengths.any(|l| l != len) {
+        return None;
+    }
+    Some(len)
 }
 
 impl Prefix {
@@ -75,5 +102,47 @@ impl<'de> serde::Deserialize<'de> for Prefix {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
         s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Prefix {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn the_cover_is_the_longest_prefix_holding_them_all() {
+        assert_eq!(cover([&p("10.3.1.0/24")]), p("10.3.1.0/24"));
+        assert_eq!(
+            cover([&p("10.3.1.0/24"), &p("10.3.2.0/24")]),
+            p("10.3.0.0/22")
+        );
+        assert_eq!(
+            cover([&p("10.0.0.0/24"), &p("10.47.23.0/24")]),
+            p("10.0.0.0/10")
+        );
+        assert_eq!(
+            cover([&p("10.3.0.0/16"), &p("10.3.9.0/24")]),
+            p("10.3.0.0/16")
+        );
+        assert_eq!(
+            cover([&p("10.0.0.0/8"), &p("192.168.0.0/16")]),
+            p("0.0.0.0/0")
+        );
+        assert_eq!(cover(&[] as &[Prefix]), p("0.0.0.0/0"));
+    }
+
+    #[test]
+    fn one_length_or_none() {
+        assert_eq!(one_length([&p("10.3.1.0/24"), &p("10.3.2.0/24")]), Some(24));
+        assert_eq!(one_length([&p("10.3.0.0/16"), &p("10.3.2.0/24")]), None);
+        assert_eq!(one_length([&p("0.0.0.0/0")]), None);
+        assert_eq!(one_length(&[] as &[Prefix]), None);
+        assert_eq!(netmask(24), 0xffff_ff00);
+        assert_eq!(netmask(32), u32::MAX);
+        assert_eq!(netmask(0), 0);
     }
 }

@@ -20,7 +20,7 @@ use super::lookup::Lookup;
 use crate::{
     error::{Error, Result},
     path_table::{Hops, PathTable, Prefix},
-    srv6::Srv6Table,
+    srv6::{Compiled, Srv6Table},
 };
 
 /// The SRv6 encoding's maps (absent in the pins of a datapath an older agent left).
@@ -417,18 +417,34 @@ impl MapSet {
     /// leaves the trie looked up.
     pub fn apply_paths(&mut self, table: &PathTable) -> Result<()> {
         self.set_meter_mask(table)?;
-        if let Some(x) = self.lookup.as_mut() {
-            x.prepare(lookup::PATHS, table.destinations.keys())?;
+        self.or_trie(lookup::PATHS, |s| s.write_paths(table))
+    }
+
+    /// Runs `f`; where it fails, the exact match of `slot` is turned off (the trie, which holds
+    /// everything `f` wrote, answers) before the error returns.
+    fn or_trie(&mut self, slot: u32, f: impl FnOnce(&mut Self) -> Result<()>) -> Result<()> {
+        let r = f(self);
+        if r.is_err()
+            && let Some(x) = self.lookup.as_mut()
+        {
+            let _ = x.off(slot);
         }
-        let sets: BTreeMap<Prefix, PathSet> = table
-            .destinations
-            .iter()
-            .map(|(prefix, hops)| (*prefix, path_set(hops)))
-            .collect();
-        for (prefix, set) in &sets {
+        r
+    }
+
+    fn write_paths(&mut self, table: &PathTable) -> Result<()> {
+        let exact = match self.lookup.as_mut() {
+            Some(x) => x.prepare(lookup::PATHS, table.destinations.keys())?,
+            None => false,
+        };
+        for (prefix, hops) in &table.destinations {
+            let set = path_set(hops);
             self.paths
                 .insert(&key(prefix), set, 0)
                 .map_err(map_err(PATHS_MAP))?;
+            if exact && let Some(x) = self.lookup.as_mut() {
+                x.write_path_set(prefix, &set)?;
+            }
         }
         let stale: Vec<Key<[u8; 4]>> = self
             .paths
@@ -443,7 +459,7 @@ impl MapSet {
             }
         }
         match self.lookup.as_mut() {
-            Some(x) => x.fill_paths(&sets),
+            Some(x) => x.prune_paths(&table.destinations),
             None => Ok(()),
         }
     }
@@ -452,17 +468,20 @@ impl MapSet {
     /// then leaves the packets to kernel routing). A prefix of another length than the exact
     /// table's turns that table off (the trie is looked up) until the next whole table.
     pub fn set_paths(&mut self, prefix: &Prefix, hops: &[Hops]) -> Result<()> {
-        let set = path_set(hops);
-        if let Some(x) = self.lookup.as_mut() {
-            x.before_path_set(prefix)?;
-        }
-        self.paths
-            .insert(&key(prefix), set, 0)
-            .map_err(map_err(PATHS_MAP))?;
-        match self.lookup.as_mut() {
-            Some(x) => x.set_path_set(prefix, &set),
-            None => Ok(()),
-        }
+        self.or_trie(lookup::PATHS, |s| {
+            let set = path_set(hops);
+            let exact = match s.lookup.as_mut() {
+                Some(x) => x.prepare_path_set(prefix)?,
+                None => false,
+            };
+            s.paths
+                .insert(&key(prefix), set, 0)
+                .map_err(map_err(PATHS_MAP))?;
+            match s.lookup.as_mut() {
+                Some(x) if exact => x.write_path_set(prefix, &set),
+                _ => Ok(()),
+            }
+        })
     }
 
     /// The prefix length the datapath matches destinations' path sets at exactly, or `None`
@@ -514,22 +533,34 @@ impl MapSet {
                 .map_err(map_err(ENCAP_MAP))?;
             if let Some(x) = self.lookup.as_mut() {
                 x.off(lookup::SRV6_DESTS)?;
-                x.fill_srv6_dests(&BTreeMap::new())?;
+                x.prune_srv6_dests::<Srv6Dest>(&BTreeMap::new())?;
             }
             return m.clear();
         };
         table.validate().map_err(Error::Config)?;
         let compiled = table.compile();
-        if let Some(x) = self.lookup.as_mut() {
-            x.prepare(lookup::SRV6_DESTS, compiled.dests.keys())?;
-        }
+        self.or_trie(lookup::SRV6_DESTS, |s| s.write_srv6(table, &compiled))
+    }
+
+    fn write_srv6(&mut self, table: &Srv6Table, compiled: &Compiled) -> Result<()> {
+        let m = self.srv6.as_mut().expect("apply_srv6 checked the maps");
+        let mut x = self.lookup.as_mut();
+        let exact = match x.as_deref_mut() {
+            Some(x) => x.prepare(lookup::SRV6_DESTS, compiled.dests.keys())?,
+            None => false,
+        };
         for (k, v) in &compiled.segs {
             m.segs.insert(k, v, 0).map_err(map_err(SRV6_SEGS_MAP))?;
         }
+        // Each destination in the trie and the exact table one after the other: neither names
+        // a group whose segments have changed for longer than the other.
         for (p, d) in &compiled.dests {
             m.dests
                 .insert(&key(p), d, 0)
                 .map_err(map_err(SRV6_DESTS_MAP))?;
+            if exact && let Some(x) = x.as_deref_mut() {
+                x.write_srv6_dest(p, d)?;
+            }
         }
         let encap = Encap {
             encoding: encoding::SRV6,
@@ -552,6 +583,10 @@ impl MapSet {
                 Err(source) => return Err(Error::map(SRV6_DESTS_MAP)(source)),
             }
         }
+        // Stale destinations leave both tables before the segments they name.
+        if let Some(x) = x {
+            x.prune_srv6_dests(&compiled.dests)?;
+        }
         let stale: Vec<SegKey> = m
             .segs
             .keys()
@@ -564,10 +599,7 @@ impl MapSet {
                 Err(source) => return Err(Error::map(SRV6_SEGS_MAP)(source)),
             }
         }
-        match self.lookup.as_mut() {
-            Some(x) => x.fill_srv6_dests(&compiled.dests),
-            None => Ok(()),
-        }
+        Ok(())
     }
 
     /// The path table as the datapath holds it.

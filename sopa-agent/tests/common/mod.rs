@@ -53,6 +53,13 @@ impl Fixture {
         }
     }
 
+    /// One of the datapath's maps, opened from its pin (to read or damage it behind the
+    /// agent's back).
+    pub fn pinned(&self, name: &str) -> aya::maps::Map {
+        aya::maps::Map::from_map_data(aya::maps::MapData::from_pin(self.pins.join(name)).unwrap())
+            .unwrap()
+    }
+
     pub fn stamp(&mut self, packet: &[u8]) -> Vec<u8> {
         let (action, out) = self.stamp_with(packet, None);
         assert_eq!(action, TC_ACT_UNSPEC, "tc_stamp passes this packet on");
