@@ -1231,3 +1231,105 @@ fn prefixes_of_one_length_are_matched_exactly_and_the_trie_finds_the_longest_oth
     let c = to([10, 9, 0, 5]);
     assert_eq!(f.stamp(&c), stamped(&c, 8, HOP_NONE));
 }
+
+/// The kernel address of a function, from `/proc/kallsyms` (root reads real addresses).
+fn kernel_symbol(name: &str) -> u64 {
+    let syms = std::fs::read_to_string("/proc/kallsyms").unwrap();
+    let addr = syms
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.len() >= 3 && f[2] == name)
+        .map(|f| u64::from_str_radix(f[0], 16).unwrap())
+        .unwrap_or_else(|| panic!("{name} is not in /proc/kallsyms"));
+    assert_ne!(
+        addr, 0,
+        "/proc/kallsyms hides addresses (kptr_restrict): run as root"
+    );
+    addr
+}
+
+/// The program as the verifier rewrote it (BPF_OBJ_GET_INFO_BY_FD), 8 bytes an instruction.
+fn xlated(fd: std::os::fd::BorrowedFd<'_>) -> Vec<[u8; 8]> {
+    use std::os::fd::AsRawFd;
+    // The head of `struct bpf_prog_info`, up to the xlated instructions (the kernel fills what
+    // fits the length given).
+    #[repr(C)]
+    #[derive(Default)]
+    struct Info {
+        prog_type: u32,
+        id: u32,
+        tag: [u8; 8],
+        jited_len: u32,
+        xlated_len: u32,
+        jited_insns: u64,
+        xlated_insns: u64,
+    }
+    #[repr(C)]
+    struct Attr {
+        fd: u32,
+        info_len: u32,
+        info: u64,
+    }
+    const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+    let get = |info: &mut Info| {
+        let mut attr = Attr {
+            fd: fd.as_raw_fd() as u32,
+            info_len: size_of::<Info>() as u32,
+            info: info as *mut Info as u64,
+        };
+        // SAFETY: `attr` and the buffer `info` points to outlive the call.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_OBJ_GET_INFO_BY_FD,
+                &mut attr as *mut Attr,
+                size_of::<Attr>(),
+            )
+        };
+        assert_eq!(
+            r,
+            0,
+            "BPF_OBJ_GET_INFO_BY_FD: {}",
+            std::io::Error::last_os_error()
+        );
+    };
+    let mut info = Info::default();
+    get(&mut info);
+    let mut insns = vec![[0u8; 8]; info.xlated_len as usize / 8];
+    info = Info {
+        xlated_len: info.xlated_len,
+        xlated_insns: insns.as_mut_ptr() as u64,
+        ..Info::default()
+    };
+    get(&mut info);
+    insns
+}
+
+#[test]
+fn every_map_lookup_of_tc_stamp_is_inlined_or_called_directly() {
+    // A call instruction LLVM shares between two maps makes the verifier fall back to the
+    // generic helper (an indirect call to the map's lookup) there: about 10-20 ns a lookup on
+    // this kind of CPU, for the path table's and the SRv6 destinations' lookups alike.
+    use std::os::fd::AsFd;
+    let mut f = Fixture::new(TABLE, mode::SOPA);
+    let insns = xlated(f.datapath.stamp_program().fd().unwrap().as_fd());
+    let base = kernel_symbol("__bpf_call_base");
+    let imm_of = |name: &str| (kernel_symbol(name).wrapping_sub(base)) as i32;
+    // Helper calls: BPF_JMP | BPF_CALL with src_reg 0, the function as an offset from the base.
+    let calls = |imm: i32| {
+        insns
+            .iter()
+            .filter(|i| i[0] == 0x85 && i[1] >> 4 == 0)
+            .filter(|i| i32::from_le_bytes([i[4], i[5], i[6], i[7]]) == imm)
+            .count()
+    };
+    assert_eq!(
+        calls(imm_of("bpf_map_lookup_elem")),
+        0,
+        "a lookup goes through the generic helper: a call instruction shared between maps"
+    );
+    assert!(
+        calls(imm_of("trie_lookup_elem")) >= 2,
+        "the tries are called directly (and this test reads the calls right)"
+    );
+}
