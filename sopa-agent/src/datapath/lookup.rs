@@ -19,7 +19,7 @@ use std::{
 
 use aya::{
     Pod,
-    maps::{Array, HashMap, Map, MapData, MapError},
+    maps::{Array, HashMap, Map, MapData},
 };
 use sopa_common::maps::{
     LOOKUP_MAP, PATHS_EXACT_MAP, PathSet, SRV6_DESTS_EXACT_MAP, Srv6Dest, lookup,
@@ -195,11 +195,5 @@ fn prune<V: Pod, W>(
         .filter_map(|k| k.ok())
         .filter(|k| !keep.contains(k))
         .collect();
-    for k in stale {
-        match map.remove(&k) {
-            Ok(()) | Err(MapError::KeyNotFound) => {}
-            Err(source) => return Err(Error::map(name)(source)),
-        }
-    }
-    Ok(())
+    super::maps::remove_each(name, stale, |k| map.remove(k))
 }

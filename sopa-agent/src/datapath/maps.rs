@@ -97,19 +97,9 @@ impl Srv6Maps {
     /// Removes every destination and segment entry.
     fn clear(&mut self) -> Result<()> {
         let dests: Vec<Key<[u8; 4]>> = self.dests.keys().filter_map(|k| k.ok()).collect();
-        for k in dests {
-            match self.dests.remove(&k) {
-                Ok(()) | Err(MapError::KeyNotFound) => {}
-                Err(source) => return Err(Error::map(SRV6_DESTS_MAP)(source)),
-            }
-        }
+        remove_each(SRV6_DESTS_MAP, dests, |k| self.dests.remove(k))?;
         let segs: Vec<SegKey> = self.segs.keys().filter_map(|k| k.ok()).collect();
-        for k in segs {
-            match self.segs.remove(&k) {
-                Ok(()) | Err(MapError::KeyNotFound) => {}
-                Err(source) => return Err(Error::map(SRV6_SEGS_MAP)(source)),
-            }
-        }
+        remove_each(SRV6_SEGS_MAP, segs, |k| self.segs.remove(k))?;
         Ok(())
     }
 }
@@ -348,12 +338,7 @@ impl MapSet {
             .filter_map(|k| k.ok())
             .filter(|k| !keep.contains(k))
             .collect();
-        for k in stale {
-            match self.pins.remove(&k) {
-                Ok(()) | Err(MapError::KeyNotFound) => {}
-                Err(source) => return Err(Error::map(PINS_MAP)(source)),
-            }
-        }
+        remove_each(PINS_MAP, stale, |k| self.pins.remove(k))?;
         Ok(())
     }
 
@@ -452,12 +437,7 @@ impl MapSet {
             .filter_map(|k| k.ok())
             .filter(|k| !table.destinations.contains_key(&prefix_of(k)))
             .collect();
-        for k in stale {
-            match self.paths.remove(&k) {
-                Ok(()) | Err(MapError::KeyNotFound) => {}
-                Err(source) => return Err(Error::map(PATHS_MAP)(source)),
-            }
-        }
+        remove_each(PATHS_MAP, stale, |k| self.paths.remove(k))?;
         match self.lookup.as_mut() {
             Some(x) => x.prune_paths(&table.destinations),
             None => Ok(()),
@@ -577,12 +557,7 @@ impl MapSet {
             .filter_map(|k| k.ok())
             .filter(|k| !compiled.dests.contains_key(&prefix_of(k)))
             .collect();
-        for k in stale {
-            match m.dests.remove(&k) {
-                Ok(()) | Err(MapError::KeyNotFound) => {}
-                Err(source) => return Err(Error::map(SRV6_DESTS_MAP)(source)),
-            }
-        }
+        remove_each(SRV6_DESTS_MAP, stale, |k| m.dests.remove(k))?;
         // Stale destinations leave both tables before the segments they name.
         if let Some(x) = x {
             x.prune_srv6_dests(&compiled.dests)?;
@@ -593,12 +568,7 @@ impl MapSet {
             .filter_map(|k| k.ok())
             .filter(|k| !compiled.segs.contains_key(k))
             .collect();
-        for k in stale {
-            match m.segs.remove(&k) {
-                Ok(()) | Err(MapError::KeyNotFound) => {}
-                Err(source) => return Err(Error::map(SRV6_SEGS_MAP)(source)),
-            }
-        }
+        remove_each(SRV6_SEGS_MAP, stale, |k| m.segs.remove(k))?;
         Ok(())
     }
 
@@ -777,12 +747,7 @@ impl ForwardMaps {
             .filter_map(|k| k.ok())
             .filter(|k| !ports.contains_key(k))
             .collect();
-        for port in stale {
-            match trust.remove(&port) {
-                Ok(()) | Err(MapError::KeyNotFound) => {}
-                Err(e) => return Err(map_err(TRUST_MAP)(e)),
-            }
-        }
+        remove_each(TRUST_MAP, stale, |k| trust.remove(k))?;
         Ok(())
     }
 
@@ -816,12 +781,11 @@ impl ForwardMaps {
                     .map_err(map_err(usid_repair::RULES_MAP))?;
             }
         }
-        for key in old.iter().filter(|k| !rules.contains_key(k)) {
-            match usid.rules.remove(key) {
-                Ok(()) | Err(MapError::KeyNotFound) => {}
-                Err(e) => return Err(map_err(usid_repair::RULES_MAP)(e)),
-            }
-        }
+        remove_each(
+            usid_repair::RULES_MAP,
+            old.iter().filter(|k| !rules.contains_key(k)),
+            |k| usid.rules.remove(*k),
+        )?;
         usid.config
             .set(0, config(rules.len()), 0)
             .map_err(map_err(usid_repair::CONFIG_MAP))
@@ -877,6 +841,22 @@ fn sum_all(map: &PerCpuArray<MapData, u64>, len: u32, name: &'static str) -> Res
                 .map_err(map_err(name))
         })
         .collect()
+}
+
+/// Removes each of `keys` from the map named `name` with `remove`; a key already gone is not an
+/// error.
+pub(super) fn remove_each<K>(
+    name: &'static str,
+    keys: impl IntoIterator<Item = K>,
+    mut remove: impl FnMut(&K) -> std::result::Result<(), MapError>,
+) -> Result<()> {
+    for k in keys {
+        match remove(&k) {
+            Ok(()) | Err(MapError::KeyNotFound) => {}
+            Err(source) => return Err(Error::map(name)(source)),
+        }
+    }
+    Ok(())
 }
 
 /// The datapath's form of a prefix's paths (at most [`MAX_PATHS`]).
