@@ -67,11 +67,65 @@ fn frame(dst: [u8; 4], payload: usize) -> Vec<u8> {
     out
 }
 
-/// Kernel-measured run time of one program on one input, summed over single runs.
-struct Meter {
+/// The bench's datapaths.
+#[derive(Clone, Copy)]
+enum Dp {
+    /// The option, every rack prefix one length (the exact match).
+    Main,
+    /// The option, a prefix of another length more (the trie's longest match).
+    Trie,
+    /// SRv6, exact matches.
+    Six,
+    /// SRv6, the tries.
+    SixTrie,
+}
+
+/// The path meter's period as agents run it by default (`--meter-period-ms 250`).
+const METER_PERIOD_NS: u64 = 250_000_000;
+
+/// What a row runs.
+enum Prog {
+    TcPass,
+    XdpPass,
+    /// A floor in the baselines' object, by program name.
+    Baseline(&'static str),
+    Stamp(Dp),
+    Strip(Dp),
+}
+
+/// One program on one input, timed by the kernel and summed over single runs.
+struct Row<'a> {
     name: &'static str,
-    total_ns: u128,
-    runs: u64,
+    prog: Prog,
+    input: &'a [u8],
+    meter: bool,
+    reordering: bool,
+}
+
+impl<'a> Row<'a> {
+    fn new(name: &'static str, prog: Prog, input: &'a [u8]) -> Self {
+        Self {
+            name,
+            prog,
+            input,
+            meter: true,
+            reordering: false,
+        }
+    }
+
+    fn meter_off(self) -> Self {
+        Self {
+            meter: false,
+            ..self
+        }
+    }
+
+    fn reordering(self) -> Self {
+        Self {
+            reordering: true,
+            ..self
+        }
+    }
 }
 
 fn main() {
@@ -217,8 +271,8 @@ fn test_run_table(args: &Args) {
         let mut p = output(dp6.stamp_program(), &fabric);
         assert_eq!(
             p.len(),
-            fabric.len() + 40,
-            "the benchmark packet is encapsulated"
+            fabric.len() + 48,
+            "the benchmark packet is encapsulated, with the path meter's mark"
         );
         // As it arrives: the list consumed down to the destination's own address.
         p[14 + 24..14 + 40].copy_from_slice(
@@ -229,166 +283,189 @@ fn test_run_table(args: &Args) {
         );
         p
     };
-    let mut meters = [
-        Meter {
-            name: "tc: empty program (baseline)",
-            total_ns: 0,
-            runs: 0,
-        },
-        Meter {
-            name: "tc_stamp, fabric TCP (stamped)",
-            total_ns: 0,
-            runs: 0,
-        },
-        Meter {
-            name: "tc_stamp, other destination (passed)",
-            total_ns: 0,
-            runs: 0,
-        },
-        Meter {
-            name: "xdp: XDP_PASS (baseline)",
-            total_ns: 0,
-            runs: 0,
-        },
-        Meter {
-            name: "xdp_strip, stamped TCP (stripped)",
-            total_ns: 0,
-            runs: 0,
-        },
-        Meter {
-            name: "xdp_strip, plain TCP (passed)",
-            total_ns: 0,
-            runs: 0,
-        },
-        Meter {
-            name: "tc_stamp, fabric TCP (SRv6 encapsulated)",
-            total_ns: 0,
-            runs: 0,
-        },
-        Meter {
-            name: "xdp_strip, SRv6 (decapsulated)",
-            total_ns: 0,
-            runs: 0,
-        },
-        Meter {
-            name: "xdp_strip, stamped, reordering measured",
-            total_ns: 0,
-            runs: 0,
-        },
-        Meter {
-            name: "tc: adjust_room +4 alone (floor)",
-            total_ns: 0,
-            runs: 0,
-        },
-        Meter {
-            name: "xdp: adjust_head +4 alone (floor)",
-            total_ns: 0,
-            runs: 0,
-        },
-        Meter {
-            name: "tc_stamp, stamped, two lengths (trie)",
-            total_ns: 0,
-            runs: 0,
-        },
-        Meter {
-            name: "tc_stamp, no prefix, two lengths (trie)",
-            total_ns: 0,
-            runs: 0,
-        },
-        Meter {
-            name: "tc_stamp, SRv6, two lengths (tries)",
-            total_ns: 0,
-            runs: 0,
-        },
-        Meter {
-            name: "tc_stamp, no prefix (exact match)",
-            total_ns: 0,
-            runs: 0,
-        },
+    let mut dps = [dp, dp_trie, dp6, dp6_trie];
+    // Each row: what runs, on which input, against which empty program; the path meter on
+    // (the agents' default, every 250 ms) unless the row says otherwise.
+    let rows = [
+        Row::new("tc: empty program (baseline)", Prog::TcPass, &fabric),
+        Row::new(
+            "tc_stamp, fabric TCP (stamped)",
+            Prog::Stamp(Dp::Main),
+            &fabric,
+        ),
+        Row::new(
+            "tc_stamp, other destination (passed)",
+            Prog::Stamp(Dp::Main),
+            &outside,
+        ),
+        Row::new(
+            "tc_stamp, no prefix (exact match)",
+            Prog::Stamp(Dp::Main),
+            &inside,
+        ),
+        Row::new(
+            "tc_stamp, stamped, meter off",
+            Prog::Stamp(Dp::Main),
+            &fabric,
+        )
+        .meter_off(),
+        Row::new(
+            "tc_stamp, stamped, two lengths (trie)",
+            Prog::Stamp(Dp::Trie),
+            &fabric,
+        ),
+        Row::new(
+            "tc_stamp, no prefix, two lengths (trie)",
+            Prog::Stamp(Dp::Trie),
+            &inside,
+        ),
+        Row::new(
+            "tc_stamp, fabric TCP (SRv6 encapsulated)",
+            Prog::Stamp(Dp::Six),
+            &fabric,
+        ),
+        Row::new(
+            "tc_stamp, SRv6, two lengths (tries)",
+            Prog::Stamp(Dp::SixTrie),
+            &fabric,
+        ),
+        Row::new(
+            "tc: adjust_room +4 alone (floor)",
+            Prog::Baseline("tc_room"),
+            &fabric,
+        ),
+        Row::new("xdp: XDP_PASS (baseline)", Prog::XdpPass, &fabric),
+        Row::new(
+            "xdp_strip, stamped TCP (stripped)",
+            Prog::Strip(Dp::Main),
+            &stamped,
+        ),
+        Row::new(
+            "xdp_strip, plain TCP (passed)",
+            Prog::Strip(Dp::Main),
+            &fabric,
+        ),
+        Row::new(
+            "xdp_strip, stripped, meter off",
+            Prog::Strip(Dp::Main),
+            &stamped,
+        )
+        .meter_off(),
+        Row::new(
+            "xdp_strip, stamped, reordering measured",
+            Prog::Strip(Dp::Main),
+            &stamped,
+        )
+        .reordering(),
+        Row::new(
+            "xdp_strip, SRv6 (decapsulated)",
+            Prog::Strip(Dp::Six),
+            &encapsulated,
+        ),
+        Row::new(
+            "xdp: adjust_head +4 alone (floor)",
+            Prog::Baseline("xdp_head"),
+            &fabric,
+        ),
     ];
+    let mut totals = vec![(0u128, 0u64); rows.len()];
     let batch = 10_000u32.min(args.runs);
     let batches = args.runs.div_ceil(batch);
     eprintln!(
         "test_run: {} runs of each of {} programs, interleaved in batches of {batch}",
         batches * batch,
-        meters.len()
+        rows.len()
     );
     for _ in 0..batches {
-        for (i, meter) in meters.iter_mut().enumerate() {
-            // Off unless asked for, as an agent runs it by default.
-            maps.set_reordering_measured(i == 8).unwrap();
+        for (row, total) in rows.iter().zip(&mut totals) {
+            maps.set_reordering_measured(row.reordering).unwrap();
+            maps.set_meter_period(if row.meter { METER_PERIOD_NS } else { 0 })
+                .unwrap();
             for _ in 0..batch {
                 let mut f = |opts: TestRunOptions| -> u128 {
-                    let r = match i {
-                        0 => tc_pass_ref(&mut baseline).test_run(opts),
-                        1 | 2 | 14 => dp.stamp_program().test_run(opts),
-                        3 => xdp_pass_ref(&mut baseline).test_run(opts),
-                        6 => dp6.stamp_program().test_run(opts),
-                        7 => dp6.strip_program().test_run(opts),
-                        9 => prog_ref::<SchedClassifier>(&mut baseline, "tc_room").test_run(opts),
-                        10 => prog_ref::<Xdp>(&mut baseline, "xdp_head").test_run(opts),
-                        11 | 12 => dp_trie.stamp_program().test_run(opts),
-                        13 => dp6_trie.stamp_program().test_run(opts),
-                        _ => dp.strip_program().test_run(opts),
+                    let r = match row.prog {
+                        Prog::TcPass => tc_pass_ref(&mut baseline).test_run(opts),
+                        Prog::XdpPass => xdp_pass_ref(&mut baseline).test_run(opts),
+                        Prog::Baseline(name) if name.starts_with("tc_") => {
+                            prog_ref::<SchedClassifier>(&mut baseline, name).test_run(opts)
+                        }
+                        Prog::Baseline(name) => prog_ref::<Xdp>(&mut baseline, name).test_run(opts),
+                        Prog::Stamp(dp) => dps[dp as usize].stamp_program().test_run(opts),
+                        Prog::Strip(dp) => dps[dp as usize].strip_program().test_run(opts),
                     }
                     .expect("test_run");
                     r.duration.as_nanos()
                 };
-                let input: &[u8] = match i {
-                    0 | 1 | 3 | 6 | 9 | 10 | 11 | 13 => &fabric,
-                    2 => &outside,
-                    12 | 14 => &inside,
-                    4 | 8 => &stamped,
-                    7 => &encapsulated,
-                    _ => &fabric,
-                };
-                meter.total_ns += run_once(&mut f, input, &mut out);
-                meter.runs += 1;
+                total.0 += run_once(&mut f, row.input, &mut out);
+                total.1 += 1;
             }
         }
     }
-    let mean = |m: &Meter| m.total_ns as f64 / m.runs as f64;
+    let mean = |name: &str| {
+        let i = rows
+            .iter()
+            .position(|r| r.name == name)
+            .unwrap_or_else(|| panic!("no row {name}"));
+        totals[i].0 as f64 / totals[i].1 as f64
+    };
     println!();
-    println!("datapath cost per packet (BPF_PROG_TEST_RUN, kernel-timed, 1514-byte TCP frame)");
     println!(
-        "{:<40} {:>10} {:>14} {:>8}",
+        "datapath cost per packet (BPF_PROG_TEST_RUN, kernel-timed, 1514-byte TCP frame; \
+         path meter on, as agents run by default, unless a row says off)"
+    );
+    println!(
+        "{:<42} {:>10} {:>14} {:>8}",
         "program", "ns/packet", "over baseline", "ratio"
     );
-    for (i, m) in meters.iter().enumerate() {
-        let base = if i < 3 || i == 6 || i == 9 || i >= 11 {
-            mean(&meters[0])
-        } else {
-            mean(&meters[3])
-        };
+    let mut base = 0.0;
+    for row in &rows {
+        let ns = mean(row.name);
+        if matches!(row.prog, Prog::TcPass | Prog::XdpPass) {
+            base = ns;
+        }
         println!(
-            "{:<40} {:>10.1} {:>+14.1} {:>8.2}",
-            m.name,
-            mean(m),
-            mean(m) - base,
-            mean(m) / base
+            "{:<42} {:>10.1} {:>+14.1} {:>8.2}",
+            row.name,
+            ns,
+            ns - base,
+            ns / base
         );
     }
-    let over = |i: usize, base: usize| mean(&meters[i]) - mean(&meters[base]);
+    let over = |a: &str, b: &str| mean(a) - mean(b);
+    let (tc, xdp) = ("tc: empty program (baseline)", "xdp: XDP_PASS (baseline)");
+    let (stamped_row, stripped_row) = (
+        "tc_stamp, fabric TCP (stamped)",
+        "xdp_strip, stamped TCP (stripped)",
+    );
+    let (six, six_strip) = (
+        "tc_stamp, fabric TCP (SRv6 encapsulated)",
+        "xdp_strip, SRv6 (decapsulated)",
+    );
     println!(
         "SRv6 over the option: encapsulating {:+.1} ns/packet ({:.2}x the option's cost), \
          decapsulating {:+.1} ns/packet ({:.2}x)",
-        over(6, 1),
-        over(6, 0) / over(1, 0),
-        over(7, 4),
-        over(7, 3) / over(4, 3)
+        over(six, stamped_row),
+        over(six, tc) / over(stamped_row, tc),
+        over(six_strip, stripped_row),
+        over(six_strip, xdp) / over(stripped_row, xdp)
     );
     println!(
         "one exact match over the trie's longest match (1,152 rack prefixes): stamped {:+.1} \
          ns/packet, no prefix {:+.1}, SRv6 {:+.1}",
-        over(1, 11),
-        over(14, 12),
-        over(6, 13)
+        over(stamped_row, "tc_stamp, stamped, two lengths (trie)"),
+        over(
+            "tc_stamp, no prefix (exact match)",
+            "tc_stamp, no prefix, two lengths (trie)"
+        ),
+        over(six, "tc_stamp, SRv6, two lengths (tries)")
+    );
+    println!(
+        "the path meter: stamped {:+.1} ns/packet, stripped {:+.1}",
+        over(stamped_row, "tc_stamp, stamped, meter off"),
+        over(stripped_row, "xdp_strip, stripped, meter off")
     );
     drop(baseline);
-    drop(dp);
-    drop(dp6);
-    drop(dp_trie);
-    drop(dp6_trie);
+    drop(dps);
     let _ = std::fs::remove_dir_all(&pins);
     let _ = std::fs::remove_dir_all(&pins6);
     let _ = std::fs::remove_dir_all(&pins_trie);
@@ -411,6 +488,7 @@ fn loaded(tag: &str, table: &str) -> (Datapath, MapSet, std::path::PathBuf) {
     let table = PathTable::parse(table).unwrap();
     maps.apply_paths(&table).unwrap();
     maps.apply_srv6(table.srv6.as_ref()).unwrap();
+    maps.set_meter_period(METER_PERIOD_NS).unwrap();
     (dp, maps, pins)
 }
 
