@@ -4,9 +4,12 @@
 //! reports what the period sent and received to the controller, which compares the two ends
 //! of every path (`sopa_common::maps::meter`).
 //!
-//! Periods are cut on the TAI clock, the one `tc_stamp` reads, so every host of the fabric
-//! agrees on them as closely as its clock is synchronized (a quarter of a period is the
-//! margin: 62 ms at the default 250 ms).
+//! Periods are cut on the TAI clock, so every host of the fabric agrees on them as closely as
+//! its clock is synchronized (a quarter of a period is the margin: 62 ms at the default
+//! 250 ms). The agent turns the color `tc_stamp` marks with at each period's start
+//! (`sopa_common::maps::meter::COLOR_MAP`); a turn later than a quarter of a period makes the
+//! reading of the period it ends late, and no report is made of it or of the next of its
+//! color (the hosts' counts of that color would not end at the same moment).
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -19,7 +22,10 @@ use sopa_common::maps::{MeterKey, MeterSent, stamp_reason, strip_reason};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use crate::datapath::{MapSet, maps::MeterCounts};
+use crate::datapath::{
+    MapSet,
+    maps::{MeterColor, MeterCounts},
+};
 
 /// The default period of alternate marking.
 pub const DEFAULT_PERIOD: Duration = Duration::from_millis(250);
@@ -148,66 +154,160 @@ fn deltas(
     racks.into_values().collect()
 }
 
-/// Reads the meter half a period after each period ends and sends its report. Without a meter
-/// in the datapath (a datapath an older agent left) or with the period 0, it does nothing.
+/// When the meter's color turns and its counters are read, on the TAI clock: the color at each
+/// period's start, the counters of the period just ended half a period later.
+#[derive(Debug)]
+pub struct Schedule {
+    /// The period, ns.
+    t: u64,
+    /// The period whose color was set last, and whether that turn was late.
+    turned: Option<(u64, bool)>,
+    /// The period whose start the last reading followed.
+    read: Option<u64>,
+}
+
+/// What is due at a moment of the schedule.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Due {
+    /// Set this color: a new period began.
+    Turn(u8),
+    /// Read the counters of the period `closed` ended; `late`: the color turned away from it
+    /// more than a quarter of a period after its end.
+    Read { closed: u64, late: bool },
+}
+
+impl Schedule {
+    pub fn new(period: Duration) -> Self {
+        Self {
+            t: (period.as_nanos() as u64).max(1),
+            turned: None,
+            read: None,
+        }
+    }
+
+    /// The next moment something may be due, after `now` (TAI ns): the next period's start or
+    /// the current one's middle.
+    pub fn next(&self, now: u64) -> u64 {
+        let start = now / self.t * self.t;
+        if now < start + self.t / 2 {
+            start + self.t / 2
+        } else {
+            start + self.t
+        }
+    }
+
+    /// What is due at `now`, the turn first; `None` when nothing is.
+    pub fn due(&mut self, now: u64) -> Option<Due> {
+        let current = now / self.t;
+        if self.turned.is_none_or(|(p, _)| p != current) {
+            let late = now - current * self.t > self.t / 4;
+            self.turned = Some((current, late));
+            return Some(Due::Turn((current & 1) as u8));
+        }
+        if now - current * self.t < self.t / 2 || self.read == Some(current) {
+            return None;
+        }
+        self.read = Some(current);
+        let closed = current.checked_sub(1)?;
+        let late = self.turned.is_some_and(|(_, late)| late);
+        Some(Due::Read { closed, late })
+    }
+
+    /// The turn just due could not be made: the period's readings are late.
+    pub fn turn_failed(&mut self) {
+        if let Some((_, late)) = &mut self.turned {
+            *late = true;
+        }
+    }
+}
+
+/// Turns the meter's color at each period's start, and reads the meter half a period after each
+/// period ends and sends its report. Without a meter in the datapath (a datapath an older agent
+/// left) or with the period 0, it does nothing.
 pub async fn report_loop(maps: Arc<Mutex<MapSet>>, reports: mpsc::Sender<Kind>, period: Duration) {
     let t = period.as_nanos() as u64;
     if t == 0 || !maps.lock().expect("maps lock").has_meter() {
         return;
     }
+    // Programs that read the clock themselves have no color to turn.
+    let mut color: Option<MeterColor> = match maps.lock().expect("maps lock").meter_color() {
+        Ok(c) => c,
+        Err(err) => {
+            warn!(%err, "the path meter's color cannot be set; metering stays off");
+            return;
+        }
+    };
+    let mut schedule = Schedule::new(period);
     let mut meter = PeriodMeter::new(period);
     loop {
         let now = tai_ns();
-        let next = (now / t) * t + t / 2;
-        let next = if next <= now { next + t } else { next };
-        tokio::time::sleep(Duration::from_nanos(next - now)).await;
-        let at = tai_ns();
-        let current = at / t;
-        let Some(closed) = current.checked_sub(1) else {
-            continue;
-        };
-        let read = {
-            let maps = maps.lock().expect("maps lock");
-            let full = |m: &MapSet| -> crate::error::Result<u64> {
-                let stamp = m.stamp_counters()?;
-                let strip = m.strip_counters()?;
-                Ok(stamp[stamp_reason::METER_FULL as usize]
-                    + strip[strip_reason::METER_FULL as usize])
-            };
-            maps.meter_counts((closed & 1) as u8).and_then(|c| {
-                Ok((
-                    c,
-                    full(&maps)?,
-                    maps.config()?.mode == sopa_common::maps::mode::SOPA,
-                ))
-            })
-        };
-        let (counts, full, spraying) = match read {
-            Ok(r) => r,
-            Err(err) => {
-                warn!(%err, "reading the path meter");
-                continue;
+        let next = schedule.next(now);
+        tokio::time::sleep(Duration::from_nanos(next.saturating_sub(now))).await;
+        while let Some(due) = schedule.due(tai_ns()) {
+            match due {
+                Due::Turn(c) => {
+                    if let Some(Err(err)) = color.as_mut().map(|m| m.set(c)) {
+                        warn!(%err, "turning the path meter's color");
+                        schedule.turn_failed();
+                    }
+                }
+                Due::Read { closed, late } => {
+                    read_and_report(&maps, &reports, &mut meter, closed, late, t);
+                }
             }
+        }
+    }
+}
+
+/// Reads the counters of period `closed`'s color and sends the period's report, if exact.
+fn read_and_report(
+    maps: &Mutex<MapSet>,
+    reports: &mpsc::Sender<Kind>,
+    meter: &mut PeriodMeter,
+    closed: u64,
+    late: bool,
+    t: u64,
+) {
+    let read = {
+        let maps = maps.lock().expect("maps lock");
+        let full = |m: &MapSet| -> crate::error::Result<u64> {
+            let stamp = m.stamp_counters()?;
+            let strip = m.strip_counters()?;
+            Ok(stamp[stamp_reason::METER_FULL as usize] + strip[strip_reason::METER_FULL as usize])
         };
-        // Done before the next period of this color began?
-        let late = tai_ns() / t != current;
-        let Some(report) = meter.sample(closed, counts, full, late, spraying) else {
-            debug!(
-                period = closed,
-                late, "no exact path report for this period"
-            );
-            continue;
-        };
+        maps.meter_counts((closed & 1) as u8).and_then(|c| {
+            Ok((
+                c,
+                full(&maps)?,
+                maps.config()?.mode == sopa_common::maps::mode::SOPA,
+            ))
+        })
+    };
+    let (counts, full, spraying) = match read {
+        Ok(r) => r,
+        Err(err) => {
+            warn!(%err, "reading the path meter");
+            return;
+        }
+    };
+    // Done before the next period of this color began?
+    let late = late || tai_ns() / t != closed + 1;
+    let Some(report) = meter.sample(closed, counts, full, late, spraying) else {
         debug!(
             period = closed,
-            sent_racks = report.sent.len(),
-            received_racks = report.received.len(),
-            "path report"
+            late, "no exact path report for this period"
         );
-        // A full queue (controller away) drops the report: the controller judges no period it
-        // lacks a host's report of.
-        let _ = reports.try_send(Kind::Paths(report));
-    }
+        return;
+    };
+    debug!(
+        period = closed,
+        sent_racks = report.sent.len(),
+        received_racks = report.received.len(),
+        "path report"
+    );
+    // A full queue (controller away) drops the report: the controller judges no period it
+    // lacks a host's report of.
+    let _ = reports.try_send(Kind::Paths(report));
 }
 
 #[cfg(test)]
@@ -229,6 +329,68 @@ mod tests {
             color,
             _pad: 0,
         }
+    }
+
+    #[test]
+    fn the_color_turns_at_each_period_start_and_the_period_is_read_half_a_period_later() {
+        // A period of 1,000 ns: period 10 starts at 10,000.
+        let mut s = Schedule::new(Duration::from_nanos(1000));
+        assert_eq!(s.next(10_005), 10_500);
+        assert_eq!(s.next(10_600), 11_000);
+        assert_eq!(s.due(10_005), Some(Due::Turn(0)));
+        assert_eq!(s.due(10_005), None, "nothing more until the middle");
+        assert_eq!(
+            s.due(10_503),
+            Some(Due::Read {
+                closed: 9,
+                late: false
+            })
+        );
+        assert_eq!(s.due(10_700), None, "read once");
+        assert_eq!(s.due(11_002), Some(Due::Turn(1)));
+        assert_eq!(
+            s.due(11_500),
+            Some(Due::Read {
+                closed: 10,
+                late: false
+            })
+        );
+        // Turned more than a quarter of a period late: period 11's color was used into 12.
+        assert_eq!(s.due(12_300), Some(Due::Turn(0)));
+        assert_eq!(
+            s.due(12_500),
+            Some(Due::Read {
+                closed: 11,
+                late: true
+            })
+        );
+        // A start slept through: the turn and the reading both due at once, the reading late.
+        assert_eq!(s.due(13_600), Some(Due::Turn(1)));
+        assert_eq!(
+            s.due(13_600),
+            Some(Due::Read {
+                closed: 12,
+                late: true
+            })
+        );
+        // On time again; a turn that failed makes its reading late.
+        assert_eq!(s.due(14_010), Some(Due::Turn(0)));
+        s.turn_failed();
+        assert_eq!(
+            s.due(14_500),
+            Some(Due::Read {
+                closed: 13,
+                late: true
+            })
+        );
+        assert_eq!(s.due(15_000), Some(Due::Turn(1)));
+        assert_eq!(
+            s.due(15_500),
+            Some(Due::Read {
+                closed: 14,
+                late: false
+            })
+        );
     }
 
     #[test]

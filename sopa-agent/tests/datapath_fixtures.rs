@@ -965,23 +965,24 @@ fn a_forged_option_never_leaves_as_its_sender_set_it() {
     );
 }
 
-/// The path meter (alternate marking): `tc_stamp` marks the first hop byte in odd periods and
-/// counts what it sends per (destination rack, path, color); `xdp_strip` counts what arrives per
-/// (source rack, path, color as marked), the mark and the path's hop bytes read before the
-/// strip; with the period 0 nothing is marked or counted.
+/// The path meter (alternate marking): `tc_stamp` marks the first hop byte in odd periods (the
+/// color the agent turns, not a clock of its own) and counts what it sends per (destination
+/// rack, path, color); `xdp_strip` counts what arrives per (source rack, path, color as marked),
+/// the mark and the path's hop bytes read before the strip; with the period 0 nothing is marked
+/// or counted.
 #[test]
 fn the_path_meter_marks_odd_periods_and_counts_both_ends() {
     use common::{meter_bytes as bytes, meter_packets as packets, meter_total as total};
     use sopa_common::maps::meter;
     let mut f = Fixture::new(TABLE, mode::SOPA);
-    // A period as long as TAI time so far: now is in period 1 (odd) for decades; twice
-    // that, period 0 (even).
-    let tai = sopa_agent::meter::tai_ns();
-    f.maps.set_meter_period(2 * tai).unwrap();
+    let tai = sopa_agent::meter::DEFAULT_PERIOD.as_nanos() as u64;
+    f.maps.set_meter_period(tai).unwrap();
+    let mut color = f.maps.meter_color().unwrap().expect("a color to turn");
+    color.set(0).unwrap();
     let even: Vec<Vec<u8>> = (0..5)
         .map(|i| f.stamp(&tcp(DST_INTER_POD, 6000, i, b"even")))
         .collect();
-    f.maps.set_meter_period(tai).unwrap();
+    color.set(1).unwrap();
     let odd: Vec<Vec<u8>> = (0..3)
         .map(|i| f.stamp(&tcp(DST_INTER_POD, 6000, 5 + i, b"odd")))
         .collect();

@@ -412,7 +412,7 @@ fn a_packet_the_outer_header_would_take_past_the_mtu_passes_unencapsulated() {
             stamp_reason::TOO_BIG,
         ),
     ];
-    let tai = sopa_agent::meter::tai_ns();
+    let tai = sopa_agent::meter::DEFAULT_PERIOD.as_nanos() as u64;
     let cases = cases
         .into_iter()
         .map(|c| (0, c))
@@ -593,18 +593,16 @@ fn marked(inner: &[u8], dst: &[u8; 16], label: u32, hops: [u8; 2], color: u8) ->
 fn the_path_meter_marks_srv6_packets_in_rfc_9343s_option_and_counts_both_ends() {
     use common::{meter_bytes as bytes, meter_packets as packets, meter_total as total};
     let mut f = Fixture::new(TABLE, mode::SOPA);
-    // A period as long as TAI time so far: now is in period 1 (odd) for decades; twice that,
-    // period 0 (even).
-    let tai = sopa_agent::meter::tai_ns();
+    // The color is the agent's to turn.
+    let tai = sopa_agent::meter::DEFAULT_PERIOD.as_nanos() as u64;
+    f.maps.set_meter_period(tai).unwrap();
+    let mut turn = f.maps.meter_color().unwrap().expect("a color to turn");
     let sport = 4545;
     let start = flow_hash(&key(DST_INTER_POD, sport), 7) % 4;
     let hops = |i: u32| [[0, 0], [0, 1], [1, 0], [1, 1]][((start + i) % 4) as usize];
     let mut arrived = Vec::new();
-    for (i, (period, color)) in [(2 * tai, 0u8), (2 * tai, 0), (tai, 1)]
-        .into_iter()
-        .enumerate()
-    {
-        f.maps.set_meter_period(period).unwrap();
+    for (i, color) in [0u8, 0, 1].into_iter().enumerate() {
+        turn.set(color).unwrap();
         let i = i as u32;
         let packet = tcp(DST_INTER_POD, sport, &[i as u8; 100]);
         let out = f.stamp(&packet);
@@ -644,7 +642,7 @@ fn the_path_meter_marks_srv6_packets_in_rfc_9343s_option_and_counts_both_ends() 
 
     // At the destination (its rack switch consumed the list): the original frame, counted by
     // the mark's path and color, from the source's rack; the receiver's own period is no matter.
-    f.maps.set_meter_period(2 * tai).unwrap();
+    turn.set(0).unwrap();
     for (out, packet) in &arrived {
         let mut frame = out.clone();
         frame[14 + 24..14 + 40].copy_from_slice(&address(&[0xE002]));

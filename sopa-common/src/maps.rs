@@ -399,6 +399,11 @@ pub mod meter {
     pub const SENT_MAP: &str = "SOPA_SENT_V2";
     /// Packets received, by [`super::MeterKey`] (peer: the source's rack).
     pub const RECEIVED_MAP: &str = "SOPA_RECV_V1";
+    /// The current period's color (0 or 1), a one-entry array of u32 that the host agent
+    /// writes at each period's start on the TAI clock: `tc_stamp` reads it instead of a clock
+    /// and a division per packet (two thirds of the meter's cost there). Programs of
+    /// earlier layouts read the clock themselves and have no such map.
+    pub const COLOR_MAP: &str = "SOPA_COLOR_V1";
     /// Entries of each counter map: (peer rack, path, color) triples a host has exchanged
     /// packets with. A packet that finds the map full is counted under `meter_full` and its
     /// period is not judged.

@@ -107,6 +107,9 @@ static USID_RULES: HashMap<UsidRuleKey, UsidRule> =
 #[map(name = "SOPA_METER_V1")]
 static METER_CONFIG: Array<MeterConfig> = Array::pinned(1, 0);
 
+#[map(name = "SOPA_COLOR_V1")]
+static METER_COLOR: Array<u32> = Array::pinned(1, 0);
+
 #[map(name = "SOPA_SENT_V2")]
 static METER_SENT: HashMap<MeterKey, MeterSent> =
     HashMap::pinned(sopa_common::maps::meter::CAPACITY, 0);

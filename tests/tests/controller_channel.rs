@@ -62,6 +62,48 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) -> Duration {
     panic!("timed out waiting for {what}");
 }
 
+/// The agent turns its path meter's color (`tc_stamp` marks with it) at each period's start on
+/// the TAI clock: every turn seen between two reads of its pinned color map that fall in one
+/// period (the default 250 ms) sets that period's color. Four such turns are awaited.
+fn assert_color_turns_on_tai(node: &str) {
+    use aya::maps::{Array, Map, MapData};
+    use sopa_common::maps::meter;
+    let pin = sopa_testbed::resilience::pin_dir(node).join(meter::COLOR_MAP);
+    let color: Array<MapData, u32> = Array::try_from(Map::Array(
+        MapData::from_pin(&pin).expect("the color map's pin"),
+    ))
+    .unwrap();
+    let t = sopa_agent::meter::DEFAULT_PERIOD.as_nanos() as u64;
+    // The color, and TAI time before and after reading it.
+    let read = || {
+        let before = sopa_agent::meter::tai_ns();
+        let c = color.get(&0, 0).unwrap();
+        (before, c, sopa_agent::meter::tai_ns())
+    };
+    let (mut since, mut last, _) = read();
+    let mut turns = 0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while turns < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "{node}'s path meter turned its color {turns} times in 30 s (a period is 250 ms)"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+        let (before, now, after) = read();
+        // Turned between the two reads, both within one period.
+        if now != last && since / t == after / t {
+            assert_eq!(
+                u64::from(now),
+                (after / t) & 1,
+                "{node} turned to the color of another period than period {}",
+                after / t
+            );
+            turns += 1;
+        }
+        (since, last) = (before, now);
+    }
+}
+
 #[test]
 fn pushed_failures_change_exactly_the_affected_paths() {
     let f = fabric();
@@ -86,6 +128,7 @@ fn pushed_failures_change_exactly_the_affected_paths() {
         "same pod: k/2 single-decision paths"
     );
     assert_eq!(status["controller"]["connected"], true);
+    assert_color_turns_on_tai(agent_a.node.as_str());
     let metrics =
         f.a.run(|| {
             use std::io::{Read as _, Write as _};

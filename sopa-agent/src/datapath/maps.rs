@@ -1,6 +1,6 @@
 //! Typed access to the datapath's maps, from the loaded object or from its pins.
 
-use std::{collections::BTreeMap, path::Path};
+use std::{collections::BTreeMap, os::fd::AsFd as _, path::Path};
 
 use aya::{
     Ebpf,
@@ -45,15 +45,40 @@ pub struct MeterMaps {
     config: Array<MapData, MeterConfig>,
     sent: HashMap<MapData, MeterKey, MeterSent>,
     received: HashMap<MapData, MeterKey, u64>,
+    /// The period's color, an array of one u32 (absent where the programs read the clock
+    /// themselves).
+    color: Option<MapData>,
 }
 
 impl MeterMaps {
-    fn from_maps(config: Map, sent: Map, received: Map) -> Result<Self> {
+    fn from_maps(config: Map, sent: Map, received: Map, color: Option<Map>) -> Result<Self> {
         Ok(Self {
             config: config.try_into().map_err(map_err(meter::CONFIG_MAP))?,
             sent: sent.try_into().map_err(map_err(meter::SENT_MAP))?,
             received: received.try_into().map_err(map_err(meter::RECEIVED_MAP))?,
+            color: match color {
+                Some(Map::Array(data)) => Some(data),
+                Some(_) => {
+                    return Err(Error::map(meter::COLOR_MAP)(MapError::InvalidName {
+                        name: format!("{} is not an array", meter::COLOR_MAP),
+                    }));
+                }
+                None => None,
+            },
         })
+    }
+}
+
+/// The path meter's color, on a handle of its own: the agent turns it at every period's start,
+/// on time whatever holds the [`MapSet`].
+pub struct MeterColor(Array<MapData, u32>);
+
+impl MeterColor {
+    /// Sets the color `tc_stamp` marks and counts packets with from now on.
+    pub fn set(&mut self, color: u8) -> Result<()> {
+        self.0
+            .set(0, u32::from(color & 1), 0)
+            .map_err(map_err(meter::COLOR_MAP))
     }
 }
 
@@ -138,6 +163,7 @@ impl MapSet {
             take(meter::CONFIG_MAP)?,
             take(meter::SENT_MAP)?,
             take(meter::RECEIVED_MAP)?,
+            Some(take(meter::COLOR_MAP)?),
         )?);
         set.lookup = Some(Lookup::from_maps(
             take(LOOKUP_MAP)?,
@@ -193,7 +219,9 @@ impl MapSet {
             open(meter::SENT_MAP),
             open(meter::RECEIVED_MAP),
         ) {
-            (Ok(c), Ok(s), Ok(r)) => Some(MeterMaps::from_maps(c, s, r)?),
+            (Ok(c), Ok(s), Ok(r)) => {
+                Some(MeterMaps::from_maps(c, s, r, open(meter::COLOR_MAP).ok())?)
+            }
             _ => None,
         };
         set.lookup = match (
@@ -277,6 +305,22 @@ impl MapSet {
     /// Whether this datapath meters paths (the pins of an older agent's do not).
     pub fn has_meter(&self) -> bool {
         self.meter.is_some()
+    }
+
+    /// A handle of its own on the meter's color, where the programs take the color from the
+    /// agent (`None`: no meter, or programs that read the clock themselves).
+    pub fn meter_color(&self) -> Result<Option<MeterColor>> {
+        let Some(color) = self.meter.as_ref().and_then(|m| m.color.as_ref()) else {
+            return Ok(None);
+        };
+        let fd = color
+            .fd()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| Error::io(format!("duplicating the fd of {}", meter::COLOR_MAP), e))?;
+        let data = MapData::from_fd(fd).map_err(map_err(meter::COLOR_MAP))?;
+        let map = Array::try_from(Map::Array(data)).map_err(map_err(meter::COLOR_MAP))?;
+        Ok(Some(MeterColor(map)))
     }
 
     /// The meter's cumulative counters of `color`: (sent, received).

@@ -107,7 +107,7 @@ pub struct Datapath {
 
 /// Every map of this datapath layout, as pinned: a `SOPA_*` pin not in this list belongs to
 /// another layout (see [`layout`]).
-pub const MAP_NAMES: [&str; 25] = {
+pub const MAP_NAMES: [&str; 26] = {
     use sopa_common::maps::*;
     [
         CONFIG_MAP,
@@ -135,6 +135,7 @@ pub const MAP_NAMES: [&str; 25] = {
         meter::CONFIG_MAP,
         meter::SENT_MAP,
         meter::RECEIVED_MAP,
+        meter::COLOR_MAP,
     ]
 };
 
