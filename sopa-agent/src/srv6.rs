@@ -6,8 +6,15 @@
 //! Compiling groups the destinations: those whose paths name the same switches for the same hop
 //! pairs share one set of (group, hops) entries, so every destination of a Fat-Tree needs one
 //! group and the segment map grows with one source's paths, not with destinations times paths.
+//!
+//! A table replacing another is renumbered against it before it is written: a group whose
+//! segments changed takes an id the old table does not use, so a destination named by either
+//! table always meets its own group's segments while the maps change one entry at a time.
 
-use std::{collections::BTreeMap, net::Ipv6Addr};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::Ipv6Addr,
+};
 
 use sopa_common::{
     maps::{MAX_CHOSEN, MAX_TAIL, SegKey, Segments, Srv6Dest},
@@ -46,6 +53,70 @@ pub struct Srv6Paths {
 pub struct Compiled {
     pub dests: BTreeMap<Prefix, Srv6Dest>,
     pub segs: BTreeMap<SegKey, Segments>,
+}
+
+/// The groups a segment map holds: each group's segments by hop pair.
+pub type Groups = BTreeMap<u16, BTreeMap<[u8; 2], Segments>>;
+
+impl Compiled {
+    /// The groups of this table.
+    pub fn groups(&self) -> Groups {
+        let mut groups = Groups::new();
+        for (k, v) in &self.segs {
+            groups.entry(k.group).or_default().insert(k.hops, *v);
+        }
+        groups
+    }
+
+    /// This table renumbered to replace `old` in a map of `capacity` entries: a group whose
+    /// segments `old` holds as they are keeps that group's id; any other takes an id `old` does
+    /// not use. Where the new groups' entries would not fit beside the old ones, the ids stay as
+    /// compiled (the replaced groups change in place, as they did before renumbering).
+    pub fn renumbered(self, old: &Groups, capacity: usize) -> Self {
+        let new = self.groups();
+        let mut ids: BTreeMap<u16, u16> = BTreeMap::new();
+        let mut taken: BTreeSet<u16> = BTreeSet::new();
+        for (id, segs) in &new {
+            if let Some((&same, _)) = old.iter().find(|(o, s)| *s == segs && !taken.contains(*o)) {
+                ids.insert(*id, same);
+                taken.insert(same);
+            }
+        }
+        let mut fresh = (0..=u16::MAX).filter(|i| !old.contains_key(i) && !taken.contains(i));
+        let mut added = 0;
+        for (id, segs) in &new {
+            if ids.contains_key(id) {
+                continue;
+            }
+            let Some(f) = fresh.next() else {
+                return self;
+            };
+            ids.insert(*id, f);
+            added += segs.len();
+        }
+        let held: usize = old.values().map(BTreeMap::len).sum();
+        if held + added > capacity {
+            return self;
+        }
+        Self {
+            dests: self
+                .dests
+                .into_iter()
+                .map(|(p, d)| {
+                    let group = ids[&d.group];
+                    (p, Srv6Dest { group, ..d })
+                })
+                .collect(),
+            segs: self
+                .segs
+                .into_iter()
+                .map(|(k, v)| {
+                    let group = ids[&k.group];
+                    (SegKey { group, ..k }, v)
+                })
+                .collect(),
+        }
+    }
 }
 
 impl Srv6Table {
@@ -231,6 +302,44 @@ mod tests {
         assert_eq!((s.len, s.usids), (2, [11, 31, 0]));
         let d = c.dests[&"10.2.0.0/24".parse::<Prefix>().unwrap()];
         assert_eq!((d.tail_len, d.tail, d.host_mask), (2, [40, 21], 0xFF));
+    }
+
+    #[test]
+    fn a_replacing_table_keeps_unchanged_groups_and_numbers_changed_ones_afresh() {
+        let a = (
+            "10.1.0.0/24",
+            &[((0, HOP_NONE), &[10][..]), ((1, HOP_NONE), &[11][..])][..],
+            &[20][..],
+        );
+        let b = ("10.3.0.0/24", &[((0, HOP_NONE), &[12][..])][..], &[22][..]);
+        let old = table(&[a, b]).compile();
+        assert_eq!(old.groups().len(), 2);
+        // The same table again: every id kept.
+        assert_eq!(
+            table(&[a, b]).compile().renumbered(&old.groups(), 1000),
+            old
+        );
+        // The first destination gone: the second's group, 1 before, compiles as 0, the id of
+        // the group it replaces. Renumbered, it keeps 1.
+        let c = table(&[b]).compile();
+        assert_eq!(c.dests.values().next().unwrap().group, 0);
+        let r = c.clone().renumbered(&old.groups(), 1000);
+        assert_eq!(r.dests.values().next().unwrap().group, 1);
+        assert_eq!(r.groups()[&1], old.groups()[&1]);
+        // A group whose segments changed takes an id the old table does not use.
+        let a2 = (
+            "10.1.0.0/24",
+            &[((0, HOP_NONE), &[10][..]), ((1, HOP_NONE), &[13][..])][..],
+            &[20][..],
+        );
+        let r = table(&[a2, b]).compile().renumbered(&old.groups(), 1000);
+        let group = |c: &Compiled, p: &str| c.dests[&p.parse::<Prefix>().unwrap()].group;
+        assert_eq!(group(&r, "10.3.0.0/24"), 1, "unchanged: kept");
+        assert_eq!(group(&r, "10.1.0.0/24"), 2, "changed: a fresh id");
+        assert_eq!(r.segs.len(), 3);
+        // With no room for the fresh group beside the old ones, the ids stay as compiled.
+        let compiled = table(&[a2, b]).compile();
+        assert_eq!(compiled.clone().renumbered(&old.groups(), 4), compiled);
     }
 
     #[test]

@@ -735,11 +735,18 @@ fn destinations_of_one_length_are_matched_exactly() {
     assert_eq!(dests.keys().count(), 0, "no entry left behind");
     assert_eq!(f.stamp(&packet).len(), packet.len() + 4, "the option");
 
-    // A table of the same length whose groups are numbered anew (the first destination gone:
-    // the second's segments take group 0): the exact table names the new group.
+    // A table of the same length without the first destination: the second's group, which
+    // both shared, compiles as group 0 again with the first's segments gone. Written against
+    // the groups in place, the changed group takes a fresh id, its entries written before the
+    // destination names it; the old group stays whole until nothing names it (in place, the
+    // destination would name a group whose entries change under it one by one).
     f.maps
         .apply_srv6(table_of(&one_length).srv6.as_ref())
         .unwrap();
+    let group_of = |dests: &HashMap<MapData, [u8; 4], Srv6Dest>| {
+        dests.get(&[10, 3, 1, 0], 0).expect("10.3.1.0/24").group
+    };
+    let before = group_of(&dests);
     let second_only = one_length.replace(
         "[[destination]]\nprefix = \"10.2.0.0/24\"\npaths = [[0], [1], [2]]\n\
          segments = [[0x0100], [0x0101], [0x0102]]\ntail = [0x0200]\n",
@@ -752,6 +759,11 @@ fn destinations_of_one_length_are_matched_exactly() {
     assert_eq!(
         f.maps.exact_length_of(lookup::SRV6_DESTS).unwrap(),
         Some(24)
+    );
+    assert_ne!(
+        group_of(&dests),
+        before,
+        "10.3.1.0/24's group changed: a fresh id"
     );
     let mut fresh = Fixture::new(&second_only, mode::SINGLE);
     assert_eq!(

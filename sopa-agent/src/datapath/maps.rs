@@ -10,8 +10,8 @@ use sopa_common::maps::{
     CONFIG_MAP, Config, ENCAP_MAP, Encap, FLOWS_MAP, FWD_MAP, FWD_STATS_MAP, FWD_UPLINK_STATS_MAP,
     FlowKey, FlowState, FwdEntry, HOP_STATS_MAP, LOOKUP_MAP, MAX_PATHS, MAX_UPLINKS, MEASURE_MAP,
     MeterConfig, MeterKey, MeterSent, PATHS_EXACT_MAP, PATHS_MAP, PINS_MAP, PathSet, Pin,
-    SRV6_DESTS_EXACT_MAP, SRV6_DESTS_MAP, SRV6_SEGS_MAP, STAMP_STATS_MAP, START_MAP,
-    STRIP_STATS_MAP, SegKey, Segments, Srv6Dest, TRUST_MAP, UsidRepairConfig, UsidRule,
+    SRV6_DESTS_EXACT_MAP, SRV6_DESTS_MAP, SRV6_SEGS_CAPACITY, SRV6_SEGS_MAP, STAMP_STATS_MAP,
+    START_MAP, STRIP_STATS_MAP, SegKey, Segments, Srv6Dest, TRUST_MAP, UsidRepairConfig, UsidRule,
     UsidRuleKey, encoding, forward_reason, lookup, measure, meter, stamp_reason, strip_reason,
     usid_repair,
 };
@@ -20,7 +20,7 @@ use super::lookup::Lookup;
 use crate::{
     error::{Error, Result},
     path_table::{Hops, PathTable, Prefix},
-    srv6::{Compiled, Srv6Table},
+    srv6::{Compiled, Groups, Srv6Table},
 };
 
 /// The SRv6 encoding's maps (absent in the pins of a datapath an older agent left).
@@ -31,6 +31,21 @@ pub struct Srv6Maps {
 }
 
 impl Srv6Maps {
+    /// The segment groups the datapath holds.
+    fn groups(&self) -> Result<Groups> {
+        let mut groups = Groups::new();
+        for entry in self.segs.iter() {
+            match entry {
+                Ok((k, v)) => {
+                    groups.entry(k.group).or_default().insert(k.hops, v);
+                }
+                Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(map_err(SRV6_SEGS_MAP)(e)),
+            }
+        }
+        Ok(groups)
+    }
+
     fn from_maps(encap: Map, dests: Map, segs: Map) -> Result<Self> {
         Ok(Self {
             encap: encap.try_into().map_err(map_err(ENCAP_MAP))?,
@@ -562,7 +577,11 @@ impl MapSet {
             return m.clear();
         };
         table.validate().map_err(Error::Config)?;
-        let compiled = table.compile();
+        // Numbered against the groups written now: no destination of either table meets
+        // segments that changed under it while the entries change one at a time.
+        let compiled = table
+            .compile()
+            .renumbered(&m.groups()?, SRV6_SEGS_CAPACITY as usize);
         self.or_trie(lookup::SRV6_DESTS, |s| s.write_srv6(table, &compiled))
     }
 
