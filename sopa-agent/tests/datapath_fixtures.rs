@@ -1306,31 +1306,44 @@ fn xlated(fd: std::os::fd::BorrowedFd<'_>) -> Vec<[u8; 8]> {
     insns
 }
 
+/// How many of a loaded program's helper calls go to the kernel function `name`.
+fn helper_calls(program: std::os::fd::BorrowedFd<'_>, name: &str) -> usize {
+    let insns = xlated(program);
+    let base = kernel_symbol("__bpf_call_base");
+    let imm = (kernel_symbol(name).wrapping_sub(base)) as i32;
+    // Helper calls: BPF_JMP | BPF_CALL with src_reg 0, the function as an offset from the base.
+    insns
+        .iter()
+        .filter(|i| i[0] == 0x85 && i[1] >> 4 == 0)
+        .filter(|i| i32::from_le_bytes([i[4], i[5], i[6], i[7]]) == imm)
+        .count()
+}
+
 #[test]
-fn every_map_lookup_of_tc_stamp_is_inlined_or_called_directly() {
+fn every_map_lookup_of_tc_stamp_and_xdp_strip_is_inlined_or_called_directly() {
     // A call instruction LLVM shares between two maps makes the verifier fall back to the
     // generic helper (an indirect call to the map's lookup) there: about 10-20 ns a lookup on
     // this kind of CPU, for the path table's and the SRv6 destinations' lookups alike.
     use std::os::fd::AsFd;
     let mut f = Fixture::new(TABLE, mode::SOPA);
-    let insns = xlated(f.datapath.stamp_program().fd().unwrap().as_fd());
-    let base = kernel_symbol("__bpf_call_base");
-    let imm_of = |name: &str| (kernel_symbol(name).wrapping_sub(base)) as i32;
-    // Helper calls: BPF_JMP | BPF_CALL with src_reg 0, the function as an offset from the base.
-    let calls = |imm: i32| {
-        insns
-            .iter()
-            .filter(|i| i[0] == 0x85 && i[1] >> 4 == 0)
-            .filter(|i| i32::from_le_bytes([i[4], i[5], i[6], i[7]]) == imm)
-            .count()
-    };
+    let stamp = f.datapath.stamp_program().fd().unwrap().as_fd();
     assert_eq!(
-        calls(imm_of("bpf_map_lookup_elem")),
+        helper_calls(stamp, "bpf_map_lookup_elem"),
         0,
-        "a lookup goes through the generic helper: a call instruction shared between maps"
+        "tc_stamp: a lookup goes through the generic helper, a call shared between maps"
     );
     assert!(
-        calls(imm_of("trie_lookup_elem")) >= 2,
+        helper_calls(stamp, "trie_lookup_elem") >= 2,
         "the tries are called directly (and this test reads the calls right)"
+    );
+    let strip = f.datapath.strip_program().fd().unwrap().as_fd();
+    assert_eq!(
+        helper_calls(strip, "bpf_map_lookup_elem"),
+        0,
+        "xdp_strip: a lookup goes through the generic helper, a call shared between maps"
+    );
+    assert!(
+        helper_calls(strip, "bpf_xdp_adjust_head") >= 1,
+        "xdp_strip's calls are read right"
     );
 }

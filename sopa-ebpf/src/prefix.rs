@@ -14,11 +14,28 @@ use crate::LOOKUP;
 /// Whether `daddr` is inside the prefix covering every destination of the path table. A mask
 /// of 0 covers everything, whatever the network slot says: a fresh datapath, and the agent
 /// while it changes the cover (mask 0, the network, the new mask; the two slots cannot change
-/// at once).
+/// at once). The mask is read before and after the network: read between two of the agent's
+/// writes, the network and a mask would be of two covers; the same nonzero mask both times
+/// means the network read between them is that mask's (a network written after the first read
+/// was followed by its own mask before the second), and two different masks mean the cover
+/// changed meanwhile, which is taken as covering everything too.
 #[inline(always)]
 pub fn in_fabric(daddr: [u8; 4]) -> bool {
-    match (LOOKUP.get(lookup::FABRIC), LOOKUP.get(lookup::FABRIC_MASK)) {
-        (Some(&network), Some(&mask)) => mask == 0 || u32::from_be_bytes(daddr) & mask == network,
+    let mask = || {
+        LOOKUP
+            .get_ptr(lookup::FABRIC_MASK)
+            // SAFETY: a pointer from a successful lookup of an array, valid for this run.
+            .map(|m| unsafe { core::ptr::read_volatile(m) })
+    };
+    let before = mask();
+    let network = LOOKUP
+        .get_ptr(lookup::FABRIC)
+        // SAFETY: as above.
+        .map(|n| unsafe { core::ptr::read_volatile(n) });
+    match (before, network, mask()) {
+        (Some(m), Some(network), Some(after)) if m == after => {
+            m == 0 || u32::from_be_bytes(daddr) & m == network
+        }
         _ => true,
     }
 }
