@@ -84,6 +84,7 @@ enum Dp {
 const METER_PERIOD_NS: u64 = 250_000_000;
 
 /// What a row runs.
+#[derive(Clone, Copy)]
 enum Prog {
     TcPass,
     XdpPass,
@@ -91,6 +92,17 @@ enum Prog {
     Baseline(&'static str),
     Stamp(Dp),
     Strip(Dp),
+}
+
+impl Prog {
+    /// An XDP program (against `XDP_PASS`), or a TC one (against the empty classifier).
+    fn is_xdp(self) -> bool {
+        match self {
+            Prog::XdpPass | Prog::Strip(_) => true,
+            Prog::Baseline(name) => name.starts_with("xdp_"),
+            Prog::TcPass | Prog::Stamp(_) => false,
+        }
+    }
 }
 
 /// One program on one input, timed by the kernel and summed over single runs.
@@ -376,6 +388,12 @@ fn test_run_table(args: &Args) {
         batches * batch,
         rows.len()
     );
+    // The meter and reordering switches are the option's exact-match datapath's: a row of
+    // another datapath must not claim them.
+    for row in &rows {
+        let main = matches!(row.prog, Prog::Stamp(Dp::Main) | Prog::Strip(Dp::Main));
+        assert!(main || (row.meter && !row.reordering), "{}", row.name);
+    }
     for _ in 0..batches {
         for (row, total) in rows.iter().zip(&mut totals) {
             maps.set_reordering_measured(row.reordering).unwrap();
@@ -386,10 +404,12 @@ fn test_run_table(args: &Args) {
                     let r = match row.prog {
                         Prog::TcPass => tc_pass_ref(&mut baseline).test_run(opts),
                         Prog::XdpPass => xdp_pass_ref(&mut baseline).test_run(opts),
-                        Prog::Baseline(name) if name.starts_with("tc_") => {
+                        Prog::Baseline(name) if row.prog.is_xdp() => {
+                            prog_ref::<Xdp>(&mut baseline, name).test_run(opts)
+                        }
+                        Prog::Baseline(name) => {
                             prog_ref::<SchedClassifier>(&mut baseline, name).test_run(opts)
                         }
-                        Prog::Baseline(name) => prog_ref::<Xdp>(&mut baseline, name).test_run(opts),
                         Prog::Stamp(dp) => dps[dp as usize].stamp_program().test_run(opts),
                         Prog::Strip(dp) => dps[dp as usize].strip_program().test_run(opts),
                     }
@@ -417,12 +437,14 @@ fn test_run_table(args: &Args) {
         "{:<42} {:>10} {:>14} {:>8}",
         "program", "ns/packet", "over baseline", "ratio"
     );
-    let mut base = 0.0;
     for row in &rows {
         let ns = mean(row.name);
-        if matches!(row.prog, Prog::TcPass | Prog::XdpPass) {
-            base = ns;
-        }
+        // Each program against the empty program of its hook.
+        let base = mean(if row.prog.is_xdp() {
+            "xdp: XDP_PASS (baseline)"
+        } else {
+            "tc: empty program (baseline)"
+        });
         println!(
             "{:<42} {:>10.1} {:>+14.1} {:>8.2}",
             row.name,

@@ -7,9 +7,9 @@
 //! Periods are cut on the TAI clock, so every host of the fabric agrees on them as closely as
 //! its clock is synchronized (a quarter of a period is the margin: 62 ms at the default
 //! 250 ms). The agent turns the color `tc_stamp` marks with at each period's start
-//! (`sopa_common::maps::meter::COLOR_MAP`); a turn later than a quarter of a period makes the
-//! reading of the period it ends late, and no report is made of it or of the next of its
-//! color (the hosts' counts of that color would not end at the same moment).
+//! (`sopa_common::maps::meter::COLOR_MAP`), on a thread of its own; a turn later than an eighth
+//! of a period makes the reading of the period it ends late, and no report is made of it or of
+//! the next of its color (the hosts' counts of that color would not end at the same moment).
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -22,10 +22,7 @@ use sopa_common::maps::{MeterKey, MeterSent, stamp_reason, strip_reason};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use crate::datapath::{
-    MapSet,
-    maps::{MeterColor, MeterCounts},
-};
+use crate::datapath::{MapSet, maps::MeterCounts};
 
 /// The default period of alternate marking.
 pub const DEFAULT_PERIOD: Duration = Duration::from_millis(250);
@@ -154,108 +151,120 @@ fn deltas(
     racks.into_values().collect()
 }
 
-/// When the meter's color turns and its counters are read, on the TAI clock: the color at each
-/// period's start, the counters of the period just ended half a period later.
-#[derive(Debug)]
-pub struct Schedule {
-    /// The period, ns.
-    t: u64,
-    /// The period whose color was set last, and whether that turn was late.
-    turned: Option<(u64, bool)>,
-    /// The period whose start the last reading followed.
-    read: Option<u64>,
+/// A turn later than this share of a period (an eighth: 31 ms at the default 250 ms) makes the
+/// readings it touched late. A period is exact while the hosts' clock skew, a turn's delay and
+/// the packets' time in flight stay under half a period: a quarter is the clocks' margin, an
+/// eighth the turn's, an eighth the flight's.
+pub const LATE_TURN_DIVISOR: u64 = 8;
+
+/// The color's last turn: the period turned to, and whether the turn was late or failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Turned {
+    pub period: u64,
+    pub late: bool,
 }
 
-/// What is due at a moment of the schedule.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Due {
-    /// Set this color: a new period began.
-    Turn(u8),
-    /// Read the counters of the period `closed` ended; `late`: the color turned away from it
-    /// more than a quarter of a period after its end.
-    Read { closed: u64, late: bool },
-}
+/// What the turning thread shares with the reader: its last turn.
+pub type Turns = Arc<Mutex<Option<Turned>>>;
 
-impl Schedule {
-    pub fn new(period: Duration) -> Self {
-        Self {
-            t: (period.as_nanos() as u64).max(1),
-            turned: None,
-            read: None,
-        }
-    }
-
-    /// The next moment something may be due, after `now` (TAI ns): the next period's start or
-    /// the current one's middle.
-    pub fn next(&self, now: u64) -> u64 {
-        let start = now / self.t * self.t;
-        if now < start + self.t / 2 {
-            start + self.t / 2
-        } else {
-            start + self.t
-        }
-    }
-
-    /// What is due at `now`, the turn first; `None` when nothing is.
-    pub fn due(&mut self, now: u64) -> Option<Due> {
-        let current = now / self.t;
-        if self.turned.is_none_or(|(p, _)| p != current) {
-            let late = now - current * self.t > self.t / 4;
-            self.turned = Some((current, late));
-            return Some(Due::Turn((current & 1) as u8));
-        }
-        if now - current * self.t < self.t / 2 || self.read == Some(current) {
-            return None;
-        }
-        self.read = Some(current);
-        let closed = current.checked_sub(1)?;
-        let late = self.turned.is_some_and(|(_, late)| late);
-        Some(Due::Read { closed, late })
-    }
-
-    /// The turn just due could not be made: the period's readings are late.
-    pub fn turn_failed(&mut self) {
-        if let Some((_, late)) = &mut self.turned {
-            *late = true;
-        }
+/// The turn made at `now` (TAI ns) for its period, with a period of `t` ns.
+pub fn turn_at(now: u64, t: u64) -> Turned {
+    Turned {
+        period: now / t,
+        late: now % t > t / LATE_TURN_DIVISOR,
     }
 }
 
-/// Turns the meter's color at each period's start, and reads the meter half a period after each
-/// period ends and sends its report. Without a meter in the datapath (a datapath an older agent
-/// left) or with the period 0, it does nothing.
-pub async fn report_loop(maps: Arc<Mutex<MapSet>>, reports: mpsc::Sender<Kind>, period: Duration) {
+/// Whether the reading that closes period `closed` is late for want of a timely turn into the
+/// next period (the closed period's color was still in use after the margin, or still is).
+pub fn reading_late(turned: Option<Turned>, closed: u64) -> bool {
+    !matches!(turned, Some(Turned { period, late: false }) if period == closed + 1)
+}
+
+/// Turns the meter's color at each period's start on the TAI clock, on a thread of its own
+/// (`clock_nanosleep` on `CLOCK_TAI` to the period's start: no runtime's timer or task, and
+/// no lock the agent's other work holds, delays it). With the period 0, or without a color to
+/// turn (no meter: a datapath an older agent left), nothing is started and `None` is returned:
+/// no period is reported then. The thread ends at its next turn once every [`Turns`] handle is
+/// dropped.
+pub fn start_turning(
+    maps: &Mutex<MapSet>,
+    period: Duration,
+) -> crate::error::Result<Option<Turns>> {
+    let t = period.as_nanos() as u64;
+    if t == 0 {
+        return Ok(None);
+    }
+    let Some(mut color) = maps.lock().expect("maps lock").meter_color()? else {
+        return Ok(None);
+    };
+    let turns: Turns = Arc::new(Mutex::new(None));
+    let shared = Arc::clone(&turns);
+    std::thread::Builder::new()
+        .name("meter-color".into())
+        .spawn(move || {
+            loop {
+                let turn = turn_at(tai_ns(), t);
+                let turn = match color.set((turn.period & 1) as u8) {
+                    Ok(()) => turn,
+                    Err(err) => {
+                        warn!(%err, "turning the path meter's color");
+                        Turned { late: true, ..turn }
+                    }
+                };
+                *shared.lock().expect("turns lock") = Some(turn);
+                sleep_until_tai((turn.period + 1) * t);
+                if Arc::strong_count(&shared) == 1 {
+                    return;
+                }
+            }
+        })
+        .map_err(|e| crate::error::Error::io("starting the path meter's color thread", e))?;
+    Ok(Some(turns))
+}
+
+/// Sleeps until TAI time `at` (ns).
+fn sleep_until_tai(at: u64) {
+    let ts = libc::timespec {
+        tv_sec: (at / 1_000_000_000) as libc::time_t,
+        tv_nsec: (at % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: the timespec is valid; no remainder is asked for (absolute time). A signal's
+    // interruption (EINTR) ends the sleep early, which the next turn's lateness check absorbs.
+    unsafe {
+        libc::clock_nanosleep(
+            libc::CLOCK_TAI,
+            libc::TIMER_ABSTIME,
+            &ts,
+            std::ptr::null_mut(),
+        )
+    };
+}
+
+/// Reads the meter half a period after each period ends and sends its report; `turns`: the
+/// color's turns ([`start_turning`]).
+pub async fn report_loop(
+    maps: Arc<Mutex<MapSet>>,
+    reports: mpsc::Sender<Kind>,
+    period: Duration,
+    turns: Turns,
+) {
     let t = period.as_nanos() as u64;
     if t == 0 || !maps.lock().expect("maps lock").has_meter() {
         return;
     }
-    // Programs that read the clock themselves have no color to turn.
-    let mut color: Option<MeterColor> = match maps.lock().expect("maps lock").meter_color() {
-        Ok(c) => c,
-        Err(err) => {
-            warn!(%err, "the path meter's color cannot be set; metering stays off");
-            return;
-        }
-    };
-    let mut schedule = Schedule::new(period);
     let mut meter = PeriodMeter::new(period);
     loop {
         let now = tai_ns();
-        let next = schedule.next(now);
-        tokio::time::sleep(Duration::from_nanos(next.saturating_sub(now))).await;
-        while let Some(due) = schedule.due(tai_ns()) {
-            match due {
-                Due::Turn(c) => {
-                    if let Some(Err(err)) = color.as_mut().map(|m| m.set(c)) {
-                        warn!(%err, "turning the path meter's color");
-                        schedule.turn_failed();
-                    }
-                }
-                Due::Read { closed, late } => {
-                    read_and_report(&maps, &reports, &mut meter, closed, late, t);
-                }
-            }
-        }
+        let next = (now / t) * t + t / 2;
+        let next = if next <= now { next + t } else { next };
+        tokio::time::sleep(Duration::from_nanos(next - now)).await;
+        let current = tai_ns() / t;
+        let Some(closed) = current.checked_sub(1) else {
+            continue;
+        };
+        let late = reading_late(*turns.lock().expect("turns lock"), closed);
+        read_and_report(&maps, &reports, &mut meter, closed, late, t);
     }
 }
 
@@ -332,64 +341,40 @@ mod tests {
     }
 
     #[test]
-    fn the_color_turns_at_each_period_start_and_the_period_is_read_half_a_period_later() {
+    fn a_turn_past_an_eighth_of_the_period_makes_the_reading_it_ends_late() {
         // A period of 1,000 ns: period 10 starts at 10,000.
-        let mut s = Schedule::new(Duration::from_nanos(1000));
-        assert_eq!(s.next(10_005), 10_500);
-        assert_eq!(s.next(10_600), 11_000);
-        assert_eq!(s.due(10_005), Some(Due::Turn(0)));
-        assert_eq!(s.due(10_005), None, "nothing more until the middle");
+        let t = 1000;
         assert_eq!(
-            s.due(10_503),
-            Some(Due::Read {
-                closed: 9,
+            turn_at(10_005, t),
+            Turned {
+                period: 10,
                 late: false
-            })
+            }
         );
-        assert_eq!(s.due(10_700), None, "read once");
-        assert_eq!(s.due(11_002), Some(Due::Turn(1)));
-        assert_eq!(
-            s.due(11_500),
-            Some(Due::Read {
-                closed: 10,
-                late: false
-            })
+        assert!(!turn_at(10_125, t).late, "an eighth: in time");
+        assert!(turn_at(10_126, t).late, "past an eighth: late");
+        // The reading of period 9, made in period 10.
+        let on_time = Some(turn_at(10_005, t));
+        assert!(!reading_late(on_time, 9));
+        assert!(reading_late(Some(turn_at(10_300, t)), 9), "turned late");
+        assert!(
+            reading_late(Some(turn_at(9_005, t)), 9),
+            "not turned yet: period 9's color still in use"
         );
-        // Turned more than a quarter of a period late: period 11's color was used into 12.
-        assert_eq!(s.due(12_300), Some(Due::Turn(0)));
-        assert_eq!(
-            s.due(12_500),
-            Some(Due::Read {
-                closed: 11,
-                late: true
-            })
+        assert!(reading_late(None, 9), "never turned");
+        assert!(
+            reading_late(Some(turn_at(11_005, t)), 9),
+            "the reading itself ran into the next period"
         );
-        // A start slept through: the turn and the reading both due at once, the reading late.
-        assert_eq!(s.due(13_600), Some(Due::Turn(1)));
-        assert_eq!(
-            s.due(13_600),
-            Some(Due::Read {
-                closed: 12,
-                late: true
-            })
-        );
-        // On time again; a turn that failed makes its reading late.
-        assert_eq!(s.due(14_010), Some(Due::Turn(0)));
-        s.turn_failed();
-        assert_eq!(
-            s.due(14_500),
-            Some(Due::Read {
-                closed: 13,
-                late: true
-            })
-        );
-        assert_eq!(s.due(15_000), Some(Due::Turn(1)));
-        assert_eq!(
-            s.due(15_500),
-            Some(Due::Read {
-                closed: 14,
-                late: false
-            })
+        assert!(
+            reading_late(
+                Some(Turned {
+                    period: 10,
+                    late: true
+                }),
+                9
+            ),
+            "a failed turn"
         );
     }
 

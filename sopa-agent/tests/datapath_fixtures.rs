@@ -975,8 +975,8 @@ fn the_path_meter_marks_odd_periods_and_counts_both_ends() {
     use common::{meter_bytes as bytes, meter_packets as packets, meter_total as total};
     use sopa_common::maps::meter;
     let mut f = Fixture::new(TABLE, mode::SOPA);
-    let tai = sopa_agent::meter::DEFAULT_PERIOD.as_nanos() as u64;
-    f.maps.set_meter_period(tai).unwrap();
+    let period = sopa_agent::meter::DEFAULT_PERIOD.as_nanos() as u64;
+    f.maps.set_meter_period(period).unwrap();
     let mut color = f.maps.meter_color().unwrap().expect("a color to turn");
     color.set(0).unwrap();
     let even: Vec<Vec<u8>> = (0..5)
@@ -1027,7 +1027,7 @@ fn the_path_meter_marks_odd_periods_and_counts_both_ends() {
     }
     let (_, received0) = f.maps.meter_counts(0).unwrap();
     assert!(received0.is_empty(), "with the period 0 nothing is counted");
-    f.maps.set_meter_period(tai).unwrap();
+    f.maps.set_meter_period(period).unwrap();
     for p in even.iter().chain(&odd) {
         f.strip(p);
     }

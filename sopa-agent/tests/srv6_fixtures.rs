@@ -412,11 +412,11 @@ fn a_packet_the_outer_header_would_take_past_the_mtu_passes_unencapsulated() {
             stamp_reason::TOO_BIG,
         ),
     ];
-    let tai = sopa_agent::meter::DEFAULT_PERIOD.as_nanos() as u64;
+    let period = sopa_agent::meter::DEFAULT_PERIOD.as_nanos() as u64;
     let cases = cases
         .into_iter()
         .map(|c| (0, c))
-        .chain(marked_cases.into_iter().map(|c| (tai, c)));
+        .chain(marked_cases.into_iter().map(|c| (period, c)));
     ns.run(|| {
         for (period, (name, packet, ctx, reason)) in cases {
             f.maps.set_meter_period(period).unwrap();
@@ -594,8 +594,8 @@ fn the_path_meter_marks_srv6_packets_in_rfc_9343s_option_and_counts_both_ends() 
     use common::{meter_bytes as bytes, meter_packets as packets, meter_total as total};
     let mut f = Fixture::new(TABLE, mode::SOPA);
     // The color is the agent's to turn.
-    let tai = sopa_agent::meter::DEFAULT_PERIOD.as_nanos() as u64;
-    f.maps.set_meter_period(tai).unwrap();
+    let period = sopa_agent::meter::DEFAULT_PERIOD.as_nanos() as u64;
+    f.maps.set_meter_period(period).unwrap();
     let mut turn = f.maps.meter_color().unwrap().expect("a color to turn");
     let sport = 4545;
     let start = flow_hash(&key(DST_INTER_POD, sport), 7) % 4;

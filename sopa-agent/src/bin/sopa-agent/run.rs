@@ -165,6 +165,19 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
             }
         }
     };
+    // The path meter's color turns whether or not a controller takes the reports: peers count
+    // what this host sends by the color it carries.
+    let meter_period = std::time::Duration::from_millis(args.meter_period_ms);
+    let turns = match sopa_agent::meter::start_turning(&host.maps(), meter_period) {
+        Ok(turns) => turns,
+        Err(err) => {
+            warn!(%err, "the path meter's color cannot be turned; metering is off");
+            if let Err(err) = host.maps().lock().expect("maps lock").set_meter_period(0) {
+                warn!(%err, "turning the path meter off");
+            }
+            None
+        }
+    };
     match channel {
         None => {
             info!("running; SIGINT or SIGTERM detaches and restores");
@@ -185,11 +198,15 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
                 std::time::Duration::from_millis(args.report_interval_ms),
                 nic_bps,
             ));
-            let meter = tokio::spawn(sopa_agent::meter::report_loop(
-                host.maps(),
-                reports,
-                std::time::Duration::from_millis(args.meter_period_ms),
-            ));
+            // Reports only while the color turns (a host that counts nothing must not report).
+            let meter = turns.clone().map(|turns| {
+                tokio::spawn(sopa_agent::meter::report_loop(
+                    host.maps(),
+                    reports,
+                    meter_period,
+                    turns,
+                ))
+            });
             let mut applier = HostApplier::new(&mut host, &fabric_host, &endpoint);
             tokio::select! {
                 _ = sopa_channel::client::run_with_reports(cfg, &mut applier, stopped, Some(reports_rx)) => {}
@@ -197,7 +214,9 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
                 _ = reload => {}
             }
             reporter.abort();
-            meter.abort();
+            if let Some(meter) = meter {
+                meter.abort();
+            }
         }
     }
     let keep = args.keep_attached || handed_over.load(std::sync::atomic::Ordering::Relaxed);
