@@ -184,9 +184,10 @@ pub fn reading_late(turned: Option<Turned>, closed: u64) -> bool {
 /// Turns the meter's color at each period's start on the TAI clock, on a thread of its own
 /// (`clock_nanosleep` on `CLOCK_TAI` to the period's start: no runtime's timer or task, and
 /// no lock the agent's other work holds, delays it). With the period 0, or without a color to
-/// turn (no meter: a datapath an older agent left), nothing is started and `None` is returned:
-/// no period is reported then. The thread ends at its next turn once every [`Turns`] handle is
-/// dropped.
+/// turn, nothing is started and `None` is returned: no period is reported then. (The agent
+/// always runs the programs of its own build, which take the color from it; only the pins of
+/// an older datapath lack the color, and `MapSet::meter_color` says `None` for them.) The thread
+/// ends at its next turn once every [`Turns`] handle is dropped.
 pub fn start_turning(
     maps: &Mutex<MapSet>,
     period: Duration,
@@ -196,6 +197,7 @@ pub fn start_turning(
         return Ok(None);
     }
     let Some(mut color) = maps.lock().expect("maps lock").meter_color()? else {
+        warn!("this datapath's programs take no color from the agent; no path reports");
         return Ok(None);
     };
     let turns: Turns = Arc::new(Mutex::new(None));
@@ -223,22 +225,32 @@ pub fn start_turning(
     Ok(Some(turns))
 }
 
-/// Sleeps until TAI time `at` (ns).
+/// Sleeps until TAI time `at` (ns): again after a signal's interruption (the time is absolute),
+/// and with the monotonic clock's sleep where the kernel cannot sleep on `CLOCK_TAI`.
 fn sleep_until_tai(at: u64) {
     let ts = libc::timespec {
         tv_sec: (at / 1_000_000_000) as libc::time_t,
         tv_nsec: (at % 1_000_000_000) as libc::c_long,
     };
-    // SAFETY: the timespec is valid; no remainder is asked for (absolute time). A signal's
-    // interruption (EINTR) ends the sleep early, which the next turn's lateness check absorbs.
-    unsafe {
-        libc::clock_nanosleep(
-            libc::CLOCK_TAI,
-            libc::TIMER_ABSTIME,
-            &ts,
-            std::ptr::null_mut(),
-        )
-    };
+    loop {
+        // SAFETY: the timespec is valid; no remainder is asked for (absolute time).
+        let err = unsafe {
+            libc::clock_nanosleep(
+                libc::CLOCK_TAI,
+                libc::TIMER_ABSTIME,
+                &ts,
+                std::ptr::null_mut(),
+            )
+        };
+        match err {
+            0 => return,
+            libc::EINTR => continue,
+            _ => {
+                std::thread::sleep(Duration::from_nanos(at.saturating_sub(tai_ns())));
+                return;
+            }
+        }
+    }
 }
 
 /// Reads the meter half a period after each period ends and sends its report; `turns`: the
@@ -259,11 +271,13 @@ pub async fn report_loop(
         let next = (now / t) * t + t / 2;
         let next = if next <= now { next + t } else { next };
         tokio::time::sleep(Duration::from_nanos(next - now)).await;
-        let current = tai_ns() / t;
-        let Some(closed) = current.checked_sub(1) else {
+        // The period planned for: woken in the next one (the runtime held up), its color may be
+        // in use again or its last packets not in yet, and the reading is late.
+        let Some(closed) = (next / t).checked_sub(1) else {
             continue;
         };
-        let late = reading_late(*turns.lock().expect("turns lock"), closed);
+        let late =
+            tai_ns() / t != closed + 1 || reading_late(*turns.lock().expect("turns lock"), closed);
         read_and_report(&maps, &reports, &mut meter, closed, late, t);
     }
 }

@@ -73,7 +73,12 @@ impl Compiled {
     /// not use. Where the new groups' entries would not fit beside the old ones, the ids stay as
     /// compiled (the replaced groups change in place, as they did before renumbering).
     pub fn renumbered(self, old: &Groups, capacity: usize) -> Self {
-        let new = self.groups();
+        let mut new = self.groups();
+        // A group no path names a switch of (every destination in it chooses none) has no
+        // entries: a fresh id, where it finds none either.
+        for d in self.dests.values() {
+            new.entry(d.group).or_default();
+        }
         let mut ids: BTreeMap<u16, u16> = BTreeMap::new();
         let mut taken: BTreeSet<u16> = BTreeSet::new();
         for (id, segs) in &new {
@@ -337,6 +342,11 @@ mod tests {
         assert_eq!(group(&r, "10.3.0.0/24"), 1, "unchanged: kept");
         assert_eq!(group(&r, "10.1.0.0/24"), 2, "changed: a fresh id");
         assert_eq!(r.segs.len(), 3);
+        // A destination choosing no switch names a group without entries: a fresh id too.
+        let bare = table(&[("10.4.0.0/24", &[][..], &[22][..])]).compile();
+        assert!(bare.segs.is_empty());
+        let r = bare.renumbered(&old.groups(), 1000);
+        assert_eq!(group(&r, "10.4.0.0/24"), 2);
         // With no room for the fresh group beside the old ones, the ids stay as compiled.
         let compiled = table(&[a2, b]).compile();
         assert_eq!(compiled.clone().renumbered(&old.groups(), 4), compiled);

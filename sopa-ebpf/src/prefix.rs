@@ -15,10 +15,13 @@ use crate::LOOKUP;
 /// of 0 covers everything, whatever the network slot says: a fresh datapath, and the agent
 /// while it changes the cover (mask 0, the network, the new mask; the two slots cannot change
 /// at once). The mask is read before and after the network: read between two of the agent's
-/// writes, the network and a mask would be of two covers; the same nonzero mask both times
-/// means the network read between them is that mask's (a network written after the first read
-/// was followed by its own mask before the second), and two different masks mean the cover
-/// changed meanwhile, which is taken as covering everything too.
+/// writes, the network and a mask would be of two covers; through one change, the same nonzero
+/// mask both times means the network read between them is that mask's (a network written after
+/// the first read was followed by its own mask before the second), and two different masks mean
+/// the cover changed meanwhile, which is taken as covering everything too. Two changes within
+/// one run of the program (it stalled through a whole table's writes), or a CPU that reorders
+/// loads (arm64: no barrier here), could still pair two covers: one packet left unstamped,
+/// never dropped.
 #[inline(always)]
 pub fn in_fabric(daddr: [u8; 4]) -> bool {
     let mask = || {

@@ -94,8 +94,7 @@ impl Lookup {
         }
         // The two slots cannot change at once: the mask goes to 0 first (everything covered),
         // then the network, then the new mask. A failure in between leaves everything covered.
-        // (A program that read the network before these writes and the mask after them would
-        // misjudge that one packet: it leaves unstamped, never dropped.)
+        // The program reads the mask before and after the network (`prefix::in_fabric`).
         self.set(lookup::FABRIC_MASK, 0)?;
         self.set(lookup::FABRIC, network)?;
         self.set(lookup::FABRIC_MASK, mask)

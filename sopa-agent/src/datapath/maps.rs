@@ -579,20 +579,26 @@ impl MapSet {
         table.validate().map_err(Error::Config)?;
         // Numbered against the groups written now: no destination of either table meets
         // segments that changed under it while the entries change one at a time.
+        let old = m.groups()?;
         let compiled = table
             .compile()
-            .renumbered(&m.groups()?, SRV6_SEGS_CAPACITY as usize);
-        self.or_trie(lookup::SRV6_DESTS, |s| s.write_srv6(table, &compiled))
+            .renumbered(&old, SRV6_SEGS_CAPACITY as usize);
+        self.or_trie(lookup::SRV6_DESTS, |s| s.write_srv6(table, &compiled, &old))
     }
 
-    fn write_srv6(&mut self, table: &Srv6Table, compiled: &Compiled) -> Result<()> {
+    fn write_srv6(&mut self, table: &Srv6Table, compiled: &Compiled, old: &Groups) -> Result<()> {
         let m = self.srv6.as_mut().expect("apply_srv6 checked the maps");
         let mut x = self.lookup.as_mut();
         let exact = match x.as_deref_mut() {
             Some(x) => x.prepare(lookup::SRV6_DESTS, compiled.dests.keys())?,
             None => false,
         };
+        // An entry held as it is stays untouched: replacing a key in this preallocated hash
+        // recycles the old value's memory at once, under a packet that may be copying it.
         for (k, v) in &compiled.segs {
+            if old.get(&k.group).and_then(|g| g.get(&k.hops)) == Some(v) {
+                continue;
+            }
             m.segs.insert(k, v, 0).map_err(map_err(SRV6_SEGS_MAP))?;
         }
         // Each destination in the trie and the exact table one after the other: neither names
