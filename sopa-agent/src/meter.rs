@@ -272,12 +272,12 @@ pub async fn report_loop(
         let next = if next <= now { next + t } else { next };
         tokio::time::sleep(Duration::from_nanos(next - now)).await;
         // The period planned for: woken in the next one (the runtime held up), its color may be
-        // in use again or its last packets not in yet, and the reading is late.
+        // in use again or its last packets not in yet, and `read_and_report` finds the reading
+        // late (it checks the time once the counters are read).
         let Some(closed) = (next / t).checked_sub(1) else {
             continue;
         };
-        let late =
-            tai_ns() / t != closed + 1 || reading_late(*turns.lock().expect("turns lock"), closed);
+        let late = reading_late(*turns.lock().expect("turns lock"), closed);
         read_and_report(&maps, &reports, &mut meter, closed, late, t);
     }
 }

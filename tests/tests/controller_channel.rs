@@ -83,7 +83,12 @@ fn assert_color_turns_on_tai(node: &str) {
             "{node}'s path meter color judged in {} periods of 30 s",
             judged.len()
         );
-        std::thread::sleep(Duration::from_millis(5));
+        // Read at three quarters of a period: the instant is computed, not polled for (a read
+        // the machine delays past its period is skipped below).
+        let now = sopa_agent::meter::tai_ns();
+        let at = (now / t) * t + 3 * t / 4;
+        let at = if at <= now { at + t } else { at };
+        std::thread::sleep(Duration::from_nanos(at - now));
         let before = sopa_agent::meter::tai_ns();
         let c = color.get(&0, 0).unwrap();
         let after = sopa_agent::meter::tai_ns();
