@@ -61,7 +61,8 @@ pub struct FabricOptions {
     pub rate_mbit: Option<u32>,
     /// Drop-tail queue per link direction, in full-size packets (counted in bytes).
     pub queue_packets: u32,
-    /// Extra flags for every host agent (mode, granularity, ...).
+    /// Extra flags for every host agent (mode, granularity, ...). Without `--granularity`,
+    /// the hosts spray per packet, as the paper does.
     pub host_args: Vec<String>,
     /// Also wire every host to one big switch (the non-blocking ideal), with links shaped like
     /// the fabric's: the `ideal` mode of the experiments routes the hosts through it.
@@ -449,8 +450,17 @@ impl Fabric {
             let id = id as NodeId;
             // Elephants (Hedera's pinned mode) are measured against the shaped rate.
             let nic = opts.rate_mbit.map(|r| r.to_string());
-            // The experiments report the receivers' reordering.
+            // The experiments report the receivers' reordering. They reproduce the paper's
+            // per-packet spraying unless the options choose a unit (the agent's own default is a
+            // flowcell).
+            let per_packet = !opts.host_args.iter().any(|a| a == "--granularity");
             let args: Vec<&str> = std::iter::once("--measure-reordering")
+                .chain(
+                    per_packet
+                        .then_some(["--granularity", "packet"])
+                        .into_iter()
+                        .flatten(),
+                )
                 .chain((!self.host_metrics).then_some("--no-metrics"))
                 .chain(
                     nic.as_deref()

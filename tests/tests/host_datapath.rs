@@ -36,7 +36,9 @@ fn option_on_the_wire_at_r_gone_at_b_transfer_intact() {
     let arb = Arb::new("h").expect("build A - R - B");
     let reordering_before = arb.a.read_sysctl("net.ipv4.tcp_reordering").unwrap();
     let routes_before = arb.a.ip(&["route"]).unwrap();
-    let agent_a = start_a(&arb, &[]);
+    // Per packet, the paper's unit, so the hops cycle packet by packet on the wire (the
+    // default flowcell is host_resilience's).
+    let agent_a = start_a(&arb, &["--granularity", "packet"]);
     let agent_b = start_b(&arb);
     assert_eq!(arb.a.read_sysctl("net.ipv4.tcp_reordering").unwrap(), "10");
     assert!(
@@ -217,7 +219,16 @@ fn option_on_the_wire_at_r_gone_at_b_transfer_intact() {
 #[test]
 fn without_the_route_mtu_fix_full_size_segments_leave_unstamped_never_dropped() {
     let arb = Arb::new("m").expect("build A - R - B");
-    let agent_a = start_a(&arb, &["--keep-route-mtu", "--no-metrics"]);
+    // Per packet, so that `too_big` (counted per packet the program sees) counts segments.
+    let agent_a = start_a(
+        &arb,
+        &[
+            "--keep-route-mtu",
+            "--no-metrics",
+            "--granularity",
+            "packet",
+        ],
+    );
     // Both ends without the fix: B's lowered route MTU alone would make it advertise an MSS
     // that fits A's stamped packets.
     let _agent_b = Agent::start(

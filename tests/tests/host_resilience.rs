@@ -899,13 +899,23 @@ fn the_granularity_changes_at_run_time_and_the_interface_gets_its_own_back_at_ex
     let _b = start_b(&arb);
     assert_eq!(
         gso_max_segs(&arb.a, &arb.a_if),
-        "1",
-        "per packet by default"
+        "4",
+        "flowcells of 4 segments by default"
     );
-    let per_packet = segments_per_stamp(&arb, &a, 7100);
+    assert_eq!(a.status().unwrap()["granularity"], "flowcell:4");
+    let per_default = segments_per_stamp(&arb, &a, 7100);
+
+    // Per packet: one segment per stamp.
+    set_granularity(&node, "packet").unwrap();
+    assert_eq!(gso_max_segs(&arb.a, &arb.a_if), "1");
+    let per_packet = segments_per_stamp(&arb, &a, 7105);
     assert!(
         per_packet <= 1.0,
         "{per_packet} segments per stamped packet"
+    );
+    assert!(
+        (2.0..=4.0).contains(&per_default) && per_default > 1.5 * per_packet,
+        "{per_default} segments per stamped unit with the default flowcells of 4"
     );
 
     // Flowcells of 8 segments: one path per unit of at most 8 packets on the wire.
@@ -917,7 +927,9 @@ fn the_granularity_changes_at_run_time_and_the_interface_gets_its_own_back_at_ex
         (2.0..=8.0).contains(&per_cell) && per_cell > 2.0 * per_packet,
         "{per_cell} segments per stamped unit with flowcells of 8"
     );
-    eprintln!("segments per stamp: packet {per_packet:.2}, flowcell:8 {per_cell:.2}");
+    eprintln!(
+        "segments per stamp: default (flowcell:4) {per_default:.2}, packet {per_packet:.2}, flowcell:8 {per_cell:.2}"
+    );
 
     // Bad input changes nothing.
     let err = set_granularity(&node, "flowcell:0")
@@ -932,14 +944,14 @@ fn the_granularity_changes_at_run_time_and_the_interface_gets_its_own_back_at_ex
     // Burst gives the interface its own value; a flowcell again, then the exit restores it.
     set_granularity(&node, "burst").unwrap();
     assert_eq!(gso_max_segs(&arb.a, &arb.a_if), own);
-    set_granularity(&node, "flowcell:4").unwrap();
-    assert_eq!(gso_max_segs(&arb.a, &arb.a_if), "4");
+    set_granularity(&node, "flowcell:2").unwrap();
+    assert_eq!(gso_max_segs(&arb.a, &arb.a_if), "2");
     assert_eq!(a.stop(), Some(0));
     assert_eq!(gso_max_segs(&arb.a, &arb.a_if), own, "restored at exit");
 
     // Kept across a restart without --granularity; replaced by one given.
     let a = start_a(&arb, &["--no-metrics"]);
-    assert_eq!(gso_max_segs(&arb.a, &arb.a_if), "4", "{}", a.log());
+    assert_eq!(gso_max_segs(&arb.a, &arb.a_if), "2", "{}", a.log());
     assert!(a.log().contains("keeping the granularity set at run time"));
     // A crash, then an agent told per packet: adopted, and the value from before any agent
     // is still the one restored.
@@ -951,8 +963,8 @@ fn the_granularity_changes_at_run_time_and_the_interface_gets_its_own_back_at_ex
     let a = start_a(&arb, &["--no-metrics"]);
     assert_eq!(
         gso_max_segs(&arb.a, &arb.a_if),
-        "1",
-        "--granularity replaced the run-time one"
+        "4",
+        "--granularity replaced the run-time one: the default again"
     );
     assert_eq!(a.stop(), Some(0));
     assert_eq!(gso_max_segs(&arb.a, &arb.a_if), own);

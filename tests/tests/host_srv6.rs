@@ -37,7 +37,8 @@ fn srv6_over_a_linux_usid_node_paths_cycle_and_b_sees_the_inner_packet_only() {
         arb.a.name(),
         &arb.a_if,
         &Arb::srv6_path_table(A_ADDR6, A_RACK_USID, B_PREFIX, B_RACK_USID, PATHS.into()),
-        &[],
+        // Per packet, the paper's unit, so the paths cycle packet by packet on the wire.
+        &["--granularity", "packet"],
     )
     .expect("agent on A");
     let agent_b = Agent::start(

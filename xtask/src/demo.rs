@@ -31,7 +31,8 @@ pub struct DemoArgs {
     /// Path selection of both agents: sopa, rps, ecmp or off.
     #[arg(long, default_value = "sopa")]
     mode: String,
-    /// packet (gso_max_segs 1) or burst.
+    /// packet (gso_max_segs 1: the capture at R shows the paths cycle packet by packet),
+    /// flowcell:N (the agent's own default is flowcell:4) or burst.
     #[arg(long, default_value = "packet")]
     granularity: String,
     /// Fabric demo: how hosts carry the path, ipv4-option (switches run tc_forward) or srv6

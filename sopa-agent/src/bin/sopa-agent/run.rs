@@ -74,7 +74,7 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
                 );
                 kept.granularity
             }
-            None => Granularity::Packet,
+            None => Granularity::DEFAULT,
         },
     };
     let opts = HostOptions {
