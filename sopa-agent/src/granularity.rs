@@ -33,8 +33,9 @@ pub enum Granularity {
 
 impl Granularity {
     /// The agent's default: flowcells of 4 segments. On the emulated Fat-Tree they kept 0.98-0.99
-    /// of per-packet throughput at 0.36-0.52 of its host CPU per GB (docs/RESULTS.md,
-    /// "Flowcells"); units of 8 and more lost throughput there. `packet` is the paper's unit.
+    /// of per-packet throughput, and sender, router and receiver spent 0.36-0.52 of per packet's
+    /// CPU per GB (docs/RESULTS.md, "Flowcells"); units of 8 and more lost throughput there.
+    /// `packet` is the paper's unit.
     pub const DEFAULT: Self = Self::Flowcell(4);
 
     /// The `gso_max_segs` it sets, or `None` to leave the interface's own.

@@ -327,8 +327,9 @@ impl Fabric {
                 format!("{}i{id}s", self.prefix),
             );
             veth(host, &hif, &big, &sif)?;
-            // The same unit as the fabric: one packet per skb (the agents set this on the
-            // fabric interface), not 64 KB GSO bursts.
+            // The same unit as the fabric's hosts run by default here: one packet per skb (the
+            // agents set it on the fabric interface, `--granularity packet`), not 64 KB GSO
+            // bursts. A fabric whose hosts are given another unit still has its ideal per packet.
             host.ip(&["link", "set", &hif, "gso_max_segs", "1"])?;
             host.ip(&[
                 "addr",
@@ -453,7 +454,10 @@ impl Fabric {
             // The experiments report the receivers' reordering. They reproduce the paper's
             // per-packet spraying unless the options choose a unit (the agent's own default is a
             // flowcell).
-            let per_packet = !opts.host_args.iter().any(|a| a == "--granularity");
+            let per_packet = !opts
+                .host_args
+                .iter()
+                .any(|a| a == "--granularity" || a.starts_with("--granularity="));
             let args: Vec<&str> = std::iter::once("--measure-reordering")
                 .chain(
                     per_packet
