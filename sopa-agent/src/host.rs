@@ -581,6 +581,11 @@ impl Host {
         }
     }
 
+    /// The path meter's counts of periods and late turns, which the agent's metrics show.
+    pub fn meter_stats(&self) -> Arc<crate::meter::MeterStats> {
+        Arc::clone(&self.channel.meter)
+    }
+
     /// Records the controller channel's state where `sopa-agent status` reads it.
     pub fn set_controller_state(&mut self, state: crate::changes::ControllerState) {
         use std::sync::atomic::Ordering::Relaxed;

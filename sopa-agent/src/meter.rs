@@ -13,7 +13,10 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering::Relaxed},
+    },
     time::Duration,
 };
 
@@ -167,6 +170,63 @@ pub struct Turned {
 /// What the turning thread shares with the reader: its last turn.
 pub type Turns = Arc<Mutex<Option<Turned>>>;
 
+/// What became of a period's reading.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// An exact report, handed to the channel.
+    Reported,
+    /// Turned or read too late to be exact: no report.
+    Late,
+    /// The first reading of its color, or the one after a late one: a baseline, no report.
+    Baseline,
+    /// Exact, but the channel's queue was full (the controller away): dropped.
+    Unsent,
+    /// The counters could not be read.
+    Unread,
+}
+
+impl Outcome {
+    pub const ALL: [Self; 5] = [
+        Self::Reported,
+        Self::Late,
+        Self::Baseline,
+        Self::Unsent,
+        Self::Unread,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Reported => "reported",
+            Self::Late => "late",
+            Self::Baseline => "baseline",
+            Self::Unsent => "unsent",
+            Self::Unread => "unread",
+        }
+    }
+}
+
+/// What the path meter did, for the agent's metrics: its periods by outcome, and the color's
+/// turns past their eighth of a period (or failed).
+#[derive(Debug, Default)]
+pub struct MeterStats {
+    periods: [AtomicU64; Outcome::ALL.len()],
+    late_turns: AtomicU64,
+}
+
+impl MeterStats {
+    pub fn periods(&self, outcome: Outcome) -> u64 {
+        self.periods[outcome as usize].load(Relaxed)
+    }
+
+    pub fn late_turns(&self) -> u64 {
+        self.late_turns.load(Relaxed)
+    }
+
+    fn count(&self, outcome: Outcome) {
+        self.periods[outcome as usize].fetch_add(1, Relaxed);
+    }
+}
+
 /// The turn made at `now` (TAI ns) for its period, with a period of `t` ns.
 pub fn turn_at(now: u64, t: u64) -> Turned {
     Turned {
@@ -191,6 +251,7 @@ pub fn reading_late(turned: Option<Turned>, closed: u64) -> bool {
 pub fn start_turning(
     maps: &Mutex<MapSet>,
     period: Duration,
+    stats: Arc<MeterStats>,
 ) -> crate::error::Result<Option<Turns>> {
     let t = period.as_nanos() as u64;
     if t == 0 {
@@ -214,6 +275,9 @@ pub fn start_turning(
                         Turned { late: true, ..turn }
                     }
                 };
+                if turn.late {
+                    stats.late_turns.fetch_add(1, Relaxed);
+                }
                 *shared.lock().expect("turns lock") = Some(turn);
                 sleep_until_tai((turn.period + 1) * t);
                 if Arc::strong_count(&shared) == 1 {
@@ -254,12 +318,13 @@ fn sleep_until_tai(at: u64) {
 }
 
 /// Reads the meter half a period after each period ends and sends its report; `turns`: the
-/// color's turns ([`start_turning`]).
+/// color's turns ([`start_turning`]); `stats` counts each period's outcome.
 pub async fn report_loop(
     maps: Arc<Mutex<MapSet>>,
     reports: mpsc::Sender<Kind>,
     period: Duration,
     turns: Turns,
+    stats: Arc<MeterStats>,
 ) {
     let t = period.as_nanos() as u64;
     if t == 0 || !maps.lock().expect("maps lock").has_meter() {
@@ -278,7 +343,8 @@ pub async fn report_loop(
             continue;
         };
         let late = reading_late(*turns.lock().expect("turns lock"), closed);
-        read_and_report(&maps, &reports, &mut meter, closed, late, t);
+        let outcome = read_and_report(&maps, &reports, &mut meter, closed, late, t);
+        stats.count(outcome);
     }
 }
 
@@ -290,7 +356,7 @@ fn read_and_report(
     closed: u64,
     late: bool,
     t: u64,
-) {
+) -> Outcome {
     let read = {
         let maps = maps.lock().expect("maps lock");
         let full = |m: &MapSet| -> crate::error::Result<u64> {
@@ -310,7 +376,7 @@ fn read_and_report(
         Ok(r) => r,
         Err(err) => {
             warn!(%err, "reading the path meter");
-            return;
+            return Outcome::Unread;
         }
     };
     // Done before the next period of this color began?
@@ -320,7 +386,11 @@ fn read_and_report(
             period = closed,
             late, "no exact path report for this period"
         );
-        return;
+        return if late {
+            Outcome::Late
+        } else {
+            Outcome::Baseline
+        };
     };
     debug!(
         period = closed,
@@ -330,7 +400,10 @@ fn read_and_report(
     );
     // A full queue (controller away) drops the report: the controller judges no period it
     // lacks a host's report of.
-    let _ = reports.try_send(Kind::Paths(report));
+    match reports.try_send(Kind::Paths(report)) {
+        Ok(()) => Outcome::Reported,
+        Err(_) => Outcome::Unsent,
+    }
 }
 
 #[cfg(test)]

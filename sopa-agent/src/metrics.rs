@@ -30,6 +30,7 @@ use tracing::warn;
 use crate::{
     datapath::MapSet,
     error::{Error, Result},
+    meter::{MeterStats, Outcome},
     status::mode_name,
 };
 
@@ -54,13 +55,16 @@ struct Slow {
 }
 
 /// The push channel's state for metrics: -1 without a controller, 0 disconnected (forwarding
-/// with the last good paths), 1 connected; and the applied version.
+/// with the last good paths), 1 connected; the applied version; and what became of the path
+/// reports this host sends on it.
 #[derive(Clone, Debug)]
 pub struct ChannelGauge {
     pub state: Arc<std::sync::atomic::AtomicI64>,
     pub version: Arc<std::sync::atomic::AtomicU64>,
     /// Hosts whose agent the controller reports lost: packets to them arrive unstripped.
     pub peers_down: Arc<Mutex<Vec<String>>>,
+    /// The path meter's periods by outcome, and its color's late turns.
+    pub meter: Arc<MeterStats>,
 }
 
 impl Default for ChannelGauge {
@@ -69,6 +73,7 @@ impl Default for ChannelGauge {
             state: Arc::new(std::sync::atomic::AtomicI64::new(-1)),
             version: Arc::default(),
             peers_down: Arc::default(),
+            meter: Arc::default(),
         }
     }
 }
@@ -122,7 +127,8 @@ impl Collector for DatapathCollector {
 
         let mut family = encoder.encode_descriptor(
             "sopa_stamp_packets",
-            "Packets seen by tc_stamp, by verdict",
+            "Packets seen by tc_stamp, by verdict; a GSO super-packet (a flowcell) counts once, \
+             its segments are in sopa_hop_packets",
             None,
             prometheus_client::metrics::MetricType::Counter,
         )?;
@@ -134,6 +140,28 @@ impl Collector for DatapathCollector {
             let labels = [("reason", *name)];
             ConstCounter::new(stamp[i]).encode(family.encode_family(&labels)?)?;
         }
+        let mut family = encoder.encode_descriptor(
+            "sopa_meter_periods",
+            "Path meter periods read for the controller, by outcome: reported (exact, sent), \
+             late (the color turned or the counters were read too late: no report), baseline \
+             (the first reading of a color, or the one after a late one), unsent (the channel's \
+             queue was full), unread (the counters could not be read)",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for outcome in Outcome::ALL {
+            let labels = [("outcome", outcome.name())];
+            ConstCounter::new(self.channel.meter.periods(outcome))
+                .encode(family.encode_family(&labels)?)?;
+        }
+        let counter = ConstCounter::new(self.channel.meter.late_turns());
+        counter.encode(encoder.encode_descriptor(
+            "sopa_meter_late_turns",
+            "Turns of the path meter's color later than an eighth of a period, or failed: each \
+             makes the period it ends late",
+            None,
+            counter.metric_type(),
+        )?)?;
         let counter = ConstCounter::new(stamp[stamp_reason::PINNED as usize]);
         counter.encode(encoder.encode_descriptor(
             "sopa_stamp_pinned_packets",

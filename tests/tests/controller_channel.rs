@@ -134,21 +134,11 @@ fn pushed_failures_change_exactly_the_affected_paths() {
     );
     assert_eq!(status["controller"]["connected"], true);
     assert_color_turns_on_tai(agent_a.node.as_str());
-    let metrics =
-        f.a.run(|| {
-            use std::io::{Read as _, Write as _};
-            let mut conn = std::net::TcpStream::connect("127.0.0.1:9470")
-                .expect("the agent serves metrics on loopback");
-            conn.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
-            let mut body = String::new();
-            conn.read_to_string(&mut body).unwrap();
-            body
-        })
-        .unwrap();
-    assert!(metrics.contains("sopa_controller_connected 1"), "{metrics}");
+    let scraped = metrics(&f.a);
+    assert!(scraped.contains("sopa_controller_connected 1"), "{scraped}");
     assert!(
-        metrics.contains("sopa_controller_applied_version 1"),
-        "{metrics}"
+        scraped.contains("sopa_controller_applied_version 1"),
+        "{scraped}"
     );
     assert!(
         status["changes"]
@@ -195,6 +185,31 @@ fn pushed_failures_change_exactly_the_affected_paths() {
         "traffic flowed through the failure and the restore"
     );
 
+    // A's path meter reported exact periods to the controller, and its metrics say so: every
+    // outcome and the color's late turns are shown, none of the periods went unread.
+    let periods = |outcome: &str| {
+        counter(
+            &metrics(&f.a),
+            &format!("sopa_meter_periods_total{{outcome=\"{outcome}\"}}"),
+        )
+    };
+    wait_for("exact path reports from A", || {
+        periods("reported").is_some_and(|n| n >= 2)
+    });
+    let m = metrics(&f.a);
+    for outcome in ["late", "baseline", "unsent"] {
+        assert!(
+            periods(outcome).is_some(),
+            "sopa_meter_periods_total{{outcome={outcome:?}}} in:\n{m}"
+        );
+    }
+    assert_eq!(periods("unread"), Some(0), "{m}");
+    assert!(
+        periods("baseline").is_some_and(|n| n >= 2),
+        "each color's first reading is a baseline:\n{m}"
+    );
+    assert!(counter(&m, "sopa_meter_late_turns_total").is_some(), "{m}");
+
     let status: serde_json::Value =
         serde_json::from_str(&sopactl_in(&f.c, &["status", "--json"])).unwrap();
     let agents = status["agents"].as_array().unwrap();
@@ -228,6 +243,15 @@ fn spawn_controller(f: &Fabric, dir: &std::path::Path, log: &str) -> Process {
         &dir.join(log),
     )
     .unwrap()
+}
+
+/// The value of the sample named `name` (with its labels) in a Prometheus text exposition.
+fn counter(metrics: &str, name: &str) -> Option<u64> {
+    metrics.lines().find_map(|l| {
+        l.strip_prefix(name)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    })
 }
 
 fn metrics(ns: &NetNs) -> String {

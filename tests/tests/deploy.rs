@@ -1,7 +1,8 @@
 //! The files in deploy/ are checked, not just shipped: the systemd unit verifies with
 //! `systemd-analyze verify`, every SOPA_* variable of the examples and the manifests is a real
-//! flag, the DaemonSet is a well-formed Kubernetes object with the unit's capabilities, and the
-//! agent runs with exactly those capabilities (the namespace part needs root).
+//! flag, the DaemonSet is a well-formed Kubernetes object with the unit's capabilities, the
+//! Prometheus rules load and pass their unit tests (`promtool`), and the agent runs with exactly
+//! those capabilities (the namespace part needs root).
 
 use std::{
     path::{Path, PathBuf},
@@ -104,6 +105,28 @@ fn the_systemd_units_verify() {
         controller.contains("StateDirectory=sopa") && !controller.contains("ca.key"),
         "the controller keeps its state, and never holds the CA key"
     );
+}
+
+#[test]
+fn the_prometheus_rules_load_and_their_unit_tests_pass() {
+    let dir = repo().join("deploy/prometheus");
+    for args in [
+        &["check", "rules", "sopa-rules.yml"][..],
+        &["test", "rules", "sopa-rules.test.yml"][..],
+    ] {
+        let out = Command::new("promtool")
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .expect("promtool (Debian's prometheus package; `cargo xtask setup` installs it)");
+        assert!(
+            out.status.success(),
+            "promtool {}:\n{}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 #[test]

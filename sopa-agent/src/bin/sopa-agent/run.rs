@@ -168,16 +168,17 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
     // The path meter's color turns whether or not a controller takes the reports: peers count
     // what this host sends by the color it carries.
     let meter_period = std::time::Duration::from_millis(args.meter_period_ms);
-    let turns = match sopa_agent::meter::start_turning(&host.maps(), meter_period) {
-        Ok(turns) => turns,
-        Err(err) => {
-            warn!(%err, "the path meter's color cannot be turned; metering is off");
-            if let Err(err) = host.maps().lock().expect("maps lock").set_meter_period(0) {
-                warn!(%err, "turning the path meter off");
+    let turns =
+        match sopa_agent::meter::start_turning(&host.maps(), meter_period, host.meter_stats()) {
+            Ok(turns) => turns,
+            Err(err) => {
+                warn!(%err, "the path meter's color cannot be turned; metering is off");
+                if let Err(err) = host.maps().lock().expect("maps lock").set_meter_period(0) {
+                    warn!(%err, "turning the path meter off");
+                }
+                None
             }
-            None
-        }
-    };
+        };
     match channel {
         None => {
             info!("running; SIGINT or SIGTERM detaches and restores");
@@ -205,6 +206,7 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
                     reports,
                     meter_period,
                     turns,
+                    host.meter_stats(),
                 ))
             });
             let mut applier = HostApplier::new(&mut host, &fabric_host, &endpoint);
