@@ -192,7 +192,7 @@ pub struct Host {
         Arc<tokio::sync::Mutex<RouteKeeper>>,
         tokio::task::JoinHandle<()>,
     )>,
-    channel: metrics::ChannelGauge,
+    gauges: metrics::AgentGauges,
 }
 
 impl Host {
@@ -307,7 +307,7 @@ impl Host {
             None => Journal::create(&run_dir, record)?,
         };
         let journal = SharedJournal::new(journal);
-        let channel = metrics::ChannelGauge::default();
+        let gauges = metrics::AgentGauges::default();
         let mut keeper = None;
         let started = async {
             if opts.lower_route_mtu {
@@ -325,7 +325,7 @@ impl Host {
                 xdp_mode,
                 &netlink,
                 &journal,
-                &channel,
+                &gauges,
                 adopting,
                 metrics_listener,
             )
@@ -366,7 +366,7 @@ impl Host {
                     netlink,
                     metrics,
                     routes,
-                    channel,
+                    gauges,
                 })
             }
             Err(err) => {
@@ -402,7 +402,7 @@ impl Host {
         xdp_mode: XdpMode,
         netlink: &Netlink,
         journal: &SharedJournal,
-        channel: &metrics::ChannelGauge,
+        gauges: &metrics::AgentGauges,
         adopting: bool,
         metrics_listener: Option<tokio::net::TcpListener>,
     ) -> Result<(
@@ -446,7 +446,7 @@ impl Host {
         }
 
         let registry = match metrics_listener {
-            Some(listener) => Some((listener, metrics::registry(&pins, channel.clone())?)),
+            Some(listener) => Some((listener, metrics::registry(&pins, gauges.clone())?)),
             None => None,
         };
 
@@ -583,17 +583,15 @@ impl Host {
 
     /// The path meter's counts of periods and late turns, which the agent's metrics show.
     pub fn meter_stats(&self) -> Arc<crate::meter::MeterStats> {
-        Arc::clone(&self.channel.meter)
+        Arc::clone(&self.gauges.meter)
     }
 
     /// Records the controller channel's state where `sopa-agent status` reads it.
     pub fn set_controller_state(&mut self, state: crate::changes::ControllerState) {
         use std::sync::atomic::Ordering::Relaxed;
-        self.channel
-            .state
-            .store(i64::from(state.connected), Relaxed);
-        self.channel.version.store(state.version, Relaxed);
-        *self.channel.peers_down.lock().expect("peers lock") = state.peers_down.clone();
+        self.gauges.state.store(i64::from(state.connected), Relaxed);
+        self.gauges.version.store(state.version, Relaxed);
+        *self.gauges.peers_down.lock().expect("peers lock") = state.peers_down.clone();
         if let Some(Err(err)) = self.journal.with(|j| j.set_controller(state)) {
             warn!(%err, "recording the controller state");
         }

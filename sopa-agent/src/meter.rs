@@ -175,9 +175,10 @@ pub type Turns = Arc<Mutex<Option<Turned>>>;
 pub enum Outcome {
     /// An exact report, handed to the channel.
     Reported,
-    /// Turned or read too late to be exact: no report.
+    /// Turned or read too late to be exact, or not read at all (the reader woke a period or
+    /// more late): no report.
     Late,
-    /// The first reading of its color, or the one after a late one: a baseline, no report.
+    /// The reading of a color after none, a late or an unread one: a baseline, no report.
     Baseline,
     /// Exact, but the channel's queue was full (the controller away): dropped.
     Unsent,
@@ -205,25 +206,25 @@ impl Outcome {
     }
 }
 
-/// What the path meter did, for the agent's metrics: its periods by outcome, and the color's
-/// turns past their eighth of a period (or failed).
+/// What the path meter did, for the agent's metrics: its readings of periods by outcome, and
+/// the color's turns past their eighth of a period (or failed).
 #[derive(Debug, Default)]
 pub struct MeterStats {
-    periods: [AtomicU64; Outcome::ALL.len()],
+    readings: [AtomicU64; Outcome::ALL.len()],
     late_turns: AtomicU64,
 }
 
 impl MeterStats {
-    pub fn periods(&self, outcome: Outcome) -> u64 {
-        self.periods[outcome as usize].load(Relaxed)
+    pub fn readings(&self, outcome: Outcome) -> u64 {
+        self.readings[outcome as usize].load(Relaxed)
     }
 
     pub fn late_turns(&self) -> u64 {
         self.late_turns.load(Relaxed)
     }
 
-    fn count(&self, outcome: Outcome) {
-        self.periods[outcome as usize].fetch_add(1, Relaxed);
+    fn count(&self, outcome: Outcome, n: u64) {
+        self.readings[outcome as usize].fetch_add(n, Relaxed);
     }
 }
 
@@ -331,6 +332,7 @@ pub async fn report_loop(
         return;
     }
     let mut meter = PeriodMeter::new(period);
+    let mut last_closed: Option<u64> = None;
     loop {
         let now = tai_ns();
         let next = (now / t) * t + t / 2;
@@ -342,9 +344,15 @@ pub async fn report_loop(
         let Some(closed) = (next / t).checked_sub(1) else {
             continue;
         };
+        // Periods the reader slept through (the runtime held it up for a period or more) were
+        // never read: late, as far as the controller is concerned.
+        if let Some(last) = last_closed {
+            stats.count(Outcome::Late, closed.saturating_sub(last + 1));
+        }
+        last_closed = Some(closed);
         let late = reading_late(*turns.lock().expect("turns lock"), closed);
         let outcome = read_and_report(&maps, &reports, &mut meter, closed, late, t);
-        stats.count(outcome);
+        stats.count(outcome, 1);
     }
 }
 

@@ -40,7 +40,7 @@ pub const SLOW_REFRESH: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 struct DatapathCollector {
     maps: Mutex<MapSet>,
-    channel: ChannelGauge,
+    gauges: AgentGauges,
     slow: Mutex<Option<Slow>>,
 }
 
@@ -54,20 +54,20 @@ struct Slow {
     paths: usize,
 }
 
-/// The push channel's state for metrics: -1 without a controller, 0 disconnected (forwarding
-/// with the last good paths), 1 connected; the applied version; and what became of the path
-/// reports this host sends on it.
+/// What the metrics show beyond the maps: the push channel's state (-1 without a controller, 0
+/// disconnected, forwarding with the last good paths, 1 connected), the applied version, the
+/// peers down, and the path meter's readings and late turns.
 #[derive(Clone, Debug)]
-pub struct ChannelGauge {
+pub struct AgentGauges {
     pub state: Arc<std::sync::atomic::AtomicI64>,
     pub version: Arc<std::sync::atomic::AtomicU64>,
     /// Hosts whose agent the controller reports lost: packets to them arrive unstripped.
     pub peers_down: Arc<Mutex<Vec<String>>>,
-    /// The path meter's periods by outcome, and its color's late turns.
+    /// The path meter's readings by outcome, and its color's late turns.
     pub meter: Arc<MeterStats>,
 }
 
-impl Default for ChannelGauge {
+impl Default for AgentGauges {
     fn default() -> Self {
         Self {
             state: Arc::new(std::sync::atomic::AtomicI64::new(-1)),
@@ -86,6 +86,30 @@ impl std::fmt::Debug for MapSet {
 
 impl Collector for DatapathCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        // The agent's own counts first: they are shown even when the maps cannot be read.
+        let mut family = encoder.encode_descriptor(
+            "sopa_meter_readings",
+            "The path meter's readings of its periods for the controller, by outcome: reported \
+             (exact, sent), late (the color turned, or the period was read, too late or not at \
+             all: no report), baseline (a color's reading after none, a late or an unread one: \
+             no report), unsent (the channel's queue was full), unread (the counters could not \
+             be read)",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for outcome in Outcome::ALL {
+            let labels = [("outcome", outcome.name())];
+            ConstCounter::new(self.gauges.meter.readings(outcome))
+                .encode(family.encode_family(&labels)?)?;
+        }
+        let counter = ConstCounter::new(self.gauges.meter.late_turns());
+        counter.encode(encoder.encode_descriptor(
+            "sopa_meter_late_turns",
+            "Turns of the path meter's color later than an eighth of a period, or failed: each \
+             makes the period it ends late",
+            None,
+            counter.metric_type(),
+        )?)?;
         let maps = self.maps.lock().expect("metrics maps lock");
         let (Ok(stamp), Ok(strip), Ok(hops), Ok(config), Ok(encap), Ok(reordering)) = (
             maps.stamp_counters(),
@@ -99,7 +123,7 @@ impl Collector for DatapathCollector {
             return Ok(());
         };
         let version = self
-            .channel
+            .gauges
             .version
             .load(std::sync::atomic::Ordering::Relaxed);
         let mut slow = self.slow.lock().expect("metrics cache lock");
@@ -140,28 +164,6 @@ impl Collector for DatapathCollector {
             let labels = [("reason", *name)];
             ConstCounter::new(stamp[i]).encode(family.encode_family(&labels)?)?;
         }
-        let mut family = encoder.encode_descriptor(
-            "sopa_meter_periods",
-            "Path meter periods read for the controller, by outcome: reported (exact, sent), \
-             late (the color turned or the counters were read too late: no report), baseline \
-             (the first reading of a color, or the one after a late one), unsent (the channel's \
-             queue was full), unread (the counters could not be read)",
-            None,
-            prometheus_client::metrics::MetricType::Counter,
-        )?;
-        for outcome in Outcome::ALL {
-            let labels = [("outcome", outcome.name())];
-            ConstCounter::new(self.channel.meter.periods(outcome))
-                .encode(family.encode_family(&labels)?)?;
-        }
-        let counter = ConstCounter::new(self.channel.meter.late_turns());
-        counter.encode(encoder.encode_descriptor(
-            "sopa_meter_late_turns",
-            "Turns of the path meter's color later than an eighth of a period, or failed: each \
-             makes the period it ends late",
-            None,
-            counter.metric_type(),
-        )?)?;
         let counter = ConstCounter::new(stamp[stamp_reason::PINNED as usize]);
         counter.encode(encoder.encode_descriptor(
             "sopa_stamp_pinned_packets",
@@ -311,11 +313,7 @@ impl Collector for DatapathCollector {
             gauge.metric_type(),
         )?)?;
 
-        let gauge = ConstGauge::new(
-            self.channel
-                .state
-                .load(std::sync::atomic::Ordering::Relaxed),
-        );
+        let gauge = ConstGauge::new(self.gauges.state.load(std::sync::atomic::Ordering::Relaxed));
         gauge.encode(encoder.encode_descriptor(
             "sopa_controller_connected",
             "1 connected to the controller, 0 disconnected (forwarding with the last good paths), -1 no controller",
@@ -323,7 +321,7 @@ impl Collector for DatapathCollector {
             gauge.metric_type(),
         )?)?;
         let gauge = ConstGauge::new(
-            self.channel
+            self.gauges
                 .version
                 .load(std::sync::atomic::Ordering::Relaxed) as i64,
         );
@@ -334,7 +332,7 @@ impl Collector for DatapathCollector {
             gauge.metric_type(),
         )?)?;
 
-        let down = self.channel.peers_down.lock().expect("peers lock").clone();
+        let down = self.gauges.peers_down.lock().expect("peers lock").clone();
         let gauge = ConstGauge::new(down.len() as i64);
         gauge.encode(encoder.encode_descriptor(
             "sopa_peer_agents_down",
@@ -383,12 +381,12 @@ impl Collector for DatapathCollector {
 
 /// The registry with the datapath's collector, which reads the maps pinned under `pins`
 /// through handles of its own.
-pub fn registry(pins: &Path, channel: ChannelGauge) -> Result<Registry> {
+pub fn registry(pins: &Path, gauges: AgentGauges) -> Result<Registry> {
     let maps = MapSet::from_pins(pins)?;
     let mut registry = Registry::default();
     registry.register_collector(Box::new(DatapathCollector {
         maps: Mutex::new(maps),
-        channel,
+        gauges,
         slow: Mutex::new(None),
     }));
     Ok(registry)
