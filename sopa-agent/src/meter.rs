@@ -267,6 +267,9 @@ pub fn start_turning(
     std::thread::Builder::new()
         .name("meter-color".into())
         .spawn(move || {
+            // The first turn is made at the agent's start, wherever in its period that falls:
+            // late for the reading (it is marked so), but not a late turn to count.
+            let mut started = false;
             loop {
                 let turn = turn_at(tai_ns(), t);
                 let turn = match color.set((turn.period & 1) as u8) {
@@ -276,9 +279,10 @@ pub fn start_turning(
                         Turned { late: true, ..turn }
                     }
                 };
-                if turn.late {
+                if turn.late && started {
                     stats.late_turns.fetch_add(1, Relaxed);
                 }
+                started = true;
                 *shared.lock().expect("turns lock") = Some(turn);
                 sleep_until_tai((turn.period + 1) * t);
                 if Arc::strong_count(&shared) == 1 {

@@ -105,8 +105,8 @@ impl Collector for DatapathCollector {
         let counter = ConstCounter::new(self.gauges.meter.late_turns());
         counter.encode(encoder.encode_descriptor(
             "sopa_meter_late_turns",
-            "Turns of the path meter's color later than an eighth of a period, or failed: each \
-             makes the period it ends late",
+            "Turns of the path meter's color later than an eighth of a period, or failed, \
+             after the first at the agent's start: each makes the period it ends late",
             None,
             counter.metric_type(),
         )?)?;
