@@ -808,6 +808,12 @@ impl Fabric {
         serde_json::from_slice(&out.stdout).map_err(|e| Error::Failed(e.to_string()))
     }
 
+    /// The single controller's log so far (empty with replicas or before it started), for
+    /// what a failing test prints.
+    pub fn controller_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("controller.log")).unwrap_or_default()
+    }
+
     /// `sopactl ARGS --controller unix:SOCKET` (every replica's socket, with replicas).
     pub fn sopactl(&self, args: &[&str]) -> Result<String> {
         let socket = self.controller_address();

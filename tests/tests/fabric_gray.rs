@@ -162,6 +162,23 @@ fn wait_status(
 }
 
 /// a0:c0 suspect, and its drain stored and in force (the suspicion shows as soon as it is made).
+/// What a failure to explain a conviction prints: the suspects with their evidence, the
+/// worst links now, and the controller's log lines of the path meter's verdicts.
+fn evidence(f: &Fabric, s: &serde_json::Value) -> String {
+    let verdicts: Vec<String> = f
+        .controller_log()
+        .lines()
+        .filter(|l| l.contains("path meter") || l.contains("fabric changed"))
+        .map(str::to_owned)
+        .collect();
+    format!(
+        "suspects {}; link loss {}; the controller's verdicts and changes:\n{}",
+        s["suspect_links"],
+        s["link_loss"],
+        verdicts.join("\n")
+    )
+}
+
 fn drained(s: &serde_json::Value) -> bool {
     suspects(s) == ["a0:c0"]
         && s["down_links"]
@@ -383,14 +400,16 @@ fn a_gray_core_link_is_found_drained_and_trusted_again() {
     assert_eq!(
         suspects(&s),
         Vec::<String>::new(),
-        "a healed link drained again"
+        "a healed link drained again: {}",
+        evidence(&f, &s)
     );
     // Nor convicted and released again in between: the controller's count of convictions,
     // not a sample of its suspects.
     assert_eq!(
         convictions(&metrics, "a0", "c0"),
         1,
-        "a0:c0 convicted again before the 0.5% phase (healed, it must not be)"
+        "a0:c0 convicted again before the 0.5% phase (healed, it must not be): {}",
+        evidence(&f, &status(&f))
     );
 
     // 0.5%: found again (the long window), held twice as long (its second strike).
