@@ -45,6 +45,10 @@ pub struct JudgeConfig {
 /// older than the byte count).
 pub const FULL_PACKET_BYTES: u64 = 1514;
 
+/// Periods after the newest reported one that evidence restarts from once a change is applied
+/// everywhere ([`Tomography::settled`]).
+pub const SETTLE_PERIODS: u64 = 3;
+
 /// What an Ethernet frame takes on the wire beyond the bytes a sender counts: preamble and
 /// start delimiter (8), FCS (4), the inter-frame gap (12).
 pub const FRAME_OVERHEAD_BYTES: u64 = 24;
@@ -193,6 +197,13 @@ pub struct Tomography {
     /// Rack index by prefix address (what reports name racks by).
     rack_ids: HashMap<u32, u32>,
     pending: BTreeMap<u64, Pending>,
+    /// Reports of earlier periods are left out: they straddle the fabric's last change, which
+    /// some agent had not applied yet (`u64::MAX` until every agent has, [`Self::settled`]).
+    fresh_from: u64,
+    /// The newest period any report named (kept across a change).
+    newest_seen: u64,
+    /// The fabric version of the last change ([`Self::forget`]).
+    changed_to: u64,
     /// The judged periods, newest last: each path's counts.
     judged: VecDeque<Period>,
     /// Each configured window's sums over its periods, kept as periods come and go (summing
@@ -251,6 +262,9 @@ impl Tomography {
             dir_ids: HashMap::new(),
             rack_ids,
             pending: BTreeMap::new(),
+            fresh_from: 0,
+            newest_seen: 0,
+            changed_to: 0,
             judged: VecDeque::new(),
             sums: config
                 .windows
@@ -286,6 +300,11 @@ impl Tomography {
         }
         let period = report.period;
         self.period_ms = report.period_ms.max(1);
+        self.newest_seen = self.newest_seen.max(period);
+        if period < self.fresh_from {
+            // Straddles the fabric's last change (or a change not yet applied everywhere).
+            return false;
+        }
         if self.judged.back().is_some_and(|(p, _)| *p >= period) {
             // Too late: that period is judged already.
             return false;
@@ -386,12 +405,27 @@ impl Tomography {
         self.periods_judged += 1;
     }
 
-    /// Forgets every judged period (evidence gathered while a link was drained says nothing
-    /// of it once it is back).
-    pub fn forget(&mut self) {
+    /// Forgets every period, judged or pending (evidence gathered while a link was drained
+    /// says nothing of it once it is back), and takes no report until [`Self::settled`]: while
+    /// a change is applied, hosts may already send on a path a switch still detours, and a
+    /// detour rewrites the path the receiver counts the packet on, which reads as loss.
+    pub fn forget(&mut self, version: u64) {
         self.judged.clear();
+        self.pending.clear();
         for (_, sum) in &mut self.sums {
             sum.clear();
+        }
+        self.fresh_from = u64::MAX;
+        self.changed_to = version;
+    }
+
+    /// Every agent has applied version `version`: if that is the last change, evidence starts
+    /// again with the first period surely begun since (a later change waits for its own). The
+    /// newest report is of a period that ended half a period ago or more, so the one in
+    /// progress is at most two after it.
+    pub fn settled(&mut self, version: u64) {
+        if self.fresh_from == u64::MAX && version == self.changed_to {
+            self.fresh_from = self.newest_seen + SETTLE_PERIODS;
         }
     }
 
@@ -1186,8 +1220,52 @@ mod tests {
             }
             assert_eq!(t.window(w), again, "window {w}");
         }
-        t.forget();
+        t.forget(2);
         assert!(t.window(4).is_empty());
+    }
+
+    #[test]
+    fn after_a_change_evidence_waits_for_every_agent_and_starts_after_the_newest_period() {
+        let topo = fat_tree();
+        let mut t = Tomography::new(Arc::clone(&topo), JudgeConfig::default());
+        let lossy = Some(("a0", "c0", 0.05));
+        for p in 0..4 {
+            feed(&mut t, reports(&topo, p, 200, None, 0, 16));
+        }
+        assert_eq!(t.periods_judged, 4);
+        t.forget(2);
+        // Applied by some agents only (a switch still detours what the hosts send on a0 -> c0
+        // again, and the receivers count it on another path): not evidence.
+        for p in 4..10 {
+            feed(&mut t, reports(&topo, p, 200, lossy, 0, 16));
+        }
+        assert!(t.judge(|_| false).is_empty());
+        assert_eq!(t.periods_judged, 4, "judged while the change was applied");
+        // Applied everywhere, but a later change (3) is being applied now: still nothing.
+        t.forget(3);
+        t.settled(2);
+        feed(&mut t, reports(&topo, 10, 200, lossy, 0, 16));
+        assert_eq!(t.periods_judged, 4, "settled by an older version's acks");
+        t.settled(3);
+        // The newest period reported was 10: the next two may have begun before every agent
+        // had applied the change.
+        for p in 11..13 {
+            feed(&mut t, reports(&topo, p, 200, lossy, 0, 16));
+        }
+        assert_eq!(
+            t.periods_judged, 4,
+            "a period begun before the change was applied"
+        );
+        for p in 13..17 {
+            feed(&mut t, reports(&topo, p, 200, lossy, 0, 16));
+        }
+        let v = t.judge(|_| false);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert_eq!(t.names(v[0].link), ("a0".into(), "c0".into()));
+        // A second `settled` (another agent's ack) moves nothing.
+        t.settled(3);
+        feed(&mut t, reports(&topo, 17, 200, None, 0, 16));
+        assert!(t.periods_judged > 8);
     }
 
     #[test]

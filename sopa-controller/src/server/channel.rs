@@ -153,11 +153,14 @@ impl Controller {
     fn handle(self: &Arc<Self>, s: &Session, msg: AgentMessage) {
         let (node, session) = (s.node.as_str(), s.id);
         match msg.kind {
-            Some(agent_message::Kind::Ack(a)) => self.record(node, session, |r| {
-                r.applied_version = a.version;
-                r.last_ack = a.version;
-                r.last_ack_at = Some(Instant::now());
-            }),
+            Some(agent_message::Kind::Ack(a)) => {
+                self.record(node, session, |r| {
+                    r.applied_version = a.version;
+                    r.last_ack = a.version;
+                    r.last_ack_at = Some(Instant::now());
+                });
+                self.settle_meter();
+            }
             Some(agent_message::Kind::Nack(n)) => {
                 let error = bounded(&n.error, MAX_TEXT_BYTES);
                 warn!(node, version = n.version, error = %error, "agent rejected a version");
@@ -165,6 +168,7 @@ impl Controller {
                     r.last_nack = n.version;
                     r.last_error = error;
                 });
+                self.settle_meter();
             }
             Some(agent_message::Kind::Report(rep)) if s.role == Role::Switch as i32 => {
                 if rep.a != s.name && rep.b != s.name {
@@ -499,6 +503,7 @@ impl proto::channel::channel_server::Channel for ChannelService {
                 },
             );
         }
+        controller.settle_meter();
         info!(node = %node, peer = %peer, version = hello.version, snapshot = initial.len() == 1 && matches!(initial[0].kind, Some(controller_message::Kind::Snapshot(_))), "agent connected");
         let mut pins = controller.pins.subscribe();
         let mut peers = controller.peers.subscribe();
@@ -643,6 +648,7 @@ impl proto::channel::channel_server::Channel for ChannelService {
             // finds room for the next one.
             drop(slot);
             controller.record(&s.node, session, |r| r.connected = false);
+            controller.settle_meter();
             if is_host {
                 controller.host_session(&s.name, session, false);
             }

@@ -218,6 +218,27 @@ impl Controller {
         }
     }
 
+    /// The path meter's evidence starts again once every connected agent has applied the
+    /// fabric's version, or refused it ([`crate::tomography::Tomography::settled`]): until then
+    /// hosts may send on a path a switch still detours. Called at each ack, refusal, connection
+    /// and disconnection.
+    pub(super) fn settle_meter(&self) {
+        let version = self.fabric.lock().expect("fabric lock").version();
+        let applied = self
+            .agents
+            .lock()
+            .expect("agents lock")
+            .values()
+            .all(|r| !r.connected || r.applied_version >= version || r.last_nack >= version);
+        if applied {
+            self.meter
+                .tomography
+                .lock()
+                .expect("tomography lock")
+                .settled(version);
+        }
+    }
+
     /// Drains the links the meter convicts, and trusts them again when their hold-down ends.
     /// Suspects a previous run stored are held for a first hold-down from now.
     pub async fn run_suspicions(self: Arc<Self>) {

@@ -441,12 +441,12 @@ impl Controller {
         if let Some(d) = delta {
             info!(version = d.version, "fabric changed");
             // The path meter's evidence straddles the change (paths moved, a failure's losses
-            // are in it): it starts again.
+            // are in it): it starts again once every agent has applied it.
             self.meter
                 .tomography
                 .lock()
                 .expect("tomography lock")
-                .forget();
+                .forget(d.version);
             // No subscribers is fine: nobody to tell.
             let _ = self.updates.send(Arc::new(d));
         }
