@@ -204,6 +204,8 @@ pub struct Tomography {
     newest_seen: u64,
     /// The fabric version of the last change ([`Self::forget`]).
     changed_to: u64,
+    /// The newest period reported before that change: it and older ones ended before it.
+    before_change: u64,
     /// The judged periods, newest last: each path's counts.
     judged: VecDeque<Period>,
     /// Each configured window's sums over its periods, kept as periods come and go (summing
@@ -265,6 +267,7 @@ impl Tomography {
             fresh_from: 0,
             newest_seen: 0,
             changed_to: 0,
+            before_change: 0,
             judged: VecDeque::new(),
             sums: config
                 .windows
@@ -301,7 +304,7 @@ impl Tomography {
         let period = report.period;
         self.period_ms = report.period_ms.max(1);
         self.newest_seen = self.newest_seen.max(period);
-        if period < self.fresh_from {
+        if period > self.before_change && period < self.fresh_from {
             // Straddles the fabric's last change (or a change not yet applied everywhere).
             return false;
         }
@@ -405,18 +408,29 @@ impl Tomography {
         self.periods_judged += 1;
     }
 
-    /// Forgets every period, judged or pending (evidence gathered while a link was drained
-    /// says nothing of it once it is back), and takes no report until [`Self::settled`]: while
-    /// a change is applied, hosts may already send on a path a switch still detours, and a
-    /// detour rewrites the path the receiver counts the packet on, which reads as loss.
-    pub fn forget(&mut self, version: u64) {
+    /// Forgets every judged period (evidence gathered while a link was drained says nothing
+    /// of it once it is back), and takes no report of a period that did not end before the
+    /// change until [`Self::settled`]: while a change is applied, hosts may already send on a
+    /// path a switch still detours, and a detour rewrites the path the receiver counts the
+    /// packet on, which reads as loss. (Periods that ended before it are still judged: what
+    /// convicted a link goes on showing while it is drained, which cannot convict it again.)
+    ///
+    /// Only a change that gives something `back` (a link or switch up, a suspect released)
+    /// waits: one that takes something away is applied by the hosts first, who stop sending
+    /// before any switch detours. A change during a wait extends it to that change.
+    pub fn forget(&mut self, version: u64, back: bool) {
         self.judged.clear();
-        self.pending.clear();
         for (_, sum) in &mut self.sums {
             sum.clear();
         }
-        self.fresh_from = u64::MAX;
-        self.changed_to = version;
+        let waiting = self.fresh_from == u64::MAX;
+        if back || waiting {
+            if !waiting {
+                self.before_change = self.newest_seen;
+            }
+            self.fresh_from = u64::MAX;
+            self.changed_to = version;
+        }
     }
 
     /// Every agent has applied version `version`: if that is the last change, evidence starts
@@ -425,8 +439,16 @@ impl Tomography {
     /// progress is at most two after it.
     pub fn settled(&mut self, version: u64) {
         if self.fresh_from == u64::MAX && version == self.changed_to {
-            self.fresh_from = self.newest_seen + SETTLE_PERIODS;
+            self.fresh_from = self
+                .newest_seen
+                .saturating_add(SETTLE_PERIODS)
+                .min(u64::MAX - 1);
         }
+    }
+
+    /// The version of a change not yet applied everywhere, if evidence waits for one.
+    pub fn settling(&self) -> Option<u64> {
+        (self.fresh_from == u64::MAX).then_some(self.changed_to)
     }
 
     /// The newest judged period.
@@ -1220,7 +1242,7 @@ mod tests {
             }
             assert_eq!(t.window(w), again, "window {w}");
         }
-        t.forget(2);
+        t.forget(2, false);
         assert!(t.window(4).is_empty());
     }
 
@@ -1233,7 +1255,7 @@ mod tests {
             feed(&mut t, reports(&topo, p, 200, None, 0, 16));
         }
         assert_eq!(t.periods_judged, 4);
-        t.forget(2);
+        t.forget(2, true);
         // Applied by some agents only (a switch still detours what the hosts send on a0 -> c0
         // again, and the receivers count it on another path): not evidence.
         for p in 4..10 {
@@ -1242,7 +1264,7 @@ mod tests {
         assert!(t.judge(|_| false).is_empty());
         assert_eq!(t.periods_judged, 4, "judged while the change was applied");
         // Applied everywhere, but a later change (3) is being applied now: still nothing.
-        t.forget(3);
+        t.forget(3, false);
         t.settled(2);
         feed(&mut t, reports(&topo, 10, 200, lossy, 0, 16));
         assert_eq!(t.periods_judged, 4, "settled by an older version's acks");

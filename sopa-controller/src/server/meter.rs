@@ -125,6 +125,36 @@ impl MeterState {
     }
 }
 
+/// How far from this controller's clock a report's period may be, in periods: reports come
+/// half a period after their period, and a reconnecting agent's few queued ones later still.
+const MAX_PERIOD_SKEW: u64 = 64;
+
+/// TAI nanoseconds, the clock the agents number their periods by.
+fn tai_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to write to.
+    unsafe { libc::clock_gettime(libc::CLOCK_TAI, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+/// Why a report whose period is far from this controller's clock (`now_ns`, TAI) is refused: a
+/// host clock that far off would mislabel every period, and one period number far ahead would
+/// hold the meter's evidence back after every change.
+fn off_clock(report: &PathReport, now_ns: u64) -> Option<String> {
+    let now = now_ns / (u64::from(report.period_ms.max(1)) * 1_000_000);
+    (report.period.abs_diff(now) > MAX_PERIOD_SKEW).then(|| {
+        format!(
+            "period {} of {} ms is more than {MAX_PERIOD_SKEW} periods from this controller's TAI clock (period {now}): the host's clock is off",
+            report.period, report.period_ms
+        )
+    })
+}
+
 /// Why a path report is refused.
 fn malformed(report: &PathReport) -> Option<String> {
     if report.period_ms == 0 {
@@ -163,7 +193,7 @@ impl Controller {
     /// A host agent's path report: judged once every connected host's report of its period is
     /// in; convictions go to [`Controller::run_suspicions`].
     pub(super) fn accept_paths(&self, host: &str, report: PathReport) {
-        if let Some(why) = malformed(&report) {
+        if let Some(why) = malformed(&report).or_else(|| off_clock(&report, tai_ns())) {
             self.meter.refused.fetch_add(1, Relaxed);
             warn!(host, why, "a path report refused");
             return;
@@ -223,7 +253,15 @@ impl Controller {
     /// hosts may send on a path a switch still detours. Called at each ack, refusal, connection
     /// and disconnection.
     pub(super) fn settle_meter(&self) {
-        let version = self.fabric.lock().expect("fabric lock").version();
+        let Some(version) = self
+            .meter
+            .tomography
+            .lock()
+            .expect("tomography lock")
+            .settling()
+        else {
+            return;
+        };
         let applied = self
             .agents
             .lock()
@@ -410,6 +448,21 @@ mod tests {
             }],
             ..PathReport::default()
         }
+    }
+
+    #[test]
+    fn a_report_far_from_the_controllers_clock_is_refused() {
+        let at = |period| PathReport {
+            period,
+            ..report(1, 1, 1)
+        };
+        let now = 1_000 * 250 * 1_000_000 + 100_000_000;
+        assert_eq!(off_clock(&at(999), now), None);
+        assert_eq!(off_clock(&at(1_000 - MAX_PERIOD_SKEW), now), None);
+        let why = off_clock(&at(u64::MAX), now).unwrap();
+        assert!(why.contains("clock is off"), "{why}");
+        assert!(off_clock(&at(1_000 + MAX_PERIOD_SKEW + 1), now).is_some());
+        assert!(off_clock(&at(1), now).is_some());
     }
 
     #[test]

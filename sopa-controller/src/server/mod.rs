@@ -437,6 +437,16 @@ impl Controller {
     }
 
     fn publish(&self, f: &Fabric, delta: Option<Delta>) -> ChangeReply {
+        /// Whether a change brings a link or a switch back (hosts may send on it before a
+        /// switch stops detouring around it).
+        fn gives_back(d: &Delta) -> bool {
+            use sopa_channel::proto::change::Kind;
+            d.changes.iter().any(|c| match &c.kind {
+                Some(Kind::Link(l)) => !l.down,
+                Some(Kind::Switch(s)) => !s.down,
+                None => false,
+            })
+        }
         let changed = delta.is_some();
         if let Some(d) = delta {
             info!(version = d.version, "fabric changed");
@@ -446,7 +456,7 @@ impl Controller {
                 .tomography
                 .lock()
                 .expect("tomography lock")
-                .forget(d.version);
+                .forget(d.version, gives_back(&d));
             // No subscribers is fine: nobody to tell.
             let _ = self.updates.send(Arc::new(d));
         }
