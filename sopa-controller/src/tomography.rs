@@ -197,13 +197,14 @@ pub struct Tomography {
     /// Rack index by prefix address (what reports name racks by).
     rack_ids: HashMap<u32, u32>,
     pending: BTreeMap<u64, Pending>,
-    /// Reports of earlier periods are left out: they straddle the fabric's last change, which
-    /// some agent had not applied yet (`u64::MAX` until every agent has, [`Self::settled`]).
+    /// The version of a change that brought something back, while some agent has not applied
+    /// it yet ([`Self::settled`]): reports of periods after `before_change` are left out.
+    waiting_for: Option<u64>,
+    /// Once settled, reports of periods after `before_change` and before this one are left
+    /// out: they straddle that change.
     fresh_from: u64,
     /// The newest period any report named (kept across a change).
     newest_seen: u64,
-    /// The fabric version of the last change ([`Self::forget`]).
-    changed_to: u64,
     /// The newest period reported before that change: it and older ones ended before it.
     before_change: u64,
     /// The judged periods, newest last: each path's counts.
@@ -264,9 +265,9 @@ impl Tomography {
             dir_ids: HashMap::new(),
             rack_ids,
             pending: BTreeMap::new(),
+            waiting_for: None,
             fresh_from: 0,
             newest_seen: 0,
-            changed_to: 0,
             before_change: 0,
             judged: VecDeque::new(),
             sums: config
@@ -304,7 +305,7 @@ impl Tomography {
         let period = report.period;
         self.period_ms = report.period_ms.max(1);
         self.newest_seen = self.newest_seen.max(period);
-        if period > self.before_change && period < self.fresh_from {
+        if period > self.before_change && (self.waiting_for.is_some() || period < self.fresh_from) {
             // Straddles the fabric's last change (or a change not yet applied everywhere).
             return false;
         }
@@ -423,13 +424,11 @@ impl Tomography {
         for (_, sum) in &mut self.sums {
             sum.clear();
         }
-        let waiting = self.fresh_from == u64::MAX;
-        if back || waiting {
-            if !waiting {
+        if back || self.waiting_for.is_some() {
+            if self.waiting_for.is_none() {
                 self.before_change = self.newest_seen;
             }
-            self.fresh_from = u64::MAX;
-            self.changed_to = version;
+            self.waiting_for = Some(version);
         }
     }
 
@@ -438,17 +437,15 @@ impl Tomography {
     /// newest report is of a period that ended half a period ago or more, so the one in
     /// progress is at most two after it.
     pub fn settled(&mut self, version: u64) {
-        if self.fresh_from == u64::MAX && version == self.changed_to {
-            self.fresh_from = self
-                .newest_seen
-                .saturating_add(SETTLE_PERIODS)
-                .min(u64::MAX - 1);
+        if self.waiting_for == Some(version) {
+            self.waiting_for = None;
+            self.fresh_from = self.newest_seen.saturating_add(SETTLE_PERIODS);
         }
     }
 
     /// The version of a change not yet applied everywhere, if evidence waits for one.
     pub fn settling(&self) -> Option<u64> {
-        (self.fresh_from == u64::MAX).then_some(self.changed_to)
+        self.waiting_for
     }
 
     /// The newest judged period.

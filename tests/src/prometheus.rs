@@ -19,6 +19,16 @@ pub struct Prometheus<'a> {
     dir: PathBuf,
 }
 
+/// The value of the sample `series` (its name and labels, as exposed) in a Prometheus text
+/// exposition, as scraped from an endpoint.
+pub fn sample(text: &str, series: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        l.strip_prefix(series)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
+
 /// A TCP port free on 127.0.0.1 of the calling thread's namespace now.
 pub fn free_port() -> Result<u16> {
     let l =

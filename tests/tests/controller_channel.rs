@@ -188,7 +188,7 @@ fn pushed_failures_change_exactly_the_affected_paths() {
     // A's path meter reported exact periods to the controller, and its metrics say so: every
     // outcome and the color's late turns are shown, none of the periods went unread.
     let readings = |m: &str, outcome: &str| {
-        counter(
+        sopa_testbed::prometheus::sample(
             m,
             &format!("sopa_meter_readings_total{{outcome=\"{outcome}\"}}"),
         )
@@ -208,7 +208,10 @@ fn pushed_failures_change_exactly_the_affected_paths() {
         readings(&m, "baseline").is_some_and(|n| n >= 1),
         "a color's first reading is a baseline:\n{m}"
     );
-    assert!(counter(&m, "sopa_meter_late_turns_total").is_some(), "{m}");
+    assert!(
+        sopa_testbed::prometheus::sample(&m, "sopa_meter_late_turns_total").is_some(),
+        "{m}"
+    );
 
     let status: serde_json::Value =
         serde_json::from_str(&sopactl_in(&f.c, &["status", "--json"])).unwrap();
@@ -243,15 +246,6 @@ fn spawn_controller(f: &Fabric, dir: &std::path::Path, log: &str) -> Process {
         &dir.join(log),
     )
     .unwrap()
-}
-
-/// The value of the sample named `name` (with its labels) in a Prometheus text exposition.
-fn counter(metrics: &str, name: &str) -> Option<u64> {
-    metrics.lines().find_map(|l| {
-        l.strip_prefix(name)
-            .and_then(|rest| rest.strip_prefix(' '))
-            .and_then(|v| v.trim().parse().ok())
-    })
 }
 
 fn metrics(ns: &NetNs) -> String {

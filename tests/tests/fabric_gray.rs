@@ -197,10 +197,8 @@ fn convictions(addr: &str, a: &str, b: &str) -> u64 {
         .unwrap();
     let mut text = String::new();
     conn.read_to_string(&mut text).unwrap();
-    let series = format!("sopa_link_convictions_total{{a=\"{a}\",b=\"{b}\"}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&series))
-        .map_or(0, |n| n.trim().parse().expect("a count"))
+    let series = format!("sopa_link_convictions_total{{a=\"{a}\",b=\"{b}\"}}");
+    sopa_testbed::prometheus::sample(&text, &series).unwrap_or(0)
 }
 
 /// `tc_lossy` dropped `percent` of what it saw (binomial, within 5 standard deviations).
