@@ -361,6 +361,8 @@ fn run_one(a: &Args, encoding: Encoding, rate: u32, xdp: &str) -> (Vec<ModeResul
         mb: a.mb,
         seed: a.seed,
         flows_per_host: a.flows_per_host,
+        // A toy run is toy-sized in every workload: production's VL2 sizes reach 30 MB.
+        max_flow_bytes: a.smoke.then_some(a.mb * 1_000_000),
     };
     let report = experiment::run(&f, &plan);
     drop(f);

@@ -300,7 +300,13 @@ fn read_until(socket: &OwnedFd, stop: &AtomicBool) -> Result<Captured> {
     let mut captured = Captured::default();
     let mut buf = vec![0u8; 65536];
     let mut idle_after_stop = 0;
+    // When the reader first saw the stop: frames the kernel received later are not read (a
+    // capture of a flow that goes on would otherwise never end).
+    let mut stopped_at: Option<std::time::SystemTime> = None;
     loop {
+        if stopped_at.is_none() && stop.load(Ordering::Relaxed) {
+            stopped_at = Some(std::time::SystemTime::now());
+        }
         let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         let mut len = size_of::<libc::sockaddr_ll>() as u32;
         // SAFETY: buffers we own, with their sizes.
@@ -334,9 +340,13 @@ fn read_until(socket: &OwnedFd, stop: &AtomicBool) -> Result<Captured> {
             }
             return Err(Error::io("recvfrom on the capture socket", err));
         }
+        let at = received_at(socket);
+        if stopped_at.is_some_and(|s| at > s) {
+            break;
+        }
         if from.sll_pkttype != libc::PACKET_OUTGOING {
             captured.frames.push(buf[..n as usize].to_vec());
-            captured.times.push(received_at(socket));
+            captured.times.push(at);
         }
     }
     let mut stats = libc::tpacket_stats {

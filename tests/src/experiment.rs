@@ -22,6 +22,9 @@ pub struct Plan {
     pub seed: u64,
     /// Sequential flows per host of the production and failure workloads.
     pub flows_per_host: u32,
+    /// The production and failure workloads' flows capped at this size (their VL2 sizes reach
+    /// 30 MB): a toy run (`--smoke`, the suite) stays toy-sized. `None`: the sizes as drawn.
+    pub max_flow_bytes: Option<u64>,
 }
 
 /// Controller flags for the paper's experiments: the path meter reports but drains nothing.
@@ -70,23 +73,31 @@ struct Acc {
     round_means: Vec<f64>,
 }
 
-/// Runs the fidelity check and then every mode of `plan` on `f`, the modes interleaved per
-/// round (round 1: every mode, round 2: every mode, ...), so that whatever drifts on the
-/// machine during a run weighs on every mode alike.
-pub fn run(f: &Fabric, plan: &Plan) -> Report {
+/// What the fidelity check measured: one flow alone on the idle fabric.
+#[derive(Clone, Copy, Debug)]
+pub struct Fidelity {
+    /// The best try's throughput over the link rate.
+    pub fraction: f64,
+    /// How many tries that took (at most [`ALONE_TRIES`]).
+    pub tries: u32,
+    /// The share of the CPUs the hypervisor took (steal) while the lone flow ran, in %.
+    pub steal_pct: f64,
+}
+
+/// The fidelity check on `f` at `plan`'s rate: one flow alone on the idle fabric, between two
+/// pods or containers. What is checked is what the fabric can carry: the flow is at least
+/// ALONE_MB long (a 1 MB flow is mostly slow start, and reached 0.878-0.888 of the rate here on
+/// an idle machine), and a try the machine slowed is tried again, up to ALONE_TRIES times,
+/// until one reaches FIDELITY; the best try is reported with the number of tries.
+pub fn fidelity(f: &Fabric, plan: &Plan) -> Fidelity {
     let a = plan;
-    // Fidelity: one flow alone on the idle fabric, between two pods or containers. What is
-    // checked is what the fabric can carry: the flow is at least ALONE_MB long (a 1 MB flow is
-    // mostly slow start, and reached 0.878-0.888 of the rate here on an idle machine), and a
-    // try the machine slowed is tried again, up to ALONE_TRIES times, until one reaches
-    // FIDELITY; the best try is reported with the number of tries.
     set_mode(f, "sopa");
     let alone = flows(f, "permutation", a.seed).into_iter().next().unwrap();
-    let (mut alone_fraction, mut alone_tries) = (0.0f64, 0);
+    let (mut fraction, mut tries) = (0.0f64, 0);
     let steal0 = steal();
-    while alone_tries < ALONE_TRIES && alone_fraction < FIDELITY {
-        let port = 9000 + 10 * alone_tries as u16;
-        alone_tries += 1;
+    while tries < ALONE_TRIES && fraction < FIDELITY {
+        let port = 9000 + 10 * tries as u16;
+        tries += 1;
         let t = &run_round(
             f,
             std::slice::from_ref(&alone),
@@ -94,18 +105,35 @@ pub fn run(f: &Fabric, plan: &Plan) -> Report {
             port,
             false,
         )[0];
-        alone_fraction = alone_fraction.max(t.mbit_per_s() / f64::from(a.rate_mbit));
+        fraction = fraction.max(t.mbit_per_s() / f64::from(a.rate_mbit));
         eprintln!(
-            "fidelity: one flow alone, try {alone_tries}: {:.3} of the link rate",
+            "fidelity: one flow alone, try {tries}: {:.3} of the link rate",
             t.mbit_per_s() / f64::from(a.rate_mbit)
         );
     }
-
-    let alone_steal_pct = {
+    let steal_pct = {
         let (stolen, total) = steal();
         100.0 * stolen.saturating_sub(steal0.0) as f64
             / total.saturating_sub(steal0.1).max(1) as f64
     };
+    Fidelity {
+        fraction,
+        tries,
+        steal_pct,
+    }
+}
+
+/// Runs the fidelity check and then every mode of `plan` on `f` ([`run_with`]).
+pub fn run(f: &Fabric, plan: &Plan) -> Report {
+    run_with(f, plan, fidelity(f, plan))
+}
+
+/// Runs every mode of `plan` on `f`, the modes interleaved per round (round 1: every mode,
+/// round 2: every mode, ...), so that whatever drifts on the machine during a run weighs on
+/// every mode alike; `fidelity` is what the check measured on this fabric at this rate (once
+/// for several experiments on one fabric).
+pub fn run_with(f: &Fabric, plan: &Plan, fidelity: Fidelity) -> Report {
+    let a = plan;
     let sequential = matches!(a.experiment.as_str(), "production" | "failure");
     let progress = indicatif::ProgressBar::new(u64::from(a.repeat) * a.modes.len() as u64);
     progress.set_style(
@@ -130,7 +158,14 @@ pub fn run(f: &Fabric, plan: &Plan) -> Report {
             let drops0 = queue_drops(f);
             let mut round: Vec<(String, String, Transfer)> = Vec::new();
             if sequential {
-                let sched = production(f, a.seed + u64::from(r), a.flows_per_host);
+                let mut sched = production(f, a.seed + u64::from(r), a.flows_per_host);
+                if let Some(cap) = a.max_flow_bytes {
+                    for (_, flows) in &mut sched {
+                        for (_, bytes) in flows {
+                            *bytes = (*bytes).min(cap);
+                        }
+                    }
+                }
                 let total: u64 = sched
                     .iter()
                     .flat_map(|(_, fl)| fl.iter().map(|x| x.1))
@@ -209,9 +244,9 @@ pub fn run(f: &Fabric, plan: &Plan) -> Report {
         .map(|(mode, m)| mode_result(f, a, mode, m))
         .collect();
     Report {
-        alone_fraction,
-        alone_tries,
-        alone_steal_pct,
+        alone_fraction: fidelity.fraction,
+        alone_tries: fidelity.tries,
+        alone_steal_pct: fidelity.steal_pct,
         rate_mbit: f64::from(a.rate_mbit),
         results,
     }

@@ -152,6 +152,11 @@ pub struct Fabric {
     /// Host agents serve their metrics (on 127.0.0.1:9470 of their namespace); otherwise
     /// `--no-metrics` (set before [`Fabric::start`]).
     pub host_metrics: bool,
+    /// The options [`Fabric::start`] started the hosts with, for [`Fabric::start_host`].
+    opts: FabricOptions,
+    /// Switch nodes whose agent ran with `--keep-attached`: what it left attached is detached
+    /// when the fabric goes, also after a failure.
+    kept_attached: std::collections::BTreeSet<String>,
 }
 
 /// The big switch's address on every host link of the ideal, and the routing table and rule
@@ -188,6 +193,8 @@ impl Fabric {
                 .map(|r| vec!["--link-rate-mbit".to_owned(), r.to_string()])
                 .unwrap_or_default(),
             host_metrics: false,
+            opts: opts.clone(),
+            kept_attached: Default::default(),
         };
         let srv6 = opts.encoding == Encoding::Srv6;
         let g = fabric.topo.graph().clone();
@@ -437,53 +444,56 @@ impl Fabric {
         } else {
             self.start_controller()?;
         }
-        let socket = self.controller_address();
         let g = self.topo.graph().clone();
         for node in g.nodes.iter().filter(|n| n.kind.is_switch()) {
             self.start_switch(&node.name)?;
         }
-        for (id, node) in g
-            .nodes
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| n.kind == NodeKind::Host)
-        {
-            let id = id as NodeId;
-            // Elephants (Hedera's pinned mode) are measured against the shaped rate.
-            let nic = opts.rate_mbit.map(|r| r.to_string());
-            // The experiments report the receivers' reordering. They reproduce the paper's
-            // per-packet spraying unless the options choose a unit (the agent's own default is a
-            // flowcell).
-            let per_packet = !opts
-                .host_args
-                .iter()
-                .any(|a| a == "--granularity" || a.starts_with("--granularity="));
-            let args: Vec<&str> = std::iter::once("--measure-reordering")
-                .chain(
-                    per_packet
-                        .then_some(["--granularity", "packet"])
-                        .into_iter()
-                        .flatten(),
-                )
-                .chain((!self.host_metrics).then_some("--no-metrics"))
-                .chain(
-                    nic.as_deref()
-                        .map(|r| ["--nic-rate-mbit", r])
-                        .into_iter()
-                        .flatten(),
-                )
-                .chain(opts.host_args.iter().map(String::as_str))
-                .collect();
-            let agent = Agent::start_with_controller(
-                &self.namespaces[&id],
-                &format!("{}-{}", self.prefix, node.name),
-                &node.name,
-                &self.host_ifaces[&id],
-                &socket,
-                &args,
-            )?;
-            self.hosts.insert(id, agent);
+        self.opts = opts.clone();
+        for node in g.nodes.iter().filter(|n| n.kind == NodeKind::Host) {
+            self.start_host(&node.name)?;
         }
+        Ok(())
+    }
+
+    /// Starts (or starts again, after [`Fabric::stop_host`]) host `name`'s agent with the
+    /// flags [`Fabric::start`] gave every host.
+    pub fn start_host(&mut self, name: &str) -> Result<()> {
+        let id = self.topo.graph().find(name).expect("a host");
+        let opts = &self.opts;
+        // Elephants (Hedera's pinned mode) are measured against the shaped rate.
+        let nic = opts.rate_mbit.map(|r| r.to_string());
+        // The experiments report the receivers' reordering. They reproduce the paper's
+        // per-packet spraying unless the options choose a unit (the agent's own default is a
+        // flowcell).
+        let per_packet = !opts
+            .host_args
+            .iter()
+            .any(|a| a == "--granularity" || a.starts_with("--granularity="));
+        let args: Vec<&str> = std::iter::once("--measure-reordering")
+            .chain(
+                per_packet
+                    .then_some(["--granularity", "packet"])
+                    .into_iter()
+                    .flatten(),
+            )
+            .chain((!self.host_metrics).then_some("--no-metrics"))
+            .chain(
+                nic.as_deref()
+                    .map(|r| ["--nic-rate-mbit", r])
+                    .into_iter()
+                    .flatten(),
+            )
+            .chain(opts.host_args.iter().map(String::as_str))
+            .collect();
+        let agent = Agent::start_with_controller(
+            &self.namespaces[&id],
+            &format!("{}-{}", self.prefix, name),
+            name,
+            &self.host_ifaces[&id],
+            &self.controller_address(),
+            &args,
+        )?;
+        self.hosts.insert(id, agent);
         Ok(())
     }
 
@@ -577,6 +587,25 @@ impl Fabric {
             || (0..n).any(|i| replica_socket(&self.dir, i).exists()),
         )?;
         Ok(())
+    }
+
+    /// The address the controller serves its metrics on, where its flags give one
+    /// (`--metrics-addr` in [`Fabric::controller_args`]).
+    pub fn controller_metrics_addr(&self) -> Option<&str> {
+        self.controller_args
+            .iter()
+            .position(|a| a == "--metrics-addr")
+            .and_then(|i| self.controller_args.get(i + 1))
+            .map(String::as_str)
+    }
+
+    /// Stops the controller and starts it again (its drains kept in its state file, the rest of
+    /// its memory gone: the path meter's evidence and strikes, its counters), then waits until
+    /// every agent has applied its state again.
+    pub fn restart_controller(&mut self) -> Result<()> {
+        self.stop_controller();
+        self.start_controller()?;
+        self.wait_applied(|_| true, "the restarted controller's state")
     }
 
     /// Where the testbed's controller keeps its state.
@@ -732,6 +761,9 @@ impl Fabric {
             "500",
         ];
         args.extend_from_slice(extra);
+        if extra.contains(&"--keep-attached") {
+            self.kept_attached.insert(agent_node.clone());
+        }
         let p = Process::spawn(None, &bins::sopa_agent(), &args, &log)?;
         self.switches.insert(name.to_owned(), p);
         Ok(())
@@ -828,6 +860,14 @@ impl Fabric {
             ));
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// [`Fabric::wait_ready`], then every agent on the controller's version with no link
+    /// down: the state a phase of a shared fabric starts from (an agent's late first report of
+    /// a port can still change it after `wait_ready`).
+    pub fn wait_settled(&self, timeout: Duration) -> Result<()> {
+        self.wait_ready(timeout)?;
+        self.wait_applied_within(|down| down == 0, "a settled fabric", timeout)
     }
 
     /// Waits until every switch has installed its plan (its status shows the controller's
@@ -1059,6 +1099,12 @@ impl Drop for Fabric {
             p.stop();
         }
         self.switches.clear();
+        // An agent stopped with --keep-attached left its programs and pins for the next one.
+        for node in std::mem::take(&mut self.kept_attached) {
+            let _ = std::process::Command::new(bins::sopa_agent())
+                .args(["detach", "--node", &node])
+                .output();
+        }
         self.controller = None;
         self.replicas.clear();
         self.etcd = None;

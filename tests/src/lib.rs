@@ -13,10 +13,12 @@ pub mod fabric;
 pub mod failure;
 pub mod figures;
 pub mod granularity;
+pub mod gray;
 pub mod leftovers;
 pub mod loss;
 pub mod lossy;
 pub mod netns;
+pub mod phases;
 pub mod process;
 pub mod prometheus;
 pub mod reach;
@@ -65,6 +67,29 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The environment variable naming the file where a suite records the checks it skipped
+/// (`cargo xtask test` sets it per suite and counts the lines in its table).
+pub const SKIPPED_FILE_ENV: &str = "SOPA_SKIPPED_FILE";
+
+/// Records that a check was not judged and why (the machine could not give it a fair run, the
+/// kernel lacks what it checks): printed, and one line in the file [`SKIPPED_FILE_ENV`] names,
+/// so that the runner's table shows it. A check skipped is never a check passed.
+pub fn skipped(check: &str, why: &str) {
+    let line = format!("{check}: {why}");
+    eprintln!("skipped: {line}");
+    if let Some(path) = std::env::var_os(SKIPPED_FILE_ENV) {
+        use std::io::Write as _;
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| writeln!(f, "{}", line.replace('\n', " ")));
+        if let Err(e) = written {
+            eprintln!("recording the skipped check in {}: {e}", path.display());
+        }
+    }
+}
 
 /// A temporary folder `sopa-NAME-…`, removed when the guard drops, on failure too.
 pub fn temp_dir(name: &str) -> tempfile::TempDir {

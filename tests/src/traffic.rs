@@ -32,6 +32,10 @@ pub struct SendOptions {
     /// Cap the sender's rate (`SO_MAX_PACING_RATE`, bytes per second): a flow that leaves the
     /// links below their rate.
     pub pacing_bytes_per_s: Option<u64>,
+    /// Ends the transfer early, whole, once set: the sender stops after the chunk in hand and
+    /// both ends hash what was sent ([`Transfer::bytes`] says how much). A phase that needs a
+    /// flow only while it measures something stops it there instead of waiting for its end.
+    pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Default for SendOptions {
@@ -43,7 +47,18 @@ impl Default for SendOptions {
             source_port: None,
             mptcp: false,
             pacing_bytes_per_s: None,
+            stop: None,
         }
+    }
+}
+
+/// Sets a [`SendOptions::stop`] flag when dropped: transfers started with it end (whole) once
+/// the code that needed them returns, or fails and unwinds.
+pub struct StopWhenDropped(pub std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for StopWhenDropped {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -382,6 +397,8 @@ pub fn accept_within(listener: &TcpListener, within: Duration) -> Result<TcpStre
 /// What the sending end saw of one transfer.
 #[derive(Clone, Debug)]
 pub struct Sent {
+    /// Bytes sent: all that were asked, or fewer where [`SendOptions::stop`] ended it early.
+    pub bytes: u64,
     pub sent_digest: Digest,
     pub echoed_digest: Digest,
     pub seconds: f64,
@@ -435,7 +452,12 @@ pub fn send(to: SocketAddr, bytes: u64, opts: &SendOptions) -> Result<Sent> {
     let mut buf = vec![0u8; 256 * 1024];
     let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ bytes;
     let mut left = bytes;
-    while left > 0 {
+    let stopped = || {
+        opts.stop
+            .as_ref()
+            .is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed))
+    };
+    while left > 0 && !stopped() {
         let n = left.min(buf.len() as u64) as usize;
         fill(&mut buf[..n], &mut state);
         hasher.update(&buf[..n]);
@@ -477,6 +499,7 @@ pub fn send(to: SocketAddr, bytes: u64, opts: &SendOptions) -> Result<Sent> {
         tcp.mptcp_fallback = fallback;
     }
     Ok(Sent {
+        bytes: bytes - left,
         sent_digest: hasher.digest128().to_be_bytes(),
         echoed_digest: echoed,
         seconds: start.elapsed().as_secs_f64(),
@@ -534,7 +557,7 @@ pub fn tcp_transfer_to(
         ));
     }
     Ok(Transfer {
-        bytes,
+        bytes: sent.bytes,
         seconds: sent.seconds,
         sent_digest: sent.sent_digest,
         received_digest: received,

@@ -1,44 +1,17 @@
-//! Fabrics of plain Linux SRv6 routers in namespaces: the controller pushes `encoding = "srv6"`,
-//! every switch agent installs IPv6 routes and its `seg6local` End (NEXT-C-SID) locator through
-//! rtnetlink, hosts put each packet's path in an outer IPv6 header. The switches' `tc_forward`
-//! only rewrites lists around a dead port: with every port up the kernel forwards alone. A core
-//! link cut mid-transfer, with the controller stopped, is repaired by the switches at both
-//! ends. Needs root.
+//! Plain Linux SRv6 routers forwarding the hosts' uSID lists: the round robin exact on the wire,
+//! drains and port flaps, reachability on MODRIC, and the switches' own repair of a cut link.
 
 use std::time::Duration;
 
 use sopa_testbed::{
     NetNs,
     capture::Capture,
-    fabric::{Fabric, FabricOptions},
+    fabric::Fabric,
     failure::transfer_cut_midway,
     reach::all_pairs_tcp,
     traffic::{SendOptions, tcp_transfer, tcp_transfer_to},
 };
-use sopa_topology::{
-    modric::ModricParams,
-    srv6::{Encoding, embed},
-    topology::TopologySpec,
-};
-
-fn srv6_fabric(spec: &TopologySpec) -> Fabric {
-    srv6_fabric_with(
-        spec,
-        FabricOptions {
-            rate_mbit: None,
-            encoding: Encoding::Srv6,
-            ..FabricOptions::default()
-        },
-    )
-}
-
-fn srv6_fabric_with(spec: &TopologySpec, opts: FabricOptions) -> Fabric {
-    let mut f = Fabric::build(spec, &opts).expect("build the fabric");
-    f.start(&opts).expect("start controller and agents");
-    f.wait_ready(Duration::from_secs(60))
-        .expect("every agent ready");
-    f
-}
+use sopa_topology::srv6::embed;
 
 /// Every host reaches every other one over TCP, on IPv4 and on IPv6.
 fn all_pairs(f: &Fabric) {
@@ -106,15 +79,17 @@ fn paths(f: &Fabric, host: &str, prefix: &str) -> usize {
         .map_or(0, Vec::len)
 }
 
-#[test]
-fn fat_tree_k4_of_linux_srv6_routers_carries_the_round_robin_exactly() {
-    let f = srv6_fabric(&TopologySpec::FatTree { k: 4 });
+/// Every switch's own locator is a uSID End route; every pair reaches every other over IPv4
+/// and IPv6; an inter-pod flow leaves every port of its paths equally; a link drained or a port
+/// flapped moves the hosts off it and back.
+pub fn carries_the_round_robin_exactly(f: &mut Fabric) {
+    let f = &*f;
     let e0 = f.ns("e0").ip(&["-6", "route", "show"]).unwrap();
     assert!(
         e0.contains("encap seg6local action End flavors next-csid lblen 32 nflen 16"),
         "e0's own locator is a uSID End route:\n{e0}"
     );
-    all_pairs(&f);
+    all_pairs(f);
 
     // h0 -> h4 (inter-pod): four paths, each leaving e0 by its aggregation switch and a0/a1
     // by its core; what left each port is equal.
@@ -126,7 +101,7 @@ fn fat_tree_k4_of_linux_srv6_routers_carries_the_round_robin_exactly() {
         v
     };
     let g = f.topo.graph().clone();
-    let before = ports(&f);
+    let before = ports(f);
     let at_h4 = Capture::start(f.ns("h4"), &f.host_ifaces[&g.find("h4").unwrap()]).unwrap();
     let t = tcp_transfer(
         f.ns("h0"),
@@ -148,7 +123,7 @@ fn fat_tree_k4_of_linux_srv6_routers_carries_the_round_robin_exactly() {
         "{outer} of {} frames at h4's stack still had the outer header",
         frames.len()
     );
-    let sent = since(ports(&f), &before);
+    let sent = since(ports(f), &before);
     eprintln!(
         "h0 -> h4: {:.0} Mbit/s; out of e0's 2 uplinks, a0's 2 and a1's 2: {sent:?}",
         t.mbit_per_s()
@@ -160,7 +135,7 @@ fn fat_tree_k4_of_linux_srv6_routers_carries_the_round_robin_exactly() {
     assert_eq!(status["stamp"]["too_big"], 0);
 
     // The same over IPv6: the paths of the IPv4 address h4's IPv6 one embeds.
-    let before = ports(&f);
+    let before = ports(f);
     let t = tcp_transfer_to(
         f.ns("h0"),
         f.ns("h4"),
@@ -171,7 +146,7 @@ fn fat_tree_k4_of_linux_srv6_routers_carries_the_round_robin_exactly() {
     )
     .expect("h0 -> h4 over IPv6");
     assert!(t.intact());
-    let sent = since(ports(&f), &before);
+    let sent = since(ports(f), &before);
     eprintln!(
         "h0 -> h4 over IPv6: {:.0} Mbit/s; out of e0's 2 uplinks, a0's 2 and a1's 2: {sent:?}",
         t.mbit_per_s()
@@ -179,14 +154,14 @@ fn fat_tree_k4_of_linux_srv6_routers_carries_the_round_robin_exactly() {
     assert!(balanced(&sent[..2], 2000), "e0's uplinks: {sent:?}");
     assert!(balanced(&sent[2..], 1000), "the four core ports: {sent:?}");
     assert_eq!(f.host("h0").status().unwrap()["stamp"]["too_big"], 0);
-    only_linux_forwarded(&f);
+    only_linux_forwarded(f);
 
     // e0 - a0 down: the hosts drop its paths and no packet crosses it.
     let out = f.sopactl(&["link", "down", "e0", "a0"]).unwrap();
     assert!(out.contains("now down"), "{out}");
     f.wait_applied(|down| down == 1, "the drain").unwrap();
     assert_eq!(
-        paths(&f, "h0", "10.1.0.0/24"),
+        paths(f, "h0", "10.1.0.0/24"),
         2,
         "h0 dropped the failed paths"
     );
@@ -207,7 +182,7 @@ fn fat_tree_k4_of_linux_srv6_routers_carries_the_round_robin_exactly() {
     assert!(sent[1] > 4000, "the flow went through a1: {sent:?}");
     f.sopactl(&["link", "up", "e0", "a0"]).unwrap();
     f.wait_applied(|down| down == 0, "the undrain").unwrap();
-    assert_eq!(paths(&f, "h0", "10.1.0.0/24"), 4, "h0 restored the paths");
+    assert_eq!(paths(f, "h0", "10.1.0.0/24"), 4, "h0 restored the paths");
 
     // The port itself set down and up again: the kernel flushes every IPv6 route through it
     // (e0's End locator among them when it is anchored there); the switches report the
@@ -223,10 +198,10 @@ fn fat_tree_k4_of_linux_srv6_routers_carries_the_round_robin_exactly() {
     assert_eq!(dad.trim(), "0", "e0's agent left DAD on its port {dev}");
     f.ns("e0").ip(&["link", "set", &dev, "down"]).unwrap();
     f.wait_applied(|down| down == 1, "the port down").unwrap();
-    assert_eq!(paths(&f, "h0", "10.1.0.0/24"), 2, "h0 dropped the paths");
+    assert_eq!(paths(f, "h0", "10.1.0.0/24"), 2, "h0 dropped the paths");
     f.ns("e0").ip(&["link", "set", &dev, "up"]).unwrap();
     f.wait_applied(|down| down == 0, "the port up").unwrap();
-    assert_eq!(paths(&f, "h0", "10.1.0.0/24"), 4, "h0 restored the paths");
+    assert_eq!(paths(f, "h0", "10.1.0.0/24"), 4, "h0 restored the paths");
     // Every switch ACKed the repair, so its routes are in place.
     let e0 = f.ns("e0").ip(&["-6", "route"]).unwrap();
     let a0 = f.ns("a0").ip(&["-6", "route"]).unwrap();
@@ -265,11 +240,11 @@ fn fat_tree_k4_of_linux_srv6_routers_carries_the_round_robin_exactly() {
     );
 }
 
-#[test]
-fn modric_2x2_of_linux_srv6_routers_reaches_every_pair() {
-    let f = srv6_fabric(&TopologySpec::Modric(ModricParams::new(2, 2, 1, 2, 2)));
-    all_pairs(&f);
-    only_linux_forwarded(&f);
+/// MODRIC 2x2 of plain Linux SRv6 routers: every pair reaches every other over IPv4 and IPv6,
+/// forwarded by the kernel alone.
+pub fn modric_reaches_every_pair(f: &mut Fabric) {
+    all_pairs(f);
+    only_linux_forwarded(f);
 }
 
 /// The controller stopped, a core link cut for real in the middle of h0 -> h4 (one end set
@@ -277,25 +252,14 @@ fn modric_2x2_of_linux_srv6_routers_reaches_every_pair() {
 /// acknowledgements down to pod 0 through another pod and c1, marked. Without that repair a
 /// quarter of every direction's packets would be lost until the controller came back (seen once
 /// with the rules left unwritten: the transfer stalled). The rules go when the link comes back.
-#[test]
-fn a_core_link_cut_mid_transfer_is_repaired_by_the_switches_at_both_ends() {
-    let f = srv6_fabric_with(
-        &TopologySpec::FatTree { k: 4 },
-        FabricOptions {
-            rate_mbit: Some(100),
-            queue_packets: 100,
-            encoding: Encoding::Srv6,
-            ..FabricOptions::default()
-        },
-    );
-    let mut f = f;
+pub fn a_core_link_cut_mid_transfer_is_repaired_by_the_switches_at_both_ends(f: &mut Fabric) {
     f.stop_controller();
     let (repaired, detoured) = (
-        counter(&f, "a0", "usid_repaired"),
-        counter(&f, "c0", "usid_detoured"),
+        counter(f, "a0", "usid_repaired"),
+        counter(f, "c0", "usid_detoured"),
     );
     let (t, _) = transfer_cut_midway(
-        &f,
+        f,
         ("h0", "h4", "10.1.0.2".parse().unwrap(), 7400),
         ("a0", "c0"),
         600,
@@ -305,8 +269,8 @@ fn a_core_link_cut_mid_transfer_is_repaired_by_the_switches_at_both_ends() {
     assert!(t.intact(), "digest differs across the cut");
     eprintln!("controller away: {:.1} Mbit/s", t.mbit_per_s());
     let (repaired, detoured) = (
-        counter(&f, "a0", "usid_repaired") - repaired,
-        counter(&f, "c0", "usid_detoured") - detoured,
+        counter(f, "a0", "usid_repaired") - repaired,
+        counter(f, "c0", "usid_detoured") - detoured,
     );
     eprintln!("a0 rewrote {repaired} lists, c0 detoured {detoured}");
     assert!(repaired > 1000, "a0 rewrote {repaired} of h0's lists");
@@ -330,4 +294,8 @@ fn a_core_link_cut_mid_transfer_is_repaired_by_the_switches_at_both_ends() {
         )
         .unwrap();
     }
+    // Back as it was: the controller again, every link up.
+    f.start_controller().unwrap();
+    f.wait_applied(|down| down == 0, "the controller's return")
+        .unwrap();
 }

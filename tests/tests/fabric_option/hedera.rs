@@ -1,22 +1,22 @@
-//! Hedera on Fat-Tree k=4 (needs root): two long flows that the 5-tuple hash puts on the same
+//! Hedera on the shared Fat-Tree: two long flows that the 5-tuple hash puts on the same
 //! core link leave pod 0 by that one link; once the hosts report them, Global First Fit places
 //! each in the scheduling round that first lists it as an elephant, on disjoint cores, and
 //! their packets then leave pod 0 by two different core links. Everything is counted in
 //! packets and rounds, not in time, so a busy machine changes no verdict; the rates are
-//! printed (`cargo xtask bench fabric` measures them).
+//! printed (`cargo xtask bench fabric` measures them). The flows stop once that is seen.
 
 use std::{
     net::Ipv4Addr,
+    sync::{Arc, atomic::AtomicBool},
     time::{Duration, Instant},
 };
 
 use sopa_common::{hash::flow_hash, maps::FlowKey};
 use sopa_testbed::{
     experiment,
-    fabric::{Fabric, FabricOptions},
-    traffic::{SendOptions, tcp_transfer},
+    fabric::Fabric,
+    traffic::{SendOptions, StopWhenDropped, tcp_transfer},
 };
-use sopa_topology::topology::TopologySpec;
 
 /// The agents' default hash seed (`sopa-agent run --hash-seed`).
 const SEED: u32 = 0x5eed;
@@ -96,43 +96,47 @@ fn core_share(f: &Fabric, dst: Ipv4Addr, packets: u64) -> Vec<u64> {
     }
 }
 
-#[test]
-fn hedera_separates_two_elephants_that_collide_under_hashing() {
-    let opts = FabricOptions::default();
-    let rate = opts.rate_mbit.unwrap();
-    let mut f = Fabric::build(&TopologySpec::FatTree { k: 4 }, &opts).unwrap();
-    f.start(&opts).unwrap();
-    f.wait_ready(Duration::from_secs(60)).unwrap();
-    experiment::set_mode(&f, "hedera");
+/// The shared fabric's link rate.
+const RATE_MBIT: u32 = 100;
+
+pub fn separates_two_elephants_that_collide_under_hashing(f: &mut Fabric) {
+    let rate = RATE_MBIT;
+    let f = &*f;
+    experiment::set_mode(f, "hedera");
     // Hashing first (the same hash pinned mode falls back to), so the collision is measured.
     for h in ["h0", "h2"] {
-        set_host_mode(&f, h, "ecmp");
+        set_host_mode(f, h, "ecmp");
     }
     let flows = [("h0", "h4"), ("h2", "h6")];
     let ports: Vec<u16> = flows
         .iter()
         .enumerate()
-        .map(|(i, (a, b))| colliding_port(addr(&f, a), addr(&f, b), PORT + i as u16))
+        .map(|(i, (a, b))| colliding_port(addr(f, a), addr(f, b), PORT + i as u16))
         .collect();
 
+    // Long enough for any wait below (at most 2 minutes); stopped once the placement is seen.
+    let stop = Arc::new(AtomicBool::new(false));
     let (collided, elapsed, separated, status, transfers) = std::thread::scope(|s| {
+        // A failed wait below ends the transfers too, or the scope would wait for them.
+        let stop_on_unwind = StopWhenDropped(stop.clone());
         let handles: Vec<_> = flows
             .iter()
             .zip(&ports)
             .enumerate()
             .map(|(i, ((a, b), sport))| {
-                let (sa, sb, to) = (f.ns(a), f.ns(b), addr(&f, b));
+                let (sa, sb, to) = (f.ns(a), f.ns(b), addr(f, b));
                 let opts = SendOptions {
                     stall_timeout: Duration::from_secs(30),
                     source_port: Some(*sport),
+                    stop: Some(stop.clone()),
                     ..SendOptions::default()
                 };
-                s.spawn(move || tcp_transfer(sa, sb, to, PORT + i as u16, 150_000_000, &opts))
+                s.spawn(move || tcp_transfer(sa, sb, to, PORT + i as u16, 1_500_000_000, &opts))
             })
             .collect();
-        let dst = addr(&f, "h4");
-        let collided = core_share(&f, dst, 4_000);
-        let collided_rates = rates(&f, &["h0", "h2"], Duration::from_secs(1), rate);
+        let dst = addr(f, "h4");
+        let collided = core_share(f, dst, 4_000);
+        let collided_rates = rates(f, &["h0", "h2"], Duration::from_secs(1), rate);
         let hashed: Vec<String> = ["h0", "h2"]
             .iter()
             .map(|h| {
@@ -147,7 +151,7 @@ fn hedera_separates_two_elephants_that_collide_under_hashing() {
         // Hedera takes over: pinned mode reports the elephants, the controller places them.
         let start = Instant::now();
         for h in ["h0", "h2"] {
-            set_host_mode(&f, h, "pinned");
+            set_host_mode(f, h, "pinned");
         }
         let status = loop {
             let st: serde_json::Value =
@@ -180,9 +184,10 @@ fn hedera_separates_two_elephants_that_collide_under_hashing() {
             assert!(Instant::now() < deadline, "the pins were not applied");
             std::thread::sleep(Duration::from_millis(20));
         }
-        let separated = core_share(&f, dst, 4_000);
-        let separated_rates = rates(&f, &["h0", "h2"], Duration::from_secs(1), rate);
+        let separated = core_share(f, dst, 4_000);
+        let separated_rates = rates(f, &["h0", "h2"], Duration::from_secs(1), rate);
         eprintln!("separated rates {separated_rates:.3?}");
+        drop(stop_on_unwind);
         let transfers: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
         (collided, elapsed, separated, status, transfers)
     });
@@ -219,4 +224,5 @@ fn hedera_separates_two_elephants_that_collide_under_hashing() {
         let t = t.unwrap();
         assert!(t.intact(), "digests equal end to end");
     }
+    experiment::set_mode(f, "sopa");
 }

@@ -1,15 +1,14 @@
-//! Fat-Tree k=4 in namespaces: 16 hosts, 20 software switches running the switch role, a
-//! controller, host agents in `sopa` mode. Needs root.
+//! Forwarding by source route on the shared Fat-Tree, and what a host without a live agent
+//! can do to it.
 
 use std::time::Duration;
 
 use sopa_testbed::{
     capture::{Capture, has_ipv4_options},
-    fabric::{Fabric, FabricOptions},
+    fabric::Fabric,
     reach::{all_pairs_tcp, udp_with_ip_options},
     traffic::{SendOptions, tcp_transfer},
 };
-use sopa_topology::topology::TopologySpec;
 
 /// Packets that left a0 and a1 by the port of each hop1 value towards h4 (10.1.0.2), as the
 /// interfaces counted them.
@@ -61,17 +60,11 @@ fn up(f: &Fabric, switch: &str, i: usize) -> u64 {
         .unwrap_or(0)
 }
 
-#[test]
-fn fat_tree_k4_forwards_by_source_route() {
-    let opts = FabricOptions {
-        rate_mbit: None,
-        ..FabricOptions::default()
-    };
-    let mut f = Fabric::build(&TopologySpec::FatTree { k: 4 }, &opts).expect("build the fabric");
-    f.start(&opts).expect("start controller and agents");
-    f.wait_ready(Duration::from_secs(60))
-        .expect("every agent ready");
-
+/// Every host reaches every other; an inter-pod flow takes its four paths equally and no option
+/// reaches the receiver's stack; a link down moves the hosts off it; a killed switch agent
+/// leaves its forwarding as it was; ports that go down are reported, also to a restarted
+/// controller and to one that lost its state.
+pub fn forwards_by_source_route(f: &mut Fabric) {
     // Every host reaches every other host over TCP.
     let g = f.topo.graph().clone();
     let hosts: Vec<_> = (0..16)
@@ -92,8 +85,8 @@ fn fat_tree_k4_forwards_by_source_route() {
             up(f, "a1", 1),
         ]
     };
-    let before = paths(&f);
-    let wire_before = core_tx(&f);
+    let before = paths(f);
+    let wire_before = core_tx(f);
     let at_h4 = Capture::start(f.ns("h4"), &f.host_ifaces[&g.find("h4").unwrap()]).unwrap();
     let t = tcp_transfer(
         f.ns("h0"),
@@ -112,7 +105,7 @@ fn fat_tree_k4_forwards_by_source_route() {
         "{with_options} of {} frames at h4 carried options",
         frames.len()
     );
-    let after = paths(&f);
+    let after = paths(f);
     let per_path: Vec<u64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
     let lo = per_path.iter().min().unwrap();
     eprintln!(
@@ -130,7 +123,7 @@ fn fat_tree_k4_forwards_by_source_route() {
     );
     // What left each core port: the four hop values went out of four different interfaces,
     // equally.
-    let on_wire = core_tx_since(&f, &wire_before);
+    let on_wire = core_tx_since(f, &wire_before);
     eprintln!("packets out of each core port of a0 and a1: {on_wire:?}");
     assert_eq!(on_wire.len(), 4, "a0 and a1 have two core links each");
     assert!(
@@ -154,7 +147,7 @@ fn fat_tree_k4_forwards_by_source_route() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let (e0_a0, e0_a1) = (up(&f, "e0", 0), up(&f, "e0", 1));
+    let (e0_a0, e0_a1) = (up(f, "e0", 0), up(f, "e0", 1));
     let t = tcp_transfer(
         f.ns("h0"),
         f.ns("h4"),
@@ -165,8 +158,8 @@ fn fat_tree_k4_forwards_by_source_route() {
     )
     .expect("h0 -> h4 with e0:a0 down");
     assert!(t.intact());
-    assert_eq!(up(&f, "e0", 0), e0_a0, "no packet crossed the failed link");
-    assert!(up(&f, "e0", 1) > e0_a1 + 1000, "the flow went through a1");
+    assert_eq!(up(f, "e0", 0), e0_a0, "no packet crossed the failed link");
+    assert!(up(f, "e0", 1) > e0_a1 + 1000, "the flow went through a1");
     f.sopactl(&["link", "up", "e0", "a0"]).unwrap();
     // Every agent, not h0 alone: e0 sends hop 0 around a0 until it has the link back (a CI run
     // that waited for h0 only saw a0's paths carry 39 packets each, a1's 1,423).
@@ -181,8 +174,8 @@ fn fat_tree_k4_forwards_by_source_route() {
 
     // Killing a switch agent leaves its forwarding as it was.
     f.kill_switch("a0");
-    let before = paths(&f);
-    let wire_before = core_tx(&f);
+    let before = paths(f);
+    let wire_before = core_tx(f);
     let t = tcp_transfer(
         f.ns("h0"),
         f.ns("h4"),
@@ -193,13 +186,13 @@ fn fat_tree_k4_forwards_by_source_route() {
     )
     .expect("h0 -> h4 with a0's agent dead");
     assert!(t.intact());
-    let per_path: Vec<u64> = paths(&f).iter().zip(before).map(|(a, b)| a - b).collect();
+    let per_path: Vec<u64> = paths(f).iter().zip(before).map(|(a, b)| a - b).collect();
     let lo = per_path.iter().min().unwrap();
     assert!(
         *lo > 500 && within_one_percent(&per_path),
         "a0 still forwards by hop1 without its agent: {per_path:?}"
     );
-    let on_wire = core_tx_since(&f, &wire_before);
+    let on_wire = core_tx_since(f, &wire_before);
     assert!(
         balanced(&on_wire, 500),
         "a0 still sends each hop value out of its own port without its agent: {on_wire:?}"
@@ -274,7 +267,7 @@ fn fat_tree_k4_forwards_by_source_route() {
     f.ns("e0").ip(&["link", "set", &dev, "down"]).unwrap();
     f.start_controller().unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while paths_to_b(&f) != 2 {
+    while paths_to_b(f) != 2 {
         assert!(
             std::time::Instant::now() < deadline,
             "the restarted controller did not learn the port that went down while it was away:\n{}",
@@ -288,13 +281,13 @@ fn fat_tree_k4_forwards_by_source_route() {
     let status = |f: &Fabric| -> serde_json::Value {
         serde_json::from_str(&f.sopactl(&["status", "--json"]).unwrap()).unwrap()
     };
-    let epoch_before = status(&f)["epoch"].clone();
+    let epoch_before = status(f)["epoch"].clone();
     f.stop_controller();
     std::fs::remove_file(f.controller_state_file()).unwrap();
     f.start_controller().unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let st = status(&f);
+        let st = status(f);
         if st["epoch"] != epoch_before
             && st["down_links"]
                 .as_array()
@@ -310,7 +303,7 @@ fn fat_tree_k4_forwards_by_source_route() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while paths_to_b(&f) != 2 {
+    while paths_to_b(f) != 2 {
         assert!(
             std::time::Instant::now() < deadline,
             "h0 did not get the new controller's failure"
@@ -319,7 +312,7 @@ fn fat_tree_k4_forwards_by_source_route() {
     }
     f.ns("e0").ip(&["link", "set", &dev, "up"]).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while paths_to_b(&f) != 4 {
+    while paths_to_b(f) != 4 {
         assert!(
             std::time::Instant::now() < deadline,
             "the port's recovery did not reach h0 after the controller's restart"
@@ -338,58 +331,12 @@ fn fat_tree_k4_forwards_by_source_route() {
     assert!(t.intact());
 }
 
-#[test]
-fn a_stopped_switch_agent_removes_every_route_it_installed() {
-    let opts = FabricOptions {
-        rate_mbit: None,
-        ..FabricOptions::default()
-    };
-    let mut f = Fabric::build(&TopologySpec::FatTree { k: 4 }, &opts).unwrap();
-    f.start(&opts).unwrap();
-    f.wait_ready(Duration::from_secs(60)).unwrap();
-    // e0 routes the other racks over both uplinks (multipath) and its own hosts directly.
-    let ours = |f: &Fabric| -> Vec<String> {
-        f.ns("e0")
-            .ip(&["route", "show", "proto", "static"])
-            .unwrap()
-            .lines()
-            .filter(|l| !l.starts_with(char::is_whitespace))
-            .map(str::to_owned)
-            .collect()
-    };
-    let installed = ours(&f);
-    let text = f
-        .ns("e0")
-        .ip(&["route", "show", "proto", "static"])
-        .unwrap();
-    assert!(
-        !installed.is_empty() && text.contains("nexthop"),
-        "e0 routes the other racks, some over both uplinks:\n{text}"
-    );
-    let exit = f.stop_switch("e0");
-    assert_eq!(exit, Some(0), "{}", f.switch_log("e0"));
-    assert_eq!(
-        ours(&f),
-        Vec::<String>::new(),
-        "routes left behind by a graceful stop:\n{}",
-        f.switch_log("e0")
-    );
-}
-
 /// A process with CAP_NET_RAW on a host sets our option itself (`IP_OPTIONS`), hop bytes
 /// (1, 1): every datagram asks for e0's uplink 1 and that aggregation switch's core 1. With
 /// the host's agent live, `tc_stamp` replaces the hop bytes with its own choice; once the agent
 /// is gone (and with it the program), e0 stops trusting the port: the option is neutralized
 /// there, the kernel's ECMP spreads the datagrams over both uplinks, and all of them arrive.
-#[test]
-fn a_host_without_a_live_agent_cannot_steer_the_fabric() {
-    let opts = FabricOptions {
-        rate_mbit: None,
-        ..FabricOptions::default()
-    };
-    let mut f = Fabric::build(&TopologySpec::FatTree { k: 4 }, &opts).unwrap();
-    f.start(&opts).unwrap();
-    f.wait_ready(Duration::from_secs(60)).unwrap();
+pub fn a_host_without_a_live_agent_cannot_steer_the_fabric(f: &mut Fabric) {
     const N: usize = 200;
     let forged = [0x9E, 4, 1, 1];
     let h4: std::net::Ipv4Addr = "10.1.0.2".parse().unwrap();
@@ -405,12 +352,21 @@ fn a_host_without_a_live_agent_cannot_steer_the_fabric() {
     };
 
     // The agent is live: the host re-stamps, e0 honours its choice.
-    let (restamped0, redirected0) = (restamped(&f), forward(&f, "redirected"));
+    let (restamped0, redirected0, untrusted0) = (
+        restamped(f),
+        forward(f, "redirected"),
+        forward(f, "untrusted"),
+    );
     let arrived = udp_with_ip_options(f.ns("h0"), f.ns("h4"), h4, 7300, N, &forged).unwrap();
     assert_eq!(arrived, N, "every datagram arrives");
-    assert_eq!(restamped(&f) - restamped0, N as u64, "h0 re-stamped each");
-    assert!(forward(&f, "redirected") - redirected0 >= N as u64);
-    assert_eq!(forward(&f, "untrusted"), 0, "{}", f.switch_log("e0"));
+    assert_eq!(restamped(f) - restamped0, N as u64, "h0 re-stamped each");
+    assert!(forward(f, "redirected") - redirected0 >= N as u64);
+    assert_eq!(
+        forward(f, "untrusted"),
+        untrusted0,
+        "{}",
+        f.switch_log("e0")
+    );
 
     // The agent stops (its programs go with it): once the controller's grace period is over,
     // e0 stops trusting h0's port.
@@ -426,13 +382,13 @@ fn a_host_without_a_live_agent_cannot_steer_the_fabric() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    let (untrusted0, redirected0) = (forward(&f, "untrusted"), forward(&f, "redirected"));
+    let (untrusted0, redirected0) = (forward(f, "untrusted"), forward(f, "redirected"));
     let redirected_at = |f: &Fabric, a: &str| {
         f.switch_status(a).unwrap()["forward"]["redirected"]
             .as_u64()
             .unwrap()
     };
-    let aggregation0 = [redirected_at(&f, "a0"), redirected_at(&f, "a1")];
+    let aggregation0 = [redirected_at(f, "a0"), redirected_at(f, "a1")];
     let ports0 = f.hop_ports_tx("e0", h4);
     let arrived = udp_with_ip_options(f.ns("h0"), f.ns("h4"), h4, 7301, N, &forged).unwrap();
     assert_eq!(
@@ -440,12 +396,12 @@ fn a_host_without_a_live_agent_cannot_steer_the_fabric() {
         "neutralized, not dropped: every datagram arrives"
     );
     assert_eq!(
-        forward(&f, "untrusted") - untrusted0,
+        forward(f, "untrusted") - untrusted0,
         N as u64,
         "e0 neutralized each option"
     );
     assert_eq!(
-        forward(&f, "redirected"),
+        forward(f, "redirected"),
         redirected0,
         "e0 honoured a hop byte the sender chose"
     );
@@ -464,133 +420,11 @@ fn a_host_without_a_live_agent_cannot_steer_the_fabric() {
     // Further on, nothing carries the option: the aggregation switches, which decide by hop1
     // for h4's pod, redirected none of them.
     assert_eq!(
-        [redirected_at(&f, "a0"), redirected_at(&f, "a1")],
+        [redirected_at(f, "a0"), redirected_at(f, "a1")],
         aggregation0,
         "an aggregation switch honoured the forged hop1"
     );
-}
-
-/// Removes what a switch agent left attached, also on failure: dropped after the fabric (its
-/// agents stopped, its namespaces gone), `sopa-agent detach` removes the pins and the record.
-#[derive(Default)]
-struct DetachSwitch {
-    node: String,
-}
-
-impl Drop for DetachSwitch {
-    fn drop(&mut self) {
-        if !self.node.is_empty() {
-            let _ = std::process::Command::new(sopa_testbed::bins::sopa_agent())
-                .args(["detach", "--node", &self.node])
-                .output();
-        }
-    }
-}
-
-#[test]
-fn switch_agents_restart_and_upgrade_in_place_without_losing_a_packet() {
-    let opts = FabricOptions {
-        rate_mbit: None,
-        ..FabricOptions::default()
-    };
-    let mut detach = DetachSwitch::default();
-    let mut f = Fabric::build(&TopologySpec::FatTree { k: 4 }, &opts).unwrap();
-    detach.node = f.switch_node("a0");
-    f.start(&opts).unwrap();
-    f.wait_ready(Duration::from_secs(60)).unwrap();
-    // a0's agent, now one that leaves the forwarding in place when it exits.
-    assert_eq!(f.stop_switch("a0"), Some(0), "{}", f.switch_log("a0"));
-    f.start_switch_with("a0", &["--keep-attached"]).unwrap();
-    f.wait_switch_synced("a0", Duration::from_secs(30)).unwrap();
-
-    // h0 -> h4 crosses the pods: half of its packets go through a0.
-    let probe = sopa_testbed::resilience::Probe::between(
-        f.ns("h0"),
-        f.ns("h4"),
-        "10.1.0.2".parse().unwrap(),
-        5_000,
-        5301,
-    );
-    probe.wait_received(2_000);
-    let window_start = probe.mark();
-    let before = f.switch_status("a0").unwrap();
-    let redirected = |s: &serde_json::Value| s["forward"]["redirected"].as_u64().unwrap_or(0);
-    let routes_before = f
-        .ns("a0")
-        .ip(&["route", "show", "proto", "static"])
-        .unwrap();
-    let mut changes = Vec::new();
-    for round in 0..2 {
-        // SIGTERM with --keep-attached: a0 forwards with no agent at all for a while.
-        assert_eq!(f.stop_switch("a0"), Some(0), "{}", f.switch_log("a0"));
-        let kept = f.switch_status("a0").unwrap();
-        assert_eq!(kept["running"], false);
-        assert_eq!(kept["kept_attached"], true, "{kept:#}");
-        assert_eq!(
-            f.ns("a0")
-                .ip(&["route", "show", "proto", "static"])
-                .unwrap(),
-            routes_before,
-            "the routes stay"
-        );
-        probe.wait_received(1_000);
-        // The next agent (an upgrade) adopts it: every port's program replaced in place.
-        let programs_before = f.switch_status("a0").unwrap()["forward_programs"].clone();
-        f.start_switch_with("a0", &["--keep-attached"]).unwrap();
-        f.wait_switch_synced("a0", Duration::from_secs(30)).unwrap();
-        let now = f.switch_status("a0").unwrap();
-        assert_eq!(
-            now["adopted"]["how"], "kept attached",
-            "round {round}: {now:#}"
-        );
-        let (old, new) = (
-            programs_before.as_object().unwrap(),
-            now["forward_programs"].as_object().unwrap(),
-        );
-        assert_eq!(
-            old.keys().collect::<Vec<_>>(),
-            new.keys().collect::<Vec<_>>(),
-            "the same ports"
-        );
-        assert!(
-            old.iter().all(|(port, id)| new[port] != *id),
-            "round {round}: every port runs the new agent's program: {old:?} -> {new:?}"
-        );
-        changes.push(now["changes"].as_array().unwrap().len());
-        probe.wait_received(1_000);
-    }
-    let window_end = probe.mark();
-    let r = probe.finish();
-    let through_a0 = redirected(&f.switch_status("a0").unwrap()) - redirected(&before);
-    assert!(
-        through_a0 > 1_000,
-        "a0 redirected {through_a0} packets in the window: the probe crossed it"
-    );
-    let lost = r.lost_in(window_start..window_end);
-    eprintln!(
-        "probe h0 -> h4: {} in the window of two restarts of a0's agent, {lost} lost",
-        window_end - window_start
-    );
-    assert_eq!(lost, 0, "probe packets lost across a0's restarts");
-    assert_eq!(
-        changes[0], changes[1],
-        "the journal does not grow with restarts"
-    );
-    assert_eq!(
-        changes[0],
-        before["changes"].as_array().unwrap().len(),
-        "{before:#}"
-    );
-    // The last one stops for good: everything it and its predecessors changed is restored.
-    f.stop_switch("a0");
-    f.start_switch("a0").unwrap();
-    f.wait_switch_synced("a0", Duration::from_secs(30)).unwrap();
-    assert_eq!(f.stop_switch("a0"), Some(0), "{}", f.switch_log("a0"));
-    assert_eq!(
-        f.ns("a0")
-            .ip(&["route", "show", "proto", "static"])
-            .unwrap(),
-        "",
-        "a graceful stop without --keep-attached restores a0"
-    );
+    // Back as it was: h0's agent again, and e0 trusts its port once more.
+    f.start_host("h0").unwrap();
+    f.wait_settled(Duration::from_secs(60)).unwrap();
 }

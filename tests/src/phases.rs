@@ -1,0 +1,172 @@
+//! The harness of the suites whose tests share a fabric: each test is a phase, run one after
+//! another on one fabric (or other setup) built when the first phase the filter keeps needs it,
+//! instead of one fabric per `#[test]`. A phase undoes what it changed (RAII guards, so a
+//! failing one does too) or runs last. A phase that fails takes its fabric with it: the next
+//! phase builds a fresh one, so one failure never leaves its state to the others. Only one
+//! shared setup lives at a time: the first phase of the next group drops the one before.
+//!
+//! Output and arguments are libtest's (libtest-mimic): `cargo xtask test` counts the results
+//! the same way, and a name filter runs the phases it names. Phases always run on the main
+//! thread, one at a time, whatever `--test-threads` says: they share one fabric.
+
+use std::{
+    panic::{AssertUnwindSafe, catch_unwind},
+    process::ExitCode,
+    sync::{Arc, Mutex, MutexGuard},
+    time::Instant,
+};
+
+use libtest_mimic::{Arguments, Failed, Trial};
+
+/// What a group's phases share, as its slot holds it.
+enum State<T> {
+    /// Not built yet, or dropped after a failed phase or for another group.
+    Empty,
+    Ready(T),
+    /// Building it failed: every later phase of the group fails at once with this, rather
+    /// than trying again for minutes.
+    Broken(String),
+}
+
+struct Slot<T> {
+    what: &'static str,
+    build: Box<dyn Fn() -> T + Send + Sync>,
+    state: Mutex<State<T>>,
+}
+
+/// Any group's slot, for dropping what it holds.
+trait Clear: Send + Sync {
+    fn clear(&self);
+}
+
+impl<T: Send> Clear for Slot<T> {
+    fn clear(&self) {
+        let old = std::mem::replace(&mut *lock(&self.state), State::Empty);
+        if let State::Ready(t) = old {
+            let start = Instant::now();
+            drop(t);
+            eprintln!(
+                "[phases] {} removed in {:.1} s",
+                self.what,
+                start.elapsed().as_secs_f64()
+            );
+        }
+    }
+}
+
+/// A poisoned lock only says a phase panicked while holding it; the state is still whole.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The text of a panic's payload.
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+/// A phase: its test name, and what it does to the shared `T`.
+pub type Phase<T> = (&'static str, fn(&mut T));
+
+/// A test binary's phases and tests, in the order they run.
+#[derive(Default)]
+pub struct Suite {
+    trials: Vec<Trial>,
+    slots: Arc<Mutex<Vec<Arc<dyn Clear>>>>,
+}
+
+impl Suite {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// `phases`, in this order, sharing one `T` that `build` makes (`what` names it in the
+    /// log). `build` panics with its reason when it cannot.
+    pub fn shared<T: Send + 'static>(
+        mut self,
+        what: &'static str,
+        build: impl Fn() -> T + Send + Sync + 'static,
+        phases: Vec<Phase<T>>,
+    ) -> Self {
+        let slot = Arc::new(Slot {
+            what,
+            build: Box::new(build),
+            state: Mutex::new(State::Empty),
+        });
+        let me: Arc<dyn Clear> = slot.clone();
+        lock(&self.slots).push(me.clone());
+        for (name, phase) in phases {
+            let (slot, all, me) = (slot.clone(), self.slots.clone(), me.clone());
+            self.trials.push(Trial::test(name, move || {
+                // One shared setup at a time: the 2 cores run one fabric's agents.
+                for other in lock(&all).iter().filter(|o| !Arc::ptr_eq(o, &me)) {
+                    other.clear();
+                }
+                run_phase(&slot, phase)
+            }));
+        }
+        self
+    }
+
+    /// A test with a setup of its own (one that no phase of a shared one could run).
+    pub fn alone(mut self, name: &'static str, test: fn()) -> Self {
+        let all = self.slots.clone();
+        self.trials.push(Trial::test(name, move || {
+            for slot in lock(&all).iter() {
+                slot.clear();
+            }
+            catch_unwind(test).map_err(|p| Failed::from(panic_text(&*p)))
+        }));
+        self
+    }
+
+    /// Runs what the command line's filter keeps, drops every shared setup, and returns the
+    /// exit code libtest would.
+    pub fn run(self) -> ExitCode {
+        let mut args = Arguments::from_args();
+        // Phases share one fabric: never two at a time.
+        args.test_threads = Some(1);
+        let conclusion = libtest_mimic::run(&args, self.trials);
+        for slot in lock(&self.slots).iter() {
+            slot.clear();
+        }
+        conclusion.exit_code()
+    }
+}
+
+fn run_phase<T: Send>(slot: &Slot<T>, phase: fn(&mut T)) -> Result<(), Failed> {
+    let mut state = lock(&slot.state);
+    if matches!(*state, State::Empty) {
+        let start = Instant::now();
+        *state = match catch_unwind(AssertUnwindSafe(|| (slot.build)())) {
+            Ok(t) => {
+                eprintln!(
+                    "[phases] {} built in {:.1} s",
+                    slot.what,
+                    start.elapsed().as_secs_f64()
+                );
+                State::Ready(t)
+            }
+            Err(p) => State::Broken(panic_text(&*p)),
+        };
+    }
+    let shared = match &mut *state {
+        State::Ready(t) => t,
+        State::Broken(why) => {
+            return Err(format!("{} could not be built: {why}", slot.what).into());
+        }
+        State::Empty => unreachable!("built above"),
+    };
+    match catch_unwind(AssertUnwindSafe(|| phase(shared))) {
+        Ok(()) => Ok(()),
+        Err(p) => {
+            // What the failed phase left is not for the next one.
+            drop(state);
+            slot.clear();
+            Err(panic_text(&*p).into())
+        }
+    }
+}

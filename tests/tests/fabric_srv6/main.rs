@@ -1,0 +1,67 @@
+//! Fabrics of plain Linux SRv6 routers in namespaces: the controller pushes `encoding = "srv6"`,
+//! every switch agent installs IPv6 routes and its `seg6local` End (NEXT-C-SID) locator through
+//! rtnetlink, hosts put each packet's path in an outer IPv6 header. The switches' `tc_forward`
+//! only rewrites lists around a dead port: with every port up the kernel forwards alone.
+//! One Fat-Tree k=4 (links at 100 Mbit/s) carries its phases one after another; MODRIC 2x2,
+//! another topology, is a fabric of its own. Needs root.
+
+mod forwarding;
+mod gray;
+
+use std::{process::ExitCode, time::Duration};
+
+use sopa_testbed::{
+    fabric::{Fabric, FabricOptions},
+    phases::Suite,
+};
+use sopa_topology::{modric::ModricParams, srv6::Encoding, topology::TopologySpec};
+
+/// The controller's first hold-down of a suspect link: short, so that a phase after the gray
+/// one finds the link back.
+const HOLD_MS: u64 = 4000;
+
+fn srv6_fabric(spec: &TopologySpec, rate_mbit: Option<u32>) -> Fabric {
+    let opts = FabricOptions {
+        rate_mbit,
+        encoding: Encoding::Srv6,
+        ..FabricOptions::default()
+    };
+    let mut f = Fabric::build(spec, &opts).expect("build the fabric");
+    f.controller_args
+        .extend(["--suspect-hold-ms".to_owned(), HOLD_MS.to_string()]);
+    f.start(&opts).expect("start controller and agents");
+    f.wait_settled(Duration::from_secs(60))
+        .expect("every agent ready");
+    f
+}
+
+fn main() -> ExitCode {
+    Suite::new()
+        .shared(
+            "Fat-Tree k=4, SRv6",
+            || srv6_fabric(&TopologySpec::FatTree { k: 4 }, Some(100)),
+            vec![
+                (
+                    "fat_tree_k4_of_linux_srv6_routers_carries_the_round_robin_exactly",
+                    forwarding::carries_the_round_robin_exactly,
+                ),
+                (
+                    "a_gray_core_link_is_found_and_drained_in_the_srv6_encoding",
+                    gray::a_gray_core_link_is_found_and_drained,
+                ),
+                (
+                    "a_core_link_cut_mid_transfer_is_repaired_by_the_switches_at_both_ends",
+                    forwarding::a_core_link_cut_mid_transfer_is_repaired_by_the_switches_at_both_ends,
+                ),
+            ],
+        )
+        .shared(
+            "MODRIC 2x2, SRv6",
+            || srv6_fabric(&TopologySpec::Modric(ModricParams::new(2, 2, 1, 2, 2)), None),
+            vec![(
+                "modric_2x2_of_linux_srv6_routers_reaches_every_pair",
+                forwarding::modric_reaches_every_pair,
+            )],
+        )
+        .run()
+}
