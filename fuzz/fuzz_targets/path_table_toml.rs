@@ -2,21 +2,7 @@
 //! panic; an accepted table always holds only valid prefixes and hop values.
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-use sopa_agent::path_table::{MAX_HOP, PathTable};
+#[path = "../checks/path_table_toml.rs"]
+mod check;
 
-fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else {
-        return;
-    };
-    match PathTable::parse(text) {
-        Ok(table) => {
-            for (prefix, hops) in &table.destinations {
-                assert!(prefix.len <= 32);
-                assert!(!hops.is_empty());
-                assert!(hops.iter().all(|h| h.hop0 <= MAX_HOP));
-            }
-        }
-        Err(e) => assert!(!e.to_string().is_empty()),
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| check::check(data));

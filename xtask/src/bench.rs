@@ -95,8 +95,8 @@ pub fn run(name: &str, extra: &[String]) -> Result<()> {
             crate::fuzz::run(60)
         }
         "smoke" => {
-            // Every benchmark and experiment at toy size, as `cargo xtask test` runs them.
-            let rows = crate::smoke::run(std::time::Duration::from_secs(900))?;
+            // Every benchmark and experiment at toy size, as `cargo xtask test --full` runs them.
+            let rows = crate::smoke::full(std::time::Duration::from_secs(900))?;
             let failed = crate::test::print_table("smoke", &rows);
             if failed > 0 {
                 bail!("{failed} of the smoke runs failed: see the table");

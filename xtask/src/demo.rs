@@ -39,6 +39,10 @@ pub struct DemoArgs {
     /// (switches are plain Linux SRv6 routers, no program on them).
     #[arg(long, default_value = "ipv4-option")]
     encoding: sopa_topology::srv6::Encoding,
+    /// Run the binaries the SOPA_*_BIN variables name instead of building them in release (the
+    /// test runner's smoke pass, which built them already).
+    #[arg(long, hide = true)]
+    prebuilt: bool,
 }
 
 /// Builds the agent, the controller, sopactl and sopa-traffic in release and points the
@@ -67,8 +71,10 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     if args.paths == 0 || args.paths > 254 {
         bail!("--paths {} must be from 1 to 254", args.paths);
     }
-    step("building the agent (release)");
-    build_release()?;
+    if !args.prebuilt {
+        step("building the agent (release)");
+        build_release()?;
+    }
 
     step("building A - R - B in network namespaces (R: a plain Linux router)");
     let arb = Arb::new("demo").context("building the namespaces")?;

@@ -45,14 +45,11 @@ pub fn run_all(seconds: u64) -> Result<Vec<Outcome>> {
         .map(|(target, what)| {
             let start = Instant::now();
             let result = one(&fuzz, &scratch, target, what, seconds);
-            Outcome {
-                name: format!("fuzz {target}"),
-                passed: u64::from(result.is_ok()),
-                failed: u64::from(result.is_err()),
-                seconds: start.elapsed().as_secs_f64(),
-                note: result.err().map(|e| format!("{e:#}")),
-                panics: Vec::new(),
-            }
+            let mut o = Outcome::new(&format!("fuzz {target}"), start.elapsed().as_secs_f64());
+            o.passed = u64::from(result.is_ok());
+            o.failed = u64::from(result.is_err());
+            o.note = result.err().map(|e| format!("{e:#}"));
+            o
         })
         .collect();
     let _ = std::fs::remove_dir_all(&scratch);

@@ -13,6 +13,7 @@ mod setup;
 mod smoke;
 mod test;
 mod testbed;
+mod watch;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -31,9 +32,10 @@ enum Command {
     Setup,
     /// Build the agent (release) with its embedded eBPF object.
     Build,
-    /// Run the whole test suite (unit, BPF_PROG_TEST_RUN fixtures, namespace suites, a smoke
-    /// pass of every benchmark, then the fuzz targets for a bounded time), each suite under a
-    /// time limit, with a summary table. Needs root.
+    /// Run the whole test suite (unit, BPF_PROG_TEST_RUN fixtures, namespace suites, the fuzz
+    /// targets' seeds, a smoke pass of every benchmark), each suite under a time limit and a
+    /// budget, with a summary table sorted by time; `--full` adds today's sizes and timed
+    /// fuzzing. Needs root.
     Test(test::TestArgs),
     /// Run every cargo-fuzz target (fuzz/) for a bounded time.
     Fuzz {

@@ -130,9 +130,9 @@ pub struct Executable {
     pub harness: bool,
 }
 
-/// Runs `cargo <command> --workspace --exclude sopa-ebpf --no-run` (`test` or `bench`) and
-/// lists the executables it built.
-pub fn build_executables(command: &str) -> Result<Vec<Executable>> {
+/// Runs `cargo <command> --workspace --exclude sopa-ebpf --no-run EXTRA` (`test` or `bench`)
+/// and lists the executables it built.
+pub fn build_executables(command: &str, extra: &[&str]) -> Result<Vec<Executable>> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
         .args([
@@ -143,6 +143,7 @@ pub fn build_executables(command: &str) -> Result<Vec<Executable>> {
             "--no-run",
             "--message-format=json-render-diagnostics",
         ])
+        .args(extra)
         .current_dir(workspace_root())
         .stderr(std::process::Stdio::inherit())
         .output()

@@ -1,7 +1,9 @@
-//! The smoke pass of `cargo xtask test`: every benchmark and experiment run end to end at toy
-//! size (one round, 1 MB flows), so a benchmark that nothing else runs cannot rot unnoticed.
-//! A smoke row checks that the run completes and writes what it writes, not its figures: a
-//! toy-size run says nothing about speed.
+//! The smoke pass of `cargo xtask test`: every benchmark run end to end at toy size, so a
+//! benchmark that nothing else runs cannot rot unnoticed. A smoke row checks that the run
+//! completes and writes what it writes, not its figures: a toy-size run says nothing about
+//! speed. The fast tier runs each benchmark once at its smallest size on the test profile's
+//! binaries ([`fast`]); the full tier runs every experiment, mode and encoding in release
+//! ([`full`]).
 
 use std::{
     collections::HashMap,
@@ -12,10 +14,10 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
-use crate::{
-    setup::workspace_root,
-    test::{Outcome, watch},
-};
+use crate::{setup::workspace_root, test::Outcome, watch::watch};
+
+/// Benchmark executables by name: (executable, package folder).
+pub type Benches = HashMap<String, (PathBuf, PathBuf)>;
 
 /// The fabric modes the smoke pass runs, every baseline and every ablation.
 const FABRIC_MODES: &str =
@@ -30,7 +32,82 @@ const EXPERIMENTS: [(&str, &str); 6] = [
     ("modric-all", "modric:2x2"),
 ];
 
-pub fn run(timeout: Duration) -> Result<Vec<Outcome>> {
+/// Every benchmark once at its smallest size, on the executables the suites' build made (the
+/// testbed already points at its binaries): one experiment with a mode of each kind, one
+/// failure, the demo with 16 MiB.
+pub fn fast(benches: &Benches, timeout: Duration) -> Result<Vec<Outcome>> {
+    let out = std::env::temp_dir().join(format!("sopa-smoke-{}", std::process::id()));
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let out_s = out.display().to_string();
+    let mut rows = vec![
+        bench(
+            benches,
+            "datapath",
+            &["--runs", "2000", "--iperf-seconds", "1", "--rounds", "1"],
+            timeout,
+        )?,
+        bench(benches, "topology", &["--smoke"], timeout)?,
+        bench(benches, "channel", &["--rounds", "1", "--smoke"], timeout)?,
+        bench(benches, "meter", &["--smoke"], timeout)?,
+        bench(
+            benches,
+            "host_cost",
+            &["--seconds", "1", "--rounds", "1", "--streams", "1"],
+            timeout,
+        )?,
+        bench(
+            benches,
+            "resilience",
+            &["--rounds", "1", "--smoke"],
+            timeout,
+        )?,
+    ];
+    // Per packet and per flow, the controller's pins and the big switch of the ideal: a mode of
+    // every kind the experiments have, on one fabric.
+    let mut row = bench(
+        benches,
+        "fabric",
+        &[
+            "--smoke",
+            "--experiment",
+            "permutation",
+            "--modes",
+            "sopa,ecmp,hedera,ideal",
+            "--rate",
+            "10",
+            "--mb",
+            "1",
+            "--out",
+            &out_s,
+        ],
+        timeout,
+    )?;
+    expect_json(&mut row, &out, "fabric-permutation");
+    row.name = "smoke bench fabric permutation".into();
+    rows.push(row);
+    let mut row = bench(
+        benches,
+        "failure",
+        &["--smoke", "--elements", "a0:c0", "--out", &out_s],
+        timeout,
+    )?;
+    if row.note.is_none() && !out.join("failure.json").exists() {
+        row.note = Some(format!("wrote no failure.json in {out_s}"));
+    }
+    row.name = "smoke bench failure".into();
+    rows.push(row);
+    rows.push(replot(benches, &out, "fabric-permutation", timeout)?);
+    rows.push(step(
+        "smoke demo --arb",
+        xtask_command(&["demo", "--arb", "--mib", "16", "--prebuilt"]),
+        timeout,
+    )?);
+    Ok(finish(rows, &out))
+}
+
+/// Every benchmark, and every experiment with every mode, both encodings and the flowcell
+/// sweep, at toy size (one round, 1 MB flows) in release.
+pub fn full(timeout: Duration) -> Result<Vec<Outcome>> {
     crate::demo::build_release()?;
     let benches = build_benches()?;
     let out = std::env::temp_dir().join(format!("sopa-smoke-{}", std::process::id()));
@@ -147,31 +224,45 @@ pub fn run(timeout: Duration) -> Result<Vec<Outcome>> {
     }
     row.name = "smoke bench failure".into();
     rows.push(row);
-    let sec42 = ["fabric-sec4.2.json", "fabric-sec4.2-INVALID.json"]
-        .map(|n| out.join(n))
-        .into_iter()
-        .find(|p| p.exists())
-        .unwrap_or_else(|| out.join("fabric-sec4.2.json"));
-    let mut replot = bench(
-        &benches,
-        "fabric",
-        &["--replot", &sec42.display().to_string()],
-        timeout,
-    )?;
-    replot.name = "smoke bench fabric --replot".into();
-    rows.push(replot);
+    rows.push(replot(&benches, &out, "fabric-sec4.2", timeout)?);
     rows.push(step(
         "smoke demo --arb",
         xtask_command(&["demo", "--arb"]),
         timeout,
     )?);
+    Ok(finish(rows, &out))
+}
+
+/// `bench fabric --replot` of the JSON `name` a run wrote into `out` (or its `-INVALID` one).
+fn replot(
+    benches: &Benches,
+    out: &std::path::Path,
+    name: &str,
+    timeout: Duration,
+) -> Result<Outcome> {
+    let json = [format!("{name}.json"), format!("{name}-INVALID.json")]
+        .map(|n| out.join(n))
+        .into_iter()
+        .find(|p| p.exists())
+        .unwrap_or_else(|| out.join(format!("{name}.json")));
+    let mut row = bench(
+        benches,
+        "fabric",
+        &["--replot", &json.display().to_string()],
+        timeout,
+    )?;
+    row.name = "smoke bench fabric --replot".into();
+    Ok(row)
+}
+
+/// Each row one check; the scratch folder removed.
+fn finish(mut rows: Vec<Outcome>, out: &std::path::Path) -> Vec<Outcome> {
     for r in &mut rows {
-        // A smoke row is one check.
         r.passed = u64::from(r.note.is_none());
         r.failed = u64::from(r.note.is_some());
     }
-    let _ = std::fs::remove_dir_all(&out);
-    Ok(rows)
+    let _ = std::fs::remove_dir_all(out);
+    rows
 }
 
 /// A run that passed must have written `NAME.json`, or `NAME-INVALID.json` where the toy run
@@ -187,20 +278,15 @@ fn expect_json(row: &mut Outcome, out: &std::path::Path, name: &str) {
 
 /// Every benchmark executable of the workspace, built once (`cargo bench --no-run`): name ->
 /// (executable, package folder).
-fn build_benches() -> Result<HashMap<String, (PathBuf, PathBuf)>> {
-    Ok(crate::setup::build_executables("bench")?
+fn build_benches() -> Result<Benches> {
+    Ok(crate::setup::build_executables("bench", &[])?
         .into_iter()
         .filter(|e| e.kind == "bench")
         .map(|e| (e.target, (e.path, e.dir)))
         .collect())
 }
 
-fn bench(
-    benches: &HashMap<String, (PathBuf, PathBuf)>,
-    name: &str,
-    args: &[&str],
-    timeout: Duration,
-) -> Result<Outcome> {
+fn bench(benches: &Benches, name: &str, args: &[&str], timeout: Duration) -> Result<Outcome> {
     let (exe, dir) = benches
         .get(name)
         .with_context(|| format!("cargo built no benchmark named {name}"))?;
@@ -238,17 +324,11 @@ fn step(name: &str, mut cmd: Command, timeout: Duration) -> Result<Outcome> {
     if w.timed_out {
         let _ = sopa_testbed::leftovers::clean();
     }
-    Ok(Outcome {
-        name: name.to_owned(),
-        passed: 0,
-        failed: 0,
-        seconds: w.seconds,
-        panics: if w.success {
-            Vec::new()
-        } else {
-            // A bench ends on its error (anyhow's chain): its last lines say why.
-            w.lines[w.lines.len().saturating_sub(8)..].to_vec()
-        },
-        note,
-    })
+    let mut o = Outcome::new(name, w.seconds);
+    if !w.success {
+        // A bench ends on its error (anyhow's chain): its last lines say why.
+        o.panics = w.lines[w.lines.len().saturating_sub(8)..].to_vec();
+    }
+    o.note = note;
+    Ok(o)
 }
