@@ -5,7 +5,7 @@
 use std::{
     process::Command,
     sync::{
-        Arc,
+        Arc, Condvar, Mutex,
         atomic::{AtomicBool, Ordering},
     },
     time::{Duration, Instant},
@@ -152,8 +152,7 @@ fn pushed_failures_change_exactly_the_affected_paths() {
     );
 
     // Traffic A -> B the whole time, each transfer checked end to end.
-    let stop = Arc::new(AtomicBool::new(false));
-    let traffic = traffic(&f, Arc::clone(&stop), 6000, 8 << 20);
+    let traffic = Traffic::start(&f, 6000, 8 << 20);
 
     // e2 - a2: B's edge switch to aggregation switch 0 of pod 1. Only A's paths to B's rack
     // through aggregation index 0 cross it.
@@ -173,15 +172,28 @@ fn pushed_failures_change_exactly_the_affected_paths() {
     wait_for("the failure in B's path map", || {
         paths_to(&agent_b, "10.0.0.0/24") == ["1,0", "1,1"]
     });
-
+    // A whole transfer on the paths the failure left, then one on the restored paths.
+    let failed = Instant::now();
+    traffic.completed_after(failed, "traffic on the paths the failure left");
+    let restoring = Instant::now();
     sopactl_in(&f.c, &["link", "up", "e2", "a2"]);
     wait_for("the restore in A's path map", || {
         paths_to(&agent_a, "10.1.0.0/24") == all
     });
-    stop.store(true, Ordering::Relaxed);
-    let transfers = traffic.join().expect("traffic thread").len();
+    let restored = Instant::now();
+    traffic.completed_after(restored, "traffic on the restored paths");
+    let done = traffic.finish();
+    let during = done
+        .iter()
+        .filter(|t| **t > failed && **t < restoring)
+        .count();
+    let after = done.iter().filter(|t| **t > restored).count();
+    eprintln!(
+        "{} transfers: {during} while e2:a2 was down, {after} after it came back",
+        done.len()
+    );
     assert!(
-        transfers >= 1,
+        during >= 1 && after >= 1,
         "traffic flowed through the failure and the restore"
     );
 
@@ -265,34 +277,78 @@ fn metrics(ns: &NetNs) -> String {
     .unwrap()
 }
 
-/// Transfers A -> B back to back until `stop`, each checked end to end; returns when each one
-/// completed.
-fn traffic(
-    f: &Fabric,
+/// Transfers A -> B back to back until finished, each checked end to end, with the time each
+/// one completed.
+struct Traffic {
     stop: Arc<AtomicBool>,
-    first_port: u16,
-    bytes: u64,
-) -> std::thread::JoinHandle<Vec<Instant>> {
-    let (a, b) = (NetNs::adopt(f.a.name()), NetNs::adopt(f.b.name()));
-    std::thread::spawn(move || {
-        let mut done = Vec::new();
-        let mut port = first_port;
-        while !stop.load(Ordering::Relaxed) {
-            let t = tcp_transfer(
-                &a,
-                &b,
-                "10.1.0.2".parse().unwrap(),
-                port,
-                bytes,
-                &SendOptions::default(),
-            )
-            .expect("a transfer");
-            assert!(t.intact());
-            done.push(Instant::now());
-            port += 1;
+    done: Arc<(Mutex<Vec<Instant>>, Condvar)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Traffic {
+    fn start(f: &Fabric, first_port: u16, bytes: u64) -> Self {
+        let (a, b) = (NetNs::adopt(f.a.name()), NetNs::adopt(f.b.name()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new((Mutex::new(Vec::new()), Condvar::new()));
+        let thread = {
+            let (stop, done) = (Arc::clone(&stop), Arc::clone(&done));
+            std::thread::spawn(move || {
+                let mut port = first_port;
+                while !stop.load(Ordering::Relaxed) {
+                    let t = tcp_transfer(
+                        &a,
+                        &b,
+                        "10.1.0.2".parse().unwrap(),
+                        port,
+                        bytes,
+                        &SendOptions::default(),
+                    )
+                    .expect("a transfer");
+                    assert!(t.intact());
+                    done.0.lock().unwrap().push(Instant::now());
+                    done.1.notify_all();
+                    port += 1;
+                }
+            })
+        };
+        Self {
+            stop,
+            done,
+            thread: Some(thread),
         }
-        done
-    })
+    }
+
+    /// Waits until a transfer completes after `since` (traffic crossed what the fabric is now)
+    /// and returns when it did; panics naming `what` after 30 s.
+    fn completed_after(&self, since: Instant, what: &str) -> Instant {
+        let (done, completed) = &*self.done;
+        let done = done.lock().unwrap();
+        let (done, wait) = completed
+            .wait_timeout_while(done, Duration::from_secs(30), |d| {
+                d.last().is_none_or(|t| *t <= since)
+            })
+            .unwrap();
+        assert!(!wait.timed_out(), "{what}: no transfer completed");
+        *done.last().unwrap()
+    }
+
+    /// Stops after the transfer in progress; returns when each one completed.
+    fn finish(mut self) -> Vec<Instant> {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.join().expect("every transfer intact");
+        }
+        self.done.0.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Traffic {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 #[test]
@@ -314,9 +370,9 @@ fn a_controller_gone_for_ten_heartbeats_changes_nothing_and_its_restart_keeps_ev
     });
     let epoch_before = agent_a.status().unwrap()["controller"]["epoch"].clone();
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let transfers = traffic(&f, Arc::clone(&stop), 6100, 4 << 20);
-    std::thread::sleep(Duration::from_millis(500));
+    let traffic = Traffic::start(&f, 6100, 4 << 20);
+    // Traffic flows before the controller goes.
+    traffic.completed_after(Instant::now(), "traffic before the controller stops");
     controller.stop();
     let gone = Instant::now();
     let noticed = wait_for("A to notice the controller is gone", || {
@@ -330,6 +386,8 @@ fn a_controller_gone_for_ten_heartbeats_changes_nothing_and_its_restart_keeps_ev
         "the last good paths stay"
     );
     assert!(metrics(&f.a).contains("sopa_controller_connected 0"));
+    // And without it: a whole transfer while it is gone.
+    traffic.completed_after(gone, "traffic without the controller");
     let back = Instant::now();
     let _controller = spawn_controller(&f, &dir, "controller-2.log");
     // The restarted controller continues from its stored state: the same epoch, the drain
@@ -354,9 +412,9 @@ fn a_controller_gone_for_ten_heartbeats_changes_nothing_and_its_restart_keeps_ev
     wait_for("B's resync", || {
         agent_b.status().unwrap()["controller"]["connected"] == true
     });
-    std::thread::sleep(Duration::from_millis(300));
-    stop.store(true, Ordering::Relaxed);
-    let done = transfers.join().expect("every transfer intact");
+    // And on the restored paths, with both agents back on the controller.
+    traffic.completed_after(Instant::now(), "traffic after the resync");
+    let done = traffic.finish();
     let during = done.iter().filter(|t| **t > gone && **t < back).count();
     eprintln!(
         "controller gone {:?} (noticed after {noticed:?}); resynced {resync:?} after it returned; {} transfers, {during} while it was gone",
@@ -483,6 +541,12 @@ fn a_snapshot_refused_for_a_missing_route_is_applied_whole_once_the_route_is_bac
     assert_eq!(agent_a.stop(), Some(0));
 }
 
+/// The longest a push may take to reach A's datapath while its metrics are scraped 100 times a
+/// second, or three times what it takes with nobody scraping where that is longer (a busy
+/// machine). Measured: 0.1-0.35 s under the scrapes; a push that waits for the scrapes takes
+/// seconds.
+const PUSH_BOUND: Duration = Duration::from_secs(1);
+
 #[test]
 fn a_scraper_at_100_per_second_never_holds_up_the_channel() {
     let f = fabric();
@@ -509,6 +573,17 @@ fn a_scraper_at_100_per_second_never_holds_up_the_channel() {
         .unwrap();
     assert!(entries > 60_000, "{entries} flows in the table");
     let since = agent_a.status().unwrap()["controller"]["since_unix"].clone();
+    // What a push takes with nobody scraping: the yardstick for those under the scrapes.
+    let quiet: Vec<Duration> = [("down", vec!["1,0", "1,1"]), ("up", all.to_vec())]
+        .into_iter()
+        .map(|(verb, want)| {
+            sopactl_in(&f.c, &["link", verb, "e2", "a2"]);
+            wait_for("the change in A's path map", || {
+                paths_to(&agent_a, "10.1.0.0/24") == want
+            })
+        })
+        .collect();
+    let bound = PUSH_BOUND.max(3 * quiet.iter().max().copied().unwrap_or_default());
 
     // 100 scrapes a second for 10 s, each on its own connection when it is due (a scraper
     // does not wait for the previous answer), while the controller pushes a failure and its
@@ -550,19 +625,20 @@ fn a_scraper_at_100_per_second_never_holds_up_the_channel() {
     let (ok, slowest, took) = scraper.join().unwrap();
     eprintln!(
         "{ok} scrapes answered in {took:?} (slowest {slowest:?}) with {entries} flows; pushes \
-         applied within {applied:?}"
+         applied within {applied:?} ({quiet:?} with nobody scraping)"
     );
+    for took in &applied {
+        assert!(
+            *took < bound,
+            "a push waited {took:?} behind the scrapes (at most {bound:?}; {quiet:?} with \
+             nobody scraping)"
+        );
+    }
     assert_eq!(ok, 1000, "every scrape answered");
     assert!(
         took < Duration::from_secs(20),
         "1000 scrapes due over 10 s took {took:?}: a scrape costs too much"
     );
-    for took in &applied {
-        assert!(
-            *took < Duration::from_secs(5),
-            "a push waited {took:?} behind the scrapes"
-        );
-    }
     let st = agent_a.status().unwrap();
     assert_eq!(st["controller"]["connected"], true);
     assert_eq!(

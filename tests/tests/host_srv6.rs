@@ -24,6 +24,19 @@ fn outer(frame: &[u8], src6: Ipv6Addr) -> Option<(Srv6Frame, Vec<u8>)> {
     Some((f, inner))
 }
 
+/// Nanoseconds since the epoch of `t`.
+fn unix_ns(t: std::time::SystemTime) -> i128 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .expect("after the epoch")
+        .as_nanos() as i128
+}
+
+/// CLOCK_TAI minus the realtime clock, in nanoseconds (read back to back).
+fn tai_offset_ns() -> i128 {
+    let tai = i128::from(sopa_agent::meter::tai_ns());
+    tai - unix_ns(std::time::SystemTime::now())
+}
+
 #[test]
 fn srv6_over_a_linux_usid_node_paths_cycle_and_b_sees_the_inner_packet_only() {
     let arb = Arb::new("s").expect("build A - R - B");
@@ -100,8 +113,12 @@ fn srv6_over_a_linux_usid_node_paths_cycle_and_b_sees_the_inner_packet_only() {
     let shifted: Ipv6Addr = format!("fcbb:bb00:{B_RACK_USID:x}:e002::").parse().unwrap();
     let (mut sent, mut labels, mut full_size, mut plain, mut read_late) =
         (Vec::new(), Vec::new(), 0, 0, 0);
-    let mut colors = [0u64; 2];
-    for frame in &at_r.frames {
+    // The mark's color is the parity of its period on the TAI clock, which the agent turns
+    // within an eighth of a period: R's receive times (realtime) moved onto TAI.
+    let tai_offset = tai_offset_ns();
+    let t = sopa_agent::meter::DEFAULT_PERIOD.as_nanos() as i128;
+    let (mut colors, mut judged, mut wrong) = ([0u64; 2], 0u64, Vec::new());
+    for (frame, at) in at_r.frames.iter().zip(&at_r.times) {
         if tcp_from(frame, arb.a_addr).is_some() {
             plain += 1;
             continue;
@@ -129,6 +146,13 @@ fn srv6_over_a_linux_usid_node_paths_cycle_and_b_sees_the_inner_packet_only() {
             .unwrap_or_else(|| panic!("a packet to {dst} without the meter's mark"));
         assert_eq!(hops[0], path as u8, "the mark names the path of {dst}");
         colors[usize::from(color)] += 1;
+        let tai = unix_ns(*at) + tai_offset;
+        if (t / 8..t - t / 16).contains(&tai.rem_euclid(t)) {
+            judged += 1;
+            if i128::from(color) != (tai / t) & 1 {
+                wrong.push((tai / t, color));
+            }
+        }
         sent.push((
             u16::from_be_bytes([inner[18], inner[19]]),
             path as u8,
@@ -145,6 +169,21 @@ fn srv6_over_a_linux_usid_node_paths_cycle_and_b_sees_the_inner_packet_only() {
         "{read_late} frames read after R shifted their list, of {}",
         sent.len()
     );
+    eprintln!("marks at R: {colors:?} per color, {judged} judged against TAI");
+    assert!(
+        wrong.is_empty(),
+        "{} of {judged} marks carry the other period's color (period, color): {:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(8)]
+    );
+    assert!(judged > 10_000, "{judged} marks judged");
+    let span = unix_ns(*at_r.times.last().unwrap()) - unix_ns(at_r.times[0]);
+    if span > 2 * t {
+        assert!(
+            colors.iter().all(|c| *c > 0),
+            "{span} ns of marks, all of one color: {colors:?}"
+        );
+    }
     let (pairs, breaks) = cycle_breaks(&sent, PATHS);
     assert!(pairs > 30_000, "{pairs} consecutive packets");
     assert!(
