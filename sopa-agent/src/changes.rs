@@ -3,6 +3,7 @@
 //! undo it exactly, restoring only what still holds the value the agent set.
 
 use std::{
+    collections::BTreeMap,
     fs,
     path::{Path, PathBuf},
 };
@@ -89,6 +90,13 @@ pub struct Record {
     /// for which SIGHUP's default action would end them).
     #[serde(default)]
     pub reloads_on_sighup: bool,
+    /// Switch role, SRv6: who consumes the switch's own uSID, `kernel` (its `seg6local` End
+    /// route) or `ebpf` (`tc_forward`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usid: Option<String>,
+    /// Features this kernel lacks and what the agent does instead (feature -> instead).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub fallbacks: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -585,6 +593,8 @@ mod tests {
             adopted: None,
             programs: None,
             reloads_on_sighup: false,
+            usid: None,
+            fallbacks: BTreeMap::new(),
         }
     }
 

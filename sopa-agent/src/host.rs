@@ -279,6 +279,8 @@ impl Host {
             adopted: None,
             programs: None,
             reloads_on_sighup: false,
+            usid: None,
+            fallbacks: Default::default(),
         };
         let adopting = previous.is_some();
         let journal = match previous {

@@ -12,6 +12,7 @@ pub mod meter;
 pub mod metrics;
 pub mod netlink;
 pub mod path_table;
+pub mod probe;
 pub mod routes;
 pub mod runtime;
 pub mod srv6;

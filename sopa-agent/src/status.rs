@@ -89,6 +89,10 @@ pub struct Status {
     /// Switch role, SRv6: the uSID rules that take lists around this switch's dead ports.
     #[serde(default)]
     pub usid_rules: usize,
+    /// Switch role, SRv6: who consumes the switch's uSID, `kernel` or `ebpf`.
+    pub usid: Option<String>,
+    /// Features this kernel lacks and what the agent does instead.
+    pub fallbacks: BTreeMap<String, String>,
     /// The host programs' links are pinned and attached (with or without a running agent).
     pub attached: bool,
     /// The program ids behind the pinned links now.
@@ -180,6 +184,8 @@ pub fn read(node: &str, run_dir: &Path, pin_dir: &Path) -> Result<Status> {
         kept_attached: record.kept_attached,
         forward_programs,
         usid_rules,
+        usid: record.usid.clone(),
+        fallbacks: record.fallbacks.clone(),
         adopted: record.adopted.clone(),
         programs: record.programs,
         pins,
@@ -399,6 +405,12 @@ impl Status {
                     String::new()
                 }
             );
+        }
+        if let Some(usid) = &self.usid {
+            let _ = writeln!(s, "SRv6: this switch's uSID consumed by {usid}");
+        }
+        for (feature, instead) in &self.fallbacks {
+            let _ = writeln!(s, "without {feature}: {instead}");
         }
         if self.forward.values().any(|v| *v > 0) {
             let _ = writeln!(

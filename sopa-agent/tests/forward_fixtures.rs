@@ -463,7 +463,7 @@ fn a_usid_list_behind_a_dead_port_is_rewritten_and_a_detour_taken_once() {
     let count = |s: &Switch, r: u32| s.maps.counters().unwrap()[r as usize];
     // This switch is uSID 5. With no rule, a uSID packet passes untouched.
     let packet = usid_frame(&[5, 9, 3, 0xE002], 0x1234);
-    s.maps.set_usid_rules(5, &BTreeMap::new()).unwrap();
+    s.maps.set_usid_rules(5, false, &BTreeMap::new()).unwrap();
     let before = count(&s, reason::USID_INTACT);
     let (got, out) = run(&mut s, &packet);
     assert_eq!((got, &out), (TC_ACT_UNSPEC, &packet));
@@ -484,6 +484,7 @@ fn a_usid_list_behind_a_dead_port_is_rewritten_and_a_detour_taken_once() {
     s.maps
         .set_usid_rules(
             5,
+            false,
             &BTreeMap::from([
                 // Substitute the next uSID (9 -> 10), after our own.
                 (key(9, 3), rule(1, &[10], false)),
@@ -546,9 +547,102 @@ fn a_usid_list_behind_a_dead_port_is_rewritten_and_a_detour_taken_once() {
     assert_eq!(count(&s, reason::USID_NO_ROOM), before + 1);
 
     // Rules gone (the port came back): untouched again.
-    s.maps.set_usid_rules(5, &BTreeMap::new()).unwrap();
+    s.maps.set_usid_rules(5, false, &BTreeMap::new()).unwrap();
     assert!(s.maps.usid_rules().unwrap().is_empty());
     let packet = usid_frame(&[5, 9, 3, 0xE002], 0);
     let (got, out) = run(&mut s, &packet);
     assert_eq!((got, out), (TC_ACT_UNSPEC, packet));
+}
+
+/// The uN behaviour in eBPF (a kernel without `seg6local`): this switch's uSID consumed at the
+/// head of the list, the rest shifted up and zero-filled, byte for byte, the packet left to the
+/// kernel's routing (which decrements the hop limit, and answers 1 with ICMP); nothing else of
+/// the frame changes. What the kernel's End leaves alone is left alone.
+#[test]
+fn the_un_shift_in_ebpf_consumes_this_switchs_usid_byte_for_byte() {
+    let mut s = switch();
+    let count = |s: &Switch, r: u32| s.maps.counters().unwrap()[r as usize];
+    // This switch is uSID 5, and tc_forward consumes it.
+    s.maps.set_usid_rules(5, true, &BTreeMap::new()).unwrap();
+    let with_hop_limit = |mut frame: Vec<u8>, hl: u8| {
+        frame[14 + 7] = hl;
+        frame
+    };
+    let shifted: [(&[u16], &[u16]); 5] = [
+        // Lists of 2 to 6 uSIDs: the rest moves up one slot.
+        (&[5, 9], &[9]),
+        (&[5, 9, 3], &[9, 3]),
+        (&[5, 9, 3, 0xE002], &[9, 3, 0xE002]),
+        (&[5, 9, 8, 3, 0xE002], &[9, 8, 3, 0xE002]),
+        (&[5, 9, 8, 7, 3, 0xE002], &[9, 8, 7, 3, 0xE002]),
+    ];
+    for (hl, (list, want)) in [64u8, 1]
+        .into_iter()
+        .flat_map(|hl| shifted.map(|c| (hl, c)))
+    {
+        let before = count(&s, reason::USID_SHIFTED);
+        let sent = with_hop_limit(usid_frame(list, 0x1234), hl);
+        let (got, out) = run(&mut s, &sent);
+        assert_eq!(got, TC_ACT_UNSPEC, "{list:?}: the kernel routes it");
+        assert_eq!(usids_of(&out), want, "{list:?}");
+        assert_eq!(count(&s, reason::USID_SHIFTED), before + 1, "{list:?}");
+        // Byte for byte: the block, then the shifted list zero-filled; everything else as sent,
+        // the hop limit included (the kernel's forwarding takes it down, as after its End).
+        let mut expect = sent.clone();
+        expect[14 + 28..14 + 40].copy_from_slice(&sopa_common::srv6::address(want)[4..]);
+        assert_eq!(out, expect, "{list:?}, hop limit {hl}");
+    }
+
+    // The list's last uSID is ours: nothing to route to, dropped as the kernel's End drops it.
+    let before = count(&s, reason::USID_LAST);
+    let (got, _) = run(&mut s, &usid_frame(&[5], 0));
+    assert_eq!(got, TC_ACT_SHOT);
+    assert_eq!(count(&s, reason::USID_LAST), before + 1);
+
+    // Left as they are: a list not for this switch, one naming a host of this rack next (its
+    // /64 route is more specific than the locator), a packet outside the block.
+    let untouched: [Vec<u8>; 3] = [
+        usid_frame(&[9, 5, 3, 0xE002], 0),
+        usid_frame(&[5, 0xE002], 0),
+        {
+            let mut f = usid_frame(&[5, 9, 3], 0);
+            f[14 + 24] = 0xFD;
+            f
+        },
+    ];
+    for frame in untouched {
+        let shifted = count(&s, reason::USID_SHIFTED);
+        let (got, out) = run(&mut s, &frame);
+        assert_eq!(
+            (got, &out),
+            (TC_ACT_UNSPEC, &frame),
+            "{:?}",
+            usids_of(&frame)
+        );
+        assert_eq!(count(&s, reason::USID_SHIFTED), shifted);
+    }
+
+    // A list repaired around a dead port is then shifted too (counted as repaired).
+    let rule = sopa_common::maps::UsidRule {
+        replace: 1,
+        len: 1,
+        detour: 0,
+        _pad: 0,
+        with: [10, 0, 0, 0],
+    };
+    let key = sopa_common::maps::UsidRuleKey { next: 9, after: 3 };
+    s.maps
+        .set_usid_rules(5, true, &BTreeMap::from([(key, rule)]))
+        .unwrap();
+    let before = count(&s, reason::USID_REPAIRED);
+    let (got, out) = run(&mut s, &usid_frame(&[5, 9, 3, 0xE002], 0));
+    assert_eq!(got, TC_ACT_UNSPEC);
+    assert_eq!(usids_of(&out), [10, 3, 0xE002]);
+    assert_eq!(count(&s, reason::USID_REPAIRED), before + 1);
+
+    // With the kernel consuming it, tc_forward leaves our uSID alone.
+    s.maps.set_usid_rules(5, false, &BTreeMap::new()).unwrap();
+    let frame = usid_frame(&[5, 9, 3], 0);
+    let (got, out) = run(&mut s, &frame);
+    assert_eq!((got, out), (TC_ACT_UNSPEC, frame));
 }

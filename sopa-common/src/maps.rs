@@ -567,7 +567,13 @@ pub mod forward_reason {
     pub const USID_DETOUR_REFUSED: u32 = 16;
     /// SRv6: the rewritten list would not fit the address: dropped.
     pub const USID_NO_ROOM: u32 = 17;
-    pub const COUNT: u32 = 18;
+    /// SRv6, uN in eBPF ([`super::UsidRepairConfig::shift`]): this switch's uSID consumed and
+    /// the list shifted, then the kernel routes the next uSID.
+    pub const USID_SHIFTED: u32 = 18;
+    /// SRv6, uN in eBPF: this switch's uSID was the list's last (nothing after it to route
+    /// to): dropped, as the kernel's End drops a packet whose list ends with no routing header.
+    pub const USID_LAST: u32 = 19;
+    pub const COUNT: u32 = 20;
     const _: () = assert!(COUNT <= super::REASON_SLOTS);
     pub const NAMES: [&str; COUNT as usize] = [
         "redirected",
@@ -588,6 +594,8 @@ pub mod forward_reason {
         "usid_detoured",
         "usid_detour_refused",
         "usid_no_room",
+        "usid_shifted",
+        "usid_last",
     ];
 }
 
@@ -636,13 +644,17 @@ pub mod usid_repair {
     pub const MAX_WITH: usize = 4;
 }
 
-/// The switch's own uSID (the list's first uSID is its own before the kernel's End consumes it)
-/// and how many rules there are: with none, a uSID packet costs one array lookup.
+/// The switch's own uSID (the list's first uSID is its own before its End consumes it), who
+/// consumes it, and how many rules there are: with none, and the kernel consuming it, a uSID
+/// packet costs one array lookup.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UsidRepairConfig {
     pub me: u16,
-    pub _pad: u16,
+    /// 1: `tc_forward` itself consumes `me` and shifts the list (uN in eBPF: the kernel has no
+    /// `seg6local`, or the agent was told `--usid ebpf`); 0: the kernel's End route does. An
+    /// older agent wrote 0 here (the field was padding), which is what it meant.
+    pub shift: u16,
     pub rules: u32,
 }
 

@@ -20,6 +20,7 @@ mod srv6;
 mod tc_forward;
 mod tc_stamp;
 mod usid_repair;
+mod usid_shift;
 mod xdp_strip;
 
 use aya_ebpf::{

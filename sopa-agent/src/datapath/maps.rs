@@ -820,12 +820,14 @@ impl ForwardMaps {
         Ok(())
     }
 
-    /// Makes the SRv6 repair's rules exactly `rules`, for a switch whose uSID is `me`: new and
-    /// changed rules first, the count raised before and lowered after, stale rules last, so a
-    /// packet never finds the count saying "none" while a rule it needs is written.
+    /// Makes the SRv6 repair's rules exactly `rules`, for a switch whose uSID is `me` (which
+    /// `tc_forward` consumes itself where `shift`): new and changed rules first, the count
+    /// raised before and lowered after, stale rules last, so a packet never finds the count
+    /// saying "none" while a rule it needs is written.
     pub fn set_usid_rules(
         &mut self,
         me: u16,
+        shift: bool,
         rules: &std::collections::BTreeMap<UsidRuleKey, UsidRule>,
     ) -> Result<()> {
         let usid = self.usid.as_mut().ok_or_else(|| {
@@ -836,7 +838,7 @@ impl ForwardMaps {
         let old: Vec<UsidRuleKey> = usid.rules.keys().filter_map(|k| k.ok()).collect();
         let config = |rules: usize| UsidRepairConfig {
             me,
-            _pad: 0,
+            shift: u16::from(shift),
             rules: rules as u32,
         };
         let most = old.len().max(rules.len());

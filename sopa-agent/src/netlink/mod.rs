@@ -31,6 +31,9 @@ use crate::{
     path_table::Prefix,
 };
 
+/// `lo`'s interface index, the same in every network namespace.
+const LOOPBACK_IFINDEX: u32 = 1;
+
 /// A netlink connection for routes, with the codec that keeps every route readable: the
 /// connection (to spawn), its handle, and the messages nobody asked for (events, once the
 /// socket joins a multicast group).
@@ -296,6 +299,42 @@ impl Netlink {
                 format!("installing IPv6 route {}", route.name()),
                 err,
             )),
+        }
+    }
+
+    /// Whether the kernel takes a `seg6local` End route with the NEXT-C-SID flavour: one is
+    /// added through `lo` to `table` (which no rule names, so nothing routes by it) and removed
+    /// (see `probe::seg6local`).
+    pub async fn probe_seg6local(&self, table: u32) -> Result<bool> {
+        let route = Route6 {
+            dst: std::net::Ipv6Addr::new(0xfcbb, 0xbb00, 0xffff, 0, 0, 0, 0, 0),
+            len: 48,
+            action: Action6::UsidEnd {
+                oif: LOOPBACK_IFINDEX,
+            },
+            mtu: None,
+        };
+        let mut msg = route.to_message();
+        msg.header.table = RouteHeader::RT_TABLE_UNSPEC;
+        msg.attributes
+            .push(netlink_packet_route::route::RouteAttribute::Table(table));
+        match self
+            .route_request(
+                RouteNetlinkMessage::NewRoute(msg.clone()),
+                NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
+            )
+            .await
+        {
+            Ok(_) => {
+                self.route_request(RouteNetlinkMessage::DelRoute(msg), NLM_F_ACK)
+                    .await
+                    .map_err(|err| Error::netlink("removing the seg6local probe route", err))?;
+                Ok(true)
+            }
+            // The encapsulation was taken; only `lo` being down was refused.
+            Err(err) if errno(&err) == Some(libc::ENETDOWN) => Ok(true),
+            Err(err) if errno(&err) == Some(libc::EOPNOTSUPP) => Ok(false),
+            Err(err) => Err(Error::netlink("probing for seg6local", err)),
         }
     }
 

@@ -52,6 +52,8 @@ pub(crate) struct Repair {
     /// The uSID rules written (SRv6), and the uSID they were written for.
     usid_written: BTreeMap<UsidRuleKey, UsidRule>,
     usid_me: u16,
+    /// `tc_forward` consumes this switch's uSID itself (the kernel has no End route for it).
+    usid_shift: bool,
     last: Reaction,
 }
 
@@ -71,7 +73,7 @@ pub struct Repaired {
 impl Repair {
     /// Takes over `maps` as they are: entries a previous agent left (an adopted datapath) count
     /// as written, so the first plan removes those it no longer has.
-    pub fn new(maps: ForwardMaps) -> Result<Self> {
+    pub fn new(maps: ForwardMaps, usid_shift: bool) -> Result<Self> {
         let written = maps.entries()?;
         let usid_written = maps.usid_rules().unwrap_or_default();
         Ok(Self {
@@ -83,6 +85,7 @@ impl Repair {
             // Not a uSID of any switch: the first write sets the configuration whatever an
             // earlier agent left in it.
             usid_me: u16::MAX,
+            usid_shift,
             last: Reaction::default(),
         })
     }
@@ -279,7 +282,7 @@ impl Repair {
         if (me, &rules) == (self.usid_me, &self.usid_written) {
             return Ok(());
         }
-        self.maps.set_usid_rules(me, &rules)?;
+        self.maps.set_usid_rules(me, self.usid_shift, &rules)?;
         self.usid_me = me;
         self.usid_written = rules;
         Ok(())

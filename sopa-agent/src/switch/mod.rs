@@ -10,6 +10,7 @@
 //! `IP_OPTIONS` or a raw socket). On every other port `tc_forward` neutralizes the option.
 
 mod failover;
+pub mod usid;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -53,6 +54,8 @@ pub struct SwitchOptions {
     pub netns: Option<String>,
     /// Where `tc_forward` goes in each port's TCX ingress chain.
     pub tcx_order: TcxOrder,
+    /// Who consumes the switch's uSID in the SRv6 encoding (`--usid`).
+    pub usid: usid::UsidMode,
 }
 
 pub struct Switch {
@@ -77,6 +80,8 @@ pub struct Switch {
     /// How the hosts carry the path: in SRv6 this switch is a plain Linux SRv6 node (IPv6
     /// routes and `seg6local` End), and `tc_forward` is not attached.
     encoding: Encoding,
+    /// Who consumes this switch's uSID in the SRv6 encoding.
+    usid: usid::UsidEnd,
 }
 
 /// One port of this switch: the interface and the neighbour behind it.
@@ -186,6 +191,8 @@ impl Switch {
         crate::datapath::check_kernel()?;
         crate::datapath::check_bpffs()?;
         let netlink = Netlink::connect()?;
+        // Before anything changes: a forced choice the kernel cannot honour is a refusal.
+        let (usid, usid_why) = usid::choose(opts.usid, &netlink).await?;
         let dir = run_dir(&opts.node);
         // A previous run left its forwarding in place (pinned links, routes, maps), after a
         // crash or on purpose (--keep-attached): adopt it, so traffic never stops, and take
@@ -266,6 +273,12 @@ impl Switch {
             adopted: adoption,
             programs: None,
             reloads_on_sighup: false,
+            usid: Some(usid.name().into()),
+            fallbacks: if usid == usid::UsidEnd::Ebpf {
+                BTreeMap::from([("seg6local".to_owned(), usid_why)])
+            } else {
+                BTreeMap::new()
+            },
         };
         let adopting = !record.changes.is_empty();
         let mut journal = Journal::create(&dir, record)?;
@@ -279,7 +292,8 @@ impl Switch {
                 journal.push(Change::Pins { dir: pins.clone() })?;
             }
             let mut datapath = Datapath::load_switch(&pins)?;
-            let repair = failover::Repair::new(datapath.take_forward_maps()?)?;
+            let repair =
+                failover::Repair::new(datapath.take_forward_maps()?, usid == usid::UsidEnd::Ebpf)?;
             // Counters an agent of an older layout left, set into ours before anything counts
             // there.
             let carry = crate::datapath::layout::Carry::start(&pins)
@@ -319,6 +333,7 @@ impl Switch {
                 tcx_order: opts.tcx_order,
                 carry,
                 encoding: Encoding::default(),
+                usid,
             }),
             Err(e) => {
                 if !adopting {
@@ -530,6 +545,8 @@ impl Switch {
                 .map_err(|e| Error::Config(e.to_string()))?;
             for r in plan {
                 let route = match r {
+                    // tc_forward consumes it: no route, no anchor.
+                    Srv6Route::End { .. } if self.usid == usid::UsidEnd::Ebpf => continue,
                     Srv6Route::End { usid } => {
                         let (dst, len) = plan6::locator(usid);
                         Route6 {

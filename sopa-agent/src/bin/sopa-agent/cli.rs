@@ -3,7 +3,9 @@
 use std::{net::SocketAddr, path::PathBuf};
 
 use clap::{Parser, Subcommand};
-use sopa_agent::{datapath::TcxOrder, granularity::Granularity, host::XdpAttach};
+use sopa_agent::{
+    datapath::TcxOrder, granularity::Granularity, host::XdpAttach, switch::usid::UsidMode,
+};
 
 /// SOPA host agent: spreads every TCP/UDP flow over all equal-cost fabric paths in strict
 /// round-robin, written into a 4-byte IPv4 source-route option.
@@ -190,6 +192,11 @@ pub struct SwitchArgs {
     /// Where tc_forward goes among each port's other TCX ingress programs: last or first.
     #[arg(long, env = "SOPA_TCX_ORDER", value_enum, default_value_t = TcxOrder::Last)]
     pub tcx_order: TcxOrder,
+    /// SRv6: who consumes this switch's uSID. auto: the kernel's seg6local End route where the
+    /// kernel has it (CONFIG_IPV6_SEG6_LWTUNNEL), tc_forward otherwise; kernel: refused at
+    /// start without it; ebpf: tc_forward on any kernel.
+    #[arg(long, env = "SOPA_USID", value_enum, default_value_t = UsidMode::Auto)]
+    pub usid: UsidMode,
     /// On exit, leave the forwarding in place (tc_forward on every port, routes, settings):
     /// the switch keeps forwarding while no agent runs. The next agent adopts it, replacing
     /// the programs in place; `detach` removes it.

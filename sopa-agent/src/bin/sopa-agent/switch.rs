@@ -37,6 +37,7 @@ pub async fn switch(args: SwitchArgs, netns: Option<String>) -> Result<(), Error
         reset: args.reset,
         netns,
         tcx_order: args.tcx_order,
+        usid: args.usid,
     })
     .await?;
     let name = args.host.clone().unwrap_or_else(|| args.node.node.clone());
