@@ -367,3 +367,92 @@ fn read_until(socket: &OwnedFd, stop: &AtomicBool) -> Result<Captured> {
     captured.dropped = stats.tp_drops;
     Ok(captured)
 }
+
+/// The path meter's colors in captured SRv6 frames, judged against the TAI clock: a mark's
+/// color is its period's parity, which the agent turns within an eighth of a period.
+#[derive(Debug, Default)]
+pub struct MarkColors {
+    /// Marked frames per color.
+    pub colors: [u64; 2],
+    /// Marks far enough from a period's turn to be judged (an eighth after it, a sixteenth
+    /// before the next).
+    pub judged: u64,
+    /// The judged marks with the other period's color: (period, color).
+    pub wrong: Vec<(i128, u8)>,
+    /// From the first marked frame to the last, in nanoseconds.
+    pub span_ns: i128,
+}
+
+/// Judges the colors of the frames `keep` accepts among `c`'s, for a meter of `period`.
+pub fn mark_colors(
+    c: &Captured,
+    period: std::time::Duration,
+    keep: impl Fn(&Srv6Frame) -> bool,
+) -> MarkColors {
+    let unix_ns = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i128)
+    };
+    // CLOCK_TAI minus the realtime clock, read back to back: the receive times moved onto TAI.
+    let offset = i128::from(sopa_agent::meter::tai_ns()) - unix_ns(std::time::SystemTime::now());
+    let t = period.as_nanos() as i128;
+    let mut out = MarkColors::default();
+    let (mut first, mut last) = (None, 0);
+    for (frame, at) in c.frames.iter().zip(&c.times) {
+        let Some(f) = srv6(frame).filter(&keep) else {
+            continue;
+        };
+        let Some((_, color)) = f.mark else {
+            continue;
+        };
+        out.colors[usize::from(color & 1)] += 1;
+        let tai = unix_ns(*at) + offset;
+        first.get_or_insert(tai);
+        last = tai;
+        if (t / 8..t - t / 16).contains(&tai.rem_euclid(t)) {
+            out.judged += 1;
+            if i128::from(color) != (tai / t) & 1 {
+                out.wrong.push((tai / t, color));
+            }
+        }
+    }
+    out.span_ns = first.map_or(0, |f| last - f);
+    out
+}
+
+impl std::fmt::Display for MarkColors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:?} marks per color over {:.2} s, {} judged against TAI, {} of the other period's \
+             color",
+            self.colors,
+            self.span_ns as f64 / 1e9,
+            self.judged,
+            self.wrong.len()
+        )
+    }
+}
+
+impl MarkColors {
+    /// Panics unless every judged mark has its period's color, at least `least` were judged,
+    /// and marks spanning more than two periods came in both colors.
+    pub fn assert_by_tai(&self, least: u64, period: std::time::Duration) {
+        assert!(
+            self.wrong.is_empty(),
+            "{} of {} marks carry the other period's color (period, color): {:?}",
+            self.wrong.len(),
+            self.judged,
+            &self.wrong[..self.wrong.len().min(8)]
+        );
+        assert!(self.judged >= least, "{} marks judged", self.judged);
+        if self.span_ns > 2 * period.as_nanos() as i128 {
+            assert!(
+                self.colors.iter().all(|c| *c > 0),
+                "{} ns of marks, all of one color: {:?}",
+                self.span_ns,
+                self.colors
+            );
+        }
+    }
+}

@@ -76,6 +76,8 @@ pub struct FabricOptions {
     pub encoding: Encoding,
     /// How a shaped link serializes its packets.
     pub link_qdisc: LinkQdisc,
+    /// Extra flags for every switch agent (e.g. `--usid ebpf`).
+    pub switch_args: Vec<String>,
 }
 
 /// The qdisc that makes a veth a link of the fabric's rate (this kernel has htb, tbf and
@@ -124,6 +126,7 @@ impl Default for FabricOptions {
             controllers: 1,
             encoding: Encoding::default(),
             link_qdisc: LinkQdisc::default(),
+            switch_args: Vec::new(),
         }
     }
 }
@@ -444,11 +447,11 @@ impl Fabric {
         } else {
             self.start_controller()?;
         }
+        self.opts = opts.clone();
         let g = self.topo.graph().clone();
         for node in g.nodes.iter().filter(|n| n.kind.is_switch()) {
             self.start_switch(&node.name)?;
         }
-        self.opts = opts.clone();
         for node in g.nodes.iter().filter(|n| n.kind == NodeKind::Host) {
             self.start_host(&node.name)?;
         }
@@ -760,6 +763,7 @@ impl Fabric {
             "--heartbeat-ms",
             "500",
         ];
+        args.extend(self.opts.switch_args.iter().map(String::as_str));
         args.extend_from_slice(extra);
         if extra.contains(&"--keep-attached") {
             self.kept_attached.insert(agent_node.clone());

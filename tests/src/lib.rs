@@ -14,6 +14,7 @@ pub mod failure;
 pub mod figures;
 pub mod granularity;
 pub mod gray;
+pub mod kernel;
 pub mod leftovers;
 pub mod loss;
 pub mod lossy;

@@ -76,6 +76,8 @@ pub type Phase<T> = (&'static str, fn(&mut T));
 pub struct Suite {
     trials: Vec<Trial>,
     slots: Arc<Mutex<Vec<Arc<dyn Clear>>>>,
+    /// Tests this kernel cannot run, and why.
+    skips: Vec<(&'static str, String)>,
 }
 
 impl Suite {
@@ -123,12 +125,34 @@ impl Suite {
         self
     }
 
+    /// A test this kernel cannot run (it lacks what the test exists for): reported as ignored
+    /// and recorded as skipped with `why` (`crate::skipped`), never as passed.
+    pub fn skip(mut self, name: &'static str, why: String) -> Self {
+        self.trials
+            .push(Trial::test(name, || Ok(())).with_ignored_flag(true));
+        self.skips.push((name, why));
+        self
+    }
+
     /// Runs what the command line's filter keeps, drops every shared setup, and returns the
     /// exit code libtest would.
     pub fn run(self) -> ExitCode {
         let mut args = Arguments::from_args();
         // Phases share one fabric: never two at a time.
         args.test_threads = Some(1);
+        // What the filter keeps of the tests this kernel cannot run is recorded as skipped.
+        for (name, why) in &self.skips {
+            let kept = args.filter.as_deref().is_none_or(|f| {
+                if args.exact {
+                    *name == f
+                } else {
+                    name.contains(f)
+                }
+            }) && !args.skip.iter().any(|s| name.contains(s.as_str()));
+            if kept && !args.list {
+                crate::skipped(name, why);
+            }
+        }
         let conclusion = libtest_mimic::run(&args, self.trials);
         for slot in lock(&self.slots).iter() {
             slot.clear();

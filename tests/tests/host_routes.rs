@@ -110,7 +110,16 @@ fn every_route_attribute_survives_the_rewrite_and_a_stop_restores_it_byte_for_by
         &arb.a_if,
     ])
     .unwrap();
-    let routes = routes(&arb.a_if);
+    let mut routes = routes(&arb.a_if);
+    // A kernel without seg6 lightweight tunnels (CONFIG_IPV6_SEG6_LWTUNNEL) cannot hold the
+    // route with the seg6 encapsulation: that attribute is not checked there, and says so.
+    if !sopa_testbed::kernel::has_seg6local() {
+        routes.retain(|(_, args, _)| !args.iter().any(|a| a == "seg6"));
+        sopa_testbed::skipped(
+            "host_routes: a route with a seg6 encapsulation",
+            "the kernel has no seg6 lightweight tunnels (CONFIG_IPV6_SEG6_LWTUNNEL is not set)",
+        );
+    }
     for (prefix, args, _) in &routes {
         let mut cmd = vec!["route", "add", prefix];
         cmd.extend(args.iter().map(String::as_str));

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use sopa_testbed::{
     NetNs,
-    capture::Capture,
+    capture::{Capture, mark_colors},
     fabric::Fabric,
     failure::transfer_cut_midway,
     reach::all_pairs_tcp,
@@ -132,6 +132,8 @@ pub fn carries_the_round_robin_exactly(f: &mut Fabric) {
     let g = f.topo.graph().clone();
     let before = ports(f);
     let at_h4 = Capture::start(f.ns("h4"), &f.host_ifaces[&g.find("h4").unwrap()]).unwrap();
+    // And where a0 receives from e0: the path meter's marks on the wire.
+    let at_a0 = Capture::start(f.ns("a0"), &f.link_iface("a0", "e0")).unwrap();
     let t = tcp_transfer(
         f.ns("h0"),
         f.ns("h4"),
@@ -142,6 +144,12 @@ pub fn carries_the_round_robin_exactly(f: &mut Fabric) {
     )
     .expect("h0 -> h4");
     assert!(t.intact());
+    let on_wire = at_a0.finish().unwrap();
+    let h0 = embed(g.node(g.find("h0").unwrap()).addr.unwrap());
+    let period = sopa_agent::meter::DEFAULT_PERIOD;
+    let colors = mark_colors(&on_wire, period, |fr| fr.src == h0);
+    eprintln!("h0's marks at a0: {colors}");
+    colors.assert_by_tai(1000, period);
     let frames = at_h4.finish().unwrap().frames;
     let outer = frames
         .iter()
