@@ -134,6 +134,19 @@ pub struct Finding {
     pub without: &'static str,
 }
 
+/// Whether this kernel's verifier passes every program of both roles: they are loaded, with
+/// their maps pinned in a folder of this probe's own under bpffs, and let go. `Err` with the
+/// verifier's or the loader's words.
+pub fn programs_load() -> std::result::Result<(), String> {
+    let dir = std::path::Path::new(crate::BPFFS_ROOT)
+        .parent()
+        .unwrap_or(std::path::Path::new("/sys/fs/bpf"))
+        .join(format!("sopa-doctor-{}", std::process::id()));
+    let loaded = crate::datapath::Datapath::verify_all(&dir).map_err(|e| e.to_string());
+    let _ = std::fs::remove_dir_all(&dir);
+    loaded
+}
+
 /// Every feature the agent uses, as this kernel has it. `netlink` is the agent's namespace's
 /// route socket (for the `seg6local` probe).
 pub async fn findings(netlink: &Netlink) -> Result<Vec<Finding>> {
@@ -141,6 +154,12 @@ pub async fn findings(netlink: &Netlink) -> Result<Vec<Finding>> {
     let config = KernelConfig::read();
     let at_least = |major: u8, minor: u8| Some(v >= KernelVersion::new(major, minor, 0));
     Ok(vec![
+        Finding {
+            feature: "the datapath's programs pass the verifier",
+            source: "this kernel",
+            present: Presence::of(Some(programs_load().is_ok())),
+            without: "the agent refuses to start, with the verifier's words (sopa-agent doctor --json)",
+        },
         Finding {
             feature: "TCX links for TC programs",
             source: "Linux 6.6",

@@ -53,6 +53,9 @@ pub struct ClientConfig {
     pub heartbeat: Duration,
     pub min_backoff: Duration,
     pub max_backoff: Duration,
+    /// What the agent does without features its kernel lacks (`feature: instead`), told the
+    /// controller in the hello.
+    pub fallbacks: Vec<String>,
 }
 
 impl ClientConfig {
@@ -66,6 +69,7 @@ impl ClientConfig {
             heartbeat: Duration::from_secs(1),
             min_backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(30),
+            fallbacks: Vec::new(),
         }
     }
 }
@@ -294,6 +298,7 @@ async fn session<A: Applier, R: Into<agent_message::Kind>>(
             agent_version: env!("CARGO_PKG_VERSION").to_owned(),
             topology_name: cfg.topology_name.clone().unwrap_or_default(),
             heartbeat_ms: u32::try_from(cfg.heartbeat.as_millis()).unwrap_or(u32::MAX),
+            fallbacks: cfg.fallbacks.clone(),
         })),
     };
     let _ = tx.send(hello).await;

@@ -86,6 +86,10 @@ pub struct Hello {
     /// silent intervals (0: an agent from before this field, taken as 1 s).
     #[prost(uint32, tag = "7")]
     pub heartbeat_ms: u32,
+    /// What the agent does without features its kernel lacks, one `feature: instead` each
+    /// (at most [`MAX_FALLBACKS`]); empty from an agent before this field.
+    #[prost(string, repeated, tag = "8")]
+    pub fallbacks: Vec<String>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -459,6 +463,9 @@ pub struct AgentStatus {
     pub last_error: String,
     #[prost(string, tag = "8")]
     pub agent_version: String,
+    /// The agent's fallbacks, as its hello said them.
+    #[prost(string, repeated, tag = "9")]
+    pub fallbacks: Vec<String>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -577,3 +584,6 @@ pub struct RefusalCount {
 /// The longest text an agent's message may carry in a field the controller keeps (a NACK's
 /// error, an agent's version); longer ones are cut there.
 pub const MAX_TEXT_BYTES: usize = 512;
+
+/// The most fallbacks a hello may list (each at most [`MAX_TEXT_BYTES`]).
+pub const MAX_FALLBACKS: usize = 16;

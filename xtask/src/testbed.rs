@@ -40,6 +40,10 @@ pub enum TestbedCommand {
         /// How shaped links serialize: htb, or tbf with a one-packet bucket.
         #[arg(long, default_value = "htb")]
         qdisc: LinkQdisc,
+        /// SRv6: who consumes each switch's uSID (the switch agents' --usid): auto (the
+        /// kernel's seg6local End where the kernel has it, tc_forward otherwise), kernel, ebpf.
+        #[arg(long, default_value = "auto", value_parser = ["auto", "kernel", "ebpf"])]
+        usid: String,
     },
     /// Run a command in a node's namespace: `testbed exec h0 -- ping 10.1.0.2`.
     Exec {
@@ -117,6 +121,7 @@ pub fn run(cmd: TestbedCommand) -> Result<()> {
             controllers,
             encoding,
             qdisc,
+            usid,
         } => {
             if state_file().exists() {
                 bail!(
@@ -134,6 +139,7 @@ pub fn run(cmd: TestbedCommand) -> Result<()> {
                 controllers: usize::from(controllers),
                 encoding,
                 link_qdisc: qdisc,
+                switch_args: vec!["--usid".into(), usid.clone()],
             };
             eprintln!(
                 "==> building {topo} at {} in namespaces",

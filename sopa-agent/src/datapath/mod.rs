@@ -220,6 +220,18 @@ impl Datapath {
         Self::load_programs(pin_dir, &[STAMP_PROGRAM, STRIP_PROGRAM], Some(capacity))
     }
 
+    /// Loads every program of both roles into the kernel (the verifier passes them or says
+    /// why not), with the maps pinned in `pin_dir`, and lets them go: what `sopa-agent doctor`
+    /// asks of this kernel.
+    pub fn verify_all(pin_dir: &Path) -> Result<()> {
+        Self::load_programs(
+            pin_dir,
+            &[STAMP_PROGRAM, STRIP_PROGRAM, FORWARD_PROGRAM],
+            None,
+        )
+        .map(drop)
+    }
+
     /// The switch role's datapath: `tc_forward` only.
     pub fn load_switch(pin_dir: &Path) -> Result<Self> {
         Self::load_programs(pin_dir, &[FORWARD_PROGRAM], None)

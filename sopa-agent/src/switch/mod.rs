@@ -192,7 +192,7 @@ impl Switch {
         crate::datapath::check_bpffs()?;
         let netlink = Netlink::connect()?;
         // Before anything changes: a forced choice the kernel cannot honour is a refusal.
-        let (usid, usid_why) = usid::choose(opts.usid, &netlink).await?;
+        let (usid, _, usid_fallback) = usid::choose(opts.usid, &netlink).await?;
         let dir = run_dir(&opts.node);
         // A previous run left its forwarding in place (pinned links, routes, maps), after a
         // crash or on purpose (--keep-attached): adopt it, so traffic never stops, and take
@@ -274,11 +274,10 @@ impl Switch {
             programs: None,
             reloads_on_sighup: false,
             usid: Some(usid.name().into()),
-            fallbacks: if usid == usid::UsidEnd::Ebpf {
-                BTreeMap::from([("seg6local".to_owned(), usid_why)])
-            } else {
-                BTreeMap::new()
-            },
+            fallbacks: usid_fallback
+                .into_iter()
+                .map(|instead| ("seg6local".to_owned(), instead))
+                .collect(),
         };
         let adopting = !record.changes.is_empty();
         let mut journal = Journal::create(&dir, record)?;
@@ -342,6 +341,21 @@ impl Switch {
                 Err(e)
             }
         }
+    }
+
+    /// What this switch does without features its kernel lacks, one `feature: instead` each
+    /// (for the controller's view of the fleet).
+    pub fn fallbacks(&self) -> Vec<String> {
+        self.journal
+            .as_ref()
+            .map(|j| {
+                j.record
+                    .fallbacks
+                    .iter()
+                    .map(|(f, instead)| format!("{f}: {instead}"))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// Installs the plan of `node` in `topo` under `failures`: routes, `tc_forward` on each

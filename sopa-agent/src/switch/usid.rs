@@ -41,8 +41,12 @@ impl UsidEnd {
     }
 }
 
-/// What `mode` comes to on this kernel, and why, in words for the record and the operator.
-pub async fn choose(mode: UsidMode, netlink: &Netlink) -> Result<(UsidEnd, String)> {
+/// What `mode` comes to on this kernel, and why, in words for the record and the operator;
+/// the words again as a fallback where the kernel's lack of `seg6local` made the choice.
+pub async fn choose(
+    mode: UsidMode,
+    netlink: &Netlink,
+) -> Result<(UsidEnd, String, Option<String>)> {
     let has = probe::seg6local(netlink).await?;
     let chosen = match (mode, has) {
         (UsidMode::Kernel, false) => {
@@ -68,10 +72,12 @@ pub async fn choose(mode: UsidMode, netlink: &Netlink) -> Result<(UsidEnd, Strin
             "tc_forward (uN in eBPF), as --usid ebpf asks".to_owned(),
         ),
     };
-    if chosen.0 == UsidEnd::Ebpf && !has {
+    let fallback = (chosen.0 == UsidEnd::Ebpf && !has).then(|| {
         warn!(consumer = %chosen.1, "the SRv6 encoding's uSID");
-    } else {
+        chosen.1.clone()
+    });
+    if fallback.is_none() {
         info!(consumer = %chosen.1, "the SRv6 encoding's uSID");
     }
-    Ok(chosen)
+    Ok((chosen.0, chosen.1, fallback))
 }

@@ -11,8 +11,8 @@ use std::{
 use sopa_channel::{
     identity,
     proto::{
-        self, AgentMessage, ChangeReply, ControllerMessage, Delta, Heartbeat, MAX_TEXT_BYTES, Role,
-        agent_message, controller_message,
+        self, AgentMessage, ChangeReply, ControllerMessage, Delta, Heartbeat, MAX_FALLBACKS,
+        MAX_TEXT_BYTES, Role, agent_message, controller_message,
     },
 };
 use tokio::sync::{broadcast, mpsc};
@@ -312,12 +312,14 @@ impl ChannelService {
             || hello.node.len() > identity::MAX_NODE_LEN
             || hello.topology_name.len() > identity::MAX_NODE_LEN
             || hello.agent_version.len() > MAX_TEXT_BYTES
+            || hello.fallbacks.len() > MAX_FALLBACKS
+            || hello.fallbacks.iter().any(|f| f.len() > MAX_TEXT_BYTES)
         {
             return Err(self.refuse(
                 Refusal::FieldTooLong,
                 peer,
                 Status::invalid_argument(format!(
-                    "hello: the node name must be 1 to {} bytes, the topology name at most {}, the agent version at most {MAX_TEXT_BYTES}",
+                    "hello: the node name must be 1 to {} bytes, the topology name at most {}, the agent version at most {MAX_TEXT_BYTES}, at most {MAX_FALLBACKS} fallbacks of at most {MAX_TEXT_BYTES} each",
                     identity::MAX_NODE_LEN,
                     identity::MAX_NODE_LEN
                 )),
@@ -498,6 +500,7 @@ impl proto::channel::channel_server::Channel for ChannelService {
                     connected: true,
                     applied_version: hello.version,
                     agent_version: hello.agent_version.clone(),
+                    fallbacks: hello.fallbacks.clone(),
                     session,
                     ..AgentRecord::default()
                 },

@@ -46,6 +46,8 @@ pub struct AgentRecord {
     pub last_nack: u64,
     pub last_error: String,
     pub agent_version: String,
+    /// What the agent does without features its kernel lacks, as its hello said.
+    pub fallbacks: Vec<String>,
     session: u64,
 }
 
@@ -490,6 +492,7 @@ impl Controller {
                 last_nack: r.last_nack,
                 last_error: r.last_error.clone(),
                 agent_version: r.agent_version.clone(),
+                fallbacks: r.fallbacks.clone(),
             })
             .collect();
         StatusReply {

@@ -111,6 +111,24 @@ pub fn carries_the_round_robin_exactly(f: &mut Fabric) {
     let e0 = f.ns("e0").ip(&["-6", "route", "show"]).unwrap();
     let end = "encap seg6local action End flavors next-csid lblen 32 nflen 16";
     let kernel_end = usid(f, "e0") == "kernel";
+    // The controller shows what each switch does without a feature its kernel lacks: a kernel
+    // without seg6local has every switch consume its uSID in tc_forward, and says so.
+    let fallback = !sopa_testbed::kernel::has_seg6local();
+    let st: serde_json::Value =
+        serde_json::from_str(&f.sopactl(&["status", "--json"]).unwrap()).expect("status JSON");
+    for a in st["agents"].as_array().unwrap() {
+        let said = a["fallbacks"].as_array().is_some_and(|l| {
+            l.iter()
+                .any(|x| x.as_str().is_some_and(|x| x.starts_with("seg6local: ")))
+        });
+        assert_eq!(
+            said,
+            fallback && a["role"] == "switch",
+            "{}'s fallbacks in the controller's status: {}",
+            a["node"],
+            a["fallbacks"]
+        );
+    }
     assert_eq!(
         e0.contains(end),
         kernel_end,

@@ -68,6 +68,13 @@ pub enum Command {
         #[command(flatten)]
         node: NodeArg,
     },
+    /// What this kernel has of what the agent uses (TCX, cls_bpf, XDP, the helpers, BTF,
+    /// seg6local, CLOCK_TAI, IPv6) and what the agent does where a feature is missing.
+    Doctor {
+        /// Print JSON instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Validate a path table file and print it.
     CheckPaths {
         /// The TOML path table.

@@ -4,6 +4,7 @@
 mod channel;
 mod cli;
 mod detach;
+mod doctor;
 mod granularity;
 mod run;
 mod switch;
@@ -52,6 +53,7 @@ async fn dispatch(command: Command, netns: Option<String>) -> Result<(), Error> 
         }
         Command::Detach { node } => detach::detach(&node.node, netns.as_deref()).await,
         Command::Switch(args) => switch::switch(args, netns).await,
+        Command::Doctor { json } => doctor::doctor(json).await,
         Command::Status { node, json } => {
             host::validate_node(&node.node)?;
             let status = status::read(

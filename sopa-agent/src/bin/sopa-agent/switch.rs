@@ -10,7 +10,7 @@ use crate::{
 };
 
 pub async fn switch(args: SwitchArgs, netns: Option<String>) -> Result<(), Error> {
-    let cfg = channel_config(
+    let mut cfg = channel_config(
         &ChannelArgs {
             node: &args.node.node,
             topology_name: args.host.as_deref(),
@@ -40,6 +40,7 @@ pub async fn switch(args: SwitchArgs, netns: Option<String>) -> Result<(), Error
         usid: args.usid,
     })
     .await?;
+    cfg.fallbacks = sw.fallbacks();
     let name = args.host.clone().unwrap_or_else(|| args.node.node.clone());
     info!(node = %args.node.node, topology_name = %name, controller = %args.controller, "switch running");
     {

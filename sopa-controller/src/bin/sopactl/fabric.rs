@@ -273,6 +273,7 @@ pub fn status(c: &Connection, json: bool) -> Result<()> {
                         "node": a.node, "role": role(a.role), "connected": a.connected,
                         "applied_version": a.applied_version, "last_ack": a.last_ack,
                         "last_nack": a.last_nack, "last_error": a.last_error, "agent_version": a.agent_version,
+                        "fallbacks": a.fallbacks,
                     })
                 })
                 .collect();
@@ -368,6 +369,9 @@ pub fn status(c: &Connection, json: bool) -> Result<()> {
                 "{:<24} {:<7} {:<13} {:>8} {:>8} {:>9}  {}",
                 a.node, role(a.role), state, a.applied_version, a.last_ack, a.last_nack, a.last_error
             );
+        }
+        for a in s.agents.iter().filter(|a| !a.fallbacks.is_empty()) {
+            println!("{} runs without: {}", a.node, a.fallbacks.join("; "));
         }
         Ok(())
     })
