@@ -52,6 +52,16 @@ pub enum Change {
     Route6Added {
         route: crate::netlink::Route6,
     },
+    /// A clsact qdisc the agent added for its filters (a kernel without TCX; undo: remove it,
+    /// once no filter but the agent's own is under it).
+    Clsact {
+        ifname: String,
+        index: u32,
+    },
+    /// A cls_bpf filter of the agent's (undo: remove it).
+    TcFilter {
+        filter: crate::netlink::tc::Filter,
+    },
 }
 
 /// What a running agent records about itself.
@@ -94,6 +104,10 @@ pub struct Record {
     /// route) or `ebpf` (`tc_forward`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usid: Option<String>,
+    /// How the TC programs attach: `tcx` (links) or `tc` (cls_bpf filters); absent in records
+    /// of agents before the choice, which attached with TCX.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attach: Option<String>,
     /// Features this kernel lacks and what the agent does instead (feature -> instead).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub fallbacks: BTreeMap<String, String>,
@@ -498,6 +512,9 @@ async fn redo_one(change: &Change, netlink: &Netlink) -> Result<()> {
         Change::RouteAdded { route } => netlink.add_route(route, true).await,
         Change::RouteReplaced { new, .. } => netlink.add_route(new, true).await,
         Change::Route6Added { route } => netlink.add_route6(route).await,
+        // A filter comes back with its program when the role attaches; a qdisc is not taken
+        // back by any agent.
+        Change::Clsact { .. } | Change::TcFilter { .. } => Ok(()),
     }
 }
 
@@ -568,6 +585,24 @@ async fn undo_one(change: &Change, netlink: &Netlink) -> Result<()> {
         // Removed with its next hops or behaviour: a route someone replaced since with another
         // one does not match, and stays.
         Change::Route6Added { route } => netlink.delete_route6(route).await,
+        Change::TcFilter { filter } => crate::datapath::tc_hook::detach(filter),
+        Change::Clsact { ifname, index } => {
+            // The interface may be another one by now, or hold other tools' filters: only the
+            // qdisc we added, once empty, goes.
+            match netlink.link(ifname).await {
+                Ok(link) if link.index == *index => {}
+                Ok(_) | Err(Error::UnknownInterface(_)) => return Ok(()),
+                Err(err) => return Err(err),
+            }
+            if !netlink.has_clsact(*index).await? {
+                return Ok(());
+            }
+            if netlink.tc_filters(*index).await?.is_empty() {
+                netlink.delete_clsact(*index).await
+            } else {
+                not_ours("the clsact qdisc (other filters are under it)")
+            }
+        }
     }
 }
 
@@ -594,6 +629,7 @@ mod tests {
             programs: None,
             reloads_on_sighup: false,
             usid: None,
+            attach: None,
             fallbacks: BTreeMap::new(),
         }
     }

@@ -58,8 +58,10 @@ pub struct HostOptions {
     /// A live agent of this node hands its datapath over (SIGUSR1: it exits keeping it
     /// attached) and this one adopts it: an upgrade in place.
     pub takeover: bool,
-    /// Where `tc_stamp` goes in the interface's TCX egress chain.
+    /// Where `tc_stamp` goes in the interface's TCX egress chain (or among its egress filters).
     pub tcx_order: crate::datapath::TcxOrder,
+    /// How `tc_stamp` attaches: a TCX link, or a cls_bpf filter (`--attach`).
+    pub attach: crate::datapath::tc_hook::AttachMode,
     /// The mode was given at start (`--mode`): a mode set at run time is forgotten, before
     /// the agent says it is up.
     pub forget_runtime_mode: bool,
@@ -233,6 +235,8 @@ impl Host {
         }
         check_privileges()?;
         crate::datapath::check_kernel()?;
+        // A forced choice the kernel cannot honour is refused before anything changes.
+        let (tc_hook, tc_fallback) = crate::datapath::tc_hook::choose(opts.attach)?;
         crate::datapath::check_bpffs()?;
         let netlink = Netlink::connect()?;
         let link = netlink.link(&opts.iface).await?;
@@ -280,7 +284,11 @@ impl Host {
             programs: None,
             reloads_on_sighup: false,
             usid: None,
-            fallbacks: Default::default(),
+            attach: Some(tc_hook.name().into()),
+            fallbacks: tc_fallback
+                .into_iter()
+                .map(|instead| ("tcx".to_owned(), instead))
+                .collect(),
         };
         let adopting = previous.is_some();
         let journal = match previous {
@@ -324,7 +332,7 @@ impl Host {
             let (datapath, maps, metrics) = Self::setup(
                 opts,
                 &link,
-                xdp_mode,
+                (xdp_mode, tc_hook),
                 &netlink,
                 &journal,
                 &gauges,
@@ -401,7 +409,7 @@ impl Host {
     async fn setup(
         opts: &HostOptions,
         link: &netlink::Link,
-        xdp_mode: XdpMode,
+        (xdp_mode, tc_hook): (XdpMode, crate::datapath::tc_hook::TcHook),
         netlink: &Netlink,
         journal: &SharedJournal,
         gauges: &metrics::AgentGauges,
@@ -465,6 +473,7 @@ impl Host {
         } else {
             None
         };
+        let hook = stamp_hook(opts, link, tc_hook, netlink, journal).await?;
         let written = (|| {
             maps.set_config(Config {
                 mode: opts.mode,
@@ -480,7 +489,7 @@ impl Host {
                 maps.apply_srv6(opts.paths.srv6.as_ref())?;
             }
             // Programs last: by the time the first packet is stamped, the routes fit it.
-            datapath.attach_host(&opts.iface, xdp_mode, opts.tcx_order)
+            datapath.attach_host(&opts.iface, xdp_mode, &hook)
         })();
         let attached = match written {
             Ok(attached) => attached,
@@ -534,6 +543,20 @@ impl Host {
             })
             .unwrap_or(Ok(()))?;
         Ok((datapath, maps, metrics))
+    }
+
+    /// What this host's agent does without features its kernel lacks, one `feature: instead`
+    /// each (for the controller's view of the fleet).
+    pub fn fallbacks(&self) -> Vec<String> {
+        self.journal
+            .with(|j| {
+                j.record
+                    .fallbacks
+                    .iter()
+                    .map(|(f, instead)| format!("{f}: {instead}"))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     pub fn maps(&self) -> Arc<Mutex<MapSet>> {
@@ -756,5 +779,60 @@ async fn hand_over(node: &str, run_dir: &Path, live: &Record) -> Result<Record> 
             )));
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Where `tc_stamp` goes on `link`: a TCX link; or our cls_bpf filter, the one an adopted
+/// datapath has there (its program replaced in place) or a new one, recorded (with the clsact
+/// qdisc, where one had to be added) before it is made. A datapath attached the other way than
+/// this agent attaches is refused, not attached twice.
+async fn stamp_hook(
+    opts: &HostOptions,
+    link: &netlink::Link,
+    tc_hook: crate::datapath::tc_hook::TcHook,
+    netlink: &Netlink,
+    journal: &SharedJournal,
+) -> Result<crate::datapath::Hook> {
+    use crate::datapath::{Hook, STAMP_LINK_PIN, tc_hook};
+    let adopted = journal.changes().into_iter().find_map(|c| match c {
+        Change::TcFilter { filter } if filter.index == link.index && !filter.ingress => {
+            Some(filter)
+        }
+        _ => None,
+    });
+    let tcx_pinned = pin_dir(&opts.node).join(STAMP_LINK_PIN).exists();
+    match (tc_hook, adopted) {
+        (tc_hook::TcHook::Tcx, None) => Ok(Hook::Tcx(opts.tcx_order)),
+        (tc_hook::TcHook::Tcx, Some(f)) => Err(Error::Config(format!(
+            "the datapath on {} was attached as a cls_bpf filter (priority {}) by the previous \
+             agent: start this one with --attach tc to adopt it, or --reset to start clean",
+            f.ifname, f.priority
+        ))),
+        (tc_hook::TcHook::Filter, _) if tcx_pinned => Err(Error::Config(format!(
+            "the datapath on {} was attached as a TCX link by the previous agent: start this one \
+             with --attach tcx to adopt it, or --reset to start clean",
+            link.name
+        ))),
+        (tc_hook::TcHook::Filter, Some(filter)) => Ok(Hook::Filter {
+            filter,
+            replace: true,
+        }),
+        (tc_hook::TcHook::Filter, None) => {
+            if !netlink.has_clsact(link.index).await? {
+                journal.push(Change::Clsact {
+                    ifname: link.name.clone(),
+                    index: link.index,
+                })?;
+                tc_hook::add_clsact(&link.name)?;
+            }
+            let filter = tc_hook::filter(&link.name, link.index, false, opts.tcx_order);
+            journal.push(Change::TcFilter {
+                filter: filter.clone(),
+            })?;
+            Ok(Hook::Filter {
+                filter,
+                replace: false,
+            })
+        }
     }
 }

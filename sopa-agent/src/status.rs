@@ -91,6 +91,8 @@ pub struct Status {
     pub usid_rules: usize,
     /// Switch role, SRv6: who consumes the switch's uSID, `kernel` or `ebpf`.
     pub usid: Option<String>,
+    /// How the TC programs attach: `tcx` (links) or `tc` (cls_bpf filters).
+    pub attach: Option<String>,
     /// Features this kernel lacks and what the agent does instead.
     pub fallbacks: BTreeMap<String, String>,
     /// The host programs' links are pinned and attached (with or without a running agent).
@@ -166,7 +168,19 @@ pub fn read(node: &str, run_dir: &Path, pin_dir: &Path) -> Result<Status> {
     let data = strip[strip_reason::TCP_DATA as usize];
     let reordered = strip[strip_reason::TCP_REORDERED as usize];
     let (stamp_prog_id, strip_prog_id) = crate::datapath::pinned_program_ids(pin_dir);
-    let forward_programs = crate::datapath::Datapath::pinned_forward_program_ids(pin_dir);
+    let mut forward_programs = crate::datapath::Datapath::pinned_forward_program_ids(pin_dir);
+    // Ports where tc_forward is a cls_bpf filter: the program pinned beside the maps.
+    if let Some(id) =
+        crate::datapath::pinned_program_id(&pin_dir.join(crate::datapath::FORWARD_PROG_PIN))
+    {
+        for c in &record.changes {
+            if let crate::changes::Change::TcFilter { filter } = c
+                && filter.ingress
+            {
+                forward_programs.insert(filter.ifname.clone(), id);
+            }
+        }
+    }
     let pins = maps.pins().map(|p| p.len()).unwrap_or(0);
     let entries = maps.flow_entries() as u64;
     let created = stamp[stamp_reason::FLOWS_CREATED as usize];
@@ -185,6 +199,7 @@ pub fn read(node: &str, run_dir: &Path, pin_dir: &Path) -> Result<Status> {
         forward_programs,
         usid_rules,
         usid: record.usid.clone(),
+        attach: record.attach.clone(),
         fallbacks: record.fallbacks.clone(),
         adopted: record.adopted.clone(),
         programs: record.programs,
@@ -312,9 +327,14 @@ impl Status {
             );
         }
         if let (Some(stamp), Some(strip)) = (self.stamp_prog_id, self.strip_prog_id) {
+            let how = if self.attach.as_deref() == Some("tc") {
+                "a cls_bpf filter and a pinned XDP link"
+            } else {
+                "links pinned"
+            };
             let _ = writeln!(
                 s,
-                "programs: tc_stamp id {stamp}, xdp_strip id {strip} (links pinned)"
+                "programs: tc_stamp id {stamp}, xdp_strip id {strip} ({how})"
             );
         }
         if let Some(a) = &self.adopted {
@@ -405,6 +425,14 @@ impl Status {
                     String::new()
                 }
             );
+        }
+        if let Some(attach) = &self.attach {
+            let how = if attach == "tc" {
+                "cls_bpf filters on a clsact qdisc"
+            } else {
+                "TCX links"
+            };
+            let _ = writeln!(s, "TC programs attached as {how}");
         }
         if let Some(usid) = &self.usid {
             let _ = writeln!(s, "SRv6: this switch's uSID consumed by {usid}");

@@ -4,6 +4,7 @@
 pub mod layout;
 pub mod lookup;
 pub mod maps;
+pub mod tc_hook;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -45,29 +46,26 @@ pub fn check_bpffs() -> Result<()> {
     }
 }
 
-/// The oldest kernel the datapath attaches to: its TC programs are TCX links (Linux 6.6), which
-/// is what lets them sit in a chain with other tools' programs and be replaced in place.
-pub const MIN_KERNEL: (u8, u8) = (6, 6);
+/// The oldest kernel the agent runs on. Its programs use `bpf_check_mtu` (Linux 5.12), the
+/// encapsulation flags of `bpf_skb_adjust_room` (5.2), `bpf_redirect_neigh` (5.10), XDP links
+/// (5.9) and fetching atomics (5.12); below 6.6 its TC programs attach as cls_bpf filters
+/// instead of TCX links (`tc_hook`). 5.15 is the oldest long-term kernel above all of them.
+pub const MIN_KERNEL: (u8, u8) = (5, 15);
 
-/// Fails, naming the running kernel, unless it has TCX.
+/// Fails, naming the running kernel, when it is older than [`MIN_KERNEL`].
 pub fn check_kernel() -> Result<()> {
-    let v = aya::util::KernelVersion::current().map_err(|e| {
-        Error::io(
-            "reading the kernel version",
-            std::io::Error::other(e.to_string()),
-        )
-    })?;
-    require_tcx(v)
+    require_min(crate::probe::kernel_version()?)
 }
 
-fn require_tcx(v: aya::util::KernelVersion) -> Result<()> {
+fn require_min(v: aya::util::KernelVersion) -> Result<()> {
     let (major, minor) = MIN_KERNEL;
     if v >= aya::util::KernelVersion::new(major, minor, 0) {
         return Ok(());
     }
     Err(Error::Config(format!(
-        "Linux {v} is too old: the datapath attaches its TC programs as TCX links, which need \
-         Linux {major}.{minor} or newer; upgrade the kernel"
+        "Linux {v} is too old: the datapath's programs need Linux {major}.{minor} or newer \
+         (bpf_check_mtu, the encapsulation flags of bpf_skb_adjust_room, XDP links); upgrade \
+         the kernel (`sopa-agent doctor` shows what it has)"
     )))
 }
 
@@ -103,6 +101,20 @@ pub struct Datapath {
     pin_dir: PathBuf,
     /// The host role's attached links (pinned; their fds close with this struct).
     links: Vec<FdLink>,
+    /// The cls_bpf filters attached (a kernel without TCX): dropped, they are removed; left
+    /// attached, they are forgotten.
+    filters: Vec<aya::programs::tc::SchedClassifierLink>,
+}
+
+/// Where a TC program goes: a TCX link in its place in the chain, or a cls_bpf filter of ours
+/// (`replace`: the filter there is an adopted datapath's, its program replaced in place).
+#[derive(Clone, Debug)]
+pub enum Hook {
+    Tcx(TcxOrder),
+    Filter {
+        filter: tc_hook::Filter,
+        replace: bool,
+    },
 }
 
 /// Every map of this datapath layout, as pinned: a `SOPA_*` pin not in this list belongs to
@@ -142,6 +154,10 @@ pub const MAP_NAMES: [&str; 26] = {
 /// Where the host programs' links are pinned, inside the node's pin folder.
 pub const STAMP_LINK_PIN: &str = "link_stamp";
 pub const STRIP_LINK_PIN: &str = "link_strip";
+/// Where a TC program attached as a cls_bpf filter is pinned (the filter holds the program;
+/// the pin tells which one it is).
+pub const STAMP_PROG_PIN: &str = "prog_stamp";
+pub const FORWARD_PROG_PIN: &str = "prog_fwd";
 
 /// One program's attachment: the program's id, and the id of the program it replaced when the
 /// link was adopted from a previous agent.
@@ -198,13 +214,42 @@ fn adopt_link(pin: &Path) -> Result<Option<(FdLink, u32)>> {
     Ok(Some((fd, replaced)))
 }
 
-/// The program ids behind the host links pinned in `pin_dir` (stamp, strip), for status.
+/// The program ids behind the host links pinned in `pin_dir` (stamp, strip), for status; a
+/// `tc_stamp` attached as a filter by the program pinned beside it.
 pub fn pinned_program_ids(pin_dir: &Path) -> (Option<u32>, Option<u32>) {
     let id = |name: &str| {
         let link = PinnedLink::from_pin(pin_dir.join(name)).ok()?;
         FdLink::from(link).info().ok().map(|i| i.program_id())
     };
-    (id(STAMP_LINK_PIN), id(STRIP_LINK_PIN))
+    (
+        id(STAMP_LINK_PIN).or_else(|| pinned_program_id(&pin_dir.join(STAMP_PROG_PIN))),
+        id(STRIP_LINK_PIN),
+    )
+}
+
+/// The id of the program pinned at `pin`.
+pub fn pinned_program_id(pin: &Path) -> Option<u32> {
+    SchedClassifier::from_pin(pin)
+        .ok()?
+        .info()
+        .ok()
+        .map(|i| i.id())
+}
+
+/// Pins `program` at `pin`, in place of what was pinned there.
+fn repin(program: &mut SchedClassifier, pin: &Path) -> Result<()> {
+    match std::fs::remove_file(pin) {
+        Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
+            return Err(Error::io(format!("unpinning {}", pin.display()), err));
+        }
+        _ => {}
+    }
+    program.pin(pin).map_err(|e| {
+        Error::io(
+            format!("pinning {}", pin.display()),
+            std::io::Error::other(e.to_string()),
+        )
+    })
 }
 
 impl Datapath {
@@ -279,7 +324,44 @@ impl Datapath {
             ebpf,
             pin_dir: pin_dir.to_owned(),
             links: Vec::new(),
+            filters: Vec::new(),
         })
+    }
+
+    /// Attaches `name` (a TC program) as the cls_bpf filter `filter`, or replaces the program
+    /// of the filter already there (`replace`), pins the program at `prog_pin`, and keeps the
+    /// filter; returns the id of the program it replaced.
+    fn attach_filter(
+        &mut self,
+        name: &'static str,
+        filter: &tc_hook::Filter,
+        replace: bool,
+        prog_pin: &Path,
+    ) -> Result<Option<u32>> {
+        let replaced = replace.then(|| pinned_program_id(prog_pin)).flatten();
+        let program: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(name)
+            .expect("the object defines every program")
+            .try_into()
+            .map_err(Error::program(name))?;
+        let link = tc_hook::attach(filter, program, replace).map_err(|err| {
+            if tc_hook::is_taken(&err) {
+                Error::Config(format!(
+                    "{} of {} has a filter at priority {} handle {:#x} that is not ours; remove it \
+                     or start with --tcx-order first",
+                    if filter.ingress { "ingress" } else { "egress" },
+                    filter.ifname,
+                    filter.priority,
+                    filter.handle
+                ))
+            } else {
+                Error::program(name)(err)
+            }
+        })?;
+        self.filters.push(link);
+        repin(program, prog_pin)?;
+        Ok(replaced)
     }
     /// Attaches `tc_forward` to `iface`'s TCX ingress, its link pinned as `link_fwd_<iface>`
     /// in the pin folder, so forwarding outlives this process (a crash, `--keep-attached`, an
@@ -288,7 +370,17 @@ impl Datapath {
     /// program and an upgrade runs the new code. A pinned link whose interface is gone (the
     /// port was recreated) is unpinned and the program attached anew. Returns the program id
     /// the adopted link held.
-    pub fn attach_forward_pinned(&mut self, iface: &str, order: TcxOrder) -> Result<Option<u32>> {
+    pub fn attach_forward(&mut self, iface: &str, hook: &Hook) -> Result<Option<u32>> {
+        match hook {
+            Hook::Tcx(order) => self.attach_forward_pinned(iface, *order),
+            Hook::Filter { filter, replace } => {
+                let pin = self.pin_dir.join(FORWARD_PROG_PIN);
+                self.attach_filter(FORWARD_PROGRAM, filter, *replace, &pin)
+            }
+        }
+    }
+
+    fn attach_forward_pinned(&mut self, iface: &str, order: TcxOrder) -> Result<Option<u32>> {
         let pin = self
             .pin_dir
             .join(format!("link_fwd_{}", iface.replace('.', ":")));
@@ -403,14 +495,17 @@ impl Datapath {
     /// theirs atomically (`bpf_link_update`), with no moment without a program. Strip first,
     /// so by the time anything is stamped the peer-facing side strips.
     /// `order` places a new `tc_stamp` link in the egress chain; an adopted one keeps its place.
-    pub fn attach_host(
-        &mut self,
-        iface: &str,
-        xdp_mode: XdpMode,
-        order: TcxOrder,
-    ) -> Result<Attached> {
+    pub fn attach_host(&mut self, iface: &str, xdp_mode: XdpMode, hook: &Hook) -> Result<Attached> {
         let strip = self.attach_strip_pinned(iface, xdp_mode)?;
-        let stamp = self.attach_stamp_pinned(iface, order)?;
+        let stamp = match hook {
+            Hook::Tcx(order) => self.attach_stamp_pinned(iface, *order)?,
+            Hook::Filter { filter, replace } => {
+                let pin = self.pin_dir.join(STAMP_PROG_PIN);
+                let replaced = self.attach_filter(STAMP_PROGRAM, filter, *replace, &pin)?;
+                let prog_id = pinned_program_id(&pin).unwrap_or_default();
+                LinkState { prog_id, replaced }
+            }
+        };
         Ok(Attached { stamp, strip })
     }
 
@@ -509,7 +604,9 @@ impl Datapath {
 
     pub fn detach(&mut self) -> Vec<Error> {
         let mut errors = Vec::new();
-        for name in [STAMP_LINK_PIN, STRIP_LINK_PIN] {
+        // Dropping a filter's link removes the filter.
+        self.filters.clear();
+        for name in [STAMP_LINK_PIN, STRIP_LINK_PIN, STAMP_PROG_PIN] {
             let pin = self.pin_dir.join(name);
             if let Err(err) = std::fs::remove_file(&pin)
                 && err.kind() != std::io::ErrorKind::NotFound
@@ -522,9 +619,13 @@ impl Datapath {
         errors
     }
 
-    /// Leaves the programs attached after this process: only the fds close, the pins hold.
+    /// Leaves the programs attached after this process: only the fds close, the pins hold
+    /// (and the filters, which the kernel keeps).
     pub fn keep_attached(&mut self) {
         self.links.clear();
+        for filter in self.filters.drain(..) {
+            std::mem::forget(filter);
+        }
     }
 
     /// The stamp program, for BPF_PROG_TEST_RUN.
@@ -567,20 +668,21 @@ mod tests {
     }
 
     #[test]
-    fn kernels_without_tcx_are_refused_by_version() {
+    fn kernels_below_the_floor_are_refused_by_version() {
         for (v, ok) in [
-            (KernelVersion::new(5, 15, 160), false),
-            (KernelVersion::new(6, 5, 13), false),
-            (KernelVersion::new(6, 6, 0), true),
+            (KernelVersion::new(5, 10, 200), false),
+            (KernelVersion::new(5, 14, 0), false),
+            (KernelVersion::new(5, 15, 160), true),
+            (KernelVersion::new(6, 1, 0), true),
             (KernelVersion::new(6, 18, 2), true),
         ] {
-            let got = require_tcx(v);
+            let got = require_min(v);
             assert_eq!(got.is_ok(), ok, "{v}: {got:?}");
             if let Err(e) = got {
                 assert_eq!(e.exit_code(), 64);
                 let text = e.to_string();
                 assert!(
-                    text.contains(&v.to_string()) && text.contains("6.6"),
+                    text.contains(&v.to_string()) && text.contains("5.15"),
                     "{text}"
                 );
             }

@@ -5,6 +5,7 @@ mod codec;
 mod ethtool;
 mod route;
 mod route6;
+pub mod tc;
 
 use std::net::Ipv4Addr;
 
@@ -333,7 +334,9 @@ impl Netlink {
             }
             // The encapsulation was taken; only `lo` being down was refused.
             Err(err) if errno(&err) == Some(libc::ENETDOWN) => Ok(true),
-            Err(err) if errno(&err) == Some(libc::EOPNOTSUPP) => Ok(false),
+            // No seg6 lightweight tunnels (EOPNOTSUPP), or a seg6local without the NEXT-C-SID
+            // flavour, which refuses the flavours attribute (EINVAL, before Linux 6.1).
+            Err(err) if matches!(errno(&err), Some(libc::EOPNOTSUPP | libc::EINVAL)) => Ok(false),
             Err(err) => Err(Error::netlink("probing for seg6local", err)),
         }
     }

@@ -56,6 +56,8 @@ pub struct SwitchOptions {
     pub tcx_order: TcxOrder,
     /// Who consumes the switch's uSID in the SRv6 encoding (`--usid`).
     pub usid: usid::UsidMode,
+    /// How `tc_forward` attaches to the ports: TCX links or cls_bpf filters (`--attach`).
+    pub attach: crate::datapath::tc_hook::AttachMode,
 }
 
 pub struct Switch {
@@ -82,6 +84,8 @@ pub struct Switch {
     encoding: Encoding,
     /// Who consumes this switch's uSID in the SRv6 encoding.
     usid: usid::UsidEnd,
+    /// How `tc_forward` attaches to the ports.
+    tc_hook: crate::datapath::tc_hook::TcHook,
 }
 
 /// One port of this switch: the interface and the neighbour behind it.
@@ -193,6 +197,7 @@ impl Switch {
         let netlink = Netlink::connect()?;
         // Before anything changes: a forced choice the kernel cannot honour is a refusal.
         let (usid, _, usid_fallback) = usid::choose(opts.usid, &netlink).await?;
+        let (tc_hook, tc_fallback) = crate::datapath::tc_hook::choose(opts.attach)?;
         let dir = run_dir(&opts.node);
         // A previous run left its forwarding in place (pinned links, routes, maps), after a
         // crash or on purpose (--keep-attached): adopt it, so traffic never stops, and take
@@ -274,9 +279,11 @@ impl Switch {
             programs: None,
             reloads_on_sighup: false,
             usid: Some(usid.name().into()),
+            attach: Some(tc_hook.name().into()),
             fallbacks: usid_fallback
                 .into_iter()
                 .map(|instead| ("seg6local".to_owned(), instead))
+                .chain(tc_fallback.map(|instead| ("tcx".to_owned(), instead)))
                 .collect(),
         };
         let adopting = !record.changes.is_empty();
@@ -333,12 +340,68 @@ impl Switch {
                 carry,
                 encoding: Encoding::default(),
                 usid,
+                tc_hook,
             }),
             Err(e) => {
                 if !adopting {
                     let _ = journal.undo(&netlink).await;
                 }
                 Err(e)
+            }
+        }
+    }
+
+    /// Where `tc_forward` goes on port `name`: a TCX link (a pinned one adopted), or our
+    /// cls_bpf filter, an adopted datapath's (its program replaced in place) or a new one,
+    /// recorded (with the clsact qdisc, where one had to be added) before it is made. A port
+    /// attached the other way than this agent attaches is refused, not attached twice.
+    async fn forward_hook(&mut self, name: &str, ifindex: u32) -> Result<crate::datapath::Hook> {
+        use crate::datapath::{
+            Hook,
+            tc_hook::{self, TcHook},
+        };
+        let journal = self.journal.as_mut().expect("running");
+        let adopted = journal.record.changes.iter().find_map(|c| match c {
+            Change::TcFilter { filter } if filter.index == ifindex && filter.ingress => {
+                Some(filter.clone())
+            }
+            _ => None,
+        });
+        let tcx_pinned = self
+            .datapath
+            .pin_dir()
+            .join(format!("link_fwd_{}", name.replace('.', ":")))
+            .exists();
+        match (self.tc_hook, adopted) {
+            (TcHook::Tcx, None) => Ok(Hook::Tcx(self.tcx_order)),
+            (TcHook::Tcx, Some(_)) => Err(Error::Config(format!(
+                "port {name} was attached as a cls_bpf filter by the previous agent: start this \
+                 one with --attach tc to adopt it, or --reset to start clean"
+            ))),
+            (TcHook::Filter, _) if tcx_pinned => Err(Error::Config(format!(
+                "port {name} was attached as a TCX link by the previous agent: start this one \
+                 with --attach tcx to adopt it, or --reset to start clean"
+            ))),
+            (TcHook::Filter, Some(filter)) => Ok(Hook::Filter {
+                filter,
+                replace: true,
+            }),
+            (TcHook::Filter, None) => {
+                if !self.netlink.has_clsact(ifindex).await? {
+                    journal.push(Change::Clsact {
+                        ifname: name.to_owned(),
+                        index: ifindex,
+                    })?;
+                    tc_hook::add_clsact(name)?;
+                }
+                let filter = tc_hook::filter(name, ifindex, true, self.tcx_order);
+                journal.push(Change::TcFilter {
+                    filter: filter.clone(),
+                })?;
+                Ok(Hook::Filter {
+                    filter,
+                    replace: false,
+                })
             }
         }
     }
@@ -433,7 +496,8 @@ impl Switch {
         for ifindex in ifindexes {
             if !self.attached.contains(&ifindex) {
                 let name = self.netlink.link_name(ifindex).await?;
-                if let Some(old) = self.datapath.attach_forward_pinned(&name, self.tcx_order)? {
+                let hook = self.forward_hook(&name, ifindex).await?;
+                if let Some(old) = self.datapath.attach_forward(&name, &hook)? {
                     info!(port = %name, replaced_program = old, "adopted the forwarding link a previous run pinned: its program replaced in place");
                 }
                 self.attached.push(ifindex);

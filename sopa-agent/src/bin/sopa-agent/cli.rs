@@ -4,7 +4,10 @@ use std::{net::SocketAddr, path::PathBuf};
 
 use clap::{Parser, Subcommand};
 use sopa_agent::{
-    datapath::TcxOrder, granularity::Granularity, host::XdpAttach, switch::usid::UsidMode,
+    datapath::{TcxOrder, tc_hook::AttachMode},
+    granularity::Granularity,
+    host::XdpAttach,
+    switch::usid::UsidMode,
 };
 
 /// SOPA host agent: spreads every TCP/UDP flow over all equal-cost fabric paths in strict
@@ -178,6 +181,10 @@ pub struct RunArgs {
     /// packets as the stack sent them) or first. An adopted datapath keeps its place.
     #[arg(long, env = "SOPA_TCX_ORDER", value_enum, default_value_t = TcxOrder::Last)]
     pub tcx_order: TcxOrder,
+    /// How the TC programs attach: auto (TCX links where the kernel has them, Linux 6.6;
+    /// cls_bpf filters on a clsact qdisc otherwise), tcx (refused without them) or tc.
+    #[arg(long, env = "SOPA_ATTACH", value_enum, default_value_t = AttachMode::Auto)]
+    pub attach: AttachMode,
 }
 
 #[derive(clap::Args)]
@@ -199,6 +206,10 @@ pub struct SwitchArgs {
     /// Where tc_forward goes among each port's other TCX ingress programs: last or first.
     #[arg(long, env = "SOPA_TCX_ORDER", value_enum, default_value_t = TcxOrder::Last)]
     pub tcx_order: TcxOrder,
+    /// How the TC programs attach: auto (TCX links where the kernel has them, Linux 6.6;
+    /// cls_bpf filters on a clsact qdisc otherwise), tcx (refused without them) or tc.
+    #[arg(long, env = "SOPA_ATTACH", value_enum, default_value_t = AttachMode::Auto)]
+    pub attach: AttachMode,
     /// SRv6: who consumes this switch's uSID. auto: the kernel's seg6local End route where the
     /// kernel has it (CONFIG_IPV6_SEG6_LWTUNNEL), tc_forward otherwise; kernel: refused at
     /// start without it; ebpf: tc_forward on any kernel.

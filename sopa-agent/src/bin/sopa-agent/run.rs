@@ -94,6 +94,7 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
         netns,
         takeover: args.takeover,
         tcx_order: args.tcx_order,
+        attach: args.attach,
         forget_runtime_mode: args.mode.is_some(),
         meter_period: std::time::Duration::from_millis(args.meter_period_ms),
         measure_reordering: args.measure_reordering,
@@ -187,7 +188,8 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
                 _ = reload => {}
             }
         }
-        Some(cfg) => {
+        Some(mut cfg) => {
+            cfg.fallbacks = host.fallbacks();
             info!(controller = %cfg.endpoint, node = %cfg.node, "running with paths from the controller");
             let endpoint = cfg.endpoint.clone();
             let (_stop, stopped) = tokio::sync::watch::channel(false);

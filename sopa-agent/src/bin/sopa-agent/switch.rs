@@ -38,6 +38,7 @@ pub async fn switch(args: SwitchArgs, netns: Option<String>) -> Result<(), Error
         netns,
         tcx_order: args.tcx_order,
         usid: args.usid,
+        attach: args.attach,
     })
     .await?;
     cfg.fallbacks = sw.fallbacks();
