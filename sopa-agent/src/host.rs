@@ -691,8 +691,25 @@ async fn leftovers(
     } else {
         record
     };
-    let attached = pins.join(crate::datapath::STAMP_LINK_PIN).exists()
-        && pins.join(crate::datapath::STRIP_LINK_PIN).exists();
+    // tc_stamp behind its pinned TCX link, or as our filter (the kernel still lists it).
+    let stamp_attached = if pins.join(crate::datapath::STAMP_LINK_PIN).exists() {
+        true
+    } else if let Some(f) = record.changes.iter().find_map(|c| match c {
+        Change::TcFilter { filter } if filter.index == link.index && !filter.ingress => {
+            Some(filter)
+        }
+        _ => None,
+    }) {
+        pins.join(crate::datapath::STAMP_PROG_PIN).exists()
+            && netlink
+                .tc_filters(link.index)
+                .await?
+                .iter()
+                .any(|k| !k.ingress && k.priority == f.priority && k.handle == f.handle)
+    } else {
+        false
+    };
+    let attached = stamp_attached && pins.join(crate::datapath::STRIP_LINK_PIN).exists();
     let same_iface = record.iface == opts.iface && record.ifindex == link.index;
     if attached && same_iface && !opts.reset {
         return Ok(Some(record));

@@ -83,8 +83,8 @@ pub fn choose(mode: AttachMode) -> Result<(TcHook, Option<String>)> {
 pub const FILTER_HANDLE: u32 = 0x50A;
 
 /// Where a new filter of ours goes on `ifname`: before every other filter (`first`, priority
-/// 1) or after them (`last`, a priority past the kernel's own choices, which count down from
-/// 49152).
+/// one) or after them (`last`, a priority past the kernel's own choices, which count down
+/// from 49152).
 pub fn filter(ifname: &str, index: u32, ingress: bool, order: TcxOrder) -> Filter {
     Filter {
         ifname: ifname.to_owned(),
