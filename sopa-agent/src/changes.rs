@@ -64,6 +64,17 @@ pub enum Change {
     },
 }
 
+impl Record {
+    /// What the agent does without features its kernel lacks, one `feature: instead` each
+    /// (for the controller's view of the fleet).
+    pub fn fallback_lines(&self) -> Vec<String> {
+        self.fallbacks
+            .iter()
+            .map(|(f, instead)| format!("{f}: {instead}"))
+            .collect()
+    }
+}
+
 /// What a running agent records about itself.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Record {
@@ -585,7 +596,25 @@ async fn undo_one(change: &Change, netlink: &Netlink) -> Result<()> {
         // Removed with its next hops or behaviour: a route someone replaced since with another
         // one does not match, and stays.
         Change::Route6Added { route } => netlink.delete_route6(route).await,
-        Change::TcFilter { filter } => crate::datapath::tc_hook::detach(filter),
+        Change::TcFilter { filter } => {
+            // Only a filter at our place that runs one of our programs is ours to remove.
+            let listed = if netlink.has_clsact(filter.index).await.unwrap_or(false) {
+                netlink.tc_filters(filter.index).await?
+            } else {
+                Vec::new()
+            };
+            match listed.iter().find(|k| k.is_at(filter)) {
+                None => Ok(()),
+                Some(k)
+                    if k.program.as_ref().is_some_and(|(_, name)| {
+                        crate::datapath::tc_hook::OUR_PROGRAMS.contains(&name.as_str())
+                    }) =>
+                {
+                    crate::datapath::tc_hook::detach(filter)
+                }
+                Some(_) => not_ours("the filter at our place"),
+            }
+        }
         Change::Clsact { ifname, index } => {
             // The interface may be another one by now, or hold other tools' filters: only the
             // qdisc we added, once empty, goes.

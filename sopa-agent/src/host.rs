@@ -549,13 +549,7 @@ impl Host {
     /// each (for the controller's view of the fleet).
     pub fn fallbacks(&self) -> Vec<String> {
         self.journal
-            .with(|j| {
-                j.record
-                    .fallbacks
-                    .iter()
-                    .map(|(f, instead)| format!("{f}: {instead}"))
-                    .collect()
-            })
+            .with(|j| j.record.fallback_lines())
             .unwrap_or_default()
     }
 
@@ -799,10 +793,7 @@ async fn hand_over(node: &str, run_dir: &Path, live: &Record) -> Result<Record> 
     }
 }
 
-/// Where `tc_stamp` goes on `link`: a TCX link; or our cls_bpf filter, the one an adopted
-/// datapath has there (its program replaced in place) or a new one, recorded (with the clsact
-/// qdisc, where one had to be added) before it is made. A datapath attached the other way than
-/// this agent attaches is refused, not attached twice.
+/// Where `tc_stamp` goes on `link` (see `tc_hook::place`), recorded in `journal`.
 async fn stamp_hook(
     opts: &HostOptions,
     link: &netlink::Link,
@@ -810,46 +801,18 @@ async fn stamp_hook(
     netlink: &Netlink,
     journal: &SharedJournal,
 ) -> Result<crate::datapath::Hook> {
-    use crate::datapath::{Hook, STAMP_LINK_PIN, tc_hook};
-    let adopted = journal.changes().into_iter().find_map(|c| match c {
-        Change::TcFilter { filter } if filter.index == link.index && !filter.ingress => {
-            Some(filter)
-        }
-        _ => None,
-    });
-    let tcx_pinned = pin_dir(&opts.node).join(STAMP_LINK_PIN).exists();
-    match (tc_hook, adopted) {
-        (tc_hook::TcHook::Tcx, None) => Ok(Hook::Tcx(opts.tcx_order)),
-        (tc_hook::TcHook::Tcx, Some(f)) => Err(Error::Config(format!(
-            "the datapath on {} was attached as a cls_bpf filter (priority {}) by the previous \
-             agent: start this one with --attach tc to adopt it, or --reset to start clean",
-            f.ifname, f.priority
-        ))),
-        (tc_hook::TcHook::Filter, _) if tcx_pinned => Err(Error::Config(format!(
-            "the datapath on {} was attached as a TCX link by the previous agent: start this one \
-             with --attach tcx to adopt it, or --reset to start clean",
-            link.name
-        ))),
-        (tc_hook::TcHook::Filter, Some(filter)) => Ok(Hook::Filter {
-            filter,
-            replace: true,
-        }),
-        (tc_hook::TcHook::Filter, None) => {
-            if !netlink.has_clsact(link.index).await? {
-                journal.push(Change::Clsact {
-                    ifname: link.name.clone(),
-                    index: link.index,
-                })?;
-                tc_hook::add_clsact(&link.name)?;
-            }
-            let filter = tc_hook::filter(&link.name, link.index, false, opts.tcx_order);
-            journal.push(Change::TcFilter {
-                filter: filter.clone(),
-            })?;
-            Ok(Hook::Filter {
-                filter,
-                replace: false,
-            })
-        }
-    }
+    let tcx_pinned = pin_dir(&opts.node)
+        .join(crate::datapath::STAMP_LINK_PIN)
+        .exists();
+    let seen = crate::datapath::tc_hook::look(netlink, link.index).await?;
+    crate::datapath::tc_hook::place(
+        tc_hook,
+        opts.tcx_order,
+        (&link.name, link.index, false),
+        tcx_pinned,
+        &seen,
+        &journal.changes(),
+        &mut |c| journal.push(c),
+        &mut |gone| journal.forget(|c| c == gone),
+    )
 }

@@ -25,8 +25,8 @@ pub fn kernel_version() -> Result<KernelVersion> {
     })
 }
 
-/// TCX, the TC hook for BPF links (Linux 6.6, commit e420bed02507 "bpf: Add fd-based tcx
-/// multi-prog infra with link support").
+/// TCX, the TC hook for BPF links (Linux 6.6, "bpf: Add fd-based tcx multi-prog infra with
+/// link support").
 pub const TCX_SINCE: (u32, u8) = (6, 6);
 
 /// Whether the kernel attaches TC programs as TCX links.
@@ -38,13 +38,20 @@ pub fn tcx(v: KernelVersion) -> bool {
 /// for the instant it exists.
 const PROBE_TABLE: u32 = 0x50A_5EED;
 
+/// The NEXT-C-SID flavour of `seg6local` End (Linux 6.1, "seg6: add NEXT-C-SID support for
+/// SRv6 End behavior"). Before it, the kernel takes the route and silently ignores the
+/// flavour (its parser skips attributes it does not know): End without it drops every packet
+/// of this fabric (no routing header), so the version decides there.
+pub const NEXT_CSID_SINCE: (u8, u8) = (6, 1);
+
 /// Whether the kernel can install a `seg6local` End route with the NEXT-C-SID flavour
-/// (`CONFIG_IPV6_SEG6_LWTUNNEL`, flavour since Linux 6.1): one is added to a table nothing reads,
-/// through `lo`, and removed. A kernel without it refuses the encapsulation type
-/// (EOPNOTSUPP) before it looks at the device; one with it accepts the route, or refuses only
-/// `lo` being down (ENETDOWN).
+/// (`CONFIG_IPV6_SEG6_LWTUNNEL` and [`NEXT_CSID_SINCE`]): one is added to a table nothing reads,
+/// through `lo`, and removed. A kernel without seg6 lightweight tunnels refuses the
+/// encapsulation type (EOPNOTSUPP) before it looks at the device.
 pub async fn seg6local(netlink: &Netlink) -> Result<bool> {
-    netlink.probe_seg6local(PROBE_TABLE).await
+    let (major, minor) = NEXT_CSID_SINCE;
+    Ok(kernel_version()? >= KernelVersion::new(major, minor, 0)
+        && netlink.probe_seg6local(PROBE_TABLE).await?)
 }
 
 /// Whether a thread can sleep on `CLOCK_TAI` (`clock_nanosleep`), as the path meter's color
@@ -63,7 +70,7 @@ pub fn btf() -> bool {
     std::path::Path::new("/sys/kernel/btf/vmlinux").exists()
 }
 
-/// Whether this network namespace has IPv6 (`/proc/sys/net/ipv6` exists).
+/// Whether this network namespace has IPv6 (its `all.forwarding` setting exists).
 pub fn ipv6() -> bool {
     std::path::Path::new("/proc/sys/net/ipv6/conf/all/forwarding").exists()
 }
@@ -147,17 +154,19 @@ pub fn programs_load() -> std::result::Result<(), String> {
     loaded
 }
 
-/// Every feature the agent uses, as this kernel has it. `netlink` is the agent's namespace's
-/// route socket (for the `seg6local` probe).
-pub async fn findings(netlink: &Netlink) -> Result<Vec<Finding>> {
+/// Every feature the agent uses, as this kernel has it, and what the verifier said of the
+/// programs where it refused them. `netlink` is the agent's namespace's route socket (for the
+/// `seg6local` probe).
+pub async fn findings(netlink: &Netlink) -> Result<(Vec<Finding>, Option<String>)> {
     let v = kernel_version()?;
     let config = KernelConfig::read();
     let at_least = |major: u8, minor: u8| Some(v >= KernelVersion::new(major, minor, 0));
-    Ok(vec![
+    let verifier = programs_load().err();
+    let findings = vec![
         Finding {
             feature: "the datapath's programs pass the verifier",
             source: "this kernel",
-            present: Presence::of(Some(programs_load().is_ok())),
+            present: Presence::of(Some(verifier.is_none())),
             without: "the agent refuses to start, with the verifier's words (sopa-agent doctor --json)",
         },
         Finding {
@@ -205,7 +214,8 @@ pub async fn findings(netlink: &Netlink) -> Result<Vec<Finding>> {
         Finding {
             feature: "seg6local End, NEXT-C-SID flavour",
             source: "CONFIG_IPV6_SEG6_LWTUNNEL",
-            present: Presence::of(Some(seg6local(netlink).await?)),
+            // A probe that could not ask (no CAP_NET_ADMIN, say) knows nothing either way.
+            present: Presence::of(seg6local(netlink).await.ok()),
             without: "SRv6 switches consume their uSID in tc_forward (--usid ebpf)",
         },
         Finding {
@@ -220,7 +230,8 @@ pub async fn findings(netlink: &Netlink) -> Result<Vec<Finding>> {
             present: Presence::of(Some(ipv6())),
             without: "the SRv6 encoding is refused",
         },
-    ])
+    ];
+    Ok((findings, verifier))
 }
 
 /// The table `sopa-agent doctor` prints.

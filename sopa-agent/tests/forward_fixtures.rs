@@ -600,10 +600,16 @@ fn the_un_shift_in_ebpf_consumes_this_switchs_usid_byte_for_byte() {
     assert_eq!(count(&s, reason::USID_LAST), before + 1);
 
     // Left as they are: a list not for this switch, one naming a host of this rack next (its
-    // /64 route is more specific than the locator), a packet outside the block.
-    let untouched: [Vec<u8>; 3] = [
+    // /64 route is more specific than the locator), our last uSID with a routing header after
+    // it (the kernel's End goes on to that), a packet outside the block.
+    let untouched: [Vec<u8>; 4] = [
         usid_frame(&[9, 5, 3, 0xE002], 0),
         usid_frame(&[5, 0xE002], 0),
+        {
+            let mut f = usid_frame(&[5], 0);
+            f[14 + 6] = 43;
+            f
+        },
         {
             let mut f = usid_frame(&[5, 9, 3], 0);
             f[14 + 24] = 0xFD;

@@ -570,8 +570,8 @@ pub mod forward_reason {
     /// SRv6, uN in eBPF ([`super::UsidRepairConfig::shift`]): this switch's uSID consumed and
     /// the list shifted, then the kernel routes the next uSID.
     pub const USID_SHIFTED: u32 = 18;
-    /// SRv6, uN in eBPF: this switch's uSID was the list's last (nothing after it to route
-    /// to): dropped, as the kernel's End drops a packet whose list ends with no routing header.
+    /// SRv6, uN in eBPF: this switch's uSID was the list's last and no routing header follows
+    /// (nothing after it to route to): dropped, as the kernel's End drops it.
     pub const USID_LAST: u32 = 19;
     pub const COUNT: u32 = 20;
     const _: () = assert!(COUNT <= super::REASON_SLOTS);

@@ -14,6 +14,9 @@ use sopa_common::{
 
 use crate::usid_repair::FIRST_USID;
 
+/// IPv6's routing header (`IPPROTO_ROUTING`).
+const NEXTHDR_ROUTING: u8 = 43;
+
 /// Consumes `me` at the head of `h`'s uSID list: [`reason::USID_SHIFTED`] when it did,
 /// [`reason::USID_LAST`] when `me` was all the list held (the caller drops the packet), `None`
 /// when the list is not this switch's to consume.
@@ -27,6 +30,11 @@ pub fn shift(h: &mut [u8; IPV6_HLEN], me: u16) -> Option<u32> {
     }
     let next = at(h, 1);
     if next == 0 {
+        // With a routing header after this one the kernel's End would go on to it: left to
+        // the kernel. Without one, nothing is left to route to.
+        if h[6] == NEXTHDR_ROUTING {
+            return None;
+        }
         return Some(reason::USID_LAST);
     }
     if next >= LIB_BASE {

@@ -157,9 +157,9 @@ pub struct Fabric {
     pub host_metrics: bool,
     /// The options [`Fabric::start`] started the hosts with, for [`Fabric::start_host`].
     opts: FabricOptions,
-    /// Switch nodes whose agent ran with `--keep-attached`: what it left attached is detached
-    /// when the fabric goes, also after a failure.
-    kept_attached: std::collections::BTreeSet<String>,
+    /// Switch nodes whose agent runs with `--keep-attached`, with their namespace: what such an
+    /// agent leaves attached is detached when the fabric goes, also after a failure.
+    kept_attached: BTreeMap<String, String>,
 }
 
 /// The big switch's address on every host link of the ideal, and the routing table and rule
@@ -766,7 +766,9 @@ impl Fabric {
         args.extend(self.opts.switch_args.iter().map(String::as_str));
         args.extend_from_slice(extra);
         if extra.contains(&"--keep-attached") {
-            self.kept_attached.insert(agent_node.clone());
+            self.kept_attached.insert(agent_node.clone(), ns.clone());
+        } else {
+            self.kept_attached.remove(&agent_node);
         }
         let p = Process::spawn(None, &bins::sopa_agent(), &args, &log)?;
         self.switches.insert(name.to_owned(), p);
@@ -872,6 +874,13 @@ impl Fabric {
     pub fn wait_settled(&self, timeout: Duration) -> Result<()> {
         self.wait_ready(timeout)?;
         self.wait_applied_within(|down| down == 0, "a settled fabric", timeout)
+    }
+
+    /// [`Fabric::wait_settled`] for a phase harness's check (a phase ends settled, so 20 s is
+    /// long): what is not settled, in words.
+    pub fn settled(&mut self) -> std::result::Result<(), String> {
+        self.wait_settled(Duration::from_secs(20))
+            .map_err(|e| e.to_string())
     }
 
     /// Waits until every switch has installed its plan (its status shows the controller's
@@ -1104,9 +1113,9 @@ impl Drop for Fabric {
         }
         self.switches.clear();
         // An agent stopped with --keep-attached left its programs and pins for the next one.
-        for node in std::mem::take(&mut self.kept_attached) {
+        for (node, ns) in std::mem::take(&mut self.kept_attached) {
             let _ = std::process::Command::new(bins::sopa_agent())
-                .args(["detach", "--node", &node])
+                .args(["--netns", &ns, "detach", "--node", &node])
                 .output();
         }
         self.controller = None;

@@ -49,13 +49,18 @@ impl<'scope> Load<'scope> {
                 s.spawn(move || {
                     let mut port = port + 100 * i as u16;
                     while !stop.load(Ordering::Relaxed) {
+                        // Ended early, whole, when the load stops (a failed phase's too).
+                        let opts = SendOptions {
+                            stop: Some(Arc::clone(&stop)),
+                            ..SendOptions::default()
+                        };
                         let t = tcp_transfer(
                             f.ns(src),
                             f.ns(dst),
                             addr.parse().unwrap(),
                             port,
                             4 << 20,
-                            &SendOptions::default(),
+                            &opts,
                         )
                         .unwrap_or_else(|e| panic!("{src} -> {dst}: {e}"));
                         assert!(t.intact(), "{src} -> {dst}: digest differs");

@@ -16,13 +16,14 @@ use std::{
     time::Instant,
 };
 
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 /// What a group's phases share, as its slot holds it.
 enum State<T> {
     /// Not built yet, or dropped after a failed phase or for another group.
     Empty,
-    Ready(T),
+    /// Built; `true` once a phase ran on it.
+    Ready(T, bool),
     /// Building it failed: every later phase of the group fails at once with this, rather
     /// than trying again for minutes.
     Broken(String),
@@ -31,8 +32,14 @@ enum State<T> {
 struct Slot<T> {
     what: &'static str,
     build: Box<dyn Fn() -> T + Send + Sync>,
+    /// What every phase after the first on one build must find (the last phase left the
+    /// fabric as it found it): checked before the phase runs.
+    check: Option<Check<T>>,
     state: Mutex<State<T>>,
 }
+
+/// A check of a shared setup before a phase: `Err` says what is not as it should be.
+pub type Check<T> = fn(&mut T) -> Result<(), String>;
 
 /// Any group's slot, for dropping what it holds.
 trait Clear: Send + Sync {
@@ -42,7 +49,7 @@ trait Clear: Send + Sync {
 impl<T: Send> Clear for Slot<T> {
     fn clear(&self) {
         let old = std::mem::replace(&mut *lock(&self.state), State::Empty);
-        if let State::Ready(t) = old {
+        if let State::Ready(t, _) = old {
             let start = Instant::now();
             drop(t);
             eprintln!(
@@ -76,8 +83,6 @@ pub type Phase<T> = (&'static str, fn(&mut T));
 pub struct Suite {
     trials: Vec<Trial>,
     slots: Arc<Mutex<Vec<Arc<dyn Clear>>>>,
-    /// Tests this kernel cannot run, and why.
-    skips: Vec<(&'static str, String)>,
 }
 
 impl Suite {
@@ -86,16 +91,20 @@ impl Suite {
     }
 
     /// `phases`, in this order, sharing one `T` that `build` makes (`what` names it in the
-    /// log). `build` panics with its reason when it cannot.
+    /// log). `build` panics with its reason when it cannot. `check`, where given, runs before
+    /// each phase after the first on one build: a phase that left the setup changed fails the
+    /// next one, naming what it left, and the setup is built again for the rest.
     pub fn shared<T: Send + 'static>(
         mut self,
         what: &'static str,
         build: impl Fn() -> T + Send + Sync + 'static,
+        check: Option<Check<T>>,
         phases: Vec<Phase<T>>,
     ) -> Self {
         let slot = Arc::new(Slot {
             what,
             build: Box::new(build),
+            check,
             state: Mutex::new(State::Empty),
         });
         let me: Arc<dyn Clear> = slot.clone();
@@ -128,31 +137,34 @@ impl Suite {
     /// A test this kernel cannot run (it lacks what the test exists for): reported as ignored
     /// and recorded as skipped with `why` (`crate::skipped`), never as passed.
     pub fn skip(mut self, name: &'static str, why: String) -> Self {
-        self.trials
-            .push(Trial::test(name, || Ok(())).with_ignored_flag(true));
-        self.skips.push((name, why));
+        self.trials.push(Trial::ignorable_test(name, move || {
+            crate::skipped(name, &why);
+            Ok(Completion::ignored_with(why))
+        }));
         self
     }
 
     /// Runs what the command line's filter keeps, drops every shared setup, and returns the
     /// exit code libtest would.
-    pub fn run(self) -> ExitCode {
-        let mut args = Arguments::from_args();
+    pub fn run(mut self) -> ExitCode {
+        // libtest takes several name filters (any may match); libtest-mimic one: the others
+        // are applied here.
+        let (filters, rest) = filters_and_rest(std::env::args().skip(1));
+        let mut args = Arguments::from_iter(std::iter::once("suite".to_owned()).chain(rest));
+        if !filters.is_empty() {
+            let exact = args.exact;
+            self.trials.retain(|t| {
+                filters.iter().any(|f| {
+                    if exact {
+                        t.name() == f
+                    } else {
+                        t.name().contains(f.as_str())
+                    }
+                })
+            });
+        }
         // Phases share one fabric: never two at a time.
         args.test_threads = Some(1);
-        // What the filter keeps of the tests this kernel cannot run is recorded as skipped.
-        for (name, why) in &self.skips {
-            let kept = args.filter.as_deref().is_none_or(|f| {
-                if args.exact {
-                    *name == f
-                } else {
-                    name.contains(f)
-                }
-            }) && !args.skip.iter().any(|s| name.contains(s.as_str()));
-            if kept && !args.list {
-                crate::skipped(name, why);
-            }
-        }
         let conclusion = libtest_mimic::run(&args, self.trials);
         for slot in lock(&self.slots).iter() {
             slot.clear();
@@ -161,8 +173,45 @@ impl Suite {
     }
 }
 
+/// The command line's name filters (its free arguments), and the rest of it.
+fn filters_and_rest(args: impl Iterator<Item = String>) -> (Vec<String>, Vec<String>) {
+    // libtest's options that take a value as the next argument.
+    const WITH_VALUE: [&str; 5] = [
+        "--test-threads",
+        "--logfile",
+        "--skip",
+        "--color",
+        "--format",
+    ];
+    let (mut filters, mut rest) = (Vec::new(), Vec::new());
+    let mut value_next = false;
+    for a in args {
+        if value_next {
+            value_next = false;
+            rest.push(a);
+        } else if a.starts_with('-') {
+            value_next = WITH_VALUE.contains(&a.as_str());
+            rest.push(a);
+        } else {
+            filters.push(a);
+        }
+    }
+    (filters, rest)
+}
+
 fn run_phase<T: Send>(slot: &Slot<T>, phase: fn(&mut T)) -> Result<(), Failed> {
     let mut state = lock(&slot.state);
+    if let (State::Ready(shared, true), Some(check)) = (&mut *state, slot.check)
+        && let Err(left) = check(shared)
+    {
+        drop(state);
+        slot.clear();
+        return Err(format!(
+            "{} is not as the phase before this one should have left it: {left}",
+            slot.what
+        )
+        .into());
+    }
     if matches!(*state, State::Empty) {
         let start = Instant::now();
         *state = match catch_unwind(AssertUnwindSafe(|| (slot.build)())) {
@@ -172,13 +221,16 @@ fn run_phase<T: Send>(slot: &Slot<T>, phase: fn(&mut T)) -> Result<(), Failed> {
                     slot.what,
                     start.elapsed().as_secs_f64()
                 );
-                State::Ready(t)
+                State::Ready(t, false)
             }
             Err(p) => State::Broken(panic_text(&*p)),
         };
     }
     let shared = match &mut *state {
-        State::Ready(t) => t,
+        State::Ready(t, ran) => {
+            *ran = true;
+            t
+        }
         State::Broken(why) => {
             return Err(format!("{} could not be built: {why}", slot.what).into());
         }
@@ -192,5 +244,26 @@ fn run_phase<T: Send>(slot: &Slot<T>, phase: fn(&mut T)) -> Result<(), Failed> {
             slot.clear();
             Err(panic_text(&*p).into())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::filters_and_rest;
+
+    #[test]
+    fn every_free_argument_is_a_filter_and_option_values_are_not() {
+        let args = [
+            "gray",
+            "--test-threads=1",
+            "--skip",
+            "hedera",
+            "ecmp",
+            "--exact",
+        ]
+        .map(String::from);
+        let (filters, rest) = filters_and_rest(args.into_iter());
+        assert_eq!(filters, ["gray", "ecmp"]);
+        assert_eq!(rest, ["--test-threads=1", "--skip", "hedera", "--exact"]);
     }
 }

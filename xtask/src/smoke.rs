@@ -45,22 +45,22 @@ pub fn fast(benches: &Benches, timeout: Duration) -> Result<Vec<Outcome>> {
             "datapath",
             &["--runs", "2000", "--iperf-seconds", "1", "--rounds", "1"],
             timeout,
-        )?,
-        bench(benches, "topology", &["--smoke"], timeout)?,
-        bench(benches, "channel", &["--rounds", "1", "--smoke"], timeout)?,
-        bench(benches, "meter", &["--smoke"], timeout)?,
+        ),
+        bench(benches, "topology", &["--smoke"], timeout),
+        bench(benches, "channel", &["--rounds", "1", "--smoke"], timeout),
+        bench(benches, "meter", &["--smoke"], timeout),
         bench(
             benches,
             "host_cost",
             &["--seconds", "1", "--rounds", "1", "--streams", "1"],
             timeout,
-        )?,
+        ),
         bench(
             benches,
             "resilience",
             &["--rounds", "1", "--smoke"],
             timeout,
-        )?,
+        ),
     ];
     // Per packet and per flow, the controller's pins and the big switch of the ideal: a mode of
     // every kind the experiments have, on one fabric.
@@ -81,7 +81,7 @@ pub fn fast(benches: &Benches, timeout: Duration) -> Result<Vec<Outcome>> {
             &out_s,
         ],
         timeout,
-    )?;
+    );
     expect_json(&mut row, &out, "fabric-permutation");
     row.name = "smoke bench fabric permutation".into();
     rows.push(row);
@@ -90,18 +90,18 @@ pub fn fast(benches: &Benches, timeout: Duration) -> Result<Vec<Outcome>> {
         "failure",
         &["--smoke", "--elements", "a0:c0", "--out", &out_s],
         timeout,
-    )?;
+    );
     if row.note.is_none() && !out.join("failure.json").exists() {
         row.note = Some(format!("wrote no failure.json in {out_s}"));
     }
     row.name = "smoke bench failure".into();
     rows.push(row);
-    rows.push(replot(benches, &out, "fabric-permutation", timeout)?);
+    rows.push(replot(benches, &out, "fabric-permutation", timeout));
     rows.push(step(
         "smoke demo --arb",
         xtask_command(&["demo", "--arb", "--mib", "16", "--prebuilt"]),
         timeout,
-    )?);
+    ));
     Ok(finish(rows, &out))
 }
 
@@ -119,22 +119,22 @@ pub fn full(timeout: Duration) -> Result<Vec<Outcome>> {
             "datapath",
             &["--runs", "2000", "--iperf-seconds", "1", "--rounds", "1"],
             timeout,
-        )?,
-        bench(&benches, "topology", &["--smoke"], timeout)?,
-        bench(&benches, "channel", &["--rounds", "1", "--smoke"], timeout)?,
-        bench(&benches, "meter", &["--smoke"], timeout)?,
+        ),
+        bench(&benches, "topology", &["--smoke"], timeout),
+        bench(&benches, "channel", &["--rounds", "1", "--smoke"], timeout),
+        bench(&benches, "meter", &["--smoke"], timeout),
         bench(
             &benches,
             "host_cost",
             &["--seconds", "1", "--rounds", "1", "--streams", "1,2"],
             timeout,
-        )?,
+        ),
         bench(
             &benches,
             "resilience",
             &["--rounds", "1", "--smoke"],
             timeout,
-        )?,
+        ),
     ];
     for (experiment, topo) in EXPERIMENTS {
         // Every mode and ablation on the concurrent experiments; the sequential ones (a few
@@ -165,7 +165,7 @@ pub fn full(timeout: Duration) -> Result<Vec<Outcome>> {
                 &out_s,
             ],
             timeout,
-        )?;
+        );
         // Written either way; marked invalid where the toy run failed the fidelity check.
         expect_json(&mut row, &out, &format!("fabric-{experiment}"));
         row.name = format!("smoke bench fabric {experiment}");
@@ -191,7 +191,7 @@ pub fn full(timeout: Duration) -> Result<Vec<Outcome>> {
             &out_s,
         ],
         timeout,
-    )?;
+    );
     expect_json(&mut row, &out, "fabric-permutation-srv6");
     row.name = "smoke bench fabric --encoding ipv4-option,srv6".into();
     rows.push(row);
@@ -213,33 +213,28 @@ pub fn full(timeout: Duration) -> Result<Vec<Outcome>> {
             &out_s,
         ],
         timeout,
-    )?;
+    );
     expect_json(&mut row, &out, "fabric-granularity-sweep");
     row.name = "smoke bench fabric granularity".into();
     rows.push(row);
     // Failures under traffic: a core link and an aggregation switch, two modes.
-    let mut row = bench(&benches, "failure", &["--smoke", "--out", &out_s], timeout)?;
+    let mut row = bench(&benches, "failure", &["--smoke", "--out", &out_s], timeout);
     if row.note.is_none() && !out.join("failure.json").exists() {
         row.note = Some(format!("wrote no failure.json in {out_s}"));
     }
     row.name = "smoke bench failure".into();
     rows.push(row);
-    rows.push(replot(&benches, &out, "fabric-sec4.2", timeout)?);
+    rows.push(replot(&benches, &out, "fabric-sec4.2", timeout));
     rows.push(step(
         "smoke demo --arb",
         xtask_command(&["demo", "--arb"]),
         timeout,
-    )?);
+    ));
     Ok(finish(rows, &out))
 }
 
 /// `bench fabric --replot` of the JSON `name` a run wrote into `out` (or its `-INVALID` one).
-fn replot(
-    benches: &Benches,
-    out: &std::path::Path,
-    name: &str,
-    timeout: Duration,
-) -> Result<Outcome> {
+fn replot(benches: &Benches, out: &std::path::Path, name: &str, timeout: Duration) -> Outcome {
     let json = [format!("{name}.json"), format!("{name}-INVALID.json")]
         .map(|n| out.join(n))
         .into_iter()
@@ -250,9 +245,9 @@ fn replot(
         "fabric",
         &["--replot", &json.display().to_string()],
         timeout,
-    )?;
+    );
     row.name = "smoke bench fabric --replot".into();
-    Ok(row)
+    row
 }
 
 /// Each row one check; the scratch folder removed.
@@ -286,10 +281,14 @@ fn build_benches() -> Result<Benches> {
         .collect())
 }
 
-fn bench(benches: &Benches, name: &str, args: &[&str], timeout: Duration) -> Result<Outcome> {
-    let (exe, dir) = benches
-        .get(name)
-        .with_context(|| format!("cargo built no benchmark named {name}"))?;
+/// One smoke row: a failure to even start it is the row's failure, not the pass's.
+fn bench(benches: &Benches, name: &str, args: &[&str], timeout: Duration) -> Outcome {
+    let Some((exe, dir)) = benches.get(name) else {
+        return Outcome::error(
+            &format!("smoke bench {name}"),
+            &anyhow::anyhow!("cargo built no benchmark named {name}"),
+        );
+    };
     let mut cmd = Command::new(exe);
     // `--bench`, as cargo passes it to a benchmark.
     cmd.arg("--bench").args(args).current_dir(dir);
@@ -303,7 +302,11 @@ fn xtask_command(args: &[&str]) -> Command {
     cmd
 }
 
-fn step(name: &str, mut cmd: Command, timeout: Duration) -> Result<Outcome> {
+fn step(name: &str, cmd: Command, timeout: Duration) -> Outcome {
+    run_step(name, cmd, timeout).unwrap_or_else(|e| Outcome::error(name, &e))
+}
+
+fn run_step(name: &str, mut cmd: Command, timeout: Duration) -> Result<Outcome> {
     use std::os::unix::process::CommandExt as _;
     println!("\n----- {name} -----");
     let child = cmd

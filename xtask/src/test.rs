@@ -167,7 +167,8 @@ pub fn run(args: &TestArgs) -> Result<()> {
         );
     }
     println!("\n{passed} passed, {failed} failed");
-    if filtered && passed == 0 && failed == 0 {
+    let skipped: usize = rounds.iter().flatten().map(|o| o.skipped.len()).sum();
+    if filtered && passed == 0 && failed == 0 && skipped == 0 {
         // A filter that names no test would otherwise read as a clean run.
         bail!(
             "no test name matches {:?}: the filter is a test function's name or part of it \

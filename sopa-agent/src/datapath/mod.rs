@@ -101,19 +101,20 @@ pub struct Datapath {
     pin_dir: PathBuf,
     /// The host role's attached links (pinned; their fds close with this struct).
     links: Vec<FdLink>,
-    /// The cls_bpf filters attached (a kernel without TCX): dropped, they are removed; left
-    /// attached, they are forgotten.
-    filters: Vec<aya::programs::tc::SchedClassifierLink>,
+    /// The cls_bpf filters attached (a kernel without TCX): removed by [`Datapath::detach`],
+    /// left to the kernel otherwise.
+    filters: Vec<tc_hook::Filter>,
 }
 
 /// Where a TC program goes: a TCX link in its place in the chain, or a cls_bpf filter of ours
-/// (`replace`: the filter there is an adopted datapath's, its program replaced in place).
+/// (`replaces`: the filter there is an adopted datapath's, running that program, which this
+/// one replaces in place).
 #[derive(Clone, Debug)]
 pub enum Hook {
     Tcx(TcxOrder),
     Filter {
         filter: tc_hook::Filter,
-        replace: bool,
+        replaces: Option<u32>,
     },
 }
 
@@ -329,23 +330,22 @@ impl Datapath {
     }
 
     /// Attaches `name` (a TC program) as the cls_bpf filter `filter`, or replaces the program
-    /// of the filter already there (`replace`), pins the program at `prog_pin`, and keeps the
-    /// filter; returns the id of the program it replaced.
+    /// of the filter already there (`replaces` names it), and pins the program at `prog_pin`
+    /// (status reads which program our filters run there).
     fn attach_filter(
         &mut self,
         name: &'static str,
         filter: &tc_hook::Filter,
-        replace: bool,
+        replaces: Option<u32>,
         prog_pin: &Path,
-    ) -> Result<Option<u32>> {
-        let replaced = replace.then(|| pinned_program_id(prog_pin)).flatten();
+    ) -> Result<()> {
         let program: &mut SchedClassifier = self
             .ebpf
             .program_mut(name)
             .expect("the object defines every program")
             .try_into()
             .map_err(Error::program(name))?;
-        let link = tc_hook::attach(filter, program, replace).map_err(|err| {
+        tc_hook::attach(filter, program, replaces.is_some()).map_err(|err| {
             if tc_hook::is_taken(&err) {
                 Error::Config(format!(
                     "{} of {} has a filter at priority {} handle {:#x} that is not ours; remove it \
@@ -359,10 +359,22 @@ impl Datapath {
                 Error::program(name)(err)
             }
         })?;
-        self.filters.push(link);
-        repin(program, prog_pin)?;
-        Ok(replaced)
+        self.filters.push(filter.clone());
+        repin(program, prog_pin)
     }
+    /// Attaches `tc_forward` to `iface`'s ingress the way `hook` says; returns the id of the
+    /// program it replaced in place (an adopted datapath's).
+    pub fn attach_forward(&mut self, iface: &str, hook: &Hook) -> Result<Option<u32>> {
+        match hook {
+            Hook::Tcx(order) => self.attach_forward_pinned(iface, *order),
+            Hook::Filter { filter, replaces } => {
+                let pin = self.pin_dir.join(FORWARD_PROG_PIN);
+                self.attach_filter(FORWARD_PROGRAM, filter, *replaces, &pin)?;
+                Ok(*replaces)
+            }
+        }
+    }
+
     /// Attaches `tc_forward` to `iface`'s TCX ingress, its link pinned as `link_fwd_<iface>`
     /// in the pin folder, so forwarding outlives this process (a crash, `--keep-attached`, an
     /// upgrade). A link a previous run pinned is adopted: this process's program replaces
@@ -370,16 +382,6 @@ impl Datapath {
     /// program and an upgrade runs the new code. A pinned link whose interface is gone (the
     /// port was recreated) is unpinned and the program attached anew. Returns the program id
     /// the adopted link held.
-    pub fn attach_forward(&mut self, iface: &str, hook: &Hook) -> Result<Option<u32>> {
-        match hook {
-            Hook::Tcx(order) => self.attach_forward_pinned(iface, *order),
-            Hook::Filter { filter, replace } => {
-                let pin = self.pin_dir.join(FORWARD_PROG_PIN);
-                self.attach_filter(FORWARD_PROGRAM, filter, *replace, &pin)
-            }
-        }
-    }
-
     fn attach_forward_pinned(&mut self, iface: &str, order: TcxOrder) -> Result<Option<u32>> {
         let pin = self
             .pin_dir
@@ -499,11 +501,14 @@ impl Datapath {
         let strip = self.attach_strip_pinned(iface, xdp_mode)?;
         let stamp = match hook {
             Hook::Tcx(order) => self.attach_stamp_pinned(iface, *order)?,
-            Hook::Filter { filter, replace } => {
+            Hook::Filter { filter, replaces } => {
                 let pin = self.pin_dir.join(STAMP_PROG_PIN);
-                let replaced = self.attach_filter(STAMP_PROGRAM, filter, *replace, &pin)?;
+                self.attach_filter(STAMP_PROGRAM, filter, *replaces, &pin)?;
                 let prog_id = pinned_program_id(&pin).unwrap_or_default();
-                LinkState { prog_id, replaced }
+                LinkState {
+                    prog_id,
+                    replaced: *replaces,
+                }
             }
         };
         Ok(Attached { stamp, strip })
@@ -604,8 +609,11 @@ impl Datapath {
 
     pub fn detach(&mut self) -> Vec<Error> {
         let mut errors = Vec::new();
-        // Dropping a filter's link removes the filter.
-        self.filters.clear();
+        for filter in std::mem::take(&mut self.filters) {
+            if let Err(err) = tc_hook::detach(&filter) {
+                errors.push(err);
+            }
+        }
         for name in [STAMP_LINK_PIN, STRIP_LINK_PIN, STAMP_PROG_PIN] {
             let pin = self.pin_dir.join(name);
             if let Err(err) = std::fs::remove_file(&pin)
@@ -623,9 +631,7 @@ impl Datapath {
     /// (and the filters, which the kernel keeps).
     pub fn keep_attached(&mut self) {
         self.links.clear();
-        for filter in self.filters.drain(..) {
-            std::mem::forget(filter);
-        }
+        self.filters.clear();
     }
 
     /// The stamp program, for BPF_PROG_TEST_RUN.

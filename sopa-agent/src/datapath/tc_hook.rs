@@ -2,9 +2,10 @@
 //! they outlive the agent and are replaced in place; or, on a kernel without TCX, cls_bpf
 //! filters in direct-action mode on a `clsact` qdisc, which the kernel keeps after the agent
 //! exits just as well, found again by their place (interface, direction, priority, handle)
-//! and replaced there. Other tools' filters are left alone: ours sit at a priority of their own
-//! and a handle of their own, and a `clsact` qdisc the agent did not create is never removed
-//! (`changes::Change::Clsact` records one it did).
+//! and replaced there. Other tools' filters are left alone: ours sit at handle 0x50a of
+//! priority 65520 (last) or 1 (first), a place another filter takes is refused, only a filter
+//! there running one of our programs is ever removed, and a `clsact` qdisc the agent did not
+//! create is never removed (`changes::Change::Clsact` records one it did).
 
 use aya::programs::{
     Link as _, SchedClassifier, TcAttachType,
@@ -12,12 +13,18 @@ use aya::programs::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::TcxOrder;
+use super::{Hook, TcxOrder};
 pub use crate::netlink::tc::Filter;
 use crate::{
+    changes::Change,
     error::{Error, Result},
+    netlink::Netlink,
     probe,
 };
+
+/// The names of the programs our filters run: a filter at our place running anything else is
+/// not ours.
+pub const OUR_PROGRAMS: [&str; 2] = ["tc_stamp", "tc_forward"];
 
 /// `--attach`: how the TC programs attach.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -108,13 +115,13 @@ fn attach_type(f: &Filter) -> TcAttachType {
 
 /// Attaches `program` as filter `f`: replacing the program of the filter that is there
 /// already (`replace`, an adopted datapath: the filter never goes without a program), or as a
-/// new filter (refused if something sits at its place). The returned link removes the filter
-/// when dropped: `forget` it to leave the filter attached.
+/// new filter (refused if something sits at its place). The filter stays until [`detach`]
+/// removes it, whatever becomes of this process.
 pub fn attach(
     f: &Filter,
     program: &mut SchedClassifier,
     replace: bool,
-) -> std::result::Result<SchedClassifierLink, aya::programs::ProgramError> {
+) -> std::result::Result<(), aya::programs::ProgramError> {
     let id = if replace {
         let link = SchedClassifierLink::attached(
             &f.ifname,
@@ -136,7 +143,123 @@ pub fn attach(
             }),
         )?
     };
-    program.take_link(id)
+    // The link would remove the filter when dropped: the filter is the kernel's to keep.
+    std::mem::forget(program.take_link(id)?);
+    Ok(())
+}
+
+/// What an interface has, for [`place`]: a clsact qdisc, and the filters under it.
+pub struct Seen {
+    pub clsact: bool,
+    pub filters: Vec<crate::netlink::tc::TcFilter>,
+}
+
+/// What interface `index` has now.
+pub async fn look(netlink: &Netlink, index: u32) -> Result<Seen> {
+    let clsact = netlink.has_clsact(index).await?;
+    Ok(Seen {
+        clsact,
+        filters: if clsact {
+            netlink.tc_filters(index).await?
+        } else {
+            Vec::new()
+        },
+    })
+}
+
+/// Where a TC program goes on `ifname` (`index`), in direction `ingress`, attached the way
+/// `hook` says, decided from what is there and what `recorded` (the journal, an adopted
+/// datapath's entries among them) says. A datapath attached the other way is refused, not
+/// attached twice. Our filter that the kernel still lists keeps its place and gets the new
+/// program in place. Otherwise a new filter: refused before anything is recorded when another's
+/// filter sits at that place, recorded (`push`; with the clsact qdisc, where the agent adds
+/// one) before it is made; a recorded filter the kernel no longer lists is dropped from the
+/// record (`forget`).
+#[allow(clippy::too_many_arguments)]
+pub fn place(
+    hook: TcHook,
+    order: TcxOrder,
+    (ifname, index, ingress): (&str, u32, bool),
+    tcx_pinned: bool,
+    seen: &Seen,
+    recorded: &[Change],
+    push: &mut dyn FnMut(Change) -> Result<()>,
+    forget: &mut dyn FnMut(&Change) -> Result<()>,
+) -> Result<Hook> {
+    let direction = if ingress { "ingress" } else { "egress" };
+    let stale = recorded.iter().find(|c| {
+        matches!(c, Change::TcFilter { filter } if filter.index == index && filter.ingress == ingress)
+    });
+    let listed = &seen.filters;
+    let recorded_place = stale.and_then(|c| match c {
+        Change::TcFilter { filter } => Some(filter.clone()),
+        _ => None,
+    });
+    let ours_listed = recorded_place
+        .as_ref()
+        .and_then(|f| listed.iter().find(|k| k.is_at(f)));
+    match hook {
+        TcHook::Tcx => {
+            if ours_listed.is_some() {
+                return Err(Error::Config(format!(
+                    "{direction} of {ifname} was attached as a cls_bpf filter by the previous \
+                     agent: start this one with --attach tc to adopt it, or --reset to start clean"
+                )));
+            }
+            if let Some(c) = stale {
+                forget(c)?;
+            }
+            Ok(Hook::Tcx(order))
+        }
+        TcHook::Filter if tcx_pinned => Err(Error::Config(format!(
+            "{direction} of {ifname} was attached as a TCX link by the previous agent: start this \
+             one with --attach tcx to adopt it, or --reset to start clean"
+        ))),
+        TcHook::Filter => {
+            if let (Some(place), Some(k)) = (&recorded_place, ours_listed) {
+                return match &k.program {
+                    Some((id, name)) if OUR_PROGRAMS.contains(&name.as_str()) => Ok(Hook::Filter {
+                        filter: place.clone(),
+                        replaces: Some(*id),
+                    }),
+                    other => Err(Error::Config(format!(
+                        "{direction} of {ifname} has a filter at priority {} handle {:#x} that \
+                         runs {other:?}, not ours; remove it or start with --reset",
+                        place.priority, place.handle
+                    ))),
+                };
+            }
+            if let Some(c) = stale {
+                forget(c)?;
+            }
+            let new = filter(ifname, index, ingress, order);
+            if let Some(k) = listed.iter().find(|k| k.is_at(&new)) {
+                return Err(Error::Config(format!(
+                    "{direction} of {ifname} has another's filter at priority {} handle {:#x} \
+                     ({:?}), where ours goes; remove it, or start with the other --tcx-order",
+                    new.priority, new.handle, k.program
+                )));
+            }
+            if !seen.clsact {
+                let qdisc = Change::Clsact {
+                    ifname: ifname.to_owned(),
+                    index,
+                };
+                push(qdisc.clone())?;
+                if !add_clsact(ifname)? {
+                    // Another tool added one meanwhile: it is theirs.
+                    forget(&qdisc)?;
+                }
+            }
+            push(Change::TcFilter {
+                filter: new.clone(),
+            })?;
+            Ok(Hook::Filter {
+                filter: new,
+                replaces: None,
+            })
+        }
+    }
 }
 
 /// Removes filter `f`; one already gone (or its interface) is not an error.

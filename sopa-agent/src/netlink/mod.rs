@@ -332,11 +332,10 @@ impl Netlink {
                     .map_err(|err| Error::netlink("removing the seg6local probe route", err))?;
                 Ok(true)
             }
-            // The encapsulation was taken; only `lo` being down was refused.
+            // The encapsulation was taken; only the device was refused.
             Err(err) if errno(&err) == Some(libc::ENETDOWN) => Ok(true),
-            // No seg6 lightweight tunnels (EOPNOTSUPP), or a seg6local without the NEXT-C-SID
-            // flavour, which refuses the flavours attribute (EINVAL, before Linux 6.1).
-            Err(err) if matches!(errno(&err), Some(libc::EOPNOTSUPP | libc::EINVAL)) => Ok(false),
+            // No seg6 lightweight tunnels.
+            Err(err) if errno(&err) == Some(libc::EOPNOTSUPP) => Ok(false),
             Err(err) => Err(Error::netlink("probing for seg6local", err)),
         }
     }

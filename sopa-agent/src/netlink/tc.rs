@@ -39,11 +39,52 @@ pub struct Filter {
 }
 
 /// One filter under a clsact qdisc, as the kernel lists it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TcFilter {
     pub ingress: bool,
     pub priority: u16,
     pub handle: u32,
+    /// A cls_bpf filter's program: its id and name.
+    pub program: Option<(u32, String)>,
+}
+
+impl TcFilter {
+    /// Whether this is the filter `f` describes (its place).
+    pub fn is_at(&self, f: &Filter) -> bool {
+        self.ingress == f.ingress && self.priority == f.priority && self.handle == f.handle
+    }
+}
+
+/// `TCA_BPF_NAME` and `TCA_BPF_ID` in a cls_bpf filter's options.
+const TCA_BPF_NAME: u16 = 7;
+const TCA_BPF_ID: u16 = 11;
+
+/// The program of a cls_bpf filter's options (which the crate keeps as one raw attribute).
+fn bpf_program(options: &[netlink_packet_route::tc::TcOption]) -> Option<(u32, String)> {
+    use netlink_packet_utils::nla::{Nla as _, NlasIterator};
+    let raw = options.iter().find_map(|o| match o {
+        netlink_packet_route::tc::TcOption::Other(nla) => Some(nla),
+        _ => None,
+    })?;
+    let mut value = vec![0; raw.value_len()];
+    raw.emit_value(&mut value);
+    let (mut id, mut name) = (None, None);
+    for nla in NlasIterator::new(&value[..]).flatten() {
+        match nla.kind() {
+            TCA_BPF_ID if nla.value().len() >= 4 => {
+                id = Some(u32::from_ne_bytes(nla.value()[..4].try_into().ok()?));
+            }
+            TCA_BPF_NAME => {
+                name = Some(
+                    String::from_utf8_lossy(nla.value())
+                        .trim_end_matches('\0')
+                        .to_owned(),
+                );
+            }
+            _ => {}
+        }
+    }
+    Some((id?, name.unwrap_or_default()))
 }
 
 impl Netlink {
@@ -99,10 +140,15 @@ impl Netlink {
                 .tc_dump(RouteNetlinkMessage::GetTrafficFilter(msg))
                 .await?
             {
+                let program = f.attributes.iter().find_map(|a| match a {
+                    TcAttribute::Options(o) => bpf_program(o),
+                    _ => None,
+                });
                 let filter = TcFilter {
                     ingress,
                     priority: (f.header.info >> 16) as u16,
                     handle: u32::from(f.header.handle),
+                    program,
                 };
                 // The kernel lists a priority's protocol header once with handle 0.
                 if filter.handle != 0 && !out.contains(&filter) {

@@ -80,7 +80,8 @@ pub struct Switch {
     /// programs.
     carry: Option<crate::datapath::layout::Carry>,
     /// How the hosts carry the path: in SRv6 this switch is a plain Linux SRv6 node (IPv6
-    /// routes and `seg6local` End), and `tc_forward` is not attached.
+    /// routes, and `seg6local` End where the kernel has it), `tc_forward` there to repair
+    /// lists around dead ports and, without `seg6local`, to consume the switch's uSID.
     encoding: Encoding,
     /// Who consumes this switch's uSID in the SRv6 encoding.
     usid: usid::UsidEnd,
@@ -196,7 +197,7 @@ impl Switch {
         crate::datapath::check_bpffs()?;
         let netlink = Netlink::connect()?;
         // Before anything changes: a forced choice the kernel cannot honour is a refusal.
-        let (usid, _, usid_fallback) = usid::choose(opts.usid, &netlink).await?;
+        let (usid, usid_fallback) = usid::choose(opts.usid, &netlink).await?;
         let (tc_hook, tc_fallback) = crate::datapath::tc_hook::choose(opts.attach)?;
         let dir = run_dir(&opts.node);
         // A previous run left its forwarding in place (pinned links, routes, maps), after a
@@ -351,59 +352,31 @@ impl Switch {
         }
     }
 
-    /// Where `tc_forward` goes on port `name`: a TCX link (a pinned one adopted), or our
-    /// cls_bpf filter, an adopted datapath's (its program replaced in place) or a new one,
-    /// recorded (with the clsact qdisc, where one had to be added) before it is made. A port
-    /// attached the other way than this agent attaches is refused, not attached twice.
+    /// Where `tc_forward` goes on port `name` (see `tc_hook::place`), recorded in the journal.
     async fn forward_hook(&mut self, name: &str, ifindex: u32) -> Result<crate::datapath::Hook> {
-        use crate::datapath::{
-            Hook,
-            tc_hook::{self, TcHook},
-        };
-        let journal = self.journal.as_mut().expect("running");
-        let adopted = journal.record.changes.iter().find_map(|c| match c {
-            Change::TcFilter { filter } if filter.index == ifindex && filter.ingress => {
-                Some(filter.clone())
-            }
-            _ => None,
-        });
         let tcx_pinned = self
             .datapath
             .pin_dir()
             .join(format!("link_fwd_{}", name.replace('.', ":")))
             .exists();
-        match (self.tc_hook, adopted) {
-            (TcHook::Tcx, None) => Ok(Hook::Tcx(self.tcx_order)),
-            (TcHook::Tcx, Some(_)) => Err(Error::Config(format!(
-                "port {name} was attached as a cls_bpf filter by the previous agent: start this \
-                 one with --attach tc to adopt it, or --reset to start clean"
-            ))),
-            (TcHook::Filter, _) if tcx_pinned => Err(Error::Config(format!(
-                "port {name} was attached as a TCX link by the previous agent: start this one \
-                 with --attach tcx to adopt it, or --reset to start clean"
-            ))),
-            (TcHook::Filter, Some(filter)) => Ok(Hook::Filter {
-                filter,
-                replace: true,
-            }),
-            (TcHook::Filter, None) => {
-                if !self.netlink.has_clsact(ifindex).await? {
-                    journal.push(Change::Clsact {
-                        ifname: name.to_owned(),
-                        index: ifindex,
-                    })?;
-                    tc_hook::add_clsact(name)?;
-                }
-                let filter = tc_hook::filter(name, ifindex, true, self.tcx_order);
-                journal.push(Change::TcFilter {
-                    filter: filter.clone(),
-                })?;
-                Ok(Hook::Filter {
-                    filter,
-                    replace: false,
-                })
-            }
-        }
+        let seen = crate::datapath::tc_hook::look(&self.netlink, ifindex).await?;
+        let journal = self.journal.as_mut().expect("running");
+        let recorded = journal.record.changes.clone();
+        let journal = std::cell::RefCell::new(journal);
+        crate::datapath::tc_hook::place(
+            self.tc_hook,
+            self.tcx_order,
+            (name, ifindex, true),
+            tcx_pinned,
+            &seen,
+            &recorded,
+            &mut |c| journal.borrow_mut().push(c),
+            &mut |gone| {
+                let mut j = journal.borrow_mut();
+                j.record.changes.retain(|c| c != gone);
+                j.save()
+            },
+        )
     }
 
     /// What this switch does without features its kernel lacks, one `feature: instead` each
@@ -411,19 +384,14 @@ impl Switch {
     pub fn fallbacks(&self) -> Vec<String> {
         self.journal
             .as_ref()
-            .map(|j| {
-                j.record
-                    .fallbacks
-                    .iter()
-                    .map(|(f, instead)| format!("{f}: {instead}"))
-                    .collect()
-            })
+            .map(|j| j.record.fallback_lines())
             .unwrap_or_default()
     }
 
     /// Installs the plan of `node` in `topo` under `failures`: routes, `tc_forward` on each
     /// port, and, for the IPv4 option, its decisions; for SRv6, the IPv6 routes and the
-    /// `seg6local` End locator, `tc_forward` there only to repair uSID lists around dead ports.
+    /// `seg6local` End locator (none where `tc_forward` consumes the uSID), `tc_forward` there
+    /// to repair uSID lists around dead ports.
     pub async fn apply(
         &mut self,
         topo: &Topology,

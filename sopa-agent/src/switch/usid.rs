@@ -41,12 +41,9 @@ impl UsidEnd {
     }
 }
 
-/// What `mode` comes to on this kernel, and why, in words for the record and the operator;
-/// the words again as a fallback where the kernel's lack of `seg6local` made the choice.
-pub async fn choose(
-    mode: UsidMode,
-    netlink: &Netlink,
-) -> Result<(UsidEnd, String, Option<String>)> {
+/// What `mode` comes to on this kernel (logged, with why); and, where the kernel's lack of
+/// `seg6local` made the choice, the words of that fallback for the record and the operator.
+pub async fn choose(mode: UsidMode, netlink: &Netlink) -> Result<(UsidEnd, Option<String>)> {
     let has = probe::seg6local(netlink).await?;
     let chosen = match (mode, has) {
         (UsidMode::Kernel, false) => {
@@ -79,5 +76,5 @@ pub async fn choose(
     if fallback.is_none() {
         info!(consumer = %chosen.1, "the SRv6 encoding's uSID");
     }
-    Ok((chosen.0, chosen.1, fallback))
+    Ok((chosen.0, fallback))
 }

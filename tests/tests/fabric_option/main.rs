@@ -54,6 +54,7 @@ fn main() -> ExitCode {
         .shared(
             "Fat-Tree k=4, IPv4 option",
             build,
+            Some(Fabric::settled),
             vec![
                 (
                     "fat_tree_k4_forwards_by_source_route",

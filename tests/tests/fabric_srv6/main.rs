@@ -1,7 +1,8 @@
 //! Fabrics of plain Linux SRv6 routers in namespaces: the controller pushes `encoding = "srv6"`,
 //! every switch agent installs IPv6 routes and its `seg6local` End (NEXT-C-SID) locator through
 //! rtnetlink, hosts put each packet's path in an outer IPv6 header. The switches' `tc_forward`
-//! only rewrites lists around a dead port: with every port up the kernel forwards alone.
+//! rewrites lists around a dead port, and consumes the switch's own uSID where the kernel
+//! cannot (no seg6local); otherwise the kernel forwards alone.
 //! One Fat-Tree k=4 (links at 100 Mbit/s) carries its phases one after another; MODRIC 2x2,
 //! another topology, is a fabric of its own. Each switch's own uSID is consumed by the kernel's
 //! `seg6local` End route where the kernel has it, by `tc_forward` where it has not
@@ -45,6 +46,7 @@ fn main() -> ExitCode {
     let suite = Suite::new().shared(
         "Fat-Tree k=4, SRv6",
         move || srv6_fabric(&fat_tree(), Some(100), "auto"),
+        Some(Fabric::settled),
         vec![
             (
                 "fat_tree_k4_of_linux_srv6_routers_carries_the_round_robin_exactly",
@@ -65,6 +67,7 @@ fn main() -> ExitCode {
         suite.shared(
             "Fat-Tree k=4, SRv6, uN in eBPF",
             move || srv6_fabric(&fat_tree(), Some(100), "ebpf"),
+            Some(Fabric::settled),
             vec![
                 (
                     "usid_ebpf_fat_tree_carries_the_round_robin_exactly",
@@ -94,6 +97,7 @@ fn main() -> ExitCode {
                     "auto",
                 )
             },
+            None,
             vec![(
                 "modric_2x2_of_linux_srv6_routers_reaches_every_pair",
                 forwarding::modric_reaches_every_pair,

@@ -5,10 +5,9 @@ use sopa_agent::{Error, netlink::Netlink, probe};
 
 pub async fn doctor(json: bool) -> Result<(), Error> {
     let netlink = Netlink::connect()?;
-    let findings = probe::findings(&netlink).await?;
+    let (findings, verifier) = probe::findings(&netlink).await?;
     let version = probe::kernel_version()?;
     if json {
-        let verifier = probe::programs_load().err();
         println!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({
@@ -21,7 +20,7 @@ pub async fn doctor(json: bool) -> Result<(), Error> {
     } else {
         println!("Linux {version}");
         print!("{}", probe::table(&findings));
-        if let Err(why) = probe::programs_load() {
+        if let Some(why) = verifier {
             println!("the verifier: {why}");
         }
     }
