@@ -236,7 +236,10 @@ fn run_phase<T: Send>(slot: &Slot<T>, phase: fn(&mut T)) -> Result<(), Failed> {
         }
         State::Empty => unreachable!("built above"),
     };
-    match catch_unwind(AssertUnwindSafe(|| phase(shared))) {
+    let start = Instant::now();
+    let ran = catch_unwind(AssertUnwindSafe(|| phase(shared)));
+    eprintln!("[phases] took {:.1} s", start.elapsed().as_secs_f64());
+    match ran {
         Ok(()) => Ok(()),
         Err(p) => {
             // What the failed phase left is not for the next one.
