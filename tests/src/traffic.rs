@@ -315,12 +315,15 @@ pub fn receive(mut conn: TcpStream, stall: Duration) -> Result<Digest> {
     let mut hasher = Xxh3::new();
     let mut buf = vec![0u8; 256 * 1024];
     loop {
-        let n = conn
-            .read(&mut buf)
-            .map_err(|e| Error::io("receiving (stalled?)", e))?;
-        if n == 0 {
-            break;
-        }
+        let n = match conn.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            // A read on a socket with a receive time-out is never restarted after a signal
+            // handler ran (signal(7)), SA_RESTART or not: a child process of this one ending
+            // (SIGCHLD, which a tokio runtime here handles) interrupts it.
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(Error::io("receiving (stalled?)", e)),
+        };
         hasher.update(&buf[..n]);
     }
     let digest = hasher.digest128().to_be_bytes();
@@ -547,10 +550,20 @@ pub fn tcp_transfer_to(
         .recv_timeout(Duration::from_secs(5))
         .map_err(|_| Error::Failed(format!("the server on {listen} did not start")))?;
     let opts = opts.clone();
-    let sent = src.run(move || send(listen, bytes, &opts))??;
+    let sent = src.run(move || send(listen, bytes, &opts))?;
     let received = server
         .join()
-        .map_err(|_| Error::Failed("the server thread panicked".into()))???;
+        .map_err(|_| Error::Failed("the server thread panicked".into()))?
+        .and_then(|r| r);
+    // A failed sender names what its receiver saw too (it ends within its stall time-out).
+    let (sent, received) = match (sent, received) {
+        (Ok(s), Ok(r)) => (s, r),
+        (Err(e), Ok(_)) => return Err(e),
+        (Err(e), Err(r)) => {
+            return Err(Error::Failed(format!("{e}; the receiver: {r}")));
+        }
+        (Ok(_), Err(r)) => return Err(r),
+    };
     if sent.echoed_digest != received {
         return Err(Error::Failed(
             "the receiver's reply does not match its own hash".into(),
