@@ -24,6 +24,8 @@ pub struct HostApplier<'a> {
     view: Option<FabricView>,
     candidates: Option<Candidates>,
     state: ControllerState,
+    /// The path meter's clock, which adopts the controller's from its snapshots.
+    meter_clock: Option<std::sync::Arc<crate::meter::MeterClock>>,
 }
 
 fn now() -> u64 {
@@ -80,7 +82,14 @@ fn srv6_table(
 }
 
 impl<'a> HostApplier<'a> {
-    pub fn new(host: &'a mut Host, node: &str, endpoint: &str) -> Self {
+    /// Applies what the controller pushes to `host` (topology name `node`); `meter_clock`: the
+    /// path meter's clock, which adopts the controller's.
+    pub fn new(
+        host: &'a mut Host,
+        node: &str,
+        endpoint: &str,
+        meter_clock: Option<std::sync::Arc<crate::meter::MeterClock>>,
+    ) -> Self {
         let state = ControllerState {
             endpoint: endpoint.to_owned(),
             since_unix: now(),
@@ -94,6 +103,7 @@ impl<'a> HostApplier<'a> {
             view: None,
             candidates: None,
             state,
+            meter_clock,
         }
     }
 
@@ -126,6 +136,11 @@ impl HostApplier<'_> {
 }
 
 impl Applier for HostApplier<'_> {
+    fn meter_clock(&self) -> Option<(u32, u64)> {
+        let c = self.meter_clock.as_ref()?.get();
+        Some(((c.period_ns / 1_000_000) as u32, c.epoch_ns))
+    }
+
     async fn snapshot(&mut self, s: &Snapshot) -> Result<(), String> {
         let view = FabricView::from_snapshot(s).map_err(|e| e.to_string())?;
         let topo = &view.topology;
@@ -157,6 +172,17 @@ impl Applier for HostApplier<'_> {
             encoding = %view.encoding,
             "applied the controller's snapshot"
         );
+        // The racks and paths the meter counts marks from: the topology's, whatever is down.
+        let peers = crate::meter::peers::peers(topo, src);
+        self.host
+            .maps()
+            .lock()
+            .expect("maps lock")
+            .set_meter_peers(&peers)
+            .map_err(|e| format!("writing the path meter's peers: {e}"))?;
+        if let Some(clock) = &self.meter_clock {
+            clock.adopt(s.meter_period_ms, s.meter_epoch_ns);
+        }
         self.view = Some(view);
         self.candidates = Some(candidates);
         self.state.epoch = s.epoch;

@@ -205,6 +205,15 @@ impl Collector for DatapathCollector {
             counter.metric_type(),
         )?)?;
 
+        let counter = ConstCounter::new(strip[strip_reason::METER_FOREIGN as usize]);
+        counter.encode(encoder.encode_descriptor(
+            "sopa_meter_foreign_packets",
+            "Marks the path meter did not count: from an address no rack of the fabric holds, on \
+             a path no rack's paths here take, or of the encoding this fabric does not run",
+            None,
+            counter.metric_type(),
+        )?)?;
+
         // Flow table pressure: the LRU keeps the most recent flows; a new flow always gets a
         // path (a full table falls back to the stateless hash).
         let created = stamp[stamp_reason::FLOWS_CREATED as usize];

@@ -1028,6 +1028,30 @@ fn the_path_meter_marks_odd_periods_and_counts_both_ends() {
     let (_, received0) = f.maps.meter_counts(0).unwrap();
     assert!(received0.is_empty(), "with the period 0 nothing is counted");
     f.maps.set_meter_period(period).unwrap();
+    // Counted only from the fabric's racks, on the hops their paths carry: with none known,
+    // a mark is foreign.
+    let foreign =
+        |f: &Fixture| f.maps.strip_counters().unwrap()[strip_reason::METER_FOREIGN as usize];
+    let before = foreign(&f);
+    f.strip(&even[0]);
+    assert!(
+        f.maps.meter_counts(0).unwrap().1.is_empty(),
+        "no rack known"
+    );
+    assert_eq!(foreign(&f), before + 1);
+    let all = || even.iter().chain(&odd);
+    let limits = [
+        all().map(|p| (p[36] & meter::HOP_MASK) + 1).max().unwrap(),
+        all().map(|p| p[37] + 1).max().unwrap(),
+    ];
+    let peer = sopa_common::maps::MeterPeer {
+        hop_limits: limits,
+        hop1_none: 0,
+        _pad: 0,
+    };
+    f.maps
+        .set_meter_peers(&[("10.1.0.0/24".parse().unwrap(), peer)])
+        .unwrap();
     for p in even.iter().chain(&odd) {
         f.strip(p);
     }
@@ -1054,6 +1078,19 @@ fn the_path_meter_marks_odd_periods_and_counts_both_ends() {
     sent.sort();
     got.sort();
     assert_eq!(sent, got, "each path and color counted alike at both ends");
+
+    // A mark from an address no rack holds, or past the hops its rack's paths take, is not
+    // counted: forged marks cannot fill the table.
+    let mut stray = even[0].clone();
+    stray[26..30].copy_from_slice(&[10, 9, 9, 9]);
+    let mut beyond = even[0].clone();
+    beyond[36] = (beyond[36] & !meter::HOP_MASK) | limits[0];
+    let before = foreign(&f);
+    f.strip(&stray);
+    f.strip(&beyond);
+    assert_eq!(foreign(&f), before + 2);
+    let (_, again) = f.maps.meter_counts(0).unwrap();
+    assert_eq!(again, received0, "nothing counted");
 
     // A GSO packet counts its segments, and each segment's headers on the wire (TCP's taken
     // with timestamps). A forged option is restamped in place, which test_run allows a GSO

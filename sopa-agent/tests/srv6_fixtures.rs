@@ -641,8 +641,17 @@ fn the_path_meter_marks_srv6_packets_in_rfc_9343s_option_and_counts_both_ends() 
     assert!(sent0.iter().chain(&sent1).all(|(k, _)| k.peer == rack));
 
     // At the destination (its rack switch consumed the list): the original frame, counted by
-    // the mark's path and color, from the source's rack; the receiver's own period is no matter.
+    // the mark's path and color, from the source's rack (one of the fabric's: its paths here
+    // take hops below 2 and 2); the receiver's own period is no matter.
     turn.set(0).unwrap();
+    let peer = sopa_common::maps::MeterPeer {
+        hop_limits: [2, 2],
+        hop1_none: 0,
+        _pad: 0,
+    };
+    f.maps
+        .set_meter_peers(&[("10.1.0.0/24".parse().unwrap(), peer)])
+        .unwrap();
     for (out, packet) in &arrived {
         let mut frame = out.clone();
         frame[14 + 24..14 + 40].copy_from_slice(&address(&[0xE002]));
@@ -677,6 +686,19 @@ fn the_path_meter_marks_srv6_packets_in_rfc_9343s_option_and_counts_both_ends() 
         verdicts(&before, &after, &strip_reason::NAMES),
         ["foreign_srv6"]
     );
+
+    // An option's mark is not the SRv6 fabric's: left uncounted (no host of it sends one).
+    let opt = common::with_option(&arrived[0].1, 0, 1);
+    let before = f.maps.strip_counters().unwrap();
+    f.strip(&opt);
+    let after = f.maps.strip_counters().unwrap();
+    let i = strip_reason::METER_FOREIGN as usize;
+    assert_eq!(
+        after[i],
+        before[i] + 1,
+        "an option's mark in an SRv6 fabric"
+    );
+    assert_eq!(f.maps.meter_counts(0).unwrap().1, received0);
 
     // Off: no mark, nothing counted.
     f.maps.set_meter_period(0).unwrap();

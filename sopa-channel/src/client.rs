@@ -35,6 +35,10 @@ pub trait Applier: Send {
     fn peers(&mut self, _peers: &proto::PeerAgents) {}
     /// (epoch, version) last applied; (0, 0) for nothing.
     fn position(&self) -> (u64, u64);
+    /// A host agent's path-meter clock now: (period in ms, epoch in TAI ns).
+    fn meter_clock(&self) -> Option<(u32, u64)> {
+        None
+    }
     /// The channel came up or went down.
     fn connected(&mut self, _up: bool) {}
     /// A session ended or could not start (the controller unreachable, a refused handshake, a
@@ -289,6 +293,7 @@ async fn session<A: Applier, R: Into<agent_message::Kind>>(
         .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
     let (tx, rx) = mpsc::channel::<AgentMessage>(64);
     let (epoch, version) = applier.position();
+    let (meter_period_ms, meter_epoch_ns) = applier.meter_clock().unwrap_or_default();
     let hello = AgentMessage {
         kind: Some(agent_message::Kind::Hello(Hello {
             node: cfg.node.clone(),
@@ -299,6 +304,8 @@ async fn session<A: Applier, R: Into<agent_message::Kind>>(
             topology_name: cfg.topology_name.clone().unwrap_or_default(),
             heartbeat_ms: u32::try_from(cfg.heartbeat.as_millis()).unwrap_or(u32::MAX),
             fallbacks: cfg.fallbacks.clone(),
+            meter_period_ms,
+            meter_epoch_ns,
         })),
     };
     let _ = tx.send(hello).await;

@@ -90,6 +90,12 @@ pub struct Hello {
     /// (at most [`MAX_FALLBACKS`]); empty from an agent before this field.
     #[prost(string, repeated, tag = "8")]
     pub fallbacks: Vec<String>,
+    /// A host agent's path-meter clock now (period, epoch; zero: none yet): one that is not
+    /// the controller's gets a snapshot, which carries the controller's, rather than deltas.
+    #[prost(uint32, tag = "9")]
+    pub meter_period_ms: u32,
+    #[prost(uint64, tag = "10")]
+    pub meter_epoch_ns: u64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -133,7 +139,7 @@ pub struct LinkReport {
 /// per flow or per host: its size is bounded by the racks the host talks to times their paths.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct PathReport {
-    /// The period's index: TAI time divided by `period_ms`.
+    /// The period's index: TAI time since `epoch_ns` divided by `period_ms`.
     #[prost(uint64, tag = "1")]
     pub period: u64,
     #[prost(uint32, tag = "2")]
@@ -147,6 +153,10 @@ pub struct PathReport {
     /// over its paths (a mode other than `sopa`), where congestion reads like a gray link.
     #[prost(bool, tag = "5")]
     pub incomplete: bool,
+    /// The TAI nanosecond that `period` counts from: the meter clock's epoch, as the
+    /// controller's snapshot gave it (0: the TAI epoch, an agent without a controller's clock).
+    #[prost(uint64, tag = "6")]
+    pub epoch_ns: u64,
 }
 
 /// One peer rack's packets on each path, in two parallel packed arrays.
@@ -386,6 +396,15 @@ pub struct Snapshot {
     /// empty (a controller older than the SRv6 encoding) is `ipv4-option`.
     #[prost(string, tag = "6")]
     pub encoding: String,
+    /// The path meter's clock, which every host agent numbers and colors its periods by (one
+    /// that a flag overrides has its reports refused): the period in milliseconds (0: a
+    /// controller older than the meter's clock; the agent keeps its own), and the TAI
+    /// nanosecond period 0 begins at, a multiple of two periods (so a host that adopts it
+    /// keeps its period boundaries and colors; only the numbers change).
+    #[prost(uint32, tag = "7")]
+    pub meter_period_ms: u32,
+    #[prost(uint64, tag = "8")]
+    pub meter_epoch_ns: u64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -512,6 +531,31 @@ pub struct StatusReply {
     /// window, worst first (at most 64).
     #[prost(message, repeated, tag = "15")]
     pub link_loss: Vec<LinkLoss>,
+    /// Hosts whose path reports the meter sets aside now: refused (another period length,
+    /// a clock off the controller's, paths the topology lacks, too many reports) or
+    /// inconsistent (claims its own spraying cannot produce).
+    #[prost(message, repeated, tag = "16")]
+    pub meter_hosts: Vec<MeterHost>,
+}
+
+/// A host whose path reports the meter sets aside, and why.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct MeterHost {
+    #[prost(string, tag = "1")]
+    pub host: String,
+    /// The reason, as the refusal metric's label (`period`, `clock`, `topology`,
+    /// `implausible`, `rate`, `inconsistent`, ...).
+    #[prost(string, tag = "2")]
+    pub reason: String,
+    /// What its last such report said, in words.
+    #[prost(string, tag = "3")]
+    pub detail: String,
+    /// Its reports set aside since the controller started.
+    #[prost(uint64, tag = "4")]
+    pub reports: u64,
+    /// How long ago the last one came.
+    #[prost(uint64, tag = "5")]
+    pub last_ms_ago: u64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -587,3 +631,34 @@ pub const MAX_TEXT_BYTES: usize = 512;
 
 /// The most fallbacks a hello may list (each at most [`MAX_TEXT_BYTES`]).
 pub const MAX_FALLBACKS: usize = 16;
+
+/// Cuts `s` to at most `max` bytes, at a character boundary.
+pub fn bounded(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}
+
+impl Hello {
+    /// Why a hello's fields are out of bounds, if they are: the node name 1 to
+    /// [`crate::identity::MAX_NODE_LEN`] bytes, the topology name at most that, the agent
+    /// version at most [`MAX_TEXT_BYTES`], at most [`MAX_FALLBACKS`] fallbacks of at most
+    /// [`MAX_TEXT_BYTES`] each.
+    pub fn check_fields(&self) -> Result<(), String> {
+        use crate::identity::MAX_NODE_LEN;
+        if self.node.is_empty()
+            || self.node.len() > MAX_NODE_LEN
+            || self.topology_name.len() > MAX_NODE_LEN
+            || self.agent_version.len() > MAX_TEXT_BYTES
+            || self.fallbacks.len() > MAX_FALLBACKS
+            || self.fallbacks.iter().any(|f| f.len() > MAX_TEXT_BYTES)
+        {
+            return Err(format!(
+                "hello: the node name must be 1 to {MAX_NODE_LEN} bytes, the topology name at most {MAX_NODE_LEN}, the agent version at most {MAX_TEXT_BYTES}, at most {MAX_FALLBACKS} fallbacks of at most {MAX_TEXT_BYTES} each"
+            ));
+        }
+        Ok(())
+    }
+}

@@ -361,7 +361,11 @@ pub mod strip_reason {
     pub const FOREIGN_SRV6: u32 = 11;
     /// Not a verdict: a stripped packet the path meter could not count (its table was full).
     pub const METER_FULL: u32 = 12;
-    pub const COUNT: u32 = 13;
+    /// Not a verdict: a mark the path meter does not count, from a source no rack of the
+    /// fabric holds, on a path no rack's paths to this host take, or in the encoding this
+    /// host does not run (forged or stray marks cannot fill its table).
+    pub const METER_FOREIGN: u32 = 13;
+    pub const COUNT: u32 = 14;
     const _: () = assert!(COUNT <= super::REASON_SLOTS);
     pub const NAMES: [&str; COUNT as usize] = [
         "stripped",
@@ -377,6 +381,7 @@ pub mod strip_reason {
         "decapsulated",
         "foreign_srv6",
         "meter_full",
+        "meter_foreign",
     ];
     /// Whether counter `i` is a verdict (every packet counts under exactly one).
     pub const fn is_verdict(i: u32) -> bool {
@@ -408,6 +413,13 @@ pub mod meter {
     /// packets with. A packet that finds the map full is counted under `meter_full` and its
     /// period is not judged.
     pub const CAPACITY: u32 = 65_536;
+    /// The racks a host counts marks from, a hash of [`super::MeterPeer`] by rack (the
+    /// source address masked by [`super::MeterConfig::rack_mask`], network order): what the
+    /// paths of each rack to this host may carry in their hop bytes. A mark from anywhere
+    /// else is not counted, so the received table holds at most the fabric's own paths.
+    pub const PEERS_MAP: &str = "SOPA_METER_PEERS_V1";
+    /// Racks [`PEERS_MAP`] holds.
+    pub const PEERS_CAPACITY: u32 = 65_536;
     /// The mark of an odd period in the first hop byte (hop values are below
     /// [`super::MAX_UPLINKS`], the detour mark is 0x80).
     pub const COLOR: u8 = 0x40;
@@ -426,6 +438,28 @@ pub struct MeterConfig {
     pub _pad: u32,
 }
 const _: () = assert!(size_of::<MeterConfig>() == 16);
+
+/// What a rack's paths to this host may carry (bare hop bytes): each hop below its limit, and
+/// the second also [`crate::wire::HOP_NONE`] where `hop1_none` (paths of one switch between
+/// the racks).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MeterPeer {
+    pub hop_limits: [u8; 2],
+    pub hop1_none: u8,
+    pub _pad: u8,
+}
+
+impl MeterPeer {
+    /// Whether a mark of path `hops` (bare) is one these paths can carry.
+    #[inline(always)]
+    pub fn carries(&self, hops: [u8; 2]) -> bool {
+        hops[0] < self.hop_limits[0]
+            && (hops[1] < self.hop_limits[1]
+                || (hops[1] == crate::wire::HOP_NONE && self.hop1_none != 0))
+    }
+}
+const _: () = assert!(size_of::<MeterPeer>() == 4);
 
 /// A counter of the path meter: the peer's rack (its address masked by
 /// [`MeterConfig::rack_mask`], network order), the path's hop bytes without marks, the period's
@@ -459,6 +493,7 @@ mod pod {
     use super::*;
     // SAFETY: every type is repr(C), made only of integers, with explicit padding.
     unsafe impl aya::Pod for Config {}
+    unsafe impl aya::Pod for MeterPeer {}
     unsafe impl aya::Pod for PathSet {}
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for FlowState {}

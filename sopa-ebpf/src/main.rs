@@ -31,9 +31,9 @@ use aya_ebpf::{
 };
 use sopa_common::maps::{
     Config, Encap, FLOWS_CAPACITY, FWD_CAPACITY, FlowKey, FlowState, FwdEntry, HOP_STATS_LEN,
-    MAX_UPLINKS, MeterConfig, MeterKey, MeterSent, PATHS_CAPACITY, PINS_CAPACITY, PathSet, Pin,
-    REASON_SLOTS, REORDER_CAPACITY, ReorderState, SRV6_SEGS_CAPACITY, SegKey, Segments, Srv6Dest,
-    TRUST_CAPACITY, UsidRepairConfig, UsidRule, UsidRuleKey,
+    MAX_UPLINKS, MeterConfig, MeterKey, MeterPeer, MeterSent, PATHS_CAPACITY, PINS_CAPACITY,
+    PathSet, Pin, REASON_SLOTS, REORDER_CAPACITY, ReorderState, SRV6_SEGS_CAPACITY, SegKey,
+    Segments, Srv6Dest, TRUST_CAPACITY, UsidRepairConfig, UsidRule, UsidRuleKey,
 };
 
 // Names must equal the constants of `sopa_common::maps` (checked by the agent's loader tests).
@@ -118,6 +118,10 @@ static METER_SENT: HashMap<MeterKey, MeterSent> =
 #[map(name = "SOPA_RECV_V1")]
 static METER_RECEIVED: HashMap<MeterKey, u64> =
     HashMap::pinned(sopa_common::maps::meter::CAPACITY, 0);
+
+#[map(name = "SOPA_METER_PEERS_V1")]
+static METER_PEERS: HashMap<u32, MeterPeer> =
+    HashMap::pinned(sopa_common::maps::meter::PEERS_CAPACITY, BPF_F_NO_PREALLOC);
 
 /// Switch ingress: source-routed packets at their decision point go to the named uplink; an
 /// option from a port the switch does not trust is neutralized; an SRv6 uSID list this switch

@@ -4,9 +4,9 @@
 //! encoding in RFC 9343's mark (`sopa_common::srv6`).
 
 use aya_ebpf::{bindings::BPF_NOEXIST, maps::HashMap};
-use sopa_common::maps::{MeterKey, meter};
+use sopa_common::maps::{MeterKey, meter, strip_reason as reason};
 
-use crate::{METER_COLOR, METER_CONFIG, METER_RECEIVED, METER_SENT};
+use crate::{METER_COLOR, METER_CONFIG, METER_PEERS, METER_RECEIVED, METER_SENT};
 
 /// Metering as configured now: the period's color and the rack mask.
 #[derive(Clone, Copy)]
@@ -57,28 +57,44 @@ impl Meter {
         true
     }
 
-    /// Counts `n` packets from `saddr` on path `hops` (bare) in the period of `color`; false
-    /// when the table is full.
+    /// Counts `n` packets from `saddr` on path `hops` in the period of `color`, if the mark is
+    /// one the fabric's paths to this host can carry ([`meter::PEERS_MAP`]): from a rack of the
+    /// fabric, each hop within what that rack's paths use. Returns the strip reason to count
+    /// the packet under when it is not counted: `METER_FOREIGN`, or `METER_FULL` (the table
+    /// is full).
     #[inline(always)]
-    pub fn received(saddr: [u8; 4], hops: [u8; 2], color: u8, n: u64) -> bool {
+    pub fn received(saddr: [u8; 4], hops: [u8; 2], color: u8, n: u64) -> Result<(), u32> {
         let Some(config) = METER_CONFIG.get(0) else {
-            return true;
+            return Ok(());
         };
         if config.period_ns == 0 {
-            return true;
+            return Ok(());
+        }
+        let peer = u32::from_ne_bytes(saddr) & config.rack_mask;
+        let hops = [hops[0] & meter::HOP_MASK, hops[1]];
+        // SAFETY: a pointer from a successful lookup, read once (the agent replaces whole
+        // values).
+        let Some(limits) = METER_PEERS
+            .get_ptr(&peer)
+            .map(|p| unsafe { core::ptr::read_volatile(p) })
+        else {
+            return Err(reason::METER_FOREIGN);
+        };
+        if !limits.carries(hops) {
+            return Err(reason::METER_FOREIGN);
         }
         let key = MeterKey {
-            peer: u32::from_ne_bytes(saddr) & config.rack_mask,
-            hops: [hops[0] & meter::HOP_MASK, hops[1]],
+            peer,
+            hops,
             color: color & 1,
             _pad: 0,
         };
         let Some(counter) = counter(&METER_RECEIVED, key) else {
-            return false;
+            return Err(reason::METER_FULL);
         };
         // SAFETY: as in `sent`.
         unsafe { xadd(counter, n) };
-        true
+        Ok(())
     }
 
     #[inline(always)]

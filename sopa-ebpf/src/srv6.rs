@@ -263,8 +263,8 @@ pub fn decapsulate(ctx: &XdpContext) -> Result<Inner, u32> {
         };
         let source = source.ok_or(strip::TOO_SHORT)?;
         // SAFETY: bounds checked by ptr_at.
-        if !Meter::received(unsafe { *source }, hops, color, 1) {
-            count(&STRIP_STATS, strip::METER_FULL, 1);
+        if let Err(why) = Meter::received(unsafe { *source }, hops, color, 1) {
+            count(&STRIP_STATS, why, 1);
         }
         slide::<{ IPV6_HLEN + MARK_LEN }>(ctx, ether_type)?;
     } else {

@@ -7,7 +7,7 @@
 
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_xdp_adjust_head, programs::XdpContext};
 use sopa_common::{
-    maps::{ReorderState, measure, meter, strip_reason as reason},
+    maps::{ReorderState, encoding, measure, meter, strip_reason as reason},
     srv6::ETH_P_IPV6,
     wire::{
         ETH_HLEN, ETH_P_IP, IPPROTO_TCP, IPV4_BASE_LEN, IPV4_STAMPED_LEN, OPTION_LEN,
@@ -74,11 +74,20 @@ pub fn try_strip(ctx: &XdpContext) -> Result<u32, u32> {
     // Word indices: Ethernet 0..7, the base header E..E+10, the option E+10..E+12.
     const E: usize = ETH_HLEN / 2;
     // The path meter counts it by the path and color it carries, whether or not the strip below
-    // succeeds (the packet is delivered either way).
+    // succeeds (the packet is delivered either way); only where hosts carry the path in the
+    // option (in an SRv6 fabric, no host of the fabric sends one).
     let [hop0, hop1] = w[E + 11].to_ne_bytes();
     let color = u8::from(hop0 & meter::COLOR != 0);
-    if !Meter::received(ip.saddr, [hop0, hop1], color, 1) {
-        count(&STRIP_STATS, reason::METER_FULL, 1);
+    let option_fabric = crate::ENCAP
+        .get(0)
+        .is_none_or(|e| e.encoding == encoding::IPV4_OPTION);
+    let counted = if option_fabric {
+        Meter::received(ip.saddr, [hop0, hop1], color, 1)
+    } else {
+        Err(reason::METER_FOREIGN)
+    };
+    if let Err(why) = counted {
+        count(&STRIP_STATS, why, 1);
     }
     // The base header's first two words for its new length.
     let w0 = u16::from_ne_bytes([0x45, ip.tos]);

@@ -9,8 +9,8 @@ use aya::{
 use sopa_common::maps::{
     CONFIG_MAP, Config, ENCAP_MAP, Encap, FLOWS_MAP, FWD_MAP, FWD_STATS_MAP, FWD_UPLINK_STATS_MAP,
     FlowKey, FlowState, FwdEntry, HOP_STATS_MAP, LOOKUP_MAP, MAX_PATHS, MAX_UPLINKS, MEASURE_MAP,
-    MeterConfig, MeterKey, MeterSent, PATHS_EXACT_MAP, PATHS_MAP, PINS_MAP, PathSet, Pin,
-    SRV6_DESTS_EXACT_MAP, SRV6_DESTS_MAP, SRV6_SEGS_CAPACITY, SRV6_SEGS_MAP, STAMP_STATS_MAP,
+    MeterConfig, MeterKey, MeterPeer, MeterSent, PATHS_EXACT_MAP, PATHS_MAP, PINS_MAP, PathSet,
+    Pin, SRV6_DESTS_EXACT_MAP, SRV6_DESTS_MAP, SRV6_SEGS_CAPACITY, SRV6_SEGS_MAP, STAMP_STATS_MAP,
     START_MAP, STRIP_STATS_MAP, SegKey, Segments, Srv6Dest, TRUST_MAP, UsidRepairConfig, UsidRule,
     UsidRuleKey, encoding, forward_reason, lookup, measure, meter, stamp_reason, strip_reason,
     usid_repair,
@@ -63,11 +63,23 @@ pub struct MeterMaps {
     /// The period's color, an array of one u32 (absent where the programs read the clock
     /// themselves).
     color: Option<MapData>,
+    /// The racks marks are counted from (absent in the pins of an older datapath, which counts
+    /// every mark).
+    peers: Option<HashMap<MapData, u32, MeterPeer>>,
 }
 
 impl MeterMaps {
-    fn from_maps(config: Map, sent: Map, received: Map, color: Option<Map>) -> Result<Self> {
+    fn from_maps(
+        config: Map,
+        sent: Map,
+        received: Map,
+        color: Option<Map>,
+        peers: Option<Map>,
+    ) -> Result<Self> {
         Ok(Self {
+            peers: peers
+                .map(|m| m.try_into().map_err(map_err(meter::PEERS_MAP)))
+                .transpose()?,
             config: config.try_into().map_err(map_err(meter::CONFIG_MAP))?,
             sent: sent.try_into().map_err(map_err(meter::SENT_MAP))?,
             received: received.try_into().map_err(map_err(meter::RECEIVED_MAP))?,
@@ -179,6 +191,7 @@ impl MapSet {
             take(meter::SENT_MAP)?,
             take(meter::RECEIVED_MAP)?,
             Some(take(meter::COLOR_MAP)?),
+            Some(take(meter::PEERS_MAP)?),
         )?);
         set.lookup = Some(Lookup::from_maps(
             take(LOOKUP_MAP)?,
@@ -234,9 +247,13 @@ impl MapSet {
             open(meter::SENT_MAP),
             open(meter::RECEIVED_MAP),
         ) {
-            (Ok(c), Ok(s), Ok(r)) => {
-                Some(MeterMaps::from_maps(c, s, r, open(meter::COLOR_MAP).ok())?)
-            }
+            (Ok(c), Ok(s), Ok(r)) => Some(MeterMaps::from_maps(
+                c,
+                s,
+                r,
+                open(meter::COLOR_MAP).ok(),
+                open(meter::PEERS_MAP).ok(),
+            )?),
             _ => None,
         };
         set.lookup = match (
@@ -315,6 +332,47 @@ impl MapSet {
         m.config
             .set(0, config, 0)
             .map_err(map_err(meter::CONFIG_MAP))
+    }
+
+    /// Sets the racks the meter counts marks from: each rack's prefix, as the rack mask cuts
+    /// it (a rack under a shorter prefix than the mask is one entry per masked prefix, as its
+    /// counters are), with the hop limits of its paths here. Entries of racks no longer given
+    /// are removed after the new ones are in (a packet finds its rack's entry throughout).
+    pub fn set_meter_peers(&mut self, peers: &[(Prefix, MeterPeer)]) -> Result<()> {
+        let Some(m) = self.meter.as_mut() else {
+            return Ok(());
+        };
+        let config = m.config.get(&0, 0).map_err(map_err(meter::CONFIG_MAP))?;
+        let Some(map) = m.peers.as_mut() else {
+            return Ok(());
+        };
+        let mask_len = u32::from_be_bytes(config.rack_mask.to_ne_bytes()).leading_ones() as u8;
+        let mut keep = std::collections::HashSet::new();
+        for (prefix, peer) in peers {
+            let base = u32::from(prefix.addr);
+            let extra = mask_len.saturating_sub(prefix.len);
+            if extra > 12 {
+                return Err(Error::Config(format!(
+                    "rack {prefix} is 2^{extra} meter keys under the /{mask_len} rack mask: give the fabric's racks prefixes of one length"
+                )));
+            }
+            for i in 0..(1u32 << extra) {
+                let addr = base | (i << (32 - u32::from(mask_len)));
+                let key = u32::from_ne_bytes(addr.to_be_bytes());
+                map.insert(key, *peer, 0)
+                    .map_err(map_err(meter::PEERS_MAP))?;
+                keep.insert(key);
+            }
+        }
+        let stale: Vec<u32> = map
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| !keep.contains(k))
+            .collect();
+        for k in stale {
+            let _ = map.remove(&k);
+        }
+        Ok(())
     }
 
     /// Whether this datapath meters paths (the pins of an older agent's do not).

@@ -120,7 +120,7 @@ pub enum Hook {
 
 /// Every map of this datapath layout, as pinned: a `SOPA_*` pin not in this list belongs to
 /// another layout (see [`layout`]).
-pub const MAP_NAMES: [&str; 26] = {
+pub const MAP_NAMES: [&str; 27] = {
     use sopa_common::maps::*;
     [
         CONFIG_MAP,
@@ -149,6 +149,7 @@ pub const MAP_NAMES: [&str; 26] = {
         meter::SENT_MAP,
         meter::RECEIVED_MAP,
         meter::COLOR_MAP,
+        meter::PEERS_MAP,
     ]
 };
 

@@ -156,10 +156,11 @@ pub struct RunArgs {
     /// How often pinned mode reports elephants to the controller.
     #[arg(long, env = "SOPA_REPORT_INTERVAL_MS", default_value_t = 1000)]
     pub report_interval_ms: u64,
-    /// The path meter's period of alternate marking (every host and switch of a fabric must
-    /// run agents that know the mark, and every host the same period); 0 turns metering off.
-    #[arg(long, env = "SOPA_METER_PERIOD_MS", default_value_t = 250)]
-    pub meter_period_ms: u64,
+    /// The path meter's period of alternate marking, fixed (0 turns metering off). Without it
+    /// the agent runs the controller's period and epoch (from its snapshot; 250 ms until
+    /// then): a controller refuses the reports of a host whose period differs from its own.
+    #[arg(long, env = "SOPA_METER_PERIOD_MS")]
+    pub meter_period_ms: Option<u64>,
     /// Measure the reordering of arriving TCP flows (`status`, `sopa_tcp_reordered_packets`):
     /// a flow-table lookup per data packet, about half of xdp_strip's cost, so off unless
     /// asked for. Every start sets what this says; `sopa-agent reordering` changes it at run

@@ -1,6 +1,6 @@
 //! `sopa-agent run`: the host role until SIGINT/SIGTERM (or SIGUSR1 from a successor).
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use sopa_agent::{
     Error,
@@ -77,6 +77,12 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
             None => Granularity::DEFAULT,
         },
     };
+    // Fixed by the flag, or the controller's once its snapshot comes (the default until then).
+    let meter_period = args
+        .meter_period_ms
+        .map_or(sopa_agent::meter::DEFAULT_PERIOD, Duration::from_millis);
+    let meter_clock =
+        sopa_agent::meter::MeterClock::new(meter_period, args.meter_period_ms.is_some());
     let opts = HostOptions {
         mode,
         paths,
@@ -96,13 +102,15 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
         tcx_order: args.tcx_order,
         attach: args.attach,
         forget_runtime_mode: args.mode.is_some(),
-        meter_period: std::time::Duration::from_millis(args.meter_period_ms),
+        meter_period,
         measure_reordering: args.measure_reordering,
     };
-    if args.meter_period_ms != 0 && !(10..=60_000).contains(&args.meter_period_ms) {
+    if let Some(ms) = args.meter_period_ms
+        && ms != 0
+        && !(10..=60_000).contains(&ms)
+    {
         return Err(Error::Config(format!(
-            "--meter-period-ms {}: give 10 to 60000 ms, or 0 to turn the path meter off",
-            args.meter_period_ms
+            "--meter-period-ms {ms}: give 10 to 60000 ms, or 0 to turn the path meter off (or leave it out: the controller's)"
         )));
     }
     if args.report_interval_ms == 0 || args.nic_rate_mbit == Some(0) {
@@ -168,18 +176,20 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
     };
     // The path meter's color turns whether or not a controller takes the reports: peers count
     // what this host sends by the color it carries.
-    let meter_period = std::time::Duration::from_millis(args.meter_period_ms);
-    let turns =
-        match sopa_agent::meter::start_turning(&host.maps(), meter_period, host.meter_stats()) {
-            Ok(turns) => turns,
-            Err(err) => {
-                warn!(%err, "the path meter's color cannot be turned; metering is off");
-                if let Err(err) = host.maps().lock().expect("maps lock").set_meter_period(0) {
-                    warn!(%err, "turning the path meter off");
-                }
-                None
+    let turns = match sopa_agent::meter::start_turning(
+        &host.maps(),
+        Arc::clone(&meter_clock),
+        host.meter_stats(),
+    ) {
+        Ok(turns) => turns,
+        Err(err) => {
+            warn!(%err, "the path meter's color cannot be turned; metering is off");
+            if let Err(err) = host.maps().lock().expect("maps lock").set_meter_period(0) {
+                warn!(%err, "turning the path meter off");
             }
-        };
+            None
+        }
+    };
     match channel {
         None => {
             info!("running; SIGINT or SIGTERM detaches and restores");
@@ -206,12 +216,17 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
                 tokio::spawn(sopa_agent::meter::report_loop(
                     host.maps(),
                     reports,
-                    meter_period,
+                    Arc::clone(&meter_clock),
                     turns,
                     host.meter_stats(),
                 ))
             });
-            let mut applier = HostApplier::new(&mut host, &fabric_host, &endpoint);
+            let mut applier = HostApplier::new(
+                &mut host,
+                &fabric_host,
+                &endpoint,
+                Some(Arc::clone(&meter_clock)),
+            );
             tokio::select! {
                 _ = sopa_channel::client::run_with_reports(cfg, &mut applier, stopped, Some(reports_rx)) => {}
                 _ = signal => {}
