@@ -441,6 +441,8 @@ impl Fabric {
         delta
     }
 
+    /// The fabric's snapshot (the path meter's clock, which is the controller's and not the
+    /// fabric's, is the channel's to add).
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {
             epoch: self.epoch,
@@ -449,6 +451,8 @@ impl Fabric {
             down_links: self.down_links(),
             down_switches: self.down_switches(),
             encoding: self.encoding.name().to_owned(),
+            meter_period_ms: 0,
+            meter_epoch_ns: 0,
         }
     }
 

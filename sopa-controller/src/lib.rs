@@ -8,6 +8,7 @@ pub mod damping;
 pub mod election;
 pub mod fabric;
 pub mod hedera;
+pub mod meter;
 pub mod metrics;
 pub mod server;
 pub mod store;

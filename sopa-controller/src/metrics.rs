@@ -2,7 +2,7 @@
 //! the path meter (each directed link's packets and losses over the shortest window, the
 //! suspect links, convictions, reports). Read from the controller's state at every scrape.
 
-use std::sync::{Arc, atomic::Ordering::Relaxed};
+use std::sync::Arc;
 
 use prometheus_client::{
     collector::Collector,
@@ -130,39 +130,64 @@ impl Collector for ControllerCollector {
             "Links an operator trusts (never drained on the meter's evidence)",
             status.trusted_links.len() as i64,
         )?;
-        let (judged, partial) = {
-            let t = c.meter.tomography.lock().expect("tomography lock");
-            (t.periods_judged, t.periods_partial)
-        };
+        let m = c.meter.counts();
         counter(
             &mut encoder,
             "sopa_meter_periods_judged",
             "Periods of the path meter judged",
-            judged,
+            m.judged,
         )?;
         counter(
             &mut encoder,
             "sopa_meter_periods_partial",
             "Judged periods some host's report was missing from (its rack's paths left out)",
-            partial,
+            m.partial,
         )?;
         counter(
             &mut encoder,
             "sopa_meter_reports",
             "Path reports taken from host agents",
-            c.meter.reports.load(Relaxed),
+            m.reports,
         )?;
         counter(
             &mut encoder,
             "sopa_meter_report_bytes",
             "Encoded bytes of the path reports taken",
-            c.meter.report_bytes.load(Relaxed),
+            m.report_bytes,
         )?;
+        let mut family = encoder.encode_descriptor(
+            "sopa_meter_reports_refused",
+            "Path reports refused, by reason: malformed, implausible (more than links carry), period (another length than the controller's), epoch, clock (far from the controller's), topology (racks or paths it lacks), rate",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (reason, n) in &m.refused {
+            ConstCounter::new(*n).encode(family.encode_family(&[("reason", *reason)])?)?;
+        }
         counter(
             &mut encoder,
-            "sopa_meter_reports_refused",
-            "Path reports refused as malformed",
-            c.meter.refused.load(Relaxed),
+            "sopa_meter_reports_inconsistent",
+            "Path reports set aside because their sent counts contradict the host's own spraying",
+            m.inconsistent,
+        )?;
+        let named = c.meter.named_hosts();
+        gauge(
+            &mut encoder,
+            "sopa_meter_inconsistent_hosts",
+            "Hosts whose path reports were set aside as inconsistent within the last minute",
+            named
+                .iter()
+                .filter(|h| h.reason == crate::meter::INCONSISTENT)
+                .count() as i64,
+        )?;
+        gauge(
+            &mut encoder,
+            "sopa_meter_refused_hosts",
+            "Hosts whose path reports were refused within the last minute (sopactl status names them)",
+            named
+                .iter()
+                .filter(|h| h.reason != crate::meter::INCONSISTENT)
+                .count() as i64,
         )?;
         Ok(())
     }

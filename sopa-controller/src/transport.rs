@@ -2,13 +2,16 @@
 //! tonic, so the controller decides who finishes a handshake. A client's certificate must
 //! chain to the fabric's CA, name one SOPA node (`sopa://ROLE/NODE`), not be on the deny list,
 //! and the handshake must finish within its timeout; at most `max_connections` connections
-//! are open at once. Each connection hands the services what its client proved ([`Peer`]),
+//! are open at once, and one source address has at most `handshakes_per_source` handshakes
+//! in progress. Each connection hands the services what its client proved ([`Peer`]),
 //! as a request extension.
 
 use std::{
+    collections::HashMap,
+    net::IpAddr,
     path::Path,
     pin::Pin,
-    sync::Arc,
+    sync::{Arc, Mutex},
     task::{Context, Poll},
     time::Duration,
 };
@@ -197,6 +200,9 @@ pub struct Limits {
     pub max_connections: usize,
     /// How long a client has to finish its TLS handshake.
     pub handshake_timeout: Duration,
+    /// TLS handshakes one source address may have in progress at once (the rest of its
+    /// connections are closed at once): unauthenticated, one address cannot hold every slot.
+    pub handshakes_per_source: usize,
 }
 
 impl Default for Limits {
@@ -204,6 +210,7 @@ impl Default for Limits {
         Self {
             max_connections: 16_384,
             handshake_timeout: Duration::from_secs(10),
+            handshakes_per_source: 64,
         }
     }
 }
@@ -301,6 +308,48 @@ impl Listener {
     }
 }
 
+/// A TLS handshake in progress, counted against its source address's
+/// [`Limits::handshakes_per_source`].
+struct Handshake {
+    counts: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    source: Option<IpAddr>,
+}
+
+impl Handshake {
+    fn take(
+        counts: &Arc<Mutex<HashMap<IpAddr, usize>>>,
+        source: Option<IpAddr>,
+        limits: Limits,
+    ) -> Option<Self> {
+        if let Some(ip) = source {
+            let mut c = counts.lock().expect("handshakes lock");
+            let n = c.entry(ip).or_default();
+            if *n >= limits.handshakes_per_source {
+                return None;
+            }
+            *n += 1;
+        }
+        Some(Self {
+            counts: Arc::clone(counts),
+            source,
+        })
+    }
+}
+
+impl Drop for Handshake {
+    fn drop(&mut self) {
+        if let Some(ip) = self.source {
+            let mut c = self.counts.lock().expect("handshakes lock");
+            if let Some(n) = c.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    c.remove(&ip);
+                }
+            }
+        }
+    }
+}
+
 /// Accepts connections on `listener` until the returned stream is dropped: each one takes a
 /// slot of the limit (or is closed at once when none is free), and with `tls` finishes its
 /// handshake (concurrently with others, within the timeout) before it is handed on.
@@ -313,6 +362,7 @@ pub fn incoming(
     let (tx, rx) = mpsc::channel::<std::io::Result<Conn>>(64);
     let acceptor = tls.map(|t| tokio_rustls::TlsAcceptor::from(Arc::clone(&t.config)));
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let handshaking: Arc<Mutex<HashMap<IpAddr, usize>>> = Arc::default();
     tokio::spawn(async move {
         loop {
             let accepted = tokio::select! {
@@ -355,6 +405,19 @@ pub fn incoming(
                 }
                 continue;
             };
+            // Handshakes in progress from its address (a Unix socket's peers have none).
+            let source = addr.parse::<std::net::SocketAddr>().ok().map(|a| a.ip());
+            let Some(_handshake) = Handshake::take(&handshaking, source, limits) else {
+                refusals.refuse(
+                    Refusal::ConnectionLimit,
+                    &addr,
+                    &format!(
+                        "{} handshakes from this address are in progress",
+                        limits.handshakes_per_source
+                    ),
+                );
+                continue;
+            };
             let tx = tx.clone();
             let refusals = Arc::clone(&refusals);
             tokio::spawn(async move {
@@ -387,6 +450,7 @@ pub fn incoming(
                         return;
                     }
                 };
+                drop(_handshake);
                 let leaf = tls
                     .get_ref()
                     .1

@@ -333,21 +333,35 @@ async fn a_restarted_controller_keeps_every_change_and_continues_the_versions() 
     )
     .unwrap()
     .snapshot();
-    let log = common::spawn_agent_holding(
-        c.addr,
-        "h2",
-        sopa_channel::view::FabricView::from_snapshot(&held).unwrap(),
-    );
-    until("h2 back", || {
-        c.controller.agents().get("h2").is_some_and(|r| r.connected)
+    // The meter's clock is the controller's (period 250 ms, epoch 0) and survives restarts:
+    // an agent that holds it and the stored version needs nothing but the next delta, one
+    // whose meter runs by another clock (an older controller's) is given the whole state.
+    let period_ms = sopa_controller::server::DEFAULT_METER_PERIOD.as_millis() as u32;
+    let view = || sopa_channel::view::FabricView::from_snapshot(&held).unwrap();
+    let log = common::spawn_agent_holding(c.addr, "h2", view(), Some((period_ms, 0)));
+    let other = common::spawn_agent_holding(c.addr, "h3", view(), Some((period_ms, 1_000_000)));
+    until("h2 and h3 back", || {
+        let agents = c.controller.agents();
+        ["h2", "h3"]
+            .iter()
+            .all(|h| agents.get(*h).is_some_and(|r| r.connected))
     })
     .await;
     c.controller.set_link("e0", "a0", false).await.unwrap();
-    until("version 4", || last_version(&log) == 4).await;
+    until("version 4", || {
+        last_version(&log) == 4 && last_version(&other) == 4
+    })
+    .await;
     assert_eq!(
         *log.lock().unwrap(),
         [("delta", 31, 4)],
         "an agent that was up to date needs no snapshot"
+    );
+    let other = other.lock().unwrap().clone();
+    assert_eq!(
+        other.first().map(|e| e.0),
+        Some("snapshot"),
+        "an agent whose meter runs by another clock is given it: {other:?}"
     );
 
     // A store that cannot be written: the change is refused and nothing moves.

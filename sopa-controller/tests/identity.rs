@@ -461,6 +461,84 @@ async fn one_session_per_identity_and_a_bounded_number_of_sessions() {
     c.stop().await;
 }
 
+/// A stream of `tls`'s client that never says hello: the controller's answer, when it gives
+/// one before the hello (a refusal), and the sender keeping the stream open.
+async fn silent_stream(
+    c: &Running,
+    tls: &ClientTlsConfig,
+) -> (
+    tokio::task::JoinHandle<Result<(), tonic::Status>>,
+    mpsc::Sender<AgentMessage>,
+) {
+    let channel = sopa_channel::client::connect(&endpoint(c), Some(tls))
+        .await
+        .unwrap();
+    let mut client = ChannelClient::new(channel);
+    let (tx, rx) = mpsc::channel(16);
+    let answer =
+        tokio::spawn(async move { client.stream(ReceiverStream::new(rx)).await.map(|_| ()) });
+    (answer, tx)
+}
+
+#[tokio::test]
+async fn streams_that_never_say_hello_hold_no_session_and_one_client_holds_few() {
+    use sopa_channel::proto::Role as Claimed;
+    use sopa_controller::server::MAX_AWAITING_HELLO;
+    let ca = Ca::new("hello-less");
+    let server = ServerTls::load(&ca.issue(Role::Controller, "small"), DenyList::none()).unwrap();
+    let c = common::start_controller_opts(
+        27,
+        Some(server),
+        sopa_controller::server::Options {
+            max_sessions: Some(2),
+            ..common::test_options()
+        },
+    )
+    .await;
+    // h1's certificate opens streams and never says hello: as many as a client may.
+    let h1 = ca.client(Role::Host, "h1");
+    let mut silent = Vec::new();
+    for n in 1..=MAX_AWAITING_HELLO {
+        silent.push(silent_stream(&c, &h1).await);
+        until("the stream awaits its hello", || {
+            c.controller.streams_awaiting_hello() == n
+        })
+        .await;
+    }
+    // One more of the same client is refused at once.
+    refused_once(&c, Refusal::TooManySessions, async {
+        let (answer, _tx) = silent_stream(&c, &h1).await;
+        let refused = answer.await.unwrap().unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            refused.message().contains("await their hello"),
+            "{refused:?}"
+        );
+    })
+    .await;
+    // Two other hosts take both sessions the controller serves.
+    let mut held = Vec::new();
+    for h in ["h2", "h3"] {
+        let (first, tx, inbound) =
+            open_stream(&c, &ca.client(Role::Host, h), hello(h, Claimed::Host)).await;
+        assert!(
+            first.is_ok(),
+            "{h} kept out by streams that never said hello: {first:?}"
+        );
+        held.push((tx, inbound));
+    }
+    // The sessions are theirs: a third host is refused.
+    refused_once(&c, Refusal::TooManySessions, async {
+        let (first, _, _) =
+            open_stream(&c, &ca.client(Role::Host, "h4"), hello("h4", Claimed::Host)).await;
+        assert_eq!(first.unwrap_err().code(), tonic::Code::ResourceExhausted);
+    })
+    .await;
+    assert_eq!(c.controller.streams_awaiting_hello(), MAX_AWAITING_HELLO);
+    drop(silent);
+    c.stop().await;
+}
+
 /// A switch reports only its own ports; a host only flows from its own address, and no
 /// links at all.
 #[tokio::test]

@@ -11,8 +11,8 @@ use std::{
 use sopa_channel::{
     identity,
     proto::{
-        self, AgentMessage, ChangeReply, ControllerMessage, Delta, Heartbeat, MAX_FALLBACKS,
-        MAX_TEXT_BYTES, Role, agent_message, controller_message,
+        self, AgentMessage, ChangeReply, ControllerMessage, Delta, Heartbeat, MAX_TEXT_BYTES, Role,
+        agent_message, bounded, controller_message,
     },
 };
 use tokio::sync::{broadcast, mpsc};
@@ -25,6 +25,7 @@ use crate::{
     auth::{DenyList, Peer, Refusal},
     damping::{Damper, Verdict},
     fabric::{Fabric, FabricError},
+    meter::MeterClock,
 };
 
 /// How long an agent has to say hello after opening the stream.
@@ -47,15 +48,6 @@ struct Session {
 
 /// Port reports one switch may have waiting to be applied.
 const REPORT_QUEUE: usize = 1024;
-
-/// Cuts `s` to at most `max` bytes, at a character boundary.
-fn bounded(s: &str, max: usize) -> String {
-    let mut end = s.len().min(max);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_owned()
-}
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -261,9 +253,15 @@ impl Session {
     }
 }
 
-fn snapshot_msg(f: &Fabric) -> ControllerMessage {
+/// `f`'s snapshot, with the path meter's clock every host agent adopts.
+fn snapshot_msg(f: &Fabric, clock: &MeterClock) -> ControllerMessage {
+    let snapshot = proto::Snapshot {
+        meter_period_ms: clock.period_ms(),
+        meter_epoch_ns: clock.epoch_ns(),
+        ..f.snapshot()
+    };
     ControllerMessage {
-        kind: Some(controller_message::Kind::Snapshot(f.snapshot())),
+        kind: Some(controller_message::Kind::Snapshot(snapshot)),
     }
 }
 
@@ -284,7 +282,8 @@ pub struct ChannelService {
 
 type Outbound = Pin<Box<dyn Stream<Item = Result<ControllerMessage, Status>> + Send>>;
 
-/// An open agent stream's place in the controller's session count.
+/// An admitted agent stream's place in the controller's session count: taken after its
+/// hello, so streams that never say one hold none.
 struct SessionSlot(Arc<Controller>);
 
 impl Drop for SessionSlot {
@@ -292,6 +291,53 @@ impl Drop for SessionSlot {
         self.0
             .sessions_open
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Streams one client (a certificate's identity, or an address without one) may hold open
+/// awaiting their hello.
+pub const MAX_AWAITING_HELLO: usize = 4;
+
+/// A stream awaiting its hello, counted against its client's [`MAX_AWAITING_HELLO`].
+struct AwaitingHello {
+    controller: Arc<Controller>,
+    /// `None`: a client no count holds (a Unix socket's, without a certificate: local).
+    client: Option<String>,
+}
+
+impl AwaitingHello {
+    fn take(controller: &Arc<Controller>, client: Option<String>) -> Option<Self> {
+        if let Some(c) = &client {
+            let mut waiting = controller.awaiting_hello.lock().expect("awaiting lock");
+            let n = waiting.entry(c.clone()).or_default();
+            if *n >= MAX_AWAITING_HELLO {
+                return None;
+            }
+            *n += 1;
+        }
+        Some(Self {
+            controller: Arc::clone(controller),
+            client,
+        })
+    }
+}
+
+impl Drop for AwaitingHello {
+    fn drop(&mut self) {
+        let Some(c) = &self.client else {
+            return;
+        };
+        let mut waiting = self
+            .controller
+            .awaiting_hello
+            .lock()
+            .expect("awaiting lock");
+        if let Some(n) = waiting.get_mut(c) {
+            *n -= 1;
+            if *n == 0 {
+                waiting.remove(c);
+            }
+        }
     }
 }
 
@@ -308,22 +354,8 @@ impl ChannelService {
     /// record key and its topology name.
     fn admit(&self, peer: &Peer, hello: &proto::Hello) -> Result<(String, String), Status> {
         let c = &self.controller;
-        if hello.node.is_empty()
-            || hello.node.len() > identity::MAX_NODE_LEN
-            || hello.topology_name.len() > identity::MAX_NODE_LEN
-            || hello.agent_version.len() > MAX_TEXT_BYTES
-            || hello.fallbacks.len() > MAX_FALLBACKS
-            || hello.fallbacks.iter().any(|f| f.len() > MAX_TEXT_BYTES)
-        {
-            return Err(self.refuse(
-                Refusal::FieldTooLong,
-                peer,
-                Status::invalid_argument(format!(
-                    "hello: the node name must be 1 to {} bytes, the topology name at most {}, the agent version at most {MAX_TEXT_BYTES}, at most {MAX_FALLBACKS} fallbacks of at most {MAX_TEXT_BYTES} each",
-                    identity::MAX_NODE_LEN,
-                    identity::MAX_NODE_LEN
-                )),
-            ));
+        if let Err(why) = hello.check_fields() {
+            return Err(self.refuse(Refusal::FieldTooLong, peer, Status::invalid_argument(why)));
         }
         let name = if hello.topology_name.is_empty() {
             hello.node.clone()
@@ -434,20 +466,22 @@ impl proto::channel::channel_server::Channel for ChannelService {
             ));
         }
         let controller = Arc::clone(&self.controller);
-        let open = controller
-            .sessions_open
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let slot = SessionSlot(Arc::clone(&controller));
-        if open >= controller.max_sessions {
+        // A client (by its certificate, or its address without one) may keep only a few
+        // streams waiting for their hello; none of them holds a session slot.
+        // (A Unix socket's clients without a certificate share no address: local, uncounted.)
+        let client = match &peer.identity {
+            Some(id) => Some(id.to_string()),
+            None => peer.addr.rsplit_once(':').map(|(ip, _)| ip.to_owned()),
+        };
+        let Some(awaiting) = AwaitingHello::take(&controller, client) else {
             return Err(self.refuse(
                 Refusal::TooManySessions,
                 &peer,
                 Status::resource_exhausted(format!(
-                    "this controller serves at most {} agent streams",
-                    controller.max_sessions
+                    "{MAX_AWAITING_HELLO} streams of this client already await their hello"
                 )),
             ));
-        }
+        };
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.message())
             .await
@@ -459,6 +493,7 @@ impl proto::channel::channel_server::Channel for ChannelService {
             ));
         };
         let (node, name) = self.admit(&peer, &hello)?;
+        drop(awaiting);
         let session = controller
             .sessions
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -475,13 +510,20 @@ impl proto::channel::channel_server::Channel for ChannelService {
                 )));
             }
             let updates = controller.updates.subscribe();
+            // A host agent whose meter runs by another clock (a flag fixed the agent's, or a
+            // controller of another `--meter-period-ms` ran before) gets a snapshot: it
+            // carries the controller's clock.
+            let clock = &controller.meter.clock;
+            let meter_clock_differs = hello.role == Role::Host as i32
+                && (hello.meter_period_ms, hello.meter_epoch_ns)
+                    != (clock.period_ms(), clock.epoch_ns());
             let initial = match f.deltas_since(hello.epoch, hello.version) {
-                Some(deltas) => deltas.into_iter().map(delta_msg).collect(),
-                None => vec![snapshot_msg(&f)],
+                Some(deltas) if !meter_clock_differs => deltas.into_iter().map(delta_msg).collect(),
+                _ => vec![snapshot_msg(&f, clock)],
             };
             (initial, updates, f.version())
         };
-        {
+        let slot = {
             let mut agents = controller.agents.lock().expect("agents lock");
             // Checked again under the lock: two sessions of one identity racing through
             // `admit` must not both get in.
@@ -491,6 +533,23 @@ impl proto::channel::channel_server::Channel for ChannelService {
                     Refusal::SecondSession,
                     &peer,
                     Status::already_exists(format!("{node} already has a session")),
+                ));
+            }
+            // The session's slot, taken once it said who it is (and only once per identity).
+            let open = controller
+                .sessions_open
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let slot = SessionSlot(Arc::clone(&controller));
+            if open >= controller.max_sessions {
+                drop(agents);
+                drop(slot);
+                return Err(self.refuse(
+                    Refusal::TooManySessions,
+                    &peer,
+                    Status::resource_exhausted(format!(
+                        "this controller serves at most {} agent sessions",
+                        controller.max_sessions
+                    )),
                 ));
             }
             agents.insert(
@@ -505,7 +564,8 @@ impl proto::channel::channel_server::Channel for ChannelService {
                     ..AgentRecord::default()
                 },
             );
-        }
+            slot
+        };
         controller.settle_meter();
         info!(node = %node, peer = %peer, version = hello.version, snapshot = initial.len() == 1 && matches!(initial[0].kind, Some(controller_message::Kind::Snapshot(_))), "agent connected");
         let mut pins = controller.pins.subscribe();
@@ -598,7 +658,7 @@ impl proto::channel::channel_server::Channel for ChannelService {
                                 let snap = {
                                     let f = controller.fabric.lock().expect("fabric lock");
                                     last_sent = f.version();
-                                    snapshot_msg(&f)
+                                    snapshot_msg(&f, &controller.meter.clock)
                                 };
                                 if send(snap).await.is_err() { break; }
                             }

@@ -5,25 +5,21 @@
 
 use std::{
     collections::BTreeSet,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicU64, Ordering::Relaxed},
-    },
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use prost::Message as _;
-use sopa_channel::proto::{
-    self, ChangeReply, LinkLoss, LinkRef, PathReport, PeerPaths, SuspectLink,
-};
+use sopa_channel::proto::{ChangeReply, LinkLoss, LinkRef, MeterHost, PathReport, SuspectLink};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::Controller;
 use crate::{
     fabric::FabricError,
+    meter::{Meter, MeterClock},
     suspicion::{LinkKey, Spared, Suspicions, key},
-    tomography::{Tomography, Verdict},
+    tomography::Verdict,
 };
 
 /// How often hold-downs are checked.
@@ -38,27 +34,39 @@ type Conviction = (String, String, Verdict);
 type Convictions = (u64, Vec<Conviction>);
 
 pub(crate) struct MeterState {
-    pub tomography: Mutex<Tomography>,
+    /// The intake and the tomography behind it.
+    pub evidence: Mutex<Meter>,
+    /// Its clock, which never changes while the controller runs (snapshots carry it).
+    pub clock: MeterClock,
+    /// Every directed link's packets, losses and load over the shortest judged window, as of
+    /// the last judged period: what status and metrics show, computed once a period, not per
+    /// viewer (and never under the fabric's lock).
+    view: Mutex<Arc<Vec<LinkLoss>>>,
     pub suspicions: Mutex<Suspicions>,
     convictions: mpsc::Sender<Convictions>,
     receiver: Mutex<Option<mpsc::Receiver<Convictions>>>,
-    /// Reports taken, their encoded bytes, and those refused as malformed.
-    pub reports: AtomicU64,
-    pub report_bytes: AtomicU64,
-    pub refused: AtomicU64,
+}
+
+/// What the meter's counters say, for metrics.
+pub(crate) struct MeterCounts {
+    pub judged: u64,
+    pub partial: u64,
+    pub reports: u64,
+    pub report_bytes: u64,
+    pub refused: Vec<(&'static str, u64)>,
+    pub inconsistent: u64,
 }
 
 impl MeterState {
-    pub fn new(tomography: Tomography, suspicions: Suspicions) -> Self {
+    pub fn new(meter: Meter, suspicions: Suspicions) -> Self {
         let (convictions, receiver) = mpsc::channel(64);
         Self {
-            tomography: Mutex::new(tomography),
+            clock: meter.clock,
+            evidence: Mutex::new(meter),
+            view: Mutex::new(Arc::default()),
             suspicions: Mutex::new(suspicions),
             convictions,
             receiver: Mutex::new(Some(receiver)),
-            reports: AtomicU64::new(0),
-            report_bytes: AtomicU64::new(0),
-            refused: AtomicU64::new(0),
         }
     }
 
@@ -96,41 +104,65 @@ impl MeterState {
             .collect()
     }
 
-    /// Every directed link's packets, losses and load over the shortest judged window.
-    pub fn all_link_loss(&self) -> Vec<LinkLoss> {
-        let mut t = self.tomography.lock().expect("tomography lock");
-        let window = t.config.windows.iter().copied().min().unwrap_or(1);
-        let max_load = t.config.max_load;
-        t.link_loss(window)
-            .into_iter()
-            .map(|l| {
-                let (a, b) = t.names(l.link);
-                LinkLoss {
-                    link: Some(LinkRef { a, b }),
-                    sent: l.sent,
-                    lost: l.lost,
-                    load: l.load,
-                    over_load: l.load > max_load,
-                }
-            })
+    /// Every directed link's packets, losses and load over the shortest judged window, as of
+    /// the last judged period.
+    pub fn all_link_loss(&self) -> Arc<Vec<LinkLoss>> {
+        Arc::clone(&self.view.lock().expect("view lock"))
+    }
+
+    /// [`MeterState::all_link_loss`], the worst [`STATUS_LINKS`].
+    pub fn link_loss(&self) -> Vec<LinkLoss> {
+        self.all_link_loss()
+            .iter()
+            .take(STATUS_LINKS)
+            .cloned()
             .collect()
     }
 
-    /// [`MeterState::all_link_loss`], the worst [`STATUS_LINKS`] with packets.
-    pub fn link_loss(&self) -> Vec<LinkLoss> {
-        let mut all = self.all_link_loss();
-        all.retain(|l| l.sent > 0);
-        all.truncate(STATUS_LINKS);
-        all
+    /// Hosts whose reports were set aside lately.
+    pub fn named_hosts(&self) -> Vec<MeterHost> {
+        self.evidence
+            .lock()
+            .expect("meter lock")
+            .named(Instant::now())
+    }
+
+    pub fn counts(&self) -> MeterCounts {
+        let m = self.evidence.lock().expect("meter lock");
+        MeterCounts {
+            judged: m.tomography.periods_judged,
+            partial: m.tomography.periods_partial,
+            reports: m.reports,
+            report_bytes: m.report_bytes,
+            refused: m.refused(),
+            inconsistent: m.inconsistent,
+        }
     }
 }
 
-/// How far from this controller's clock a report's period may be, in periods: reports come
-/// half a period after their period, and a reconnecting agent's few queued ones later still.
-const MAX_PERIOD_SKEW: u64 = 64;
+/// The links of `meter`'s shortest window with packets, worst first.
+fn view(meter: &mut Meter) -> Vec<LinkLoss> {
+    let t = &mut meter.tomography;
+    let window = t.config.windows.iter().copied().min().unwrap_or(1);
+    let max_load = t.config.max_load;
+    t.link_loss(window)
+        .into_iter()
+        .filter(|l| l.sent > 0)
+        .map(|l| {
+            let (a, b) = t.names(l.link);
+            LinkLoss {
+                link: Some(LinkRef { a, b }),
+                sent: l.sent,
+                lost: l.lost,
+                load: l.load,
+                over_load: l.load > max_load,
+            }
+        })
+        .collect()
+}
 
 /// TAI nanoseconds, the clock the agents number their periods by.
-fn tai_ns() -> u64 {
+pub(crate) fn tai_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -142,67 +174,13 @@ fn tai_ns() -> u64 {
         .saturating_add(ts.tv_nsec as u64)
 }
 
-/// Why a report whose period is far from this controller's clock (`now_ns`, TAI) is refused: a
-/// host clock that far off would mislabel every period, and one period number far ahead would
-/// hold the meter's evidence back after every change.
-fn off_clock(report: &PathReport, now_ns: u64) -> Option<String> {
-    let now = now_ns / (u64::from(report.period_ms.max(1)) * 1_000_000);
-    (report.period.abs_diff(now) > MAX_PERIOD_SKEW).then(|| {
-        format!(
-            "period {} of {} ms is more than {MAX_PERIOD_SKEW} periods from this controller's TAI clock (period {now}): the host's clock is off",
-            report.period, report.period_ms
-        )
-    })
-}
-
-/// Why a path report is refused.
-fn malformed(report: &PathReport) -> Option<String> {
-    if report.period_ms == 0 {
-        return Some("a period of 0 ms".into());
-    }
-    if report.sent.len() > proto::MAX_REPORT_RACKS
-        || report.received.len() > proto::MAX_REPORT_RACKS
-    {
-        return Some(format!(
-            "more than {} racks in one direction",
-            proto::MAX_REPORT_RACKS
-        ));
-    }
-    let disagree = |p: &PeerPaths, n: usize, what: &str| {
-        let rack = std::net::Ipv4Addr::from(p.rack);
-        format!("rack {rack}: {} paths but {n} {what}", p.hops.len())
-    };
-    let counts = report
-        .sent
-        .iter()
-        .chain(&report.received)
-        .find(|p| p.hops.len() != p.packets.len())
-        .map(|p| disagree(p, p.packets.len(), "counts"));
-    // Bytes for every path sent on, or none (an agent older than the byte count).
-    let bytes = || {
-        report
-            .sent
-            .iter()
-            .find(|p| !p.bytes.is_empty() && p.bytes.len() != p.packets.len())
-            .map(|p| disagree(p, p.bytes.len(), "byte counts"))
-    };
-    counts.or_else(bytes)
-}
-
 impl Controller {
-    /// A host agent's path report: judged once every connected host's report of its period is
-    /// in; convictions go to [`Controller::run_suspicions`].
+    /// A host agent's path report: refused (counted by reason, its host named) or taken,
+    /// judged once every connected host's report of its period is in; convictions go to
+    /// [`Controller::run_suspicions`].
     pub(super) fn accept_paths(&self, host: &str, report: PathReport) {
-        if let Some(why) = malformed(&report).or_else(|| off_clock(&report, tai_ns())) {
-            self.meter.refused.fetch_add(1, Relaxed);
-            warn!(host, why, "a path report refused");
-            return;
-        }
-        self.meter.reports.fetch_add(1, Relaxed);
-        self.meter
-            .report_bytes
-            .fetch_add(report.encoded_len() as u64, Relaxed);
-        let expected: BTreeSet<String> = self
+        let encoded = report.encoded_len();
+        let connected: BTreeSet<String> = self
             .hosts
             .lock()
             .expect("hosts lock")
@@ -210,31 +188,60 @@ impl Controller {
             .filter(|(_, h)| h.left.is_none())
             .map(|(n, _)| n.clone())
             .collect();
-        if !self
-            .meter
-            .tomography
-            .lock()
-            .expect("tomography lock")
-            .accept(host, report, &expected)
-        {
-            return;
+        let taken = self.meter.evidence.lock().expect("meter lock").accept(
+            host,
+            report,
+            encoded,
+            tai_ns(),
+            Instant::now(),
+            &connected,
+        );
+        match taken {
+            Err(r) if r.news => {
+                warn!(host, reason = r.why.reason(), why = %r.why, "path meter: a report refused (its next ones for this reason at debug level)");
+                return;
+            }
+            Err(r) => {
+                debug!(host, reason = r.why.reason(), why = %r.why, "path meter: a report refused");
+                return;
+            }
+            Ok(t) => {
+                match t.inconsistent {
+                    Some((why, true)) => warn!(
+                        host,
+                        why, "path meter: a report set aside; its host is inconsistent"
+                    ),
+                    Some((why, false)) => debug!(
+                        host,
+                        why, "path meter: a report set aside; its host is inconsistent"
+                    ),
+                    None => {}
+                }
+                if !t.closed {
+                    return;
+                }
+            }
         }
         // A period closed: judged against the failures of now (the fabric's lock is never
-        // taken under the tomography's: a change takes them in the other order).
+        // taken under the meter's: a change takes them in the other order).
         let (topology, failures, version) = {
             let f = self.fabric.lock().expect("fabric lock");
             (f.shared_topology(), f.failures(), f.version())
         };
-        let convictions: Vec<Conviction> = {
-            let mut t = self.meter.tomography.lock().expect("tomography lock");
-            t.judge(|l| !failures.usable(topology.graph(), l))
+        let (convictions, links): (Vec<Conviction>, _) = {
+            let mut m = self.meter.evidence.lock().expect("meter lock");
+            let t = &mut m.tomography;
+            let convictions = t
+                .judge(|l| !failures.usable(topology.graph(), l))
                 .into_iter()
                 .map(|v| {
                     let (a, b) = t.names(v.link);
                     (a, b, v)
                 })
-                .collect()
+                .collect();
+            (convictions, view(&mut m))
         };
+        *self.meter.view.lock().expect("view lock") = Arc::new(links);
         if !convictions.is_empty()
             && self
                 .meter
@@ -255,9 +262,10 @@ impl Controller {
     pub(super) fn settle_meter(&self) {
         let Some(version) = self
             .meter
-            .tomography
+            .evidence
             .lock()
-            .expect("tomography lock")
+            .expect("meter lock")
+            .tomography
             .settling()
         else {
             return;
@@ -270,9 +278,10 @@ impl Controller {
             .all(|r| !r.connected || r.applied_version >= version || r.last_nack >= version);
         if applied {
             self.meter
-                .tomography
+                .evidence
                 .lock()
-                .expect("tomography lock")
+                .expect("meter lock")
+                .tomography
                 .settled(version);
         }
     }
@@ -429,53 +438,5 @@ impl Controller {
                 changed: false,
             })
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn report(hops: usize, packets: usize, bytes: usize) -> PathReport {
-        PathReport {
-            period: 1,
-            period_ms: 250,
-            sent: vec![PeerPaths {
-                rack: u32::from(std::net::Ipv4Addr::new(10, 1, 0, 0)),
-                hops: vec![0; hops],
-                packets: vec![1; packets],
-                bytes: vec![100; bytes],
-            }],
-            ..PathReport::default()
-        }
-    }
-
-    #[test]
-    fn a_report_far_from_the_controllers_clock_is_refused() {
-        let at = |period| PathReport {
-            period,
-            ..report(1, 1, 1)
-        };
-        let now = 1_000 * 250 * 1_000_000 + 100_000_000;
-        assert_eq!(off_clock(&at(999), now), None);
-        assert_eq!(off_clock(&at(1_000 - MAX_PERIOD_SKEW), now), None);
-        let why = off_clock(&at(u64::MAX), now).unwrap();
-        assert!(why.contains("clock is off"), "{why}");
-        assert!(off_clock(&at(1_000 + MAX_PERIOD_SKEW + 1), now).is_some());
-        assert!(off_clock(&at(1), now).is_some());
-    }
-
-    #[test]
-    fn a_report_whose_arrays_disagree_is_refused_naming_the_rack() {
-        assert_eq!(malformed(&report(2, 2, 2)), None);
-        assert_eq!(
-            malformed(&report(2, 2, 0)),
-            None,
-            "no bytes: an older agent"
-        );
-        let why = malformed(&report(2, 1, 0)).unwrap();
-        assert!(why.contains("10.1.0.0: 2 paths but 1 counts"), "{why}");
-        let why = malformed(&report(2, 2, 1)).unwrap();
-        assert!(why.contains("10.1.0.0: 2 paths but 1 byte counts"), "{why}");
     }
 }

@@ -19,9 +19,10 @@ use crate::{
     damping::{Damper, DampingConfig},
     fabric::{Fabric, FabricError},
     hedera::{HederaConfig, Scheduler},
+    meter::{Meter, MeterClock},
     store::Store,
     suspicion::{SuspicionConfig, Suspicions},
-    tomography::{JudgeConfig, Tomography},
+    tomography::JudgeConfig,
     transport::{self, Limits, ServerTls},
 };
 
@@ -30,7 +31,7 @@ mod control;
 mod meter;
 
 pub use crate::transport::Listener;
-pub use channel::ChannelService;
+pub use channel::{ChannelService, MAX_AWAITING_HELLO};
 pub use control::ControlService;
 
 /// One scheduling round's pin sets, by node.
@@ -75,6 +76,8 @@ pub struct Controller {
     /// Agents' streams open now, and how many may be.
     sessions_open: std::sync::atomic::AtomicUsize,
     max_sessions: usize,
+    /// Streams awaiting their hello, by client (`channel::MAX_AWAITING_HELLO` each).
+    awaiting_hello: Mutex<std::collections::HashMap<String, usize>>,
     limits: Limits,
     store: Store,
     /// Changes are made one at a time: each is stored before the next is computed.
@@ -110,7 +113,12 @@ pub struct Options {
     pub judge: JudgeConfig,
     /// How long links the meter convicts stay drained.
     pub suspicion: SuspicionConfig,
+    /// The path meter's period, which every host agent adopts from the snapshot.
+    pub meter_period: Duration,
 }
+
+/// The path meter's period unless the controller is told otherwise.
+pub const DEFAULT_METER_PERIOD: Duration = Duration::from_millis(250);
 
 impl Default for Options {
     fn default() -> Self {
@@ -124,6 +132,7 @@ impl Default for Options {
             damping: DampingConfig::default(),
             judge: JudgeConfig::default(),
             suspicion: SuspicionConfig::default(),
+            meter_period: DEFAULT_METER_PERIOD,
         }
     }
 }
@@ -178,6 +187,7 @@ impl Controller {
             damping,
             judge,
             suspicion,
+            meter_period,
         } = opts;
         let max_sessions =
             max_sessions.unwrap_or_else(|| (2 * fabric.topology().graph().nodes.len()).max(64));
@@ -202,7 +212,11 @@ impl Controller {
                 .collect(),
         };
         let meter = meter::MeterState::new(
-            Tomography::new(fabric.shared_topology(), judge),
+            Meter::new(
+                fabric.shared_topology(),
+                judge,
+                MeterClock::new(meter_period, 0),
+            ),
             Suspicions::new(suspicion),
         );
         Arc::new(Self {
@@ -221,6 +235,7 @@ impl Controller {
             topology_hosts,
             refusals: Arc::default(),
             sessions_open: std::sync::atomic::AtomicUsize::new(0),
+            awaiting_hello: Mutex::default(),
             max_sessions,
             limits,
             store,
@@ -454,11 +469,11 @@ impl Controller {
             info!(version = d.version, "fabric changed");
             // The path meter's evidence straddles the change (paths moved, a failure's losses
             // are in it): it starts again once every agent has applied it.
-            self.meter
-                .tomography
-                .lock()
-                .expect("tomography lock")
-                .forget(d.version, gives_back(&d));
+            self.meter.evidence.lock().expect("meter lock").changed(
+                d.version,
+                gives_back(&d),
+                meter::tai_ns(),
+            );
             // No subscribers is fine: nobody to tell.
             let _ = self.updates.send(Arc::new(d));
         }
@@ -472,12 +487,33 @@ impl Controller {
         self.fabric.lock().expect("fabric lock").version()
     }
 
+    /// Agent streams open now that have not said hello yet (they hold no session slot).
+    pub fn streams_awaiting_hello(&self) -> usize {
+        self.awaiting_hello
+            .lock()
+            .expect("awaiting lock")
+            .values()
+            .sum()
+    }
+
     pub fn agents(&self) -> BTreeMap<String, AgentRecord> {
         self.agents.lock().expect("agents lock").clone()
     }
 
+    /// What `sopactl status` shows. The fabric's lock is held only to copy its state; the
+    /// meter's links come from its last judged period, computed then, not for each viewer.
     pub fn status(&self) -> StatusReply {
-        let f = self.fabric.lock().expect("fabric lock");
+        let (epoch, version, topology, down_links, drained_links, down_switches) = {
+            let f = self.fabric.lock().expect("fabric lock");
+            (
+                f.epoch(),
+                f.version(),
+                f.spec_json().to_owned(),
+                f.down_links(),
+                f.drained_links(),
+                f.down_switches(),
+            )
+        };
         let agents = self
             .agents
             .lock()
@@ -496,11 +532,11 @@ impl Controller {
             })
             .collect();
         StatusReply {
-            epoch: f.epoch(),
-            version: f.version(),
-            topology: f.spec_json().to_owned(),
-            down_links: f.down_links(),
-            drained_links: f.drained_links(),
+            epoch,
+            version,
+            topology,
+            down_links,
+            drained_links,
             held_links: self
                 .damper
                 .lock()
@@ -513,7 +549,7 @@ impl Controller {
                     up_pending,
                 })
                 .collect(),
-            down_switches: f.down_switches(),
+            down_switches,
             agents,
             refusals: self
                 .refusals
@@ -530,6 +566,7 @@ impl Controller {
             suspect_links: self.meter.suspect_links(),
             trusted_links: self.meter.trusted_links(),
             link_loss: self.meter.link_loss(),
+            meter_hosts: self.meter.named_hosts(),
         }
     }
 

@@ -35,6 +35,8 @@ pub struct TestAgent {
     /// Versions to refuse once (a failed apply), and to swallow without applying (a lost message).
     refuse: Vec<u64>,
     swallow: Vec<u64>,
+    /// The path meter's clock, as a host agent adopts it from each snapshot.
+    meter_clock: Option<(u32, u64)>,
 }
 
 impl Applier for TestAgent {
@@ -44,6 +46,9 @@ impl Applier for TestAgent {
             .lock()
             .unwrap()
             .push(("snapshot", s.epoch, s.version));
+        if s.meter_period_ms != 0 {
+            self.meter_clock = Some((s.meter_period_ms, s.meter_epoch_ns));
+        }
         self.view = Some(view);
         Ok(())
     }
@@ -69,6 +74,10 @@ impl Applier for TestAgent {
 
     fn position(&self) -> (u64, u64) {
         self.view.as_ref().map_or((0, 0), |v| (v.epoch, v.version))
+    }
+
+    fn meter_clock(&self) -> Option<(u32, u64)> {
+        self.meter_clock
     }
 
     fn lost(&mut self, why: &str) {
@@ -250,6 +259,7 @@ pub fn spawn_agent_peers(
         peers: Arc::clone(&peers),
         refuse: Vec::new(),
         swallow: Vec::new(),
+        meter_clock: None,
     };
     let mut cfg = ClientConfig::new(format!("http://{addr}"), node, role);
     cfg.heartbeat = Duration::from_millis(200);
@@ -260,9 +270,14 @@ pub fn spawn_agent_peers(
     (peers, tx)
 }
 
-/// An agent that already holds `view` (as if it had applied it before the controller
-/// restarted).
-pub fn spawn_agent_holding(addr: std::net::SocketAddr, node: &str, view: FabricView) -> Log {
+/// An agent that already holds `view` and a meter running by `meter_clock` (as if it had
+/// applied them before the controller restarted).
+pub fn spawn_agent_holding(
+    addr: std::net::SocketAddr,
+    node: &str,
+    view: FabricView,
+    meter_clock: Option<(u32, u64)>,
+) -> Log {
     let log: Log = Arc::default();
     let mut agent = TestAgent {
         view: Some(view),
@@ -271,6 +286,7 @@ pub fn spawn_agent_holding(addr: std::net::SocketAddr, node: &str, view: FabricV
         peers: Arc::default(),
         refuse: Vec::new(),
         swallow: Vec::new(),
+        meter_clock,
     };
     let mut cfg = ClientConfig::new(format!("http://{addr}"), node, Role::Host);
     cfg.heartbeat = Duration::from_millis(200);
@@ -302,6 +318,7 @@ pub fn spawn_agent_watched(
         peers: Arc::default(),
         refuse,
         swallow,
+        meter_clock: None,
     };
     let mut cfg = ClientConfig::new(endpoint, node, Role::Host);
     cfg.tls = tls;

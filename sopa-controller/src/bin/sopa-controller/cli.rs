@@ -43,6 +43,9 @@ pub struct Args {
     /// How long a client has to finish its TLS handshake.
     #[arg(long, env = "SOPA_HANDSHAKE_TIMEOUT_MS", default_value_t = Limits::default().handshake_timeout.as_millis() as u64)]
     handshake_timeout_ms: u64,
+    /// TLS handshakes one source address may have in progress at once.
+    #[arg(long, env = "SOPA_HANDSHAKES_PER_SOURCE", default_value_t = Limits::default().handshakes_per_source)]
+    handshakes_per_source: usize,
     /// Serve plaintext, accepting any client. For tests only.
     #[arg(long, env = "SOPA_INSECURE", conflicts_with = "certs")]
     pub insecure: bool,
@@ -123,6 +126,11 @@ pub struct Args {
     link_rate_mbit: u64,
     #[arg(long, env = "SOPA_MAX_LOAD", default_value_t = JudgeConfig::default().max_load)]
     max_load: f64,
+    /// The path meter's period of alternate marking: every host agent adopts it (and the
+    /// epoch its periods are numbered from) from this controller's snapshot; a report for
+    /// another period length is refused.
+    #[arg(long, env = "SOPA_CONTROLLER_METER_PERIOD_MS", default_value_t = server::DEFAULT_METER_PERIOD.as_millis() as u64)]
+    meter_period_ms: u64,
     /// How long a suspect link stays drained the first time; each conviction soon after its
     /// release doubles it, up to --suspect-max-hold-ms.
     #[arg(long, env = "SOPA_SUSPECT_HOLD_MS", default_value_t = SuspicionConfig::default().hold.as_millis() as u64)]
@@ -177,6 +185,12 @@ impl Args {
                 self.max_load
             );
         }
+        if !(10..=60_000).contains(&self.meter_period_ms) {
+            bail!(
+                "--meter-period-ms {}: give 10 to 60000 (the hosts' periods of alternate marking; 250 by default)",
+                self.meter_period_ms
+            );
+        }
         if self.suspect_hold_ms == 0 || self.suspect_max_hold_ms < self.suspect_hold_ms {
             bail!(
                 "--suspect-hold-ms {} and --suspect-max-hold-ms {}: a hold must be at least 1 ms and the maximum at least the first hold",
@@ -188,11 +202,12 @@ impl Args {
             bail!("--lease-ttl-s must be at least 1");
         }
         if self.max_connections == 0
+            || self.handshakes_per_source == 0
             || self.handshake_timeout_ms == 0
             || self.max_sessions == Some(0)
         {
             bail!(
-                "--max-connections, --handshake-timeout-ms and --max-sessions must be at least 1"
+                "--max-connections, --handshakes-per-source, --handshake-timeout-ms and --max-sessions must be at least 1"
             );
         }
         Ok(Options {
@@ -207,6 +222,7 @@ impl Args {
             limits: Limits {
                 max_connections: self.max_connections,
                 handshake_timeout: Duration::from_millis(self.handshake_timeout_ms),
+                handshakes_per_source: self.handshakes_per_source,
             },
             // Opened (and for etcd, elected) by the start, once every flag is checked.
             store: Store::Memory,
@@ -222,7 +238,9 @@ impl Args {
                 windows: self.loss_windows.clone(),
                 link_bps: self.link_rate_mbit as f64 * 1e6,
                 max_load: self.max_load,
+                ..JudgeConfig::default()
             },
+            meter_period: Duration::from_millis(self.meter_period_ms),
             suspicion: SuspicionConfig {
                 hold: Duration::from_millis(self.suspect_hold_ms),
                 max_hold: Duration::from_millis(self.suspect_max_hold_ms),

@@ -290,6 +290,7 @@ pub fn status(c: &Connection, json: bool) -> Result<()> {
                     "trusted_links": s.trusted_links.iter().map(|l| format!("{}:{}", l.a, l.b)).collect::<Vec<_>>(),
                     "link_loss": s.link_loss.iter().filter_map(|x| x.link.as_ref().map(|l| serde_json::json!({"from": l.a, "to": l.b, "sent": x.sent, "lost": x.lost, "load": x.load, "over_load": x.over_load}))).collect::<Vec<_>>(),
                     "refusals": s.refusals.iter().map(|r| (r.reason.clone(), serde_json::Value::from(r.count))).collect::<serde_json::Map<_, _>>(),
+                    "meter_hosts": s.meter_hosts.iter().map(|h| serde_json::json!({"host": h.host, "reason": h.reason, "detail": h.detail, "reports": h.reports, "last_ms_ago": h.last_ms_ago})).collect::<Vec<_>>(),
                 }))?
             );
             return Ok(());
@@ -357,6 +358,13 @@ pub fn status(c: &Connection, json: bool) -> Result<()> {
             .collect();
         if !lossy.is_empty() {
             println!("path meter, worst links now: {}", lossy.join(", "));
+        }
+        for h in &s.meter_hosts {
+            let what = if h.reason == "inconsistent" { "set aside (inconsistent)" } else { "refused" };
+            println!(
+                "path meter: {}'s reports {what}: {} ({} reports, the last {} ms ago)",
+                h.host, h.detail, h.reports, h.last_ms_ago
+            );
         }
         if !s.refusals.is_empty() {
             let r: Vec<String> = s.refusals.iter().map(|r| format!("{} {}", r.reason, r.count)).collect();
