@@ -461,6 +461,11 @@ impl Fabric {
     /// Starts (or starts again, after [`Fabric::stop_host`]) host `name`'s agent with the
     /// flags [`Fabric::start`] gave every host.
     pub fn start_host(&mut self, name: &str) -> Result<()> {
+        self.start_host_with(name, &[])
+    }
+
+    /// [`Fabric::start_host`] with `extra` flags after every host's.
+    pub fn start_host_with(&mut self, name: &str, extra: &[&str]) -> Result<()> {
         let id = self.topo.graph().find(name).expect("a host");
         let opts = &self.opts;
         // Elephants (Hedera's pinned mode) are measured against the shaped rate.
@@ -487,6 +492,7 @@ impl Fabric {
                     .flatten(),
             )
             .chain(opts.host_args.iter().map(String::as_str))
+            .chain(extra.iter().copied())
             .collect();
         let agent = Agent::start_with_controller(
             &self.namespaces[&id],

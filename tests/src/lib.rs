@@ -12,6 +12,7 @@ pub mod experiment;
 pub mod fabric;
 pub mod failure;
 pub mod figures;
+pub mod forge;
 pub mod granularity;
 pub mod gray;
 pub mod kernel;
@@ -72,6 +73,15 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// The environment variable naming the file where a suite records the checks it skipped
 /// (`cargo xtask test` sets it per suite and counts the lines in its table).
 pub const SKIPPED_FILE_ENV: &str = "SOPA_SKIPPED_FILE";
+
+/// Set to `full` by `cargo xtask test --full`: a phase that can run longer to be surer does
+/// (each says what it does in either tier).
+pub const TIER_ENV: &str = "SOPA_TEST_TIER";
+
+/// Whether the suite runs in the full tier ([`TIER_ENV`]).
+pub fn full_tier() -> bool {
+    std::env::var(TIER_ENV).is_ok_and(|t| t == "full")
+}
 
 /// Records that a check was not judged and why (the machine could not give it a fair run, the
 /// kernel lacks what it checks): printed, and one line in the file [`SKIPPED_FILE_ENV`] names,

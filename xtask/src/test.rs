@@ -101,7 +101,7 @@ pub fn run(args: &TestArgs) -> Result<()> {
         let mut outcomes: Vec<Outcome> = suites
             .iter()
             .map(|s| {
-                run_suite(s, &args.args, Duration::from_secs(args.suite_timeout))
+                run_suite(s, &args.args, Duration::from_secs(args.suite_timeout), tier)
                     .unwrap_or_else(|e| Outcome::error(&s.name, &e))
             })
             .collect();
@@ -245,7 +245,7 @@ fn build_suites() -> Result<(Vec<Suite>, crate::smoke::Benches)> {
 /// Runs one test executable as `cargo test` would (in its package's folder), one test at a
 /// time, killing it and everything it started at `timeout`, and counts its results from
 /// libtest's summary lines and the checks it skipped from its skip file.
-fn run_suite(suite: &Suite, extra: &[String], timeout: Duration) -> Result<Outcome> {
+fn run_suite(suite: &Suite, extra: &[String], timeout: Duration, tier: &str) -> Result<Outcome> {
     println!("\n----- {} -----", suite.name);
     let skips = setup::workspace_root()
         .join("target/xtask/skipped")
@@ -264,6 +264,7 @@ fn run_suite(suite: &Suite, extra: &[String], timeout: Duration) -> Result<Outco
         .current_dir(&suite.dir)
         .env("CARGO_MANIFEST_DIR", &suite.dir)
         .env(sopa_testbed::SKIPPED_FILE_ENV, &skips)
+        .env(sopa_testbed::TIER_ENV, tier)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

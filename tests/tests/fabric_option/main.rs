@@ -9,6 +9,7 @@ mod failover;
 mod forwarding;
 mod gray;
 mod hedera;
+mod hostile;
 mod switch_agents;
 
 use std::{process::ExitCode, time::Duration};
@@ -79,6 +80,14 @@ fn main() -> ExitCode {
                 (
                     "a_gray_core_link_is_found_drained_and_trusted_again",
                     gray::a_gray_core_link_is_found_drained_and_trusted_again,
+                ),
+                (
+                    "a_host_inflating_its_sent_counters_drains_nothing_and_is_named",
+                    hostile::a_host_inflating_its_sent_counters_drains_nothing_and_is_named,
+                ),
+                (
+                    "an_agent_on_another_meter_period_is_refused_while_the_rest_are_judged",
+                    hostile::an_agent_on_another_meter_period_is_refused_while_the_rest_are_judged,
                 ),
                 (
                     "switch_agents_restart_and_upgrade_in_place_without_losing_a_packet",

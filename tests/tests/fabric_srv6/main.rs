@@ -12,6 +12,7 @@
 
 mod forwarding;
 mod gray;
+mod hostile;
 
 use std::{process::ExitCode, time::Duration};
 
@@ -35,6 +36,8 @@ fn srv6_fabric(spec: &TopologySpec, rate_mbit: Option<u32>, usid: &str) -> Fabri
     let mut f = Fabric::build(spec, &opts).expect("build the fabric");
     f.controller_args
         .extend(["--suspect-hold-ms".to_owned(), HOLD_MS.to_string()]);
+    // The forged-marks phase reads h0's agent's counters.
+    f.host_metrics = true;
     f.start(&opts).expect("start controller and agents");
     f.wait_settled(Duration::from_secs(60))
         .expect("every agent ready");
@@ -55,6 +58,10 @@ fn main() -> ExitCode {
             (
                 "a_gray_core_link_is_found_and_drained_in_the_srv6_encoding",
                 gray::a_gray_core_link_is_found_and_drained,
+            ),
+            (
+                "forged_marks_leave_a_hosts_meter_bounded_and_its_periods_complete",
+                hostile::forged_marks_leave_a_hosts_meter_bounded_and_its_periods_complete,
             ),
             (
                 "a_core_link_cut_mid_transfer_is_repaired_by_the_switches_at_both_ends",
