@@ -27,7 +27,7 @@ use sopa_controller::{
     damping::{Damper, DampingConfig},
     fabric::Fabric,
     hedera::{HederaConfig, Scheduler},
-    meter::{Meter, MeterClock},
+    meter::{Meter, MeterClock, Reporter},
     tomography::JudgeConfig,
 };
 use sopa_topology::{NodeKind, Topology, topology::TopologySpec};
@@ -82,10 +82,24 @@ fn paths(b: &Base, report: PathReport) {
             period_ms: 250,
             ..PathReport::default()
         };
-        let _ = m.accept(h, empty, 0, now, Instant::now(), &b.hosts);
+        let _ = m.accept(
+            Reporter::settled(h),
+            empty,
+            0,
+            now,
+            Instant::now(),
+            &b.hosts,
+        );
     }
     let judged = m.tomography.periods_judged;
-    match m.accept("h0", report, 0, now, Instant::now(), &b.hosts) {
+    match m.accept(
+        Reporter::settled("h0"),
+        report,
+        0,
+        now,
+        Instant::now(),
+        &b.hosts,
+    ) {
         Ok(_) => {
             let _ = m.tomography.judge(|_| false);
             for w in [4, 16] {

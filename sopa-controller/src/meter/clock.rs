@@ -72,15 +72,17 @@ impl MeterClock {
         let expected = self.period_at(now_tai_ns).saturating_sub(1);
         let off = report.period.abs_diff(expected);
         if off > MAX_SKEW_PERIODS {
-            let way = if report.period > expected {
-                "ahead of"
-            } else {
-                "behind"
+            let why = |way| {
+                format!(
+                    "period {} is {off} periods {way} the controller's clock (which expects {expected}): the host's clock is off, or its reports are held up",
+                    report.period
+                )
             };
-            return Err(Refused::Clock(format!(
-                "period {} is {off} periods {way} the controller's clock (which expects {expected}): the host's clock is off, or its reports are held up",
-                report.period
-            )));
+            return Err(if report.period > expected {
+                Refused::Clock(why("ahead of"))
+            } else {
+                Refused::Late(why("behind"))
+            });
         }
         Ok(())
     }

@@ -9,7 +9,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     sync::Arc,
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use sopa_channel::proto::{MeterHost, PathReport};
@@ -41,8 +41,13 @@ pub enum Refused {
     Period(String),
     #[error("{0}")]
     Epoch(String),
+    /// A period ahead of the controller's clock, or (a host's clock off) behind it.
     #[error("{0}")]
     Clock(String),
+    /// A period behind the controller's clock: a host's clock off, or reports held up (an
+    /// agent keeps a few while its controller is away and sends them when it is back).
+    #[error("{0}")]
+    Late(String),
     #[error("{0}")]
     Topology(String),
     #[error(
@@ -61,7 +66,7 @@ impl Refused {
             Self::Implausible(_) => "implausible",
             Self::Period(_) => "period",
             Self::Epoch(_) => "epoch",
-            Self::Clock(_) => "clock",
+            Self::Clock(_) | Self::Late(_) => "clock",
             Self::Topology(_) => "topology",
             Self::Rate => "rate",
         }
@@ -112,6 +117,27 @@ pub struct Meter {
     unsettled_through: Option<u64>,
 }
 
+/// Who sent a report: its host, and how long its session has been up.
+#[derive(Clone, Copy, Debug)]
+pub struct Reporter<'a> {
+    pub host: &'a str,
+    pub session_age: Duration,
+}
+
+impl<'a> Reporter<'a> {
+    /// `host`, on a session up long enough that nothing it sends is stale.
+    pub fn settled(host: &'a str) -> Self {
+        Self {
+            host,
+            session_age: Duration::MAX,
+        }
+    }
+}
+
+/// How many of the controller's periods into a session reports behind the clock are taken as
+/// kept while the controller was away (an agent sends them right after its hello).
+pub const FRESH_PERIODS: u32 = 4;
+
 impl Meter {
     pub fn new(topo: Arc<Topology>, judge: JudgeConfig, clock: MeterClock) -> Self {
         let bounds = checks::Bounds::new(judge.link_bps, clock.period_ms());
@@ -130,23 +156,30 @@ impl Meter {
         }
     }
 
-    /// Takes `host`'s report at `now_tai_ns` (`now` on the monotonic clock). `connected`: the
+    /// Takes `from`'s report at `now_tai_ns` (`now` on the monotonic clock). `connected`: the
     /// hosts whose agents are connected, whose reports a period waits for (less those whose
     /// reports are refused now). A refused report changes nothing but the counts of refusals.
     pub fn accept(
         &mut self,
-        host: &str,
+        from: Reporter<'_>,
         report: PathReport,
         encoded_len: usize,
         now_tai_ns: u64,
         now: Instant,
         connected: &BTreeSet<String>,
     ) -> Result<Taken, Refusal> {
+        let host = from.host;
         if let Err(why) = self.admit(host, &report, now_tai_ns, now) {
             *self.refused.entry(why.reason()).or_default() += 1;
-            // A report of another epoch was made before its agent had this controller's
-            // snapshot (a start, a restart of the controller): stale, not the host's fault.
-            let news = !matches!(why, Refused::Epoch(_))
+            // Stale, not the host's fault, so it is not named: a report of another epoch was
+            // made before its agent had this controller's snapshot, and one late in a session's
+            // first periods was kept while the agent's controller was away.
+            let stale = match why {
+                Refused::Epoch(_) => true,
+                Refused::Late(_) => from.session_age < self.clock.period() * FRESH_PERIODS,
+                _ => false,
+            };
+            let news = !stale
                 && self
                     .hosts
                     .set_aside(host, why.reason(), why.to_string(), now);

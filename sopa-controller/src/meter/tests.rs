@@ -29,7 +29,7 @@ fn feed(m: &mut Meter, p: u64, reps: Vec<(String, PathReport)>) -> Vec<(String, 
     let now = Instant::now();
     let mut refused = Vec::new();
     for (h, r) in reps {
-        if let Err(e) = m.accept(&h, r, 0, when(p), now, &connected) {
+        if let Err(e) = m.accept(Reporter::settled(&h), r, 0, when(p), now, &connected) {
             refused.push((h, e.why));
         }
     }
@@ -282,9 +282,59 @@ fn a_host_reporting_faster_than_its_periods_is_held_to_its_rate() {
     let now = Instant::now();
     let refused = (0..100)
         .filter(|_| {
-            m.accept(&h, r.clone(), 0, when(0), now, &connected)
-                .is_err_and(|e| e.why == Refused::Rate)
+            m.accept(
+                Reporter::settled(&h),
+                r.clone(),
+                0,
+                when(0),
+                now,
+                &connected,
+            )
+            .is_err_and(|e| e.why == Refused::Rate)
         })
         .count();
     assert_eq!(refused, 100 - hosts::REPORT_BURST as usize);
+}
+
+#[test]
+fn reports_kept_while_the_controller_was_away_are_refused_naming_no_one() {
+    let topo = fat_tree();
+    let mut m = meter(&topo);
+    let reps = reports(&topo, 0, 200, None, 0, 16);
+    let (h, r) = reps[0].clone();
+    let connected: BTreeSet<String> = [h.clone()].into();
+    let now = Instant::now();
+    // Period 0's report, 40 periods later: behind.
+    let late = when(40);
+    let fresh = Reporter {
+        host: &h,
+        session_age: Duration::from_millis(100),
+    };
+    let why = m
+        .accept(fresh, r.clone(), 0, late, now, &connected)
+        .unwrap_err();
+    assert_eq!(why.why.reason(), "clock");
+    assert!(!why.news);
+    assert!(
+        named(&m, &h).is_none(),
+        "kept while away: not the host's fault"
+    );
+    // Ahead of the clock in a new session, or behind it in a settled one: the host's clock.
+    let mut ahead = r.clone();
+    ahead.period = 45;
+    assert!(
+        m.accept(fresh, ahead, 0, late, now, &connected)
+            .is_err_and(|e| e.news)
+    );
+    assert_eq!(named(&m, &h).unwrap().reason, "clock");
+    let mut m = meter(&topo);
+    assert!(
+        m.accept(Reporter::settled(&h), r, 0, late, now, &connected)
+            .is_err_and(|e| e.news)
+    );
+    assert!(named(&m, &h).unwrap().detail.contains("behind"));
+    assert_eq!(
+        m.refused().iter().find(|(r, _)| *r == "clock").unwrap().1,
+        1
+    );
 }

@@ -44,6 +44,8 @@ struct Session {
     /// This session's port reports, applied in order by a task of their own, so that a slow
     /// store never holds up the stream's heartbeats and deltas.
     reports: tokio::sync::mpsc::Sender<(String, String, bool)>,
+    /// When the session began (its hello taken).
+    started: std::time::Instant,
 }
 
 /// Port reports one switch may have waiting to be applied.
@@ -234,7 +236,13 @@ impl Controller {
                     "a path report from a switch agent",
                 )
             }
-            Some(agent_message::Kind::Paths(rep)) => self.accept_paths(&s.name, rep),
+            Some(agent_message::Kind::Paths(rep)) => self.accept_paths(
+                crate::meter::Reporter {
+                    host: &s.name,
+                    session_age: s.started.elapsed(),
+                },
+                rep,
+            ),
             Some(agent_message::Kind::Hello(_)) => {
                 warn!(node, "a second hello on one stream ignored")
             }
@@ -597,6 +605,7 @@ impl proto::channel::channel_server::Channel for ChannelService {
             id: session,
             peer,
             reports,
+            started: std::time::Instant::now(),
         };
         if is_host {
             controller.host_session(&s.name, session, true);

@@ -17,7 +17,7 @@ use tracing::{debug, info, warn};
 use super::Controller;
 use crate::{
     fabric::FabricError,
-    meter::{Meter, MeterClock},
+    meter::{Meter, MeterClock, Reporter},
     suspicion::{LinkKey, Spared, Suspicions, key},
     tomography::Verdict,
 };
@@ -178,7 +178,8 @@ impl Controller {
     /// A host agent's path report: refused (counted by reason, its host named) or taken,
     /// judged once every connected host's report of its period is in; convictions go to
     /// [`Controller::run_suspicions`].
-    pub(super) fn accept_paths(&self, host: &str, report: PathReport) {
+    pub(super) fn accept_paths(&self, from: Reporter<'_>, report: PathReport) {
+        let host = from.host;
         let encoded = report.encoded_len();
         let connected: BTreeSet<String> = self
             .hosts
@@ -189,7 +190,7 @@ impl Controller {
             .map(|(n, _)| n.clone())
             .collect();
         let taken = self.meter.evidence.lock().expect("meter lock").accept(
-            host,
+            from,
             report,
             encoded,
             tai_ns(),
