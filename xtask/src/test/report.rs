@@ -76,10 +76,15 @@ impl Outcome {
 /// The seconds a suite or smoke step may take in the fast tier on this 2-core machine, by
 /// what it builds: a suite of namespace fabrics 120 s, another namespace suite (A - R - B, a
 /// controller and two agents) 60 s, anything else 30 s; a smoke step that builds a Fat-Tree
-/// 120 s, another 60 s. With `busy` of `cores` kept busy the machine has that much less CPU,
-/// and every budget grows in proportion.
+/// 120 s, another 60 s. The IPv4 option's fabric carries the most phases, three of them the
+/// path meter's (a gray link at two rates, a lying host then a real loss, a host on another
+/// period), which wait out its windows of evidence: 180 s (it took 82-116 s here). With
+/// `busy` of `cores` kept busy the machine has that much less CPU, and every budget grows in
+/// proportion.
 pub fn budget(name: &str, busy: u32, cores: u32) -> f64 {
-    let base = if name.starts_with("sopa-testbed/fabric_")
+    let base = if name == "sopa-testbed/fabric_option" {
+        180.0
+    } else if name.starts_with("sopa-testbed/fabric_")
         || name.starts_with("smoke bench fabric")
         || name.starts_with("smoke bench failure")
     {
@@ -296,17 +301,19 @@ mod tests {
 
     #[test]
     fn a_suite_past_its_budget_fails_and_busy_cores_stretch_it() {
-        let mut o = Outcome::new("sopa-testbed/fabric_option", 121.0);
+        let mut o = Outcome::new("sopa-testbed/fabric_srv6", 121.0);
         o.passed = 8;
         o.judge_time(budget(&o.name, 0, 2));
         assert!(!o.ok(), "past 120 s");
         assert!(o.note.as_deref().unwrap().contains("budget of 120 s"));
-        let mut o = Outcome::new("sopa-testbed/fabric_option", 121.0);
+        let mut o = Outcome::new("sopa-testbed/fabric_srv6", 121.0);
         o.judge_time(budget(&o.name, 1, 2));
         assert!(o.ok(), "one core of two busy: 240 s");
         assert_eq!(budget("sopa-topology (unit)", 0, 2), 30.0);
         assert_eq!(budget("sopa-testbed/host_datapath", 0, 2), 60.0);
         assert_eq!(budget("smoke bench fabric permutation", 0, 2), 120.0);
+        assert_eq!(budget("sopa-testbed/fabric_option", 0, 2), 180.0);
+        assert_eq!(budget("sopa-testbed/fabric_srv6", 0, 2), 120.0);
         // A failed run keeps its own reason.
         let mut o = Outcome::error("x", &anyhow::anyhow!("crashed"));
         o.seconds = 100.0;
