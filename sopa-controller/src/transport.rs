@@ -479,3 +479,33 @@ pub fn incoming(
     });
     ReceiverStream::new(rx)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_source_holds_at_most_its_handshakes_and_others_are_not_held_to_its_count() {
+        let counts = Arc::default();
+        let limits = Limits {
+            handshakes_per_source: 2,
+            ..Limits::default()
+        };
+        let a: IpAddr = "192.0.2.1".parse().unwrap();
+        let b: IpAddr = "192.0.2.2".parse().unwrap();
+        let first = Handshake::take(&counts, Some(a), limits).expect("a's first");
+        let _second = Handshake::take(&counts, Some(a), limits).expect("a's second");
+        assert!(
+            Handshake::take(&counts, Some(a), limits).is_none(),
+            "a's third"
+        );
+        let _b = Handshake::take(&counts, Some(b), limits).expect("b is not held to a's count");
+        // A Unix socket's peer has no address: only the listener's limit holds it.
+        assert!(Handshake::take(&counts, None, limits).is_some());
+        drop(first);
+        assert!(
+            Handshake::take(&counts, Some(a), limits).is_some(),
+            "a's slot back"
+        );
+    }
+}
