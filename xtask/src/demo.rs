@@ -36,7 +36,8 @@ pub struct DemoArgs {
     #[arg(long, default_value = "packet")]
     granularity: String,
     /// Fabric demo: how hosts carry the path, ipv4-option (switches run tc_forward) or srv6
-    /// (switches are plain Linux SRv6 routers, no program on them).
+    /// (switches are Linux SRv6 routers: the kernel's seg6local End consumes each uSID where the
+    /// kernel has it, else the switch agent's tc_forward).
     #[arg(long, default_value = "ipv4-option")]
     encoding: sopa_topology::srv6::Encoding,
     /// Run the binaries the SOPA_*_BIN variables name instead of building them in release (the

@@ -141,8 +141,14 @@ pub fn run(rate: u32, mb: u64, encoding: Encoding) -> Result<()> {
         f64::from(rate) * payload / wire / 2.0
     );
     if encoding == Encoding::Srv6 {
+        // The switch agents' `--usid auto`: the kernel's End route where it has one.
+        let consumer = if sopa_testbed::kernel::has_seg6local() {
+            "the kernel's seg6local End (NEXT-C-SID) consumes each switch's uSID"
+        } else {
+            "this kernel has no seg6local (CONFIG_IPV6_SEG6_LWTUNNEL), so each switch's tc_forward consumes its own uSID and the kernel routes the next"
+        };
         println!(
-            "srv6: each packet leaves its host inside an outer IPv6 header whose destination is the path as a uSID list; the switches are plain Linux SRv6 routers (seg6local End, NEXT-C-SID), no program on any."
+            "srv6: each packet leaves its host inside an outer IPv6 header whose destination is the path as a uSID list; the switches are Linux SRv6 routers: {consumer}."
         );
     }
     println!(

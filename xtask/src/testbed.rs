@@ -34,7 +34,8 @@ pub enum TestbedCommand {
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=5))]
         controllers: u8,
         /// How hosts carry the path: ipv4-option (switches run tc_forward) or srv6 (switches
-        /// are plain Linux SRv6 routers, links at 1548).
+        /// are Linux SRv6 routers, their uSIDs consumed by the kernel's seg6local End or, without
+        /// it, by tc_forward; links at 1548).
         #[arg(long, default_value = "ipv4-option")]
         encoding: Encoding,
         /// How shaped links serialize: htb, or tbf with a one-packet bucket.

@@ -295,8 +295,8 @@ pub fn carries_the_round_robin_exactly(f: &mut Fabric) {
     );
 }
 
-/// MODRIC 2x2 of plain Linux SRv6 routers: every pair reaches every other over IPv4 and IPv6,
-/// forwarded by the kernel alone.
+/// MODRIC 2x2 of Linux SRv6 routers: every pair reaches every other over IPv4 and IPv6,
+/// routed by the kernel (each uSID consumed by its End route, or by `tc_forward` without one).
 pub fn modric_reaches_every_pair(f: &mut Fabric) {
     all_pairs(f);
     only_linux_forwarded(f);

@@ -1,4 +1,4 @@
-//! Fabrics of plain Linux SRv6 routers in namespaces: the controller pushes `encoding = "srv6"`,
+//! Fabrics of Linux SRv6 routers in namespaces: the controller pushes `encoding = "srv6"`,
 //! every switch agent installs IPv6 routes and its `seg6local` End (NEXT-C-SID) locator through
 //! rtnetlink, hosts put each packet's path in an outer IPv6 header. The switches' `tc_forward`
 //! rewrites lists around a dead port, and consumes the switch's own uSID where the kernel
