@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod arb;
 pub mod bins;
+pub mod bpftool;
 pub mod capture;
 pub mod controller_fabric;
 pub mod etcd;

@@ -2,7 +2,6 @@
 //! link or keep the meter from judging the others.
 
 use std::{
-    process::Command,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -55,16 +54,7 @@ fn keys_through(f: &Fabric, host: &str, a: &str, b: &str) -> Vec<[u8; 6]> {
 }
 
 fn bpftool(args: &[&str]) -> String {
-    let out = Command::new("bpftool")
-        .args(args)
-        .output()
-        .expect("bpftool");
-    assert!(
-        out.status.success(),
-        "bpftool {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    String::from_utf8_lossy(&sopa_testbed::bpftool::run(args)).into_owned()
 }
 
 /// Hex bytes as bpftool takes them.

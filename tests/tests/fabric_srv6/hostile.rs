@@ -22,17 +22,14 @@ const FORGED: usize = 40_000;
 /// Entries of h0's pinned received-counter map.
 fn received_entries(f: &Fabric) -> usize {
     let pin = pin_dir(&f.host("h0").node).join(RECEIVED_MAP);
-    let out = std::process::Command::new("bpftool")
-        .args(["-j", "map", "dump", "pinned"])
-        .arg(&pin)
-        .output()
-        .expect("bpftool");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = sopa_testbed::bpftool::run(&[
+        "-j".as_ref(),
+        "map".as_ref(),
+        "dump".as_ref(),
+        "pinned".as_ref(),
+        pin.as_os_str(),
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
     v.as_array().unwrap().len()
 }
 
