@@ -53,10 +53,11 @@ pub mod first_path {
     pub const NAMES: [&str; 2] = ["hash", "zero"];
 }
 
-/// How the chosen path travels, and this host's SRv6 addresses: a one-entry array. A map of its
-/// own, so a datapath of an older layout reads the default ([`encoding::IPV4_OPTION`]) from a
-/// fresh one.
-pub const ENCAP_MAP: &str = "SOPA_ENCAP_V1";
+/// How the chosen path travels, and this host's SRv6 addresses: a hash of one entry (key 0), so
+/// that the agent replaces the value whole under the packets that read it (V1 was an array,
+/// written in place). A map of its own, so a datapath of an older layout reads the default
+/// ([`encoding::IPV4_OPTION`], also what no entry means) from a fresh one.
+pub const ENCAP_MAP: &str = "SOPA_ENCAP_V2";
 
 /// Values of [`Encap::encoding`].
 pub mod encoding {
@@ -168,7 +169,7 @@ pub const MAX_PATHS: usize = 1024;
 
 /// The candidate paths of one destination prefix, as (hop0, hop1) byte pairs.
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PathSet {
     /// Number of valid entries in `hops`; 0 means every path has failed.
     pub count: u32,

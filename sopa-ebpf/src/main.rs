@@ -52,8 +52,16 @@ static PATHS_EXACT: HashMap<[u8; 4], PathSet> = HashMap::pinned(PATHS_CAPACITY, 
 #[map(name = "SOPA_LOOKUP_V1")]
 static LOOKUP: Array<u32> = Array::pinned(sopa_common::maps::lookup::SLOTS, 0);
 
-#[map(name = "SOPA_ENCAP_V1")]
-static ENCAP: Array<Encap> = Array::pinned(1, 0);
+#[map(name = "SOPA_ENCAP_V2")]
+static ENCAP: HashMap<u32, Encap> = HashMap::pinned(1, 0);
+
+/// The encoding and this host's SRv6 addresses (none: the option). One value, replaced whole by
+/// the agent, never written under a packet that reads it.
+#[inline(always)]
+fn encap() -> Option<&'static Encap> {
+    // SAFETY: a value the agent only ever replaces whole, and frees only after a grace period.
+    unsafe { ENCAP.get(&0) }
+}
 
 #[map(name = "SOPA_SRV6D_V1")]
 static SRV6_DESTS: LpmTrie<[u8; 4], Srv6Dest> = LpmTrie::pinned(PATHS_CAPACITY, 0);

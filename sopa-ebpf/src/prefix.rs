@@ -44,7 +44,8 @@ pub fn in_fabric(daddr: [u8; 4]) -> bool {
 }
 
 /// The value of the prefix holding `daddr`: from `exact` while the mask in `slot` is set, from
-/// `trie` otherwise. The trie's lookup is a function of its own (a BPF subprogram): were both
+/// `trie` otherwise, and where `exact` lacks the prefix (the agent takes an entry out while it
+/// changes, and puts it back after a grace period: the trie holds it meanwhile). The trie's lookup is a function of its own (a BPF subprogram): were both
 /// lookups in one body, LLVM would share one call instruction between the two maps, and the
 /// verifier, seeing two maps at one call, would neither inline the hash lookup nor call either
 /// map's lookup directly (every lookup then goes through the generic helper's indirect call).
@@ -58,8 +59,12 @@ pub fn find<V>(
     match LOOKUP.get(slot) {
         Some(&mask) if mask != 0 => {
             let network = (u32::from_be_bytes(daddr) & mask).to_be_bytes();
-            // SAFETY: a value the agent only ever replaces whole.
-            unsafe { exact.get(&network) }
+            // SAFETY: a value the agent never writes in place, and frees only after a grace
+            // period (so never while this program holds it).
+            match unsafe { exact.get(&network) } {
+                Some(v) => Some(v),
+                None => trie(daddr),
+            }
         }
         _ => trie(daddr),
     }

@@ -22,7 +22,7 @@ use sopa_common::{
 };
 
 use crate::{
-    ENCAP, SRV6_SEGS, STRIP_STATS,
+    SRV6_SEGS, STRIP_STATS,
     meter::Meter,
     packet::{Ipv4, count, ptr_at},
     tc_stamp::{is_gso, tc_ptr},
@@ -207,7 +207,7 @@ pub enum Inner {
 /// is left alone: `Err` says why.
 #[inline(always)]
 pub fn decapsulate(ctx: &XdpContext) -> Result<Inner, u32> {
-    let Some(encap) = ENCAP.get(0).filter(|e| e.encoding == encoding::SRV6) else {
+    let Some(encap) = crate::encap().filter(|e| e.encoding == encoding::SRV6) else {
         return Err(strip::NOT_IPV4);
     };
     let head: *mut [u8; ETH_HLEN + IPV6_HLEN] =

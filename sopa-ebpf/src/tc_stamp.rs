@@ -78,7 +78,7 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
         // SAFETY: bounds checked by tc_ptr.
         unsafe { *option == [OPTION_TYPE, OPTION_LEN] }
     };
-    let encap = crate::ENCAP.get(0).filter(|e| e.encoding == encoding::SRV6);
+    let encap = crate::encap().filter(|e| e.encoding == encoding::SRV6);
     let srv6 = encap.is_some();
     // In the SRv6 encoding no switch reads the option: one a sender set itself is left in place
     // like any other.
@@ -164,7 +164,7 @@ fn outer_len(marked: bool) -> u16 {
 /// /96 takes the paths of the IPv4 address its destination embeds.
 #[inline(always)]
 fn stamp_ipv6(ctx: &TcContext) -> Result<u32, u32> {
-    let Some(encap) = crate::ENCAP.get(0).filter(|e| e.encoding == encoding::SRV6) else {
+    let Some(encap) = crate::encap().filter(|e| e.encoding == encoding::SRV6) else {
         return Err(reason::NOT_IPV4);
     };
     let header: *const [u8; IPV6_HLEN] = tc_ptr(ctx, ETH_HLEN).ok_or(reason::TOO_SHORT)?;

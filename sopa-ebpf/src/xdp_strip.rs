@@ -78,9 +78,7 @@ pub fn try_strip(ctx: &XdpContext) -> Result<u32, u32> {
     // option (in an SRv6 fabric, no host of the fabric sends one).
     let [hop0, hop1] = w[E + 11].to_ne_bytes();
     let color = u8::from(hop0 & meter::COLOR != 0);
-    let option_fabric = crate::ENCAP
-        .get(0)
-        .is_none_or(|e| e.encoding == encoding::IPV4_OPTION);
+    let option_fabric = crate::encap().is_none_or(|e| e.encoding == encoding::IPV4_OPTION);
     let counted = if option_fabric {
         Meter::received(ip.saddr, [hop0, hop1], color, 1)
     } else {

@@ -2,30 +2,31 @@
 //! covers the path table's, with one hash match in the exact tables (the path sets and SRv6
 //! destinations keyed by network address) while every prefix of the table has one length (a
 //! Fat-Tree's or MODRIC's rack prefixes), in the tries otherwise. The tries always hold the
-//! whole tables, so a cleared slot is always right, only slower.
+//! whole tables, so a cleared slot is always right, only slower, and a key the exact table
+//! lacks is looked up in the trie.
 //!
-//! A table is rewritten in three steps. [`Lookup::prepare`] clears the slot if the length
-//! changes (no packet is ever matched at a length the table does not have) and widens the cover
-//! to hold the new prefixes. The caller then writes each entry into the trie and, through
-//! `write_*`, into the exact table right after (so the exact table is never staler than the
-//! trie), and removes the trie's stale entries. `prune_*` removes the exact table's stale
-//! entries, sets the slot, and narrows the cover to the new table. The caller clears the slot
-//! ([`Lookup::off`]) if any step fails, so the trie answers until the next table.
+//! A table is rewritten in four steps, so that no packet ever reads an exact entry that changes
+//! under it ([`super::grace`]). [`Lookup::prepare`] clears the slot if the length changes (no
+//! packet is ever matched at a length the table does not have) and widens the cover to hold the
+//! new prefixes. `retire_*` removes the exact entries that are stale or change (their packets
+//! find them in the trie). The caller writes the trie, then `add_*` puts the changed and new
+//! entries in after one grace period, and `finish_*` sets the slot and narrows the cover to the
+//! new table. The caller clears the slot ([`Lookup::off`]) if any step fails, so the trie
+//! answers until the next table.
 
 use std::{
-    collections::{BTreeMap, HashSet},
+    collections::{BTreeMap, HashMap as StdHashMap},
     net::Ipv4Addr,
+    sync::Arc,
 };
 
-use aya::{
-    Pod,
-    maps::{Array, HashMap, Map, MapData},
-};
+use aya::maps::{Array, Map, MapData};
 use sopa_common::maps::{
     LOOKUP_MAP, PATHS_EXACT_MAP, PathSet, SRV6_DESTS_EXACT_MAP, Srv6Dest, lookup,
 };
 use sopa_topology::prefix::{cover, netmask, one_length};
 
+use super::grace::{Grace, Guarded};
 use crate::{
     error::{Error, Result},
     path_table::Prefix,
@@ -35,8 +36,8 @@ use crate::{
 /// left: its programs look up the tries alone).
 pub struct Lookup {
     slots: Array<MapData, u32>,
-    paths: HashMap<MapData, [u8; 4], PathSet>,
-    srv6_dests: HashMap<MapData, [u8; 4], Srv6Dest>,
+    paths: Guarded<[u8; 4], PathSet>,
+    srv6_dests: Guarded<[u8; 4], Srv6Dest>,
 }
 
 /// The exact key of a prefix: its network address (host bits cleared whatever it was given).
@@ -49,13 +50,21 @@ fn mask_of<'a>(prefixes: impl IntoIterator<Item = &'a Prefix>) -> u32 {
 }
 
 impl Lookup {
-    pub fn from_maps(slots: Map, paths: Map, srv6_dests: Map) -> Result<Self> {
+    pub fn from_maps(slots: Map, paths: Map, srv6_dests: Map, grace: Arc<Grace>) -> Result<Self> {
         Ok(Self {
             slots: slots.try_into().map_err(Error::map(LOOKUP_MAP))?,
-            paths: paths.try_into().map_err(Error::map(PATHS_EXACT_MAP))?,
-            srv6_dests: srv6_dests
-                .try_into()
-                .map_err(Error::map(SRV6_DESTS_EXACT_MAP))?,
+            paths: Guarded::new(
+                paths.try_into().map_err(Error::map(PATHS_EXACT_MAP))?,
+                PATHS_EXACT_MAP,
+                Arc::clone(&grace),
+            ),
+            srv6_dests: Guarded::new(
+                srv6_dests
+                    .try_into()
+                    .map_err(Error::map(SRV6_DESTS_EXACT_MAP))?,
+                SRV6_DESTS_EXACT_MAP,
+                grace,
+            ),
         })
     }
 
@@ -132,36 +141,59 @@ impl Lookup {
         Ok(mask != 0)
     }
 
-    /// One path set, in the exact table.
-    pub fn write_path_set(&mut self, prefix: &Prefix, set: &PathSet) -> Result<()> {
-        self.paths
-            .insert(network(prefix), set, 0)
-            .map_err(Error::map(PATHS_EXACT_MAP))
+    /// Before the trie of [`lookup::PATHS`] is written: removes the exact entries that are
+    /// not `sets`' (all of them where `exact` is false) or change (their packets are looked up
+    /// in the trie meanwhile).
+    pub fn retire_paths(&mut self, sets: &BTreeMap<Prefix, PathSet>, exact: bool) -> Result<()> {
+        self.paths.retire(&keyed(sets, exact))
     }
 
-    /// One SRv6 destination, in the exact table.
-    pub fn write_srv6_dest(&mut self, prefix: &Prefix, dest: &Srv6Dest) -> Result<()> {
-        self.srv6_dests
-            .insert(network(prefix), dest, 0)
-            .map_err(Error::map(SRV6_DESTS_EXACT_MAP))
+    /// Before some prefixes' path sets are written into the trie (a failure's update): their
+    /// exact entries that change are removed.
+    pub fn retire_some_paths(&mut self, sets: &BTreeMap<Prefix, PathSet>) -> Result<()> {
+        self.paths.retire_changed(&keyed(sets, true))
     }
 
-    /// After the path sets were written and the trie's stale ones removed: the exact table
-    /// keeps the prefixes of `sets` only (none where they have several lengths), is matched at
-    /// their length, and the cover narrows to them.
-    pub fn prune_paths<V>(&mut self, sets: &BTreeMap<Prefix, V>) -> Result<()> {
-        let mask = mask_of(sets.keys());
-        prune(&mut self.paths, PATHS_EXACT_MAP, sets, mask != 0)?;
-        self.set(lookup::PATHS, mask)?;
+    /// After the trie was written: the exact entries the table lacks, after a grace period.
+    pub fn add_paths(&mut self, sets: &BTreeMap<Prefix, PathSet>, exact: bool) -> Result<()> {
+        self.paths.add(&keyed(sets, exact))
+    }
+
+    /// Once the exact table holds `sets` (or nothing where they have several lengths): it is
+    /// matched at their length, and the cover narrows to them.
+    pub fn finish_paths<V>(&mut self, sets: &BTreeMap<Prefix, V>) -> Result<()> {
+        self.set(lookup::PATHS, mask_of(sets.keys()))?;
         self.set_fabric(cover(sets.keys()))
     }
 
-    /// The same for the SRv6 destinations (no cover: they are looked up only for a
-    /// destination that has paths).
-    pub fn prune_srv6_dests<V>(&mut self, dests: &BTreeMap<Prefix, V>) -> Result<()> {
-        let mask = mask_of(dests.keys());
-        prune(&mut self.srv6_dests, SRV6_DESTS_EXACT_MAP, dests, mask != 0)?;
-        self.set(lookup::SRV6_DESTS, mask)
+    /// [`Self::retire_paths`] for the SRv6 destinations.
+    pub fn retire_srv6_dests(
+        &mut self,
+        dests: &BTreeMap<Prefix, Srv6Dest>,
+        exact: bool,
+    ) -> Result<()> {
+        self.srv6_dests.retire(&keyed(dests, exact))
+    }
+
+    /// [`Self::add_paths`] for the SRv6 destinations.
+    pub fn add_srv6_dests(
+        &mut self,
+        dests: &BTreeMap<Prefix, Srv6Dest>,
+        exact: bool,
+    ) -> Result<()> {
+        self.srv6_dests.add(&keyed(dests, exact))
+    }
+
+    /// [`Self::finish_paths`] for the SRv6 destinations (no cover: they are looked up only for
+    /// a destination that has paths).
+    pub fn finish_srv6_dests<V>(&mut self, dests: &BTreeMap<Prefix, V>) -> Result<()> {
+        self.set(lookup::SRV6_DESTS, mask_of(dests.keys()))
+    }
+
+    /// Removes every SRv6 destination from the exact table and turns its match off.
+    pub fn clear_srv6_dests(&mut self) -> Result<()> {
+        self.off(lookup::SRV6_DESTS)?;
+        self.srv6_dests.retire(&StdHashMap::new())
     }
 
     /// Before one prefix's path set reaches the trie alone (a failure's update): the cover
@@ -177,22 +209,10 @@ impl Lookup {
     }
 }
 
-/// Removes every entry of `map` that `keep` does not hold (every one, unless `kept`).
-fn prune<V: Pod, W>(
-    map: &mut HashMap<MapData, [u8; 4], V>,
-    name: &'static str,
-    keep: &BTreeMap<Prefix, W>,
-    kept: bool,
-) -> Result<()> {
-    let keep: HashSet<[u8; 4]> = if kept {
-        keep.keys().map(network).collect()
-    } else {
-        HashSet::new()
-    };
-    let stale: Vec<[u8; 4]> = map
-        .keys()
-        .filter_map(|k| k.ok())
-        .filter(|k| !keep.contains(k))
-        .collect();
-    super::maps::remove_each(name, stale, |k| map.remove(k))
+/// The exact table's form of `table` (empty where it is not to be written).
+fn keyed<V: Copy>(table: &BTreeMap<Prefix, V>, exact: bool) -> StdHashMap<[u8; 4], V> {
+    if !exact {
+        return StdHashMap::new();
+    }
+    table.iter().map(|(p, v)| (network(p), *v)).collect()
 }

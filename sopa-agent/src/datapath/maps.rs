@@ -1,6 +1,11 @@
 //! Typed access to the datapath's maps, from the loaded object or from its pins.
 
-use std::{collections::BTreeMap, os::fd::AsFd as _, path::Path};
+use std::{
+    collections::{BTreeMap, HashMap as StdHashMap},
+    os::fd::AsFd as _,
+    path::Path,
+    sync::Arc,
+};
 
 use aya::{
     Ebpf,
@@ -16,7 +21,10 @@ use sopa_common::maps::{
     usid_repair,
 };
 
-use super::lookup::Lookup;
+use super::{
+    grace::{Grace, Guarded},
+    lookup::Lookup,
+};
 use crate::{
     error::{Error, Result},
     path_table::{Hops, PathTable, Prefix},
@@ -25,16 +33,18 @@ use crate::{
 
 /// The SRv6 encoding's maps (absent in the pins of a datapath an older agent left).
 pub struct Srv6Maps {
-    encap: Array<MapData, Encap>,
+    /// One entry, key 0: a hash, so that a new value replaces the old one whole under the
+    /// packets that read it ([`super::grace`]).
+    encap: Guarded<u32, Encap>,
     dests: LpmTrie<MapData, [u8; 4], Srv6Dest>,
-    segs: HashMap<MapData, SegKey, Segments>,
+    segs: Guarded<SegKey, Segments>,
 }
 
 impl Srv6Maps {
     /// The segment groups the datapath holds.
     fn groups(&self) -> Result<Groups> {
         let mut groups = Groups::new();
-        for entry in self.segs.iter() {
+        for entry in self.segs.map().iter() {
             match entry {
                 Ok((k, v)) => {
                     groups.entry(k.group).or_default().insert(k.hops, v);
@@ -46,12 +56,37 @@ impl Srv6Maps {
         Ok(groups)
     }
 
-    fn from_maps(encap: Map, dests: Map, segs: Map) -> Result<Self> {
+    fn from_maps(encap: Map, dests: Map, segs: Map, grace: &Arc<Grace>) -> Result<Self> {
         Ok(Self {
-            encap: encap.try_into().map_err(map_err(ENCAP_MAP))?,
+            encap: Guarded::new(
+                encap.try_into().map_err(map_err(ENCAP_MAP))?,
+                ENCAP_MAP,
+                Arc::clone(grace),
+            ),
             dests: dests.try_into().map_err(map_err(SRV6_DESTS_MAP))?,
-            segs: segs.try_into().map_err(map_err(SRV6_SEGS_MAP))?,
+            segs: Guarded::new(
+                segs.try_into().map_err(map_err(SRV6_SEGS_MAP))?,
+                SRV6_SEGS_MAP,
+                Arc::clone(grace),
+            ),
         })
+    }
+
+    /// The encoding and this host's SRv6 addresses (the option where none was written).
+    fn encap(&self) -> Result<Encap> {
+        match self.encap.map().get(&0, 0) {
+            Ok(e) => Ok(e),
+            Err(MapError::KeyNotFound) => Ok(Encap::default()),
+            Err(e) => Err(map_err(ENCAP_MAP)(e)),
+        }
+    }
+
+    /// Sets the encoding and addresses, where they change.
+    fn set_encap(&mut self, encap: Encap) -> Result<()> {
+        if self.encap()? != encap {
+            self.encap.set(&0, &encap)?;
+        }
+        Ok(())
     }
 }
 
@@ -65,7 +100,7 @@ pub struct MeterMaps {
     color: Option<MapData>,
     /// The racks marks are counted from (absent in the pins of an older datapath, which counts
     /// every mark).
-    peers: Option<HashMap<MapData, u32, MeterPeer>>,
+    peers: Option<Guarded<u32, MeterPeer>>,
 }
 
 impl MeterMaps {
@@ -75,10 +110,15 @@ impl MeterMaps {
         received: Map,
         color: Option<Map>,
         peers: Option<Map>,
+        grace: &Arc<Grace>,
     ) -> Result<Self> {
         Ok(Self {
             peers: peers
-                .map(|m| m.try_into().map_err(map_err(meter::PEERS_MAP)))
+                .map(|m| {
+                    m.try_into()
+                        .map_err(map_err(meter::PEERS_MAP))
+                        .map(|m| Guarded::new(m, meter::PEERS_MAP, Arc::clone(grace)))
+                })
                 .transpose()?,
             config: config.try_into().map_err(map_err(meter::CONFIG_MAP))?,
             sent: sent.try_into().map_err(map_err(meter::SENT_MAP))?,
@@ -127,10 +167,12 @@ pub struct MapSet {
     stamp_names: &'static [&'static str],
     strip_names: &'static [&'static str],
     flows: HashMap<MapData, FlowKey, FlowState>,
-    pins: HashMap<MapData, FlowKey, Pin>,
+    pins: Guarded<FlowKey, Pin>,
     srv6: Option<Srv6Maps>,
     meter: Option<MeterMaps>,
     lookup: Option<Lookup>,
+    /// How the writers wait for the programs that may hold a value they free.
+    grace: Arc<Grace>,
 }
 
 fn map_err(name: &'static str) -> impl Fn(MapError) -> Error {
@@ -150,9 +192,7 @@ impl Srv6Maps {
     fn clear(&mut self) -> Result<()> {
         let dests: Vec<Key<[u8; 4]>> = self.dests.keys().filter_map(|k| k.ok()).collect();
         remove_each(SRV6_DESTS_MAP, dests, |k| self.dests.remove(k))?;
-        let segs: Vec<SegKey> = self.segs.keys().filter_map(|k| k.ok()).collect();
-        remove_each(SRV6_SEGS_MAP, segs, |k| self.segs.remove(k))?;
-        Ok(())
+        self.segs.retire(&StdHashMap::new())
     }
 }
 
@@ -185,6 +225,7 @@ impl MapSet {
             take(ENCAP_MAP)?,
             take(SRV6_DESTS_MAP)?,
             take(SRV6_SEGS_MAP)?,
+            &set.grace,
         )?);
         set.meter = Some(MeterMaps::from_maps(
             take(meter::CONFIG_MAP)?,
@@ -192,11 +233,13 @@ impl MapSet {
             take(meter::RECEIVED_MAP)?,
             Some(take(meter::COLOR_MAP)?),
             Some(take(meter::PEERS_MAP)?),
+            &set.grace,
         )?);
         set.lookup = Some(Lookup::from_maps(
             take(LOOKUP_MAP)?,
             take(PATHS_EXACT_MAP)?,
             take(SRV6_DESTS_EXACT_MAP)?,
+            Arc::clone(&set.grace),
         )?);
         Ok(set)
     }
@@ -239,7 +282,7 @@ impl MapSet {
             Err(_) => None,
         };
         set.srv6 = match (open(ENCAP_MAP), open(SRV6_DESTS_MAP), open(SRV6_SEGS_MAP)) {
-            (Ok(e), Ok(d), Ok(s)) => Some(Srv6Maps::from_maps(e, d, s)?),
+            (Ok(e), Ok(d), Ok(s)) => Some(Srv6Maps::from_maps(e, d, s, &set.grace)?),
             _ => None,
         };
         set.meter = match (
@@ -253,6 +296,7 @@ impl MapSet {
                 r,
                 open(meter::COLOR_MAP).ok(),
                 open(meter::PEERS_MAP).ok(),
+                &set.grace,
             )?),
             _ => None,
         };
@@ -261,7 +305,7 @@ impl MapSet {
             open(PATHS_EXACT_MAP),
             open(SRV6_DESTS_EXACT_MAP),
         ) {
-            (Ok(m), Ok(p), Ok(d)) => Some(Lookup::from_maps(m, p, d)?),
+            (Ok(m), Ok(p), Ok(d)) => Some(Lookup::from_maps(m, p, d, Arc::clone(&set.grace))?),
             _ => None,
         };
         Ok(set)
@@ -276,6 +320,7 @@ impl MapSet {
         flows: Map,
         pins: Map,
     ) -> Result<Self> {
+        let grace = Grace::new();
         Ok(Self {
             config: config.try_into().map_err(map_err(CONFIG_MAP))?,
             start: None,
@@ -287,10 +332,15 @@ impl MapSet {
             stamp_names: &stamp_reason::NAMES,
             strip_names: &strip_reason::NAMES,
             flows: flows.try_into().map_err(map_err(FLOWS_MAP))?,
-            pins: pins.try_into().map_err(map_err(PINS_MAP))?,
+            pins: Guarded::new(
+                pins.try_into().map_err(map_err(PINS_MAP))?,
+                PINS_MAP,
+                Arc::clone(&grace),
+            ),
             srv6: None,
             meter: None,
             lookup: None,
+            grace,
         })
     }
 
@@ -337,7 +387,8 @@ impl MapSet {
     /// Sets the racks the meter counts marks from: each rack's prefix, as the rack mask cuts
     /// it (a rack under a shorter prefix than the mask is one entry per masked prefix, as its
     /// counters are), with the hop limits of its paths here. Entries of racks no longer given
-    /// are removed after the new ones are in (a packet finds its rack's entry throughout).
+    /// are removed after the new ones are in (a packet finds its rack's entry throughout), and
+    /// a changed entry is replaced whole ([`super::grace`]).
     pub fn set_meter_peers(&mut self, peers: &[(Prefix, MeterPeer)]) -> Result<()> {
         let Some(m) = self.meter.as_mut() else {
             return Ok(());
@@ -347,7 +398,7 @@ impl MapSet {
             return Ok(());
         };
         let mask_len = u32::from_be_bytes(config.rack_mask.to_ne_bytes()).leading_ones() as u8;
-        let mut keep = std::collections::HashSet::new();
+        let mut want = StdHashMap::new();
         for (prefix, peer) in peers {
             let base = u32::from(prefix.addr);
             let extra = mask_len.saturating_sub(prefix.len);
@@ -358,21 +409,10 @@ impl MapSet {
             }
             for i in 0..(1u32 << extra) {
                 let addr = base | (i << (32 - u32::from(mask_len)));
-                let key = u32::from_ne_bytes(addr.to_be_bytes());
-                map.insert(key, *peer, 0)
-                    .map_err(map_err(meter::PEERS_MAP))?;
-                keep.insert(key);
+                want.insert(u32::from_ne_bytes(addr.to_be_bytes()), *peer);
             }
         }
-        let stale: Vec<u32> = map
-            .keys()
-            .filter_map(|k| k.ok())
-            .filter(|k| !keep.contains(k))
-            .collect();
-        for k in stale {
-            let _ = map.remove(&k);
-        }
-        Ok(())
+        map.sync_in_place(&want)
     }
 
     /// Whether this datapath meters paths (the pins of an older agent's do not).
@@ -436,27 +476,18 @@ impl MapSet {
     /// The Hedera pins the datapath holds.
     pub fn pins(&self) -> Result<Vec<(FlowKey, Pin)>> {
         self.pins
+            .map()
             .iter()
             .filter(|e| !matches!(e, Err(MapError::KeyNotFound)))
             .collect::<std::result::Result<_, _>>()
             .map_err(map_err(PINS_MAP))
     }
 
-    /// Makes the pins exactly `pins`: writes every given pin (each update is atomic per flow),
-    /// then removes the flows no longer pinned.
+    /// Makes the pins exactly `pins`: new pins first, then each changed one replaced whole (a
+    /// packet of the flow reads its old pin or its new one, never another flow's), then the
+    /// flows no longer pinned removed ([`super::grace`]).
     pub fn replace_pins(&mut self, pins: &[(FlowKey, Pin)]) -> Result<()> {
-        for (key, pin) in pins {
-            self.pins.insert(key, pin, 0).map_err(map_err(PINS_MAP))?;
-        }
-        let keep: std::collections::HashSet<FlowKey> = pins.iter().map(|(k, _)| *k).collect();
-        let stale: Vec<FlowKey> = self
-            .pins
-            .keys()
-            .filter_map(|k| k.ok())
-            .filter(|k| !keep.contains(k))
-            .collect();
-        remove_each(PINS_MAP, stale, |k| self.pins.remove(k))?;
-        Ok(())
+        self.pins.sync_in_place(&pins.iter().copied().collect())
     }
 
     pub fn config(&self) -> Result<Config> {
@@ -509,14 +540,17 @@ impl MapSet {
         m.set(0, bits, 0).map_err(map_err(MEASURE_MAP))
     }
 
-    /// Replaces the path table make-before-break: every new or changed prefix is written in one
-    /// element update (which the kernel swaps atomically), then the prefixes no longer present
-    /// are removed. A packet sees the old or the new path set of its prefix, never a mix.
+    /// Replaces the path table make-before-break: only new and changed prefixes are written,
+    /// each in one element update of the trie (which frees the old value after a grace
+    /// period), then the prefixes no longer present are removed. A packet sees the old or the
+    /// new path set of its prefix, never a mix.
     ///
     /// Where every prefix has one length, the exact table holds the same sets and the
-    /// datapath looks them up there; its mask changes only while the trie alone is looked up
-    /// (mask 0), so no packet is ever matched at a length the table does not have. A failure
-    /// leaves the trie looked up.
+    /// datapath looks them up there; an entry that changes leaves it before the trie is written
+    /// and comes back after a grace period (its packets find it in the trie meanwhile,
+    /// [`super::lookup`]). Its mask changes only while the trie alone is looked up (mask 0),
+    /// so no packet is ever matched at a length the table does not have. A failure leaves the
+    /// trie looked up.
     pub fn apply_paths(&mut self, table: &PathTable) -> Result<()> {
         self.set_meter_mask(table)?;
         self.or_trie(lookup::PATHS, |s| s.write_paths(table))
@@ -535,48 +569,86 @@ impl MapSet {
     }
 
     fn write_paths(&mut self, table: &PathTable) -> Result<()> {
+        let sets = path_sets(table);
         let exact = match self.lookup.as_mut() {
-            Some(x) => x.prepare(lookup::PATHS, table.destinations.keys())?,
+            Some(x) => {
+                let exact = x.prepare(lookup::PATHS, sets.keys())?;
+                x.retire_paths(&sets, exact)?;
+                exact
+            }
             None => false,
         };
-        for (prefix, hops) in &table.destinations {
-            let set = path_set(hops);
-            self.paths
-                .insert(&key(prefix), set, 0)
-                .map_err(map_err(PATHS_MAP))?;
-            if exact && let Some(x) = self.lookup.as_mut() {
-                x.write_path_set(prefix, &set)?;
+        // The trie: new and changed sets only. It frees a replaced node after a grace period,
+        // so a packet reading it in place reads one value.
+        let held = self.trie_sets()?;
+        for (prefix, set) in &sets {
+            if held.get(prefix) != Some(set) {
+                self.paths
+                    .insert(&key(prefix), set, 0)
+                    .map_err(map_err(PATHS_MAP))?;
             }
         }
-        let stale: Vec<Key<[u8; 4]>> = self
-            .paths
+        let stale = held
             .keys()
-            .filter_map(|k| k.ok())
-            .filter(|k| !table.destinations.contains_key(&prefix_of(k)))
-            .collect();
+            .filter(|p| !sets.contains_key(p))
+            .map(key)
+            .collect::<Vec<_>>();
         remove_each(PATHS_MAP, stale, |k| self.paths.remove(k))?;
         match self.lookup.as_mut() {
-            Some(x) => x.prune_paths(&table.destinations),
+            Some(x) => {
+                x.add_paths(&sets, exact)?;
+                x.finish_paths(&sets)
+            }
             None => Ok(()),
         }
     }
 
+    /// The trie's path sets.
+    fn trie_sets(&self) -> Result<BTreeMap<Prefix, PathSet>> {
+        let mut out = BTreeMap::new();
+        for entry in self.paths.iter() {
+            match entry {
+                Ok((k, set)) => {
+                    out.insert(prefix_of(&k), set);
+                }
+                Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(map_err(PATHS_MAP)(e)),
+            }
+        }
+        Ok(out)
+    }
+
     /// Writes one prefix's path set (an empty one means every path has failed: the datapath
-    /// then leaves the packets to kernel routing). A prefix of another length than the exact
-    /// table's turns that table off (the trie is looked up) until the next whole table.
+    /// then leaves the packets to kernel routing). See [`Self::set_some_paths`].
     pub fn set_paths(&mut self, prefix: &Prefix, hops: &[Hops]) -> Result<()> {
+        let mut one = PathTable::default();
+        one.destinations.insert(*prefix, hops.to_vec());
+        self.set_some_paths(&one)
+    }
+
+    /// Writes the path sets of `changed`'s prefixes, leaving the others as they are: each
+    /// packet reads its prefix's old set or its new one. A prefix of another length than the
+    /// exact table's turns that table off (the trie is looked up) until the next whole table.
+    pub fn set_some_paths(&mut self, changed: &PathTable) -> Result<()> {
         self.or_trie(lookup::PATHS, |s| {
-            let set = path_set(hops);
-            let exact = match s.lookup.as_mut() {
-                Some(x) => x.prepare_path_set(prefix)?,
-                None => false,
-            };
-            s.paths
-                .insert(&key(prefix), set, 0)
-                .map_err(map_err(PATHS_MAP))?;
+            let sets = path_sets(changed);
+            let mut exact = true;
+            if let Some(x) = s.lookup.as_mut() {
+                for prefix in sets.keys() {
+                    exact &= x.prepare_path_set(prefix)?;
+                }
+                if exact {
+                    x.retire_some_paths(&sets)?;
+                }
+            }
+            for (prefix, set) in &sets {
+                s.paths
+                    .insert(&key(prefix), set, 0)
+                    .map_err(map_err(PATHS_MAP))?;
+            }
             match s.lookup.as_mut() {
-                Some(x) if exact => x.write_path_set(prefix, &set),
-                _ => Ok(()),
+                Some(x) => x.add_paths(&sets, exact),
+                None => Ok(()),
             }
         })
     }
@@ -605,7 +677,7 @@ impl MapSet {
     /// SRv6 maps).
     pub fn encap(&self) -> Result<Encap> {
         match &self.srv6 {
-            Some(m) => m.encap.get(&0, 0).map_err(map_err(ENCAP_MAP)),
+            Some(m) => m.encap(),
             None => Ok(Encap::default()),
         }
     }
@@ -625,12 +697,9 @@ impl MapSet {
             )));
         };
         let Some(table) = srv6 else {
-            m.encap
-                .set(0, Encap::default(), 0)
-                .map_err(map_err(ENCAP_MAP))?;
+            m.set_encap(Encap::default())?;
             if let Some(x) = self.lookup.as_mut() {
-                x.off(lookup::SRV6_DESTS)?;
-                x.prune_srv6_dests::<Srv6Dest>(&BTreeMap::new())?;
+                x.clear_srv6_dests()?;
             }
             return m.clear();
         };
@@ -641,62 +710,74 @@ impl MapSet {
         let compiled = table
             .compile()
             .renumbered(&old, SRV6_SEGS_CAPACITY as usize);
-        self.or_trie(lookup::SRV6_DESTS, |s| s.write_srv6(table, &compiled, &old))
+        self.or_trie(lookup::SRV6_DESTS, |s| s.write_srv6(table, &compiled))
     }
 
-    fn write_srv6(&mut self, table: &Srv6Table, compiled: &Compiled, old: &Groups) -> Result<()> {
+    fn write_srv6(&mut self, table: &Srv6Table, compiled: &Compiled) -> Result<()> {
         let m = self.srv6.as_mut().expect("apply_srv6 checked the maps");
         let mut x = self.lookup.as_mut();
         let exact = match x.as_deref_mut() {
-            Some(x) => x.prepare(lookup::SRV6_DESTS, compiled.dests.keys())?,
+            Some(x) => {
+                let exact = x.prepare(lookup::SRV6_DESTS, compiled.dests.keys())?;
+                x.retire_srv6_dests(&compiled.dests, exact)?;
+                exact
+            }
             None => false,
         };
-        // An entry held as it is stays untouched: replacing a key in this preallocated hash
-        // recycles the old value's memory at once, under a packet that may be copying it.
-        for (k, v) in &compiled.segs {
-            if old.get(&k.group).and_then(|g| g.get(&k.hops)) == Some(v) {
-                continue;
+        // Renumbering gives segments that change a group of their own, so entries held keep
+        // their values and new ones come in beside them. Where the table could not be
+        // renumbered (the map's capacity), an entry that changes leaves first and comes back
+        // after a grace period: its packets pass unencapsulated meanwhile, never with another
+        // path's uSIDs.
+        let segs: StdHashMap<SegKey, Segments> =
+            compiled.segs.iter().map(|(k, v)| (*k, *v)).collect();
+        m.segs.retire_changed(&segs)?;
+        m.segs.add(&segs)?;
+        // Each destination in the trie (which frees a replaced value after a grace period),
+        // new and changed ones only, then in the exact table.
+        let mut held = BTreeMap::new();
+        for entry in m.dests.iter() {
+            match entry {
+                Ok((k, d)) => {
+                    held.insert(prefix_of(&k), d);
+                }
+                Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(map_err(SRV6_DESTS_MAP)(e)),
             }
-            m.segs.insert(k, v, 0).map_err(map_err(SRV6_SEGS_MAP))?;
         }
-        // Each destination in the trie and the exact table one after the other: neither names
-        // a group whose segments have changed for longer than the other.
         for (p, d) in &compiled.dests {
-            m.dests
-                .insert(&key(p), d, 0)
-                .map_err(map_err(SRV6_DESTS_MAP))?;
-            if exact && let Some(x) = x.as_deref_mut() {
-                x.write_srv6_dest(p, d)?;
+            if held.get(p) != Some(d) {
+                m.dests
+                    .insert(&key(p), d, 0)
+                    .map_err(map_err(SRV6_DESTS_MAP))?;
             }
         }
-        let encap = Encap {
+        if let Some(x) = x.as_deref_mut() {
+            x.add_srv6_dests(&compiled.dests, exact)?;
+        }
+        m.set_encap(Encap {
             encoding: encoding::SRV6,
             _pad: 0,
             source: table.source.octets(),
             receive: table.receive.octets(),
             fabric6: table.fabric6_bytes(),
             _pad2: 0,
-        };
-        m.encap.set(0, encap, 0).map_err(map_err(ENCAP_MAP))?;
-        let stale: Vec<Key<[u8; 4]>> = m
-            .dests
+        })?;
+        let stale: Vec<Key<[u8; 4]>> = held
             .keys()
-            .filter_map(|k| k.ok())
-            .filter(|k| !compiled.dests.contains_key(&prefix_of(k)))
+            .filter(|p| !compiled.dests.contains_key(p))
+            .map(key)
             .collect();
         remove_each(SRV6_DESTS_MAP, stale, |k| m.dests.remove(k))?;
         // Stale destinations leave both tables before the segments they name.
         if let Some(x) = x {
-            x.prune_srv6_dests(&compiled.dests)?;
+            x.finish_srv6_dests(&compiled.dests)?;
         }
-        let stale: Vec<SegKey> = m
-            .segs
-            .keys()
-            .filter_map(|k| k.ok())
+        let stale: Vec<SegKey> = old_keys(&m.segs)?
+            .into_iter()
             .filter(|k| !compiled.segs.contains_key(k))
             .collect();
-        remove_each(SRV6_SEGS_MAP, stale, |k| m.segs.remove(k))?;
-        Ok(())
+        m.segs.remove(stale)
     }
 
     /// The path table as the datapath holds it.
@@ -986,6 +1067,22 @@ pub(super) fn remove_each<K>(
         }
     }
     Ok(())
+}
+
+/// The keys of a guarded map.
+fn old_keys<K: aya::Pod + Eq + std::hash::Hash, V: aya::Pod + PartialEq>(
+    map: &Guarded<K, V>,
+) -> Result<Vec<K>> {
+    Ok(map.entries()?.into_keys().collect())
+}
+
+/// The datapath's form of every prefix's paths.
+fn path_sets(table: &PathTable) -> BTreeMap<Prefix, PathSet> {
+    table
+        .destinations
+        .iter()
+        .map(|(p, hops)| (*p, path_set(hops)))
+        .collect()
 }
 
 /// The datapath's form of a prefix's paths (at most [`MAX_PATHS`]).

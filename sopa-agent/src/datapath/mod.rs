@@ -1,6 +1,7 @@
 //! The embedded eBPF object: loading it with pinned maps, attaching its programs, and detaching
 //! exactly what was attached.
 
+pub mod grace;
 pub mod layout;
 pub mod lookup;
 pub mod maps;

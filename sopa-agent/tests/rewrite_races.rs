@@ -1,0 +1,193 @@
+//! Readers under a rewrite: `tc_stamp` runs on every CPU (BPF_PROG_TEST_RUN) while a thread
+//! rewrites the tables it reads. A hash map's replaced or removed element is reused by the
+//! map's next insert without waiting for the programs that still hold it, so a writer that
+//! replaces entries in place hands a reader one key's value under another key. Each test counts
+//! the hops that went out (`SOPA_HOPS_V1`): a hop only another key holds is a mix. The writer
+//! now waits out a grace period before reusing what it freed (`sopa_agent::datapath::grace`),
+//! so its rewrites are fewer per second than they were.
+
+mod common;
+
+use std::sync::{
+    Barrier,
+    atomic::{AtomicBool, Ordering},
+};
+
+use aya::programs::SchedClassifier;
+use aya::programs::{TestRun as _, TestRunOptions};
+use sopa_agent::{datapath::MapSet, path_table::PathTable};
+use sopa_common::maps::{FlowKey, Pin, mode};
+
+use common::{Fixture, TC_ACT_UNSPEC};
+
+/// Runs per CPU: with the table written in place, 1-2 of 40 million runs on two CPUs took the
+/// other prefix's path against about 6,000 rewrites, and 2-3 the other flow's pin against
+/// 120,000-160,000 (three runs each).
+const RUNS: u32 = 20_000_000;
+
+/// A TCP packet from 10.1.0.2 to `dst`.
+fn tcp(dst: [u8; 4], sport: u16) -> Vec<u8> {
+    let mut p = Vec::new();
+    etherparse::PacketBuilder::ethernet2([2; 6], [4; 6])
+        .ipv4([10, 1, 0, 2], dst, 64)
+        .tcp(sport, 80, 1, 1000)
+        .write(&mut p, b"data")
+        .unwrap();
+    p
+}
+
+/// The CPUs this process may run on.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t filled by the kernel for this process.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(
+            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
+            0
+        );
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+/// Pins the calling thread to `cpu`.
+fn run_on_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t with one bit set, for the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0,
+            "sched_setaffinity to CPU {cpu}"
+        );
+    }
+}
+
+/// Runs `tc_stamp` on `packet` `RUNS` times on each allowed CPU while `write` is called over
+/// and over on another thread; returns how many times `write` ran.
+fn race(f: &mut Fixture, packet: &[u8], mut write: impl FnMut(&mut MapSet, u64) + Send) -> u64 {
+    let cpus = allowed_cpus();
+    assert!(
+        cpus.len() >= 2,
+        "this test needs two CPUs to race a writer against; allowed: {cpus:?}"
+    );
+    let start = Barrier::new(cpus.len() + 1);
+    let done = AtomicBool::new(false);
+    let Fixture { datapath, maps, .. } = f;
+    let program: &SchedClassifier = datapath.stamp_program();
+    let mut writes = 0;
+    std::thread::scope(|s| {
+        let readers: Vec<_> = cpus
+            .iter()
+            .map(|&cpu| {
+                let (program, start) = (&program, &start);
+                s.spawn(move || {
+                    run_on_cpu(cpu);
+                    let mut out = vec![0u8; packet.len() + 64];
+                    let opts = TestRunOptions {
+                        data_in: Some(packet),
+                        data_out: Some(&mut out),
+                        repeat: RUNS,
+                        ..Default::default()
+                    };
+                    start.wait();
+                    let r = program.test_run(opts).unwrap();
+                    assert_eq!(r.return_value, TC_ACT_UNSPEC);
+                })
+            })
+            .collect();
+        start.wait();
+        while !done.load(Ordering::Relaxed) {
+            write(maps, writes);
+            writes += 1;
+            if readers.iter().all(|r| r.is_finished()) {
+                done.store(true, Ordering::Relaxed);
+            }
+        }
+    });
+    writes
+}
+
+/// The table of round `n`: P (10.3.1.0/24) on paths (1, i), Q (10.3.2.0/24) on (2, i), each with
+/// one path more or less in every other round so that each round changes both.
+fn table(n: u64) -> PathTable {
+    PathTable::parse(&table_toml(n)).unwrap()
+}
+
+fn table_toml(n: u64) -> String {
+    let (p, q) = if n.is_multiple_of(2) { (3, 4) } else { (4, 3) };
+    let paths = |hop: u8, times: u8| {
+        (0..times)
+            .map(|i| format!("[{hop}, {i}]"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "[[destination]]\nprefix = \"10.3.1.0/24\"\npaths = [{}]\n\
+         [[destination]]\nprefix = \"10.3.2.0/24\"\npaths = [{}]\n",
+        paths(1, p),
+        paths(2, q)
+    )
+}
+
+#[test]
+fn a_packet_to_one_prefix_never_takes_anothers_path_while_the_table_is_rewritten() {
+    let mut f = Fixture::new(&table_toml(0), mode::SOPA);
+    assert_eq!(
+        f.maps.exact_length().unwrap(),
+        Some(24),
+        "matched in the exact table"
+    );
+    let packet = tcp([10, 3, 1, 2], 41000);
+    let writes = race(&mut f, &packet, |maps, n| {
+        maps.apply_paths(&table(n + 1)).unwrap();
+    });
+    let hops = f.maps.hop_counters().unwrap();
+    let runs = u64::from(RUNS) * allowed_cpus().len() as u64;
+    assert_eq!(
+        hops[2], 0,
+        "packets to 10.3.1.0/24 that left on one of 10.3.2.0/24's paths (2, _), in {runs} runs \
+         against {writes} table writes"
+    );
+    assert_eq!(hops[1], runs, "every run stamped");
+    assert!(writes > 10, "the table was rewritten {writes} times only");
+}
+
+#[test]
+fn a_pinned_flow_never_takes_another_flows_pin_while_pins_are_rewritten() {
+    let mut f = Fixture::new(&table_toml(0), mode::PINNED);
+    let key = |sport: u16, dst: [u8; 4]| FlowKey {
+        saddr: u32::from_ne_bytes([10, 1, 0, 2]),
+        daddr: u32::from_ne_bytes(dst),
+        sport: sport.to_be(),
+        dport: 80u16.to_be(),
+        proto: 6,
+        _pad: [0; 3],
+    };
+    let (mine, other) = (key(41000, [10, 3, 1, 2]), key(42000, [10, 3, 2, 2]));
+    let pin = |hop: u8, n: u64| Pin {
+        hops: [hop, hop],
+        _pad: [0; 6],
+        expires_ns: u64::MAX - n,
+    };
+    f.maps
+        .replace_pins(&[(mine, pin(1, 0)), (other, pin(2, 0))])
+        .unwrap();
+    let packet = tcp([10, 3, 1, 2], 41000);
+    let writes = race(&mut f, &packet, |maps, n| {
+        // Both pins change every round (their expiry).
+        maps.replace_pins(&[(mine, pin(1, n + 1)), (other, pin(2, n + 1))])
+            .unwrap();
+    });
+    let hops = f.maps.hop_counters().unwrap();
+    let runs = u64::from(RUNS) * allowed_cpus().len() as u64;
+    assert_eq!(
+        (hops[2], hops[256 + 2]),
+        (0, 0),
+        "packets of the flow pinned to (1, 1) that left on another flow's pin (2, 2), in {runs} \
+         runs against {writes} pin writes"
+    );
+    assert!(writes > 10, "the pins were rewritten {writes} times only");
+}
