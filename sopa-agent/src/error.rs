@@ -21,6 +21,16 @@ pub enum Error {
     )]
     AlreadyRunning { node: String, pid: u32 },
 
+    #[error(
+        "--takeover: this agent's datapath did not load, so agent {pid} keeps running and \
+         nothing was handed over: {source}"
+    )]
+    TakeoverRefused {
+        pid: u32,
+        #[source]
+        source: Box<Error>,
+    },
+
     #[error("{0}: run as root (or with CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN)")]
     Privileges(String),
 
@@ -74,6 +84,7 @@ impl Error {
             | Self::AlreadyRunning { .. }
             | Self::NotRunning { .. } => 64,
             Self::Privileges(_) => 77,
+            Self::TakeoverRefused { source, .. } => source.exit_code(),
             _ => 1,
         }
     }

@@ -248,7 +248,7 @@ impl Host {
         if let (Some(addr), false) = (opts.metrics_addr, opts.takeover) {
             metrics_listener = Some(metrics::bind(addr).await?);
         }
-        let previous = leftovers(opts, &run_dir, &link, &netlink).await?;
+        let (previous, mut preloaded) = leftovers(opts, &run_dir, &link, &netlink).await?;
         if let (Some(addr), true) = (opts.metrics_addr, opts.takeover) {
             metrics_listener = Some(metrics::bind(addr).await?);
         }
@@ -338,6 +338,7 @@ impl Host {
                 &gauges,
                 adopting,
                 metrics_listener,
+                preloaded.take(),
             )
             .await?;
             let routes = match keeper.take() {
@@ -415,6 +416,7 @@ impl Host {
         gauges: &metrics::AgentGauges,
         adopting: bool,
         metrics_listener: Option<tokio::net::TcpListener>,
+        preloaded: Option<Datapath>,
     ) -> Result<(
         Datapath,
         Arc<Mutex<MapSet>>,
@@ -429,8 +431,12 @@ impl Host {
             journal.push(Change::Pins { dir: pins.clone() })?;
         }
         // Pinned maps of the same layout-versioned names are reused: an adopted datapath
-        // keeps its paths, flow state and counters.
-        let mut datapath = Datapath::load(&pins)?;
+        // keeps its paths, flow state and counters. With --takeover it was loaded (and
+        // verified) before the running agent was asked to hand over.
+        let mut datapath = match preloaded {
+            Some(d) => d,
+            None => Datapath::load(&pins)?,
+        };
         // Counters an agent of an older layout left, set into ours before anything counts there.
         let carry = crate::datapath::layout::Carry::start(&pins)
             .inspect_err(|err| {
@@ -640,12 +646,14 @@ impl Host {
 /// Refuses to start beside a live agent of the same node. What a previous agent left (after a
 /// crash, or attached on purpose) is adopted when it is this interface's datapath of this
 /// layout, and restored otherwise (or with `--reset`). Returns the record to adopt.
+/// What a previous agent left: its record where its datapath is adopted, and, with
+/// --takeover, this agent's datapath, loaded before the running agent was asked to hand over.
 async fn leftovers(
     opts: &HostOptions,
     run_dir: &Path,
     link: &netlink::Link,
     netlink: &Netlink,
-) -> Result<Option<Record>> {
+) -> Result<(Option<Record>, Option<Datapath>)> {
     let pins = pin_dir(&opts.node);
     if !opts.reset {
         crate::datapath::layout::check(&pins)?;
@@ -655,7 +663,7 @@ async fn leftovers(
             warn!(dir = %pins.display(), "--reset: removing the pins left without an agent record");
             std::fs::remove_dir_all(&pins)
                 .map_err(|e| Error::io(format!("removing {}", pins.display()), e))?;
-            return Ok(None);
+            return Ok((None, None));
         }
         if pins.join(crate::datapath::STAMP_LINK_PIN).exists() {
             // Pins without a journal: nothing says what the host looked like before.
@@ -663,7 +671,7 @@ async fn leftovers(
             std::fs::remove_dir_all(&pins)
                 .map_err(|e| Error::io(format!("removing {}", pins.display()), e))?;
         }
-        return Ok(None);
+        return Ok((None, None));
     };
     if record.namespace(opts.netns.as_deref())? == crate::changes::RecordNamespace::Gone {
         warn!(
@@ -672,18 +680,21 @@ async fn leftovers(
             "the previous agent's network namespace is gone, and with it what it changed; removing its pins and record"
         );
         forget(&pins, run_dir)?;
-        return Ok(None);
+        return Ok((None, None));
     }
-    let record = if record.pid != std::process::id() && record.is_live() {
+    let (record, mut preloaded) = if record.pid != std::process::id() && record.is_live() {
         if !opts.takeover {
             return Err(Error::AlreadyRunning {
                 node: opts.node.clone(),
                 pid: record.pid,
             });
         }
-        hand_over(&opts.node, run_dir, &record).await?
+        // Everything that can fail without touching the running agent first: the programs
+        // through the verifier, the pinned maps reused by name.
+        let loaded = preload(&pins, record.pid)?;
+        (hand_over(&opts.node, run_dir, &record).await?, Some(loaded))
     } else {
-        record
+        (record, None)
     };
     // tc_stamp behind its pinned TCX link, or as our filter (the kernel still lists it).
     let stamp_attached = if pins.join(crate::datapath::STAMP_LINK_PIN).exists() {
@@ -706,8 +717,10 @@ async fn leftovers(
     let attached = stamp_attached && pins.join(crate::datapath::STRIP_LINK_PIN).exists();
     let same_iface = record.iface == opts.iface && record.ifindex == link.index;
     if attached && same_iface && !opts.reset {
-        return Ok(Some(record));
+        return Ok((Some(record), preloaded));
     }
+    // Restored instead of adopted: its pins go, and this agent loads anew.
+    preloaded.take();
     let why = if opts.reset {
         "--reset"
     } else if !attached {
@@ -731,7 +744,34 @@ async fn leftovers(
         std::fs::remove_dir_all(&pins)
             .map_err(|e| Error::io(format!("removing {}", pins.display()), e))?;
     }
-    Ok(None)
+    Ok((None, None))
+}
+
+/// Loads this agent's datapath beside the running agent `pid`'s, attaching nothing and writing
+/// no map: a failure leaves that agent running as it was (the pins this load created, maps of
+/// a newer layout, are removed again).
+fn preload(pins: &Path, pid: u32) -> Result<Datapath> {
+    let before = pin_names(pins);
+    Datapath::load(pins).map_err(|err| {
+        for name in pin_names(pins).difference(&before) {
+            let _ = std::fs::remove_file(pins.join(name));
+        }
+        Error::TakeoverRefused {
+            pid,
+            source: Box::new(err),
+        }
+    })
+}
+
+fn pin_names(dir: &Path) -> std::collections::BTreeSet<std::ffi::OsString> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Removes a node's pins and record, undoing nothing (what they describe is gone).

@@ -398,6 +398,90 @@ fn a_newer_agent_started_beside_the_running_one_takes_over_without_losing_a_prob
     assert!(!pin_dir(arb.a.name()).exists());
 }
 
+/// A takeover whose datapath cannot load (here: a pin of the right name and the wrong type,
+/// which the new programs' verification refuses) fails before the running agent is asked to
+/// hand over: that agent keeps running and stamping, and its pins are as they were.
+#[test]
+fn a_takeover_whose_datapath_does_not_load_leaves_the_running_agent_serving() {
+    let _serial = one_at_a_time();
+    let arb = Arb::new("v").expect("build A - R - B");
+    let _cleanup = DetachOnDrop {
+        ns: &arb.a,
+        node: arb.a.name().to_owned(),
+    };
+    let _b = start_b(&arb);
+    let mut old = start_a(&arb, &["--no-metrics"]);
+    let ids = prog_ids(&old);
+    // The reordering state xdp_strip keeps per flow (24 bytes) as a map of 4-byte values.
+    let pins = pin_dir(arb.a.name());
+    let reorder = pins.join(sopa_common::maps::REORDER_MAP);
+    std::fs::remove_file(&reorder).unwrap();
+    sopa_testbed::bpftool::run(&[
+        "map",
+        "create",
+        &reorder.to_string_lossy(),
+        "type",
+        "hash",
+        "key",
+        "4",
+        "value",
+        "4",
+        "entries",
+        "1",
+        "name",
+        "sopa_reord",
+    ]);
+    let pins_before = list(&pins);
+    let capture = Capture::start(&arb.r, &arb.r_a_if).unwrap();
+    let probe = Probe::start(&arb, 10_000, 5252);
+    probe.wait_received(1_000);
+    let window_start = probe.mark();
+    let err = match start_a_checked(&arb, &["--no-metrics", "--takeover"]) {
+        Ok(_) => panic!("an agent whose datapath cannot load took over"),
+        Err(e) => e,
+    };
+    assert!(
+        err.contains("keeps running") && err.contains("nothing was handed over"),
+        "{err}"
+    );
+    assert!(
+        old.process.try_wait().is_none(),
+        "the running agent was stopped; its log:\n{}",
+        old.process.log_text()
+    );
+    assert!(
+        !old.process.log_text().contains("hand"),
+        "the running agent was asked to hand over:\n{}",
+        old.process.log_text()
+    );
+    probe.wait_received(2_000);
+    let window_end = probe.mark();
+    let r = probe.finish();
+    let at_r = capture.finish().unwrap();
+    let (udp, stamped) = from_a(&at_r.frames, arb.a_addr, 17);
+    assert_eq!(
+        r.lost_in(window_start..window_end),
+        0,
+        "probe packets lost while the takeover was tried"
+    );
+    assert_eq!(stamped, udp, "stamped all along");
+    assert!(udp > 0);
+    assert_eq!(prog_ids(&old), ids, "the running agent's programs");
+    assert_eq!(list(&pins), pins_before, "the pins");
+    assert!(old.status().is_ok(), "the running agent serves its status");
+    assert_eq!(old.stop(), Some(0));
+}
+
+/// The names in `dir`.
+fn list(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
 /// A running agent that dies instead of handing over (stopped, then killed, while the new
 /// agent waits for it) leaves a datapath the new agent adopts as after a crash: the takeover
 /// still succeeds, and the record says how it went.
