@@ -155,7 +155,7 @@ pub fn check(data: &[u8]) {
             Some(agent_message::Kind::Report(r)) => {
                 if b.fabric.check_link(&r.a, &r.b).is_ok() {
                     let mut d = Damper::new(DampingConfig::default());
-                    let _ = d.report(&(r.a, r.b), r.down, Instant::now());
+                    let _ = d.report(&(r.a.clone(), r.b), &r.a, r.down, Instant::now());
                 }
             }
             Some(agent_message::Kind::PinAck(mut ack)) => {

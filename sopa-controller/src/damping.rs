@@ -6,7 +6,7 @@
 //! flapping link costs the agents one version, not one per flap.
 
 use std::{
-    collections::{BTreeMap, VecDeque},
+    collections::{BTreeMap, BTreeSet, VecDeque},
     time::{Duration, Instant},
 };
 
@@ -38,8 +38,8 @@ struct LinkDamping {
     held_until: Option<Instant>,
     /// The last hold, doubled by the next one within the window.
     last_hold: Option<(Instant, Duration)>,
-    /// The last report was "up" while held: applied when the hold ends.
-    up_pending: bool,
+    /// The ends whose last report was "up" while held: applied when the hold ends.
+    up_pending: BTreeSet<String>,
     /// The last state reported: a down counts as a flap only after an up (both switches of a
     /// link report it, and every switch reports all its ports on each new session).
     last_down: Option<bool>,
@@ -93,8 +93,14 @@ impl Damper {
         }
     }
 
-    /// A switch reported `link` down or up at `now`.
-    pub fn report(&mut self, link: &(String, String), down: bool, now: Instant) -> Verdict {
+    /// Switch `by` reported `link` down or up at `now`.
+    pub fn report(
+        &mut self,
+        link: &(String, String),
+        by: &str,
+        down: bool,
+        now: Instant,
+    ) -> Verdict {
         let c = self.config;
         let d = self.links.entry(link.clone()).or_default();
         let held = d.held_until.filter(|t| *t > now);
@@ -103,16 +109,16 @@ impl Damper {
         if !down {
             return match held {
                 Some(until) => {
-                    d.up_pending = true;
+                    d.up_pending.insert(by.to_owned());
                     Verdict::Held { until }
                 }
                 None => {
-                    d.up_pending = false;
+                    d.up_pending.remove(by);
                     Verdict::Apply
                 }
             };
         }
-        d.up_pending = false;
+        d.up_pending.remove(by);
         if again {
             // Still down: nothing new to count.
             return Verdict::Apply;
@@ -139,13 +145,13 @@ impl Damper {
         Verdict::ApplyAndHold { until }
     }
 
-    /// `link`'s hold may have ended at `now`: `true` when its pending "up" is to be applied.
-    pub fn release(&mut self, link: &(String, String), now: Instant) -> bool {
+    /// `link`'s hold may have ended at `now`: the ends whose pending "up" is to be applied.
+    pub fn release(&mut self, link: &(String, String), now: Instant) -> BTreeSet<String> {
         let Some(d) = self.links.get_mut(link) else {
-            return false;
+            return BTreeSet::new();
         };
         if d.held_until.is_some_and(|t| t > now) {
-            return false;
+            return BTreeSet::new();
         }
         d.held_until = None;
         std::mem::take(&mut d.up_pending)
@@ -158,7 +164,7 @@ impl Damper {
             .filter_map(|(k, d)| {
                 d.held_until
                     .filter(|t| *t > now)
-                    .map(|t| (k.clone(), t - now, d.up_pending))
+                    .map(|t| (k.clone(), t - now, !d.up_pending.is_empty()))
             })
             .collect()
     }
@@ -180,53 +186,60 @@ mod tests {
         let l = link();
         // Two flaps: applied as they come.
         for i in 0..2 {
-            assert_eq!(d.report(&l, true, t0 + s(i * 2)), Verdict::Apply);
-            assert_eq!(d.report(&l, false, t0 + s(i * 2 + 1)), Verdict::Apply);
+            assert_eq!(d.report(&l, "e0", true, t0 + s(i * 2)), Verdict::Apply);
+            assert_eq!(d.report(&l, "e0", false, t0 + s(i * 2 + 1)), Verdict::Apply);
         }
         // The third down within 30 s: held for 5 s; its "up" waits.
         assert_eq!(
-            d.report(&l, true, t0 + s(4)),
+            d.report(&l, "e0", true, t0 + s(4)),
             Verdict::ApplyAndHold { until: t0 + s(9) }
         );
         assert_eq!(
-            d.report(&l, false, t0 + s(5)),
+            d.report(&l, "e0", false, t0 + s(5)),
             Verdict::Held { until: t0 + s(9) }
         );
-        assert!(!d.release(&l, t0 + s(8)), "still held");
+        assert!(d.release(&l, t0 + s(8)).is_empty(), "still held");
         assert_eq!(d.held(t0 + s(8)), [(l.clone(), s(1), true)]);
-        assert!(
+        assert_eq!(
             d.release(&l, t0 + s(9)),
+            BTreeSet::from(["e0".to_owned()]),
             "the pending up is applied at the end"
         );
-        assert!(!d.release(&l, t0 + s(9)), "once");
+        assert!(d.release(&l, t0 + s(9)).is_empty(), "once");
         // Three more downs soon after: held twice as long.
         for i in 0..2 {
-            assert_eq!(d.report(&l, true, t0 + s(10 + i * 2)), Verdict::Apply);
-            assert_eq!(d.report(&l, false, t0 + s(11 + i * 2)), Verdict::Apply);
+            assert_eq!(d.report(&l, "e0", true, t0 + s(10 + i * 2)), Verdict::Apply);
+            assert_eq!(
+                d.report(&l, "e0", false, t0 + s(11 + i * 2)),
+                Verdict::Apply
+            );
         }
         assert_eq!(
-            d.report(&l, true, t0 + s(14)),
+            d.report(&l, "e0", true, t0 + s(14)),
             Verdict::ApplyAndHold { until: t0 + s(24) }
         );
         // Down again while held: still held, nothing pending.
         assert_eq!(
-            d.report(&l, false, t0 + s(15)),
+            d.report(&l, "e0", false, t0 + s(15)),
             Verdict::Held { until: t0 + s(24) }
         );
-        assert!(matches!(d.report(&l, true, t0 + s(16)), Verdict::Apply));
+        assert!(matches!(
+            d.report(&l, "e0", true, t0 + s(16)),
+            Verdict::Apply
+        ));
         assert!(
-            !d.release(&l, t0 + s(24)),
+            d.release(&l, t0 + s(24)).is_empty(),
             "the last report was down: nothing to apply"
         );
         // Long quiet: three downs start again from the first hold.
         let later = t0 + s(1000);
-        d.report(&l, false, later - s(1));
+        d.report(&l, "e0", false, later - s(1));
         for i in 0..2 {
-            d.report(&l, true, later + s(i * 2));
-            d.report(&l, false, later + s(i * 2 + 1));
+            d.report(&l, "e0", true, later + s(i * 2));
+            d.report(&l, "e0", false, later + s(i * 2 + 1));
         }
         assert_eq!(
-            d.report(&l, true, later + s(4)),
+            d.report(&l, "e0", true, later + s(4)),
             Verdict::ApplyAndHold {
                 until: later + s(9)
             }
@@ -235,13 +248,16 @@ mod tests {
         // another flap.
         let mut d2 = Damper::new(DampingConfig::default());
         for i in 0..10 {
-            assert_eq!(d2.report(&l, true, t0 + s(i)), Verdict::Apply, "{i}");
+            assert_eq!(d2.report(&l, "e0", true, t0 + s(i)), Verdict::Apply, "{i}");
         }
         // Downs spread wider than the window never hold.
         let mut d = Damper::new(DampingConfig::default());
         for i in 0..10 {
-            assert_eq!(d.report(&l, true, t0 + s(i * 40)), Verdict::Apply);
-            assert_eq!(d.report(&l, false, t0 + s(i * 40 + 1)), Verdict::Apply);
+            assert_eq!(d.report(&l, "e0", true, t0 + s(i * 40)), Verdict::Apply);
+            assert_eq!(
+                d.report(&l, "e0", false, t0 + s(i * 40 + 1)),
+                Verdict::Apply
+            );
         }
     }
 
@@ -252,28 +268,49 @@ mod tests {
         let s = Duration::from_secs;
         let l = link();
         for i in 0..2 {
-            d.report(&l, true, t0 + s(i * 2));
-            d.report(&l, false, t0 + s(i * 2 + 1));
+            d.report(&l, "e0", true, t0 + s(i * 2));
+            d.report(&l, "e0", false, t0 + s(i * 2 + 1));
         }
         let saved = d.save(&l);
         // The third flap holds the link; its change is then not stored and put back.
         assert!(matches!(
-            d.report(&l, true, t0 + s(4)),
+            d.report(&l, "e0", true, t0 + s(4)),
             Verdict::ApplyAndHold { .. }
         ));
         d.restore(&l, saved);
         assert!(d.held(t0 + s(5)).is_empty(), "no hold left behind");
         // The same report again decides the same way: the lost one counted for nothing.
         assert_eq!(
-            d.report(&l, true, t0 + s(4)),
+            d.report(&l, "e0", true, t0 + s(4)),
             Verdict::ApplyAndHold { until: t0 + s(9) }
         );
         // A link never seen before is forgotten again.
         let other = ("a1".to_owned(), "e1".to_owned());
         let saved = d.save(&other);
-        d.report(&other, true, t0);
+        d.report(&other, "e0", true, t0);
         d.restore(&other, saved);
         assert_eq!(d.save(&other).0, None);
+    }
+
+    #[test]
+    fn each_end_s_pending_up_is_its_own() {
+        let config = DampingConfig {
+            limit: 1,
+            ..DampingConfig::default()
+        };
+        let mut d = Damper::new(config);
+        let (t0, s) = (Instant::now(), Duration::from_secs);
+        let l = link();
+        assert!(matches!(
+            d.report(&l, "e0", true, t0),
+            Verdict::ApplyAndHold { .. }
+        ));
+        d.report(&l, "a0", true, t0);
+        // Both ends up while held; then e0 down again: only a0's up is pending.
+        d.report(&l, "a0", false, t0 + s(1));
+        d.report(&l, "e0", false, t0 + s(1));
+        d.report(&l, "e0", true, t0 + s(2));
+        assert_eq!(d.release(&l, t0 + s(60)), BTreeSet::from(["a0".to_owned()]));
     }
 
     #[test]
@@ -289,13 +326,13 @@ mod tests {
         let mut t = Instant::now();
         let mut holds = Vec::new();
         for _ in 0..4 {
-            let Verdict::ApplyAndHold { until } = d.report(&l, true, t) else {
+            let Verdict::ApplyAndHold { until } = d.report(&l, "e0", true, t) else {
                 panic!("a single down holds with limit 1");
             };
             holds.push((until - t).as_secs());
             t = until;
             d.release(&l, t);
-            d.report(&l, false, t);
+            d.report(&l, "e0", false, t);
         }
         assert_eq!(holds, [100, 200, 300, 300]);
     }

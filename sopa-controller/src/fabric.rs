@@ -2,7 +2,7 @@
 //! per change, with the recent deltas kept so a reconnecting agent can catch up without a
 //! snapshot.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::Deserialize;
 use sopa_topology::{Topology, paths::Failures, srv6::Encoding, topology::TopologySpec};
@@ -21,6 +21,8 @@ pub enum FabricError {
     NoLink(String, String),
     #[error("{0} is a host, not a switch")]
     NotASwitch(String),
+    #[error("{switch} reported link {link}, which is not one of its ports")]
+    NotAnEnd { switch: String, link: String },
     #[error("invalid topology: {0}")]
     Topology(String),
     #[error(
@@ -55,9 +57,11 @@ pub struct Fabric {
     version: u64,
     /// Links an operator took down (drains).
     down_links: BTreeSet<(String, String)>,
-    /// Links a switch reported down (a port without carrier). A link is down for the agents
-    /// when either says so; a switch's report that a port is up again never undoes a drain.
-    reported_down: BTreeSet<(String, String)>,
+    /// Links a switch reported down (a port without carrier), with the ends that report it
+    /// so. A link is down for the agents while a drain or any end says so: a switch's report
+    /// that its port is up again ends its own report only, never the other end's or a drain.
+    /// [`LEGACY_REPORTER`] stands for an end a state stored before ends were kept named.
+    reported_down: BTreeMap<(String, String), BTreeSet<String>>,
     /// Links the path meter found losing packets: drained like the others while suspect.
     suspect: BTreeSet<(String, String)>,
     down_switches: BTreeSet<String>,
@@ -71,6 +75,10 @@ pub struct Checkpoint {
     state: Persisted,
     history_len: usize,
 }
+
+/// The end of a reported link in a state stored before the reporting ends were kept: either
+/// end's report that its port is up ends it, as then.
+pub const LEGACY_REPORTER: &str = "";
 
 /// A link named by its ends, in a canonical order.
 fn key(a: &str, b: &str) -> (String, String) {
@@ -91,7 +99,7 @@ impl Fabric {
             epoch,
             version: 1,
             down_links: BTreeSet::new(),
-            reported_down: BTreeSet::new(),
+            reported_down: BTreeMap::new(),
             suspect: BTreeSet::new(),
             down_switches: BTreeSet::new(),
             history: VecDeque::new(),
@@ -163,10 +171,21 @@ impl Fabric {
                 .map_err(|e| FabricError::StoredUnknown(format!("link {a}:{b}"), e.to_string()))?;
             f.down_links.insert(key(a, b));
         }
+        for (a, b, by) in &state.reported_by {
+            f.check_link(a, b)
+                .map_err(|e| FabricError::StoredUnknown(format!("link {a}:{b}"), e.to_string()))?;
+            f.reported_down
+                .entry(key(a, b))
+                .or_default()
+                .insert(by.clone());
+        }
         for (a, b) in &state.reported_down {
             f.check_link(a, b)
                 .map_err(|e| FabricError::StoredUnknown(format!("link {a}:{b}"), e.to_string()))?;
-            f.reported_down.insert(key(a, b));
+            // A state stored before the reporting ends were kept: either end's up ends it.
+            f.reported_down
+                .entry(key(a, b))
+                .or_insert_with(|| BTreeSet::from([LEGACY_REPORTER.to_owned()]));
         }
         for (a, b) in &state.suspect {
             f.check_link(a, b)
@@ -189,7 +208,8 @@ impl Fabric {
             epoch: self.epoch,
             version: self.version,
             down_links: self.down_links.iter().cloned().collect(),
-            reported_down: self.reported_down.iter().cloned().collect(),
+            reported_down: self.reported_down.keys().cloned().collect(),
+            reported_by: self.reported_by(),
             down_switches: self.down_switches.iter().cloned().collect(),
             suspect: self.suspect.iter().cloned().collect(),
         }
@@ -213,7 +233,15 @@ impl Fabric {
         let s = c.state;
         self.version = s.version;
         self.down_links = s.down_links.into_iter().collect();
-        self.reported_down = s.reported_down.into_iter().collect();
+        self.reported_down = BTreeMap::new();
+        for (a, b, by) in s.reported_by {
+            self.reported_down.entry((a, b)).or_default().insert(by);
+        }
+        for k in s.reported_down {
+            self.reported_down
+                .entry(k)
+                .or_insert_with(|| BTreeSet::from([LEGACY_REPORTER.to_owned()]));
+        }
         self.down_switches = s.down_switches.into_iter().collect();
         self.suspect = s.suspect.into_iter().collect();
         // A change adds at most one delta; one dropped from the front meanwhile is not
@@ -264,7 +292,7 @@ impl Fabric {
     fn all_down(&self) -> BTreeSet<&(String, String)> {
         self.down_links
             .iter()
-            .chain(&self.reported_down)
+            .chain(self.reported_down.keys())
             .chain(&self.suspect)
             .collect()
     }
@@ -357,23 +385,58 @@ impl Fabric {
         Ok(self.link_delta(k, before))
     }
 
-    /// A switch reports a port's carrier. A port up again ends only the reported failure, never
-    /// an operator's drain.
+    /// Switch `by`, an end of link `a`-`b`, reports its port's carrier. A port up again ends
+    /// only that switch's report of the link: the other end's report, and an operator's drain,
+    /// stay.
     pub fn report_link(
         &mut self,
         a: &str,
         b: &str,
+        by: &str,
         down: bool,
     ) -> Result<Option<Delta>, FabricError> {
         self.check_link(a, b)?;
+        if by != a && by != b {
+            return Err(FabricError::NotAnEnd {
+                switch: by.to_owned(),
+                link: format!("{a}:{b}"),
+            });
+        }
         let k = key(a, b);
         let before = self.link_down(&k);
         if down {
-            self.reported_down.insert(k.clone());
-        } else {
-            self.reported_down.remove(&k);
+            self.reported_down
+                .entry(k.clone())
+                .or_default()
+                .insert(by.to_owned());
+        } else if let Some(ends) = self.reported_down.get_mut(&k) {
+            ends.remove(by);
+            ends.remove(LEGACY_REPORTER);
+            if ends.is_empty() {
+                self.reported_down.remove(&k);
+            }
         }
         Ok(self.link_delta(k, before))
+    }
+
+    /// Each (link, end) that reports the link down.
+    fn reported_by(&self) -> Vec<(String, String, String)> {
+        self.reported_down
+            .iter()
+            .flat_map(|((a, b), ends)| {
+                ends.iter()
+                    .filter(|e| *e != LEGACY_REPORTER)
+                    .map(move |e| (a.clone(), b.clone(), e.clone()))
+            })
+            .collect()
+    }
+
+    /// The ends that report link `a`-`b` down.
+    pub fn reporters(&self, a: &str, b: &str) -> Vec<String> {
+        self.reported_down
+            .get(&key(a, b))
+            .map(|ends| ends.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Whether link `a`-`b` is down for the agents, for any reason.
@@ -382,7 +445,9 @@ impl Fabric {
     }
 
     fn link_down(&self, k: &(String, String)) -> bool {
-        self.down_links.contains(k) || self.reported_down.contains(k) || self.suspect.contains(k)
+        self.down_links.contains(k)
+            || self.reported_down.contains_key(k)
+            || self.suspect.contains(k)
     }
 
     /// The delta of link `k` if its state for the agents changed from `before`.
@@ -535,21 +600,53 @@ mod tests {
         let mut f = fabric();
         let down = |f: &Fabric| f.down_links().len();
         // Reported down, then up: two versions.
-        assert!(f.report_link("e0", "a0", true).unwrap().is_some());
-        assert!(f.report_link("a0", "e0", false).unwrap().is_some());
+        assert!(f.report_link("e0", "a0", "e0", true).unwrap().is_some());
+        assert!(f.report_link("a0", "e0", "e0", false).unwrap().is_some());
         assert_eq!((f.version(), down(&f)), (3, 0));
         // Drained, then reported down and up: the link stays down, no version for the reports.
         assert!(f.set_link("e0", "a0", true).unwrap().is_some());
-        assert!(f.report_link("e0", "a0", true).unwrap().is_none());
-        assert!(f.report_link("e0", "a0", false).unwrap().is_none());
+        assert!(f.report_link("e0", "a0", "e0", true).unwrap().is_none());
+        assert!(f.report_link("e0", "a0", "e0", false).unwrap().is_none());
         assert_eq!((f.version(), down(&f)), (4, 1));
         // Reported down while drained: ending the drain leaves it down.
-        f.report_link("e0", "a0", true).unwrap();
+        f.report_link("e0", "a0", "e0", true).unwrap();
         assert!(f.set_link("e0", "a0", false).unwrap().is_none());
         assert_eq!((f.version(), down(&f)), (4, 1));
         assert!(f.drained_links().is_empty());
-        assert!(f.report_link("e0", "a0", false).unwrap().is_some());
+        assert!(f.report_link("e0", "a0", "e0", false).unwrap().is_some());
         assert_eq!((f.version(), down(&f)), (5, 0));
+    }
+
+    #[test]
+    fn a_link_is_up_only_when_no_end_reports_it_down() {
+        let mut f = fabric();
+        assert!(f.report_link("e0", "a0", "e0", true).unwrap().is_some());
+        // a0 (restarted) reports its ports: its end is up, e0's is not.
+        assert!(f.report_link("a0", "e0", "a0", false).unwrap().is_none());
+        assert!(f.is_link_down("a0", "e0"));
+        assert!(f.report_link("a0", "e0", "a0", true).unwrap().is_none());
+        assert!(f.report_link("e0", "a0", "e0", false).unwrap().is_none());
+        assert_eq!(f.reporters("a0", "e0"), ["a0"]);
+        assert!(f.report_link("a0", "e0", "a0", false).unwrap().is_some());
+        assert!(!f.is_link_down("a0", "e0"));
+        // Only an end reports.
+        assert!(matches!(
+            f.report_link("a0", "e0", "c0", true),
+            Err(FabricError::NotAnEnd { .. })
+        ));
+        // Both ends survive a store and a restore; a state stored before ends were named is
+        // ended by either end.
+        f.report_link("a0", "e0", "a0", true).unwrap();
+        f.report_link("a0", "e0", "e0", true).unwrap();
+        let stored = f.persisted();
+        assert_eq!(stored.reported_by.len(), 2);
+        let mut legacy = stored.clone();
+        legacy.reported_by.clear();
+        let mut g = Fabric::restore(TopologySpec::FatTree { k: 4 }, &legacy).unwrap();
+        assert!(g.report_link("a0", "e0", "e0", false).unwrap().is_some());
+        let mut h = Fabric::restore(TopologySpec::FatTree { k: 4 }, &stored).unwrap();
+        assert!(h.report_link("a0", "e0", "e0", false).unwrap().is_none());
+        assert_eq!(h.reporters("a0", "e0"), ["a0"]);
     }
 
     #[test]
@@ -558,7 +655,7 @@ mod tests {
         f.set_link("e0", "a0", true).unwrap();
         let stored = f.persisted();
         let before = f.checkpoint();
-        f.report_link("e1", "a1", true).unwrap();
+        f.report_link("e1", "a1", "e1", true).unwrap();
         f.set_switch("c0", true).unwrap();
         assert!(f.changed_since(&before));
         f.rollback(before);

@@ -407,6 +407,71 @@ fn e0_a0_report(down: bool) -> sopa_channel::proto::AgentMessage {
     }
 }
 
+/// A raw switch session of `node`.
+async fn switch(
+    addr: std::net::SocketAddr,
+    node: &str,
+) -> (
+    tokio::sync::mpsc::Sender<sopa_channel::proto::AgentMessage>,
+    tonic::Streaming<sopa_channel::proto::ControllerMessage>,
+) {
+    common::open_raw(
+        addr,
+        sopa_channel::proto::Hello {
+            node: node.into(),
+            role: 2,
+            heartbeat_ms: 60_000,
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+/// `by`'s report of link `a`-`b`.
+fn report(a: &str, b: &str, down: bool) -> sopa_channel::proto::AgentMessage {
+    use sopa_channel::proto::{AgentMessage, LinkReport, agent_message};
+    AgentMessage {
+        kind: Some(agent_message::Kind::Report(LinkReport {
+            a: a.into(),
+            b: b.into(),
+            down,
+        })),
+    }
+}
+
+/// Each end's report of a link is its own: a0, restarted, reports every port up again, and the
+/// link e0 reports down stays down.
+#[tokio::test]
+async fn a_switch_reporting_its_ports_up_leaves_the_other_ends_report_of_a_link_down() {
+    let c = common::start_controller(35, "127.0.0.1:0").await;
+    let (e0, _e0_in) = switch_e0(c.addr).await;
+    e0.send(e0_a0_report(true)).await.unwrap();
+    until("e0's report applied", || c.controller.version() == 2).await;
+    // a0's agent restarts: a session, then another, which reports each port's carrier.
+    let (a0, a0_in) = switch(c.addr, "a0").await;
+    drop((a0, a0_in));
+    let (a0, _a0_in) = switch(c.addr, "a0").await;
+    a0.send(report("a0", "e0", false)).await.unwrap();
+    // A session's reports are applied in order: once its next one is, this one was.
+    a0.send(report("a0", "c0", true)).await.unwrap();
+    until("a0's reports applied", || c.controller.version() == 3).await;
+    let s = c.controller.status();
+    let down: Vec<(String, String)> = s
+        .down_links
+        .iter()
+        .map(|l| (l.a.clone(), l.b.clone()))
+        .collect();
+    assert!(
+        down.contains(&("a0".to_owned(), "e0".to_owned())),
+        "e0's report of a0:e0 down was ended by a0's up: {down:?}"
+    );
+    // e0's own up ends it.
+    e0.send(e0_a0_report(false)).await.unwrap();
+    until("e0's up applied", || c.controller.version() == 4).await;
+    drop((e0, a0));
+    c.stop().await;
+}
+
 /// A port report whose change cannot be stored counts for nothing in the damping: no hold is
 /// left behind, and once the store is back the same report is judged as if the lost one had
 /// never come.

@@ -108,6 +108,7 @@ fn state(version: u64) -> Persisted {
         version,
         down_links: vec![("a0".into(), "e0".into())],
         reported_down: Vec::new(),
+        reported_by: Vec::new(),
         down_switches: Vec::new(),
         suspect: Vec::new(),
     }

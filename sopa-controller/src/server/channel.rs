@@ -63,7 +63,7 @@ impl Controller {
     /// link held down waits for the end of its hold. The verdict and the change are made
     /// within one change (changes run one at a time), so a hold that ends never overtakes a
     /// later down.
-    async fn damped_report(self: &Arc<Self>, a: &str, b: &str, down: bool) {
+    async fn damped_report(self: &Arc<Self>, a: &str, b: &str, by: &str, down: bool) {
         let key = if a <= b {
             (a.to_owned(), b.to_owned())
         } else {
@@ -73,16 +73,16 @@ impl Controller {
         let result = self
             .damped_change(&key, |f, damper| {
                 f.check_link(a, b)?;
-                match damper.report(&key, down, Instant::now()) {
+                match damper.report(&key, by, down, Instant::now()) {
                     Verdict::Held { until } => {
                         info!(link = %format!("{a}:{b}"), held_ms = until.saturating_duration_since(Instant::now()).as_millis() as u64, "a flapping link is up again; held down until its hold ends");
                         Ok(None)
                     }
                     Verdict::ApplyAndHold { until } => {
                         hold = Some(until);
-                        f.report_link(a, b, down)
+                        f.report_link(a, b, by, down)
                     }
-                    Verdict::Apply => f.report_link(a, b, down),
+                    Verdict::Apply => f.report_link(a, b, by, down),
                 }
             })
             .await;
@@ -102,11 +102,11 @@ impl Controller {
             loop {
                 let result = c
                     .damped_change(&key, |f, damper| {
-                        if damper.release(&key, Instant::now()) {
-                            f.report_link(&key.0, &key.1, false)
-                        } else {
-                            Ok(None)
+                        let mut delta = None;
+                        for by in damper.release(&key, Instant::now()) {
+                            delta = f.report_link(&key.0, &key.1, &by, false)?.or(delta);
                         }
+                        Ok(delta)
                     })
                     .await;
                 let Err(e) = result else { break };
@@ -591,10 +591,10 @@ impl proto::channel::channel_server::Channel for ChannelService {
             tokio::sync::mpsc::channel::<(String, String, bool)>(REPORT_QUEUE);
         {
             // Ends once the session's sender is gone and every queued report is applied.
-            let c = Arc::clone(&controller);
+            let (c, by) = (Arc::clone(&controller), name.clone());
             tokio::spawn(async move {
                 while let Some((a, b, down)) = queued.recv().await {
-                    c.damped_report(&a, &b, down).await;
+                    c.damped_report(&a, &b, &by, down).await;
                 }
             });
         }

@@ -363,14 +363,15 @@ impl Controller {
         self.change(|f| f.set_switch(name, down)).await
     }
 
-    /// A switch's report of a port's carrier.
+    /// Switch `by`'s report of its port's carrier on link `a`-`b`.
     pub async fn report_link(
         &self,
         a: &str,
         b: &str,
+        by: &str,
         down: bool,
     ) -> Result<ChangeReply, FabricError> {
-        self.change(|f| f.report_link(a, b, down)).await
+        self.change(|f| f.report_link(a, b, by, down)).await
     }
 
     /// Makes a change, durable before anyone hears of it: it is made on a copy of the fabric,

@@ -77,6 +77,7 @@ mod tests {
             version: 3,
             down_links: vec![("a0".into(), "e0".into())],
             reported_down: vec![("a1".into(), "e1".into())],
+            reported_by: vec![("a1".into(), "e1".into(), "e1".into())],
             down_switches: vec!["c1".into()],
             suspect: vec![("a2".into(), "c0".into())],
         };

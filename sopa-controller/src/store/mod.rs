@@ -32,6 +32,10 @@ pub struct Persisted {
     /// Links their switch reported down.
     #[serde(default)]
     pub reported_down: Vec<(String, String)>,
+    /// Which end reports each of them down: (link a, link b, the end). A link of
+    /// `reported_down` with none here was stored before the ends were kept.
+    #[serde(default)]
+    pub reported_by: Vec<(String, String, String)>,
     pub down_switches: Vec<String>,
     /// Links the path meter found losing packets (drained until their hold-down ends).
     #[serde(default)]
