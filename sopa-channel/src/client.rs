@@ -329,7 +329,9 @@ async fn session<A: Applier, R: Into<agent_message::Kind>>(
     applier.connected(true);
     info!(%endpoint, epoch, version, "connected to the controller");
     let mut tick = tokio::time::interval(cfg.heartbeat);
-    let silence = cfg.heartbeat * 3;
+    // Three of our intervals, or of the controller's once its first heartbeat says it ticks
+    // more slowly (as it counts us gone after three of the longer of the two).
+    let mut silence = cfg.heartbeat * 3;
     let mut last_heard = tokio::time::Instant::now();
     loop {
         let report = async {
@@ -350,7 +352,8 @@ async fn session<A: Applier, R: Into<agent_message::Kind>>(
                 if last_heard.elapsed() > silence {
                     return End::Lost(format!("no message for {} ms", silence.as_millis()));
                 }
-                let hb = AgentMessage { kind: Some(agent_message::Kind::Heartbeat(Heartbeat { unix_ms: 0 })) };
+                let interval_ms = u32::try_from(cfg.heartbeat.as_millis()).unwrap_or(u32::MAX);
+                let hb = AgentMessage { kind: Some(agent_message::Kind::Heartbeat(Heartbeat { unix_ms: 0, interval_ms })) };
                 if tx.send(hb).await.is_err() {
                     return End::Lost("stream closed".into());
                 }
@@ -387,7 +390,11 @@ async fn session<A: Applier, R: Into<agent_message::Kind>>(
                         applier.peers(&p);
                         None
                     }
-                    Some(controller_message::Kind::Heartbeat(_)) | None => None,
+                    Some(controller_message::Kind::Heartbeat(hb)) => {
+                        silence = silence_for(cfg.heartbeat, hb.interval_ms);
+                        None
+                    }
+                    None => None,
                 };
                 if let Some(r) = reply
                     && tx.send(r).await.is_err()
@@ -397,6 +404,13 @@ async fn session<A: Applier, R: Into<agent_message::Kind>>(
             }
         }
     }
+}
+
+/// How long the controller may stay silent: three heartbeats of the slower of the two (the
+/// controller's at most a minute; 0 is a controller that does not say).
+fn silence_for(ours: Duration, controllers_ms: u32) -> Duration {
+    let theirs = Duration::from_millis(u64::from(controllers_ms)).min(Duration::from_secs(60));
+    3 * ours.max(theirs)
 }
 
 fn ack(epoch: u64, version: u64) -> AgentMessage {

@@ -120,6 +120,11 @@ pub struct Nack {
 pub struct Heartbeat {
     #[prost(uint64, tag = "1")]
     pub unix_ms: u64,
+    /// The sender's heartbeat interval in milliseconds (0: a sender from before this field).
+    /// The controller sends a heartbeat first thing in every session, so an agent learns how
+    /// long the controller may stay silent before it counts the stream lost.
+    #[prost(uint32, tag = "2")]
+    pub interval_ms: u32,
 }
 
 /// A switch agent's observation of one of its ports.

@@ -277,6 +277,40 @@ async fn an_agent_that_falls_silent_is_gone_after_three_missed_heartbeats() {
     c.stop().await;
 }
 
+/// A controller that heartbeats four times more slowly than its agents (4,000 ms against the
+/// agents' 1,000 ms default, here 800 against 200) keeps them connected: its first heartbeat
+/// says its interval, and an agent waits three of the slower one before counting it lost.
+#[tokio::test]
+async fn agents_stay_connected_to_a_controller_that_heartbeats_more_slowly() {
+    let c = common::start_controller_opts(
+        36,
+        None,
+        sopa_controller::server::Options {
+            heartbeat: Duration::from_millis(800),
+            ..common::test_options()
+        },
+    )
+    .await;
+    let endpoint = format!("http://{}", c.addr);
+    let (log, lost, _stop) = common::spawn_agent_watched(&endpoint, "h3", None, vec![], vec![]);
+    until("h3 connected", || !log.lock().unwrap().is_empty()).await;
+    // Ten of the controller's intervals (40 s at 4 s); an agent that waits three of its own
+    // loses the stream within the first.
+    let end = std::time::Instant::now() + 10 * Duration::from_millis(800);
+    while std::time::Instant::now() < end {
+        let lost = lost.lock().unwrap().clone();
+        assert!(lost.is_empty(), "sessions lost: {lost:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        log.lock().unwrap().len(),
+        1,
+        "one snapshot, no reconnection: {:?}",
+        log.lock().unwrap()
+    );
+    c.stop().await;
+}
+
 /// Every change is durable before it is announced: a controller started again on the same
 /// state file has every drain and reported failure, the same epoch and the next version, and an
 /// agent that was up to date resumes without a snapshot. A change that cannot be stored is

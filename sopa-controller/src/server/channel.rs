@@ -710,7 +710,7 @@ impl proto::channel::channel_server::Channel for ChannelService {
                                 why = "it missed three heartbeats";
                                 break;
                             }
-                            let hb = ControllerMessage { kind: Some(controller_message::Kind::Heartbeat(Heartbeat { unix_ms: now_ms() })) };
+                            let hb = ControllerMessage { kind: Some(controller_message::Kind::Heartbeat(Heartbeat { unix_ms: now_ms(), interval_ms: u32::try_from(controller.heartbeat.as_millis()).unwrap_or(u32::MAX) })) };
                             if send(hb).await.is_err() { break; }
                         }
                     }

@@ -240,8 +240,10 @@ pub struct ChannelFlags {
     /// The name in the controller's certificate.
     #[arg(long, env = "SOPA_CONTROLLER_NAME", default_value = sopa_channel::tls::CONTROLLER_NAME)]
     pub controller_name: String,
-    /// Heartbeat interval on the channel, both ways: the controller is gone after three silent
-    /// ones, and the controller counts this agent gone after three of its own.
+    /// This agent's heartbeat interval on the channel: the controller counts it gone after
+    /// three silent ones (or three of its own, if longer), and it counts the controller gone
+    /// after three of the longer of this and the controller's, which the controller's first
+    /// heartbeat states.
     #[arg(long, env = "SOPA_HEARTBEAT_MS", default_value_t = 1000)]
     pub heartbeat_ms: u64,
 }

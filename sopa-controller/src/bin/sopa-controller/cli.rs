@@ -91,7 +91,8 @@ pub struct Args {
     flap_hold_ms: u64,
     #[arg(long, env = "SOPA_FLAP_MAX_HOLD_MS", default_value_t = DampingConfig::default().max_hold.as_millis() as u64)]
     flap_max_hold_ms: u64,
-    /// Heartbeat interval; agents consider the controller gone after three silent ones.
+    /// Heartbeat interval, stated in the first heartbeat of each session: agents consider the
+    /// controller gone after three silent ones (or three of their own, if longer).
     #[arg(long, env = "SOPA_HEARTBEAT_MS", default_value_t = 1000)]
     heartbeat_ms: u64,
     /// Hedera's scheduling interval (the paper used 5 s).
