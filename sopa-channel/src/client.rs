@@ -366,9 +366,15 @@ async fn session<A: Applier, R: Into<agent_message::Kind>>(
                 };
                 last_heard = tokio::time::Instant::now();
                 let reply = match msg.kind {
-                    Some(controller_message::Kind::Snapshot(s)) => Some(match applier.snapshot(&s).await {
-                        Ok(()) => ack(s.epoch, s.version),
-                        Err(e) => nack(s.epoch, s.version, e),
+                    Some(controller_message::Kind::Snapshot(s)) => Some(match older(applier.position(), s.epoch, s.version) {
+                        Some(why) => {
+                            warn!(epoch = s.epoch, version = s.version, "{why}");
+                            nack(s.epoch, s.version, why)
+                        }
+                        None => match applier.snapshot(&s).await {
+                            Ok(()) => ack(s.epoch, s.version),
+                            Err(e) => nack(s.epoch, s.version, e),
+                        },
                     }),
                     Some(controller_message::Kind::Delta(d)) => match applier.delta(&d).await {
                         Ok(()) => Some(ack(d.epoch, d.version)),
@@ -404,6 +410,19 @@ async fn session<A: Applier, R: Into<agent_message::Kind>>(
             }
         }
     }
+}
+
+/// Why a snapshot of `(epoch, version)` is refused by an agent at `applied`: one of the same
+/// epoch and an older version would roll it back (the controller's state went back, a
+/// restored backup). Another epoch is a new controller state, taken whole.
+fn older((epoch, applied): (u64, u64), e: u64, version: u64) -> Option<String> {
+    (e == epoch && version < applied).then(|| {
+        format!(
+            "refused a snapshot of version {version}, older than the applied {applied} of epoch \
+             {epoch}: the controller's state went back (a restored backup?); this agent keeps \
+             its state"
+        )
+    })
 }
 
 /// How long the controller may stay silent: three heartbeats of the slower of the two (the
@@ -472,6 +491,25 @@ mod tests {
         assert_eq!(ms(u32::MAX, 1.0), 30000);
         assert_eq!(ms(0, 0.5), 250);
         assert_eq!(ms(10, 0.5), 15000);
+    }
+
+    #[test]
+    fn a_snapshot_older_than_what_was_applied_in_its_epoch_is_refused() {
+        // Applied version 5 of epoch 7.
+        let at = (7, 5);
+        let why = older(at, 7, 3).expect("an older version of the same epoch");
+        assert!(
+            why.contains("version 3") && why.contains("applied 5"),
+            "{why}"
+        );
+        assert_eq!(older(at, 7, 5), None, "the same version (a reconnection)");
+        assert_eq!(older(at, 7, 6), None);
+        assert_eq!(
+            older(at, 8, 1),
+            None,
+            "another epoch: a new state, taken whole"
+        );
+        assert_eq!(older((0, 0), 7, 1), None, "nothing applied yet");
     }
 
     #[test]

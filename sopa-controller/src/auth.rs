@@ -53,10 +53,13 @@ pub enum Refusal {
     Handshake,
     /// A connection over the connection limit.
     ConnectionLimit,
+    /// An agent that applied a newer version of this epoch than the controller's state holds
+    /// (the state went back): the controller steps down rather than roll the agents back.
+    Rollback,
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 12] = [
+    pub const ALL: [Refusal; 13] = [
         Refusal::Role,
         Refusal::Impersonation,
         Refusal::UnknownNode,
@@ -69,6 +72,7 @@ impl Refusal {
         Refusal::NoIdentity,
         Refusal::Handshake,
         Refusal::ConnectionLimit,
+        Refusal::Rollback,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -85,6 +89,7 @@ impl Refusal {
             Refusal::NoIdentity => "no_identity",
             Refusal::Handshake => "handshake",
             Refusal::ConnectionLimit => "connection_limit",
+            Refusal::Rollback => "rollback",
         }
     }
 }

@@ -201,6 +201,13 @@ impl Fabric {
         Ok(f)
     }
 
+    /// Serves this state under `epoch` from now on: agents of another epoch take a snapshot,
+    /// whatever version they hold. The kept deltas, of the old epoch, go.
+    pub fn renew_epoch(&mut self, epoch: u64) {
+        self.epoch = epoch;
+        self.history.clear();
+    }
+
     /// What a store keeps of this fabric.
     pub fn persisted(&self) -> Persisted {
         Persisted {

@@ -410,6 +410,94 @@ async fn a_restarted_controller_keeps_every_change_and_continues_the_versions() 
     let _ = std::fs::remove_file(&dir);
 }
 
+/// A state file restored from a backup would take the agents back: the first agent that holds
+/// a newer version of the same epoch stops the controller, which says why and serves nothing,
+/// and the agent keeps its state. With --accept-rollback (a new epoch for the stored state)
+/// the agents take it as a fresh snapshot.
+#[tokio::test]
+async fn a_controller_whose_state_went_back_refuses_to_roll_agents_back() {
+    use sopa_controller::{fabric::Fabric, store::Store};
+    use sopa_topology::topology::TopologySpec;
+    let dir = std::env::temp_dir().join(format!("sopa-rollback-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (file, backup) = (dir.join("state.json"), dir.join("backup.json"));
+    let store = Store::File(file.clone());
+    let start = |renew: Option<u64>| {
+        let store = store.clone();
+        async move {
+            let spec = TopologySpec::FatTree { k: 4 };
+            let mut fabric = match store.load().await.unwrap() {
+                Some(state) => Fabric::restore(spec, &state).unwrap(),
+                None => Fabric::new(spec, 41).unwrap(),
+            };
+            if let Some(epoch) = renew {
+                // What the controller's start does with --accept-rollback.
+                fabric.renew_epoch(epoch);
+                store.save(&fabric.persisted()).await.unwrap();
+            }
+            common::start_controller_fabric(
+                fabric,
+                sopa_controller::server::Options {
+                    store,
+                    ..common::test_options()
+                },
+            )
+            .await
+        }
+    };
+    let c = start(None).await;
+    c.controller.set_link("e0", "a0", true).await.unwrap();
+    std::fs::copy(&file, &backup).unwrap();
+    c.controller.set_switch("c1", true).await.unwrap();
+    c.stop().await;
+    let newest = Fabric::restore(
+        TopologySpec::FatTree { k: 4 },
+        &store.load().await.unwrap().unwrap(),
+    )
+    .unwrap()
+    .snapshot();
+    assert_eq!((newest.epoch, newest.version), (41, 3));
+    let view = || sopa_channel::view::FabricView::from_snapshot(&newest).unwrap();
+    let clock = Some((
+        sopa_controller::server::DEFAULT_METER_PERIOD.as_millis() as u32,
+        0,
+    ));
+
+    // The backup (version 2) put back.
+    std::fs::copy(&backup, &file).unwrap();
+    let c = start(None).await;
+    let log = common::spawn_agent_holding(c.addr, "h2", view(), clock);
+    let why = tokio::time::timeout(Duration::from_secs(5), c.controller.stepped_down())
+        .await
+        .expect("the controller stepped down");
+    assert!(
+        why.contains("--accept-rollback") && why.contains("version 3") && why.contains("h2"),
+        "{why}"
+    );
+    let refused = c.controller.status().refusals;
+    assert!(
+        refused
+            .iter()
+            .any(|r| r.reason == "rollback" && r.count >= 1),
+        "{refused:?}"
+    );
+    // Nothing was served meanwhile.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(log.lock().unwrap().is_empty(), "{:?}", log.lock().unwrap());
+    c.stop().await;
+
+    // Accepted: a new epoch, taken as a snapshot.
+    let c = start(Some(42)).await;
+    let log = common::spawn_agent_holding(c.addr, "h2", view(), clock);
+    until("the snapshot of the new epoch", || {
+        log.lock().unwrap().first() == Some(&("snapshot", 42, 2))
+    })
+    .await;
+    c.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A raw stream of switch e0 (a slow heartbeat of its own: the test sends only reports).
 async fn switch_e0(
     addr: std::net::SocketAddr,

@@ -443,6 +443,11 @@ impl proto::channel::channel_server::Channel for ChannelService {
             .get::<Peer>()
             .cloned()
             .unwrap_or_default();
+        if let Some(why) = self.controller.stepped_down.borrow().clone() {
+            return Err(Status::unavailable(format!(
+                "this controller stepped down and serves nothing: {why}"
+            )));
+        }
         if self.require_identity && peer.identity.is_none() {
             return Err(self.refuse(
                 Refusal::NoIdentity,
@@ -510,12 +515,32 @@ impl proto::channel::channel_server::Channel for ChannelService {
             // A replica whose agents are ahead of it lost the leadership and has not noticed
             // yet: its snapshot would take them back. Every version was stored before it was
             // sent, so the leader has it.
-            if controller.replicated() && hello.epoch == f.epoch() && hello.version > f.version() {
-                return Err(Status::unavailable(format!(
-                    "this controller replica is behind (version {}, the agent has {}): another replica leads",
-                    f.version(),
-                    hello.version
-                )));
+            if hello.epoch == f.epoch() && hello.version > f.version() {
+                if controller.replicated() {
+                    return Err(Status::unavailable(format!(
+                        "this controller replica is behind (version {}, the agent has {}): another replica leads",
+                        f.version(),
+                        hello.version
+                    )));
+                }
+                // A store of one replica that went back (a state file restored from a
+                // backup): serving it would roll every agent back. Nothing is served.
+                let why = format!(
+                    "agent {} has applied version {} of epoch {}, newer than this controller's \
+                     state (--store {}, version {}): the state went back, a backup restored? \
+                     Serving it would roll the agents back, so this controller stops. Put the \
+                     newest state back, or start with --accept-rollback to serve this one under \
+                     a new epoch (every agent then takes it as a fresh snapshot)",
+                    bounded(&hello.node, 64),
+                    hello.version,
+                    hello.epoch,
+                    controller.store,
+                    f.version()
+                );
+                drop(f);
+                controller.refusals.refuse(Refusal::Rollback, &peer, &why);
+                controller.step_down(why.clone());
+                return Err(Status::failed_precondition(why));
             }
             let updates = controller.updates.subscribe();
             // A host agent whose meter runs by another clock (a flag fixed the agent's, or a

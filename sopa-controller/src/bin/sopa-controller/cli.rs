@@ -49,6 +49,12 @@ pub struct Args {
     /// Serve plaintext, accepting any client. For tests only.
     #[arg(long, env = "SOPA_INSECURE", conflicts_with = "certs")]
     pub insecure: bool,
+    /// Serve the stored state even though agents applied newer versions of it (a state file
+    /// restored from a backup): it is served under a new epoch, so every agent takes it as a
+    /// fresh snapshot. Without it, an agent ahead of the state stops the controller, which says
+    /// so, rather than roll the agents back.
+    #[arg(long, env = "SOPA_ACCEPT_ROLLBACK")]
+    pub accept_rollback: bool,
     /// Where the state (every drain and reported failure, the version) is kept, durable before
     /// any change is announced: file:PATH (one controller; written atomically),
     /// etcd:HOST:PORT[,HOST:PORT...] (two or three replicas: one leads, elected through an

@@ -92,10 +92,11 @@ async fn run(args: cli::Args) -> Result<()> {
         // Whatever is left of the lease goes now: a waiting replica need not wait for it.
         if let Some(l) = leadership {
             l.resign().await;
+            bail!(
+                "{why}; this replica stops serving (its supervisor starts it again, and it waits for the leadership)"
+            );
         }
-        bail!(
-            "{why}; this replica stops serving (its supervisor starts it again, and it waits for the leadership)"
-        );
+        bail!("{why}");
     }
     if let Some(l) = leadership {
         l.resign().await;

@@ -103,6 +103,14 @@ pub async fn fabric(args: &Args, store: &Store) -> Result<Fabric> {
             let mut f =
                 Fabric::restore(spec, &state).with_context(|| format!("--store {store}"))?;
             f.set_encoding(encoding);
+            if args.accept_rollback {
+                f.renew_epoch(epoch());
+                store
+                    .save(&f.persisted())
+                    .await
+                    .with_context(|| format!("--store {store}"))?;
+                warn!(store = %store, version = f.version(), epoch = f.epoch(), "--accept-rollback: the stored state is served under a new epoch; every agent takes it as a snapshot");
+            }
             info!(store = %store, version = f.version(), down_links = f.down_links().len(), down_switches = f.down_switches().len(), "state restored");
             Ok(f)
         }
