@@ -48,6 +48,15 @@ pub struct Suspect {
     pub sent: u64,
 }
 
+/// One link's suspicion, trust and history as they were, to put back when what was decided
+/// about it could not be made (the change was not stored).
+#[derive(Debug)]
+pub struct Saved {
+    suspect: Option<Suspect>,
+    history: Option<(u32, Instant)>,
+    trusted: bool,
+}
+
 /// Why a conviction drains nothing.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Spared {
@@ -126,6 +135,41 @@ impl Suspicions {
         );
         *self.convictions.entry(link.clone()).or_default() += 1;
         Ok(hold)
+    }
+
+    /// `link`'s state now, for [`Suspicions::restore`].
+    pub fn save(&self, link: &LinkKey) -> Saved {
+        Saved {
+            suspect: self.suspects.get(link).cloned(),
+            history: self.history.get(link).copied(),
+            trusted: self.trusted.contains(link),
+        }
+    }
+
+    /// Puts `link`'s state back as it was saved (what was decided could not be made).
+    pub fn restore(&mut self, link: &LinkKey, saved: Saved) {
+        match saved.suspect {
+            Some(s) => self.suspects.insert(link.clone(), s),
+            None => self.suspects.remove(link),
+        };
+        match saved.history {
+            Some(h) => self.history.insert(link.clone(), h),
+            None => self.history.remove(link),
+        };
+        if saved.trusted {
+            self.trusted.insert(link.clone());
+        } else {
+            self.trusted.remove(link);
+        }
+    }
+
+    /// A suspect's release could not be made: its hold-down starts again from `now`, its
+    /// strikes kept.
+    pub fn postpone(&mut self, link: &LinkKey, now: Instant) {
+        let hold = self.config.hold;
+        if let Some(s) = self.suspects.get_mut(link) {
+            s.until = now + hold;
+        }
     }
 
     /// Undoes a conviction whose drain could not be made.

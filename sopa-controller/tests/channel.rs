@@ -498,6 +498,61 @@ async fn a_controller_whose_state_went_back_refuses_to_roll_agents_back() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// An operator's trust whose change cannot be stored is not taken: the suspect link stays
+/// suspect (and drained, with its hold-down to end it), not trusted yet drained with nothing
+/// left to release it. Once the store is back the same trust releases it.
+#[tokio::test]
+async fn a_trust_that_cannot_be_stored_leaves_the_suspicion_as_it_was() {
+    use sopa_controller::{fabric::Fabric, store::Store, suspicion::SuspicionConfig};
+    use sopa_topology::topology::TopologySpec;
+    let dir = std::env::temp_dir().join(format!("sopa-trust-store-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut f = Fabric::new(TopologySpec::FatTree { k: 4 }, 37).unwrap();
+    f.set_suspect("a0", "c0", true).unwrap();
+    let c = common::start_controller_fabric(
+        f,
+        sopa_controller::server::Options {
+            store: Store::File(dir.join("state.json")),
+            suspicion: SuspicionConfig {
+                hold: Duration::from_secs(600),
+                ..SuspicionConfig::default()
+            },
+            ..common::test_options()
+        },
+    )
+    .await;
+    until("the stored suspect adopted", || {
+        c.controller.status().suspect_links.len() == 1
+    })
+    .await;
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::write(&dir, "a file where the state's folder was").unwrap();
+    let err = c.controller.set_trust("a0", "c0", true).await.unwrap_err();
+    assert!(err.to_string().contains("not made durable"), "{err}");
+    let s = c.controller.status();
+    assert_eq!(s.suspect_links.len(), 1, "the suspicion was dropped: {s:?}");
+    assert!(
+        s.trusted_links.is_empty(),
+        "trusted though not stored: {s:?}"
+    );
+    assert_eq!(s.down_links.len(), 1, "{s:?}");
+    // The store back: the same trust is taken.
+    std::fs::remove_file(&dir).unwrap();
+    std::fs::create_dir_all(&dir).unwrap();
+    let reply = c.controller.set_trust("a0", "c0", true).await.unwrap();
+    assert!(reply.changed);
+    let s = c.controller.status();
+    assert!(
+        s.suspect_links.is_empty() && s.down_links.is_empty(),
+        "{s:?}"
+    );
+    assert_eq!(s.trusted_links.len(), 1, "{s:?}");
+    c.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A raw stream of switch e0 (a slow heartbeat of its own: the test sends only reports).
 async fn switch_e0(
     addr: std::net::SocketAddr,

@@ -393,13 +393,15 @@ impl Controller {
 
     /// A hold-down is over: the link is trusted again (the change, like every change, starts
     /// the meter's evidence again: what was gathered while it was drained says nothing of it).
+    /// A release that cannot be stored leaves the suspicion as it was, to be tried again.
     async fn release(&self, k: &LinkKey) {
-        self.meter
-            .suspicions
-            .lock()
-            .expect("suspicions lock")
-            .release(k, Instant::now());
-        match self.change(|f| f.set_suspect(&k.0, &k.1, false)).await {
+        let result = self
+            .suspicion_change(k, |f, s| {
+                s.release(k, Instant::now());
+                f.set_suspect(&k.0, &k.1, false)
+            })
+            .await;
+        match result {
             Ok(_) => {
                 info!(link = %format!("{}:{}", k.0, k.1), "path meter: hold-down over; the link is trusted again")
             }
@@ -409,13 +411,44 @@ impl Controller {
                     .suspicions
                     .lock()
                     .expect("suspicions lock")
-                    .adopt(k, Instant::now());
+                    .postpone(k, Instant::now());
             }
         }
     }
 
+    /// [`Controller::change_or_undo`] made of what is decided about link `k`'s suspicion: if the
+    /// change is not made, the suspicion is put back as it was.
+    async fn suspicion_change(
+        &self,
+        k: &LinkKey,
+        op: impl FnOnce(
+            &mut crate::fabric::Fabric,
+            &mut crate::suspicion::Suspicions,
+        ) -> Result<Option<sopa_channel::proto::Delta>, FabricError>,
+    ) -> Result<ChangeReply, FabricError> {
+        let saved = std::sync::Mutex::new(None);
+        self.change_or_undo(
+            |f| {
+                let mut s = self.meter.suspicions.lock().expect("suspicions lock");
+                *saved.lock().expect("saved lock") = Some(s.save(k));
+                op(f, &mut s)
+            },
+            || {
+                if let Some(saved) = saved.lock().expect("saved lock").take() {
+                    self.meter
+                        .suspicions
+                        .lock()
+                        .expect("suspicions lock")
+                        .restore(k, saved);
+                }
+            },
+        )
+        .await
+    }
+
     /// An operator trusts a link (a suspicion ends now, and the meter drains it no more) or
-    /// hands it back to the meter.
+    /// hands it back to the meter. A trust whose change cannot be stored is not taken: the
+    /// suspicion, and its drain, stay as they were.
     pub async fn set_trust(
         &self,
         a: &str,
@@ -424,20 +457,16 @@ impl Controller {
     ) -> Result<ChangeReply, FabricError> {
         self.fabric.lock().expect("fabric lock").check_link(a, b)?;
         let k = key(a, b);
-        let was_suspect = self
-            .meter
-            .suspicions
-            .lock()
-            .expect("suspicions lock")
-            .set_trusted(&k, trust, Instant::now());
-        info!(link = %format!("{a}:{b}"), trust, "operator: path meter trust set");
-        if was_suspect {
-            self.change(|f| f.set_suspect(&k.0, &k.1, false)).await
-        } else {
-            Ok(ChangeReply {
-                version: self.version(),
-                changed: false,
+        let reply = self
+            .suspicion_change(&k, |f, s| {
+                if s.set_trusted(&k, trust, Instant::now()) {
+                    f.set_suspect(&k.0, &k.1, false)
+                } else {
+                    Ok(None)
+                }
             })
-        }
+            .await?;
+        info!(link = %format!("{a}:{b}"), trust, "operator: path meter trust set");
+        Ok(reply)
     }
 }
