@@ -490,6 +490,10 @@ pub struct AgentStatus {
     /// The agent's fallbacks, as its hello said them.
     #[prost(string, repeated, tag = "9")]
     pub fallbacks: Vec<String>,
+    /// A version this connected agent neither acknowledged nor refused within the meter's
+    /// bound (0: none): the path meter judges without waiting for it until it acknowledges.
+    #[prost(uint64, tag = "10")]
+    pub lagging_version: u64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

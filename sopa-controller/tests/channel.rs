@@ -553,6 +553,54 @@ async fn a_trust_that_cannot_be_stored_leaves_the_suspicion_as_it_was() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A connected agent that never acknowledges does not stop the meter for good: after a change
+/// that gives a link back, the evidence waits for the agents at most 16 meter periods, then
+/// sets the silent one aside as lagging (shown in status) and judges without it.
+#[tokio::test]
+async fn an_agent_that_never_acknowledges_is_set_aside_as_lagging() {
+    use sopa_channel::proto::Hello;
+    let c = common::start_controller_opts(
+        38,
+        None,
+        sopa_controller::server::Options {
+            meter_period: Duration::from_millis(20),
+            ..common::test_options()
+        },
+    )
+    .await;
+    let (log, _stop) = spawn_agent(c.addr, "h1", vec![], vec![]);
+    until("h1's snapshot", || last_version(&log) == 1).await;
+    // h2 says hello and nothing more: no ack, ever (its heartbeat is slow, so it stays).
+    let (_silent, _inbound) = common::open_raw(
+        c.addr,
+        Hello {
+            node: "h2".into(),
+            role: 1,
+            heartbeat_ms: 60_000,
+            ..Hello::default()
+        },
+    )
+    .await;
+    until("h2 connected", || {
+        c.controller.agents().get("h2").is_some_and(|r| r.connected)
+    })
+    .await;
+    c.controller.set_link("e0", "a0", true).await.unwrap();
+    c.controller.set_link("e0", "a0", false).await.unwrap();
+    until("h1 applied both", || last_version(&log) == 3).await;
+    until("the meter judges again", || {
+        c.controller.meter_settling().is_none()
+    })
+    .await;
+    let agents = c.controller.agents();
+    assert_eq!(agents["h2"].lagging, Some(3), "the silent agent");
+    assert_eq!(agents["h1"].lagging, None, "the agent that acknowledged");
+    let status = c.controller.status();
+    let h2 = status.agents.iter().find(|a| a.node == "h2").unwrap();
+    assert_eq!(h2.lagging_version, 3);
+    c.stop().await;
+}
+
 /// A raw stream of switch e0 (a slow heartbeat of its own: the test sends only reports).
 async fn switch_e0(
     addr: std::net::SocketAddr,

@@ -30,6 +30,10 @@ pub const INCONSISTENT: &str = "inconsistent";
 /// applies a change mid-period sprays over a different set of paths in each part of it.
 const UNSETTLED_PERIODS: u64 = 3;
 
+/// Meter periods the evidence waits after a change for every connected agent to acknowledge
+/// it (4 s at 250 ms); an agent still silent then is counted as lagging and not waited for.
+pub const MAX_SETTLE_PERIODS: u64 = 16;
+
 /// Why a report is refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Refused {
@@ -115,6 +119,9 @@ pub struct Meter {
     /// Reports of periods up to this one are not checked for balance (a change was applied
     /// around then).
     unsettled_through: Option<u64>,
+    /// The period after which the last change is settled without the agents that have not
+    /// acknowledged it.
+    settle_by: Option<u64>,
 }
 
 /// Who sent a report: its host, and how long its session has been up.
@@ -153,6 +160,7 @@ impl Meter {
             reports: 0,
             report_bytes: 0,
             unsettled_through: None,
+            settle_by: None,
         }
     }
 
@@ -243,7 +251,15 @@ impl Meter {
     /// for balance.
     pub fn changed(&mut self, version: u64, back: bool, now_tai_ns: u64) {
         self.tomography.forget(version, back);
-        self.unsettled_through = Some(self.clock.period_at(now_tai_ns) + UNSETTLED_PERIODS);
+        let now = self.clock.period_at(now_tai_ns);
+        self.unsettled_through = Some(now + UNSETTLED_PERIODS);
+        self.settle_by = Some(now + MAX_SETTLE_PERIODS);
+    }
+
+    /// Whether the wait for the agents to acknowledge the last change is over at `now_tai_ns`.
+    pub fn settle_overdue(&self, now_tai_ns: u64) -> bool {
+        self.settle_by
+            .is_some_and(|p| self.clock.period_at(now_tai_ns) > p)
     }
 
     /// Hosts whose reports were set aside lately.

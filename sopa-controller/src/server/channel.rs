@@ -152,6 +152,10 @@ impl Controller {
                     r.applied_version = a.version;
                     r.last_ack = a.version;
                     r.last_ack_at = Some(Instant::now());
+                    if r.lagging.is_some_and(|v| a.version >= v) {
+                        info!(node, version = a.version, "a lagging agent caught up");
+                        r.lagging = None;
+                    }
                 });
                 self.settle_meter();
             }

@@ -260,31 +260,58 @@ impl Controller {
     /// fabric's version, or refused it ([`crate::tomography::Tomography::settled`]): until then
     /// hosts may send on a path a switch still detours. Called at each ack, refusal, connection
     /// and disconnection.
-    pub(super) fn settle_meter(&self) {
-        let Some(version) = self
-            .meter
+    /// The fabric version the path meter's evidence waits for every agent to apply, if any.
+    pub fn meter_settling(&self) -> Option<u64> {
+        self.meter
             .evidence
             .lock()
             .expect("meter lock")
             .tomography
             .settling()
-        else {
+    }
+
+    pub(super) fn settle_meter(&self) {
+        self.settle_meter_at(tai_ns());
+    }
+
+    /// [`Self::settle_meter`] at `now_tai_ns`: connected agents that neither acknowledged nor
+    /// refused the version within [`crate::meter::MAX_SETTLE_PERIODS`] periods are counted as
+    /// lagging and not waited for (nor for any version after, until they acknowledge one), so
+    /// one silent agent cannot stop every judgement.
+    pub(crate) fn settle_meter_at(&self, now_tai_ns: u64) {
+        let mut evidence = self.meter.evidence.lock().expect("meter lock");
+        let Some(version) = evidence.tomography.settling() else {
             return;
         };
-        let applied = self
-            .agents
-            .lock()
-            .expect("agents lock")
-            .values()
-            .all(|r| !r.connected || r.applied_version >= version || r.last_nack >= version);
-        if applied {
-            self.meter
-                .evidence
-                .lock()
-                .expect("meter lock")
-                .tomography
-                .settled(version);
+        let mut agents = self.agents.lock().expect("agents lock");
+        let behind: Vec<&String> = agents
+            .iter()
+            .filter(|(_, r)| {
+                r.connected
+                    && r.applied_version < version
+                    && r.last_nack < version
+                    && r.lagging.is_none()
+            })
+            .map(|(node, _)| node)
+            .collect();
+        if !behind.is_empty() {
+            if !evidence.settle_overdue(now_tai_ns) {
+                return;
+            }
+            let behind: Vec<String> = behind.into_iter().cloned().collect();
+            warn!(
+                version,
+                agents = ?behind,
+                "path meter: agents that have not acknowledged the fabric's version within {} periods are counted as lagging; judging without waiting for them",
+                crate::meter::MAX_SETTLE_PERIODS
+            );
+            for node in &behind {
+                if let Some(r) = agents.get_mut(node) {
+                    r.lagging = Some(version);
+                }
+            }
         }
+        evidence.tomography.settled(version);
     }
 
     /// Drains the links the meter convicts, and trusts them again when their hold-down ends.
@@ -321,6 +348,7 @@ impl Controller {
                     }
                 }
                 _ = tick.tick() => {
+                    self.settle_meter();
                     let due = self
                         .meter
                         .suspicions

@@ -49,6 +49,9 @@ pub struct AgentRecord {
     pub agent_version: String,
     /// What the agent does without features its kernel lacks, as its hello said.
     pub fallbacks: Vec<String>,
+    /// A version it neither acknowledged nor refused within [`crate::meter::MAX_SETTLE_PERIODS`]
+    /// meter periods: the meter judges without waiting for it until it acknowledges one.
+    pub lagging: Option<u64>,
     session: u64,
 }
 
@@ -530,6 +533,7 @@ impl Controller {
                 last_error: r.last_error.clone(),
                 agent_version: r.agent_version.clone(),
                 fallbacks: r.fallbacks.clone(),
+                lagging_version: r.lagging.unwrap_or(0),
             })
             .collect();
         StatusReply {

@@ -274,6 +274,7 @@ pub fn status(c: &Connection, json: bool) -> Result<()> {
                         "applied_version": a.applied_version, "last_ack": a.last_ack,
                         "last_nack": a.last_nack, "last_error": a.last_error, "agent_version": a.agent_version,
                         "fallbacks": a.fallbacks,
+                        "lagging_version": (a.lagging_version != 0).then_some(a.lagging_version),
                     })
                 })
                 .collect();
@@ -372,7 +373,11 @@ pub fn status(c: &Connection, json: bool) -> Result<()> {
         }
         println!("{:<24} {:<7} {:<13} {:>8} {:>8} {:>9}  last error", "agent", "role", "state", "applied", "ack", "nack");
         for a in &s.agents {
-            let state = if a.connected { "connected" } else { "disconnected" };
+            let state = match (a.connected, a.lagging_version) {
+                (false, _) => "disconnected",
+                (true, 0) => "connected",
+                (true, _) => "lagging",
+            };
             println!(
                 "{:<24} {:<7} {:<13} {:>8} {:>8} {:>9}  {}",
                 a.node, role(a.role), state, a.applied_version, a.last_ack, a.last_nack, a.last_error
