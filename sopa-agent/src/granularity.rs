@@ -181,6 +181,9 @@ pub async fn apply(
             return Err(err);
         }
     }
+    if current != target {
+        reroute_sockets();
+    }
     journal
         .with(|j| {
             j.record.granularity = g.to_string();
@@ -189,6 +192,17 @@ pub async fn apply(
         .unwrap_or(Ok(()))?;
     info!(iface = ifname, granularity = %g, gso_max_segs = target, "granularity set");
     Ok(())
+}
+
+/// Makes established IPv4 sockets take the new limit: TCP copies the device's
+/// `gso_max_segs` into a socket when it routes, and a connection keeps its cached route (and
+/// its burst size) until that route is invalidated. A bump of the route generation does that
+/// for every socket of the namespace at its next send; nothing else changes. (IPv6 sockets,
+/// the SRv6 encoding's /96, keep their size until their route changes.)
+fn reroute_sockets() {
+    if let Err(err) = crate::sysctl::write(crate::sysctl::IPV4_ROUTE_FLUSH, "1") {
+        tracing::warn!(%err, "established connections keep their burst size until they re-route");
+    }
 }
 
 /// What `sopa-agent granularity` needs of a running agent: it answers SIGHUP by reading the

@@ -7,6 +7,10 @@ use crate::error::{Error, Result};
 /// `net.ipv4.tcp_reordering`: the duplicate-ACK count that triggers a fast retransmit.
 pub const TCP_REORDERING: &str = "net.ipv4.tcp_reordering";
 
+/// Writing 1 bumps the namespace's IPv4 route generation: every cached route is checked again
+/// at its socket's next send, and the socket takes the device's limits anew.
+pub const IPV4_ROUTE_FLUSH: &str = "net.ipv4.route.flush";
+
 /// A key's file: dots separate its parts, and a part holding a dot (an interface `eth0.100`)
 /// writes it as '/' (`net.ipv6.conf.eth0/100.accept_dad`), as sysctl(8) does.
 fn path(key: &str) -> PathBuf {

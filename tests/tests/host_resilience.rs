@@ -963,6 +963,64 @@ fn segments_per_stamp(arb: &Arb, a: &Agent, port: u16) -> f64 {
     (p1 - p0) as f64 / (s1 - s0).max(1) as f64 / 1518.0
 }
 
+/// Segments per stamped unit while `bytes` more leave A (a transfer running meanwhile).
+fn segments_per_stamp_while(arb: &Arb, a: &Agent, bytes: u64) -> f64 {
+    let stamped = |a: &Agent| a.status().unwrap()["stamp"]["stamped"].as_u64().unwrap();
+    let (s0, p0) = (stamped(a), arb.a.tx_bytes(&arb.a_if).unwrap());
+    wait_sent(arb, bytes);
+    let (s1, p1) = (stamped(a), arb.a.tx_bytes(&arb.a_if).unwrap());
+    (p1 - p0) as f64 / (s1 - s0).max(1) as f64 / 1518.0
+}
+
+/// A connection established before the change takes the new granularity: TCP sizes its bursts
+/// by the device's limit when it routes, so the agent has every socket route again.
+#[test]
+fn a_granularity_change_reaches_a_connection_established_before_it() {
+    let _serial = one_at_a_time();
+    let arb = Arb::new("q").expect("build A - R - B");
+    let node = arb.a.name().to_owned();
+    let _cleanup = DetachOnDrop {
+        ns: &arb.a,
+        node: node.clone(),
+    };
+    let a = start_a(&arb, &["--no-metrics"]);
+    let _b = start_b(&arb);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (transfer, before, after) = std::thread::scope(|s| {
+        let stop_on_unwind = StopWhenDropped(stop.clone());
+        let t = s.spawn(|| {
+            let opts = SendOptions {
+                stall_timeout: Duration::from_secs(20),
+                stop: Some(stop.clone()),
+                ..SendOptions::default()
+            };
+            tcp_transfer(&arb.a, &arb.b, arb.b_addr, 7120, 1 << 40, &opts)
+        });
+        wait_sent(&arb, 4 * MIB);
+        let before = segments_per_stamp_while(&arb, &a, 8 * MIB);
+        set_granularity(&node, "packet").unwrap();
+        // The bursts already queued leave first.
+        wait_sent(&arb, MIB);
+        let after = segments_per_stamp_while(&arb, &a, 8 * MIB);
+        drop(stop_on_unwind);
+        (t.join().unwrap(), before, after)
+    });
+    let transfer = transfer.expect("the transfer");
+    assert!(transfer.intact());
+    eprintln!(
+        "one connection: {before:.2} segments per stamp with flowcells of 4, {after:.2} after `granularity packet`"
+    );
+    assert!(
+        (2.0..=4.0).contains(&before),
+        "{before} segments per stamped unit with the default flowcells of 4"
+    );
+    assert!(
+        after <= 1.0,
+        "{after} segments per stamped unit on the same connection after `granularity packet`"
+    );
+    assert_eq!(a.stop(), Some(0));
+}
+
 #[test]
 fn the_granularity_changes_at_run_time_and_the_interface_gets_its_own_back_at_exit() {
     let _serial = one_at_a_time();
