@@ -581,21 +581,38 @@ async fn undo_one(change: &Change, netlink: &Netlink) -> Result<()> {
                 not_ours("the route")
             }
         }
+        // Only our change goes back: the route as it is now (whatever else an operator or a
+        // daemon changed since: initcwnd, prefsrc, next hops) with its MTU as it was, where the
+        // MTU is still the one we set.
         Change::RouteReplaced { old, new } => {
-            if netlink
-                .routes()
-                .await?
-                .iter()
-                .any(|r| new.still_installed_as(r))
-            {
-                netlink.add_route(old, true).await
-            } else {
-                not_ours("the route")
+            let routes = netlink.routes().await?;
+            match routes.iter().find(|r| new.holds_our_mtu(r)) {
+                Some(current) => {
+                    let mut back = current.clone();
+                    back.mtu = old.mtu;
+                    back.mtu_locked = old.mtu_locked;
+                    netlink.add_route(&back, true).await
+                }
+                None => not_ours("the route's MTU"),
             }
         }
-        // Removed with its next hops or behaviour: a route someone replaced since with another
-        // one does not match, and stays.
-        Change::Route6Added { route } => netlink.delete_route6(route).await,
+        // Removed only as we added it: a route someone replaced since stays. (A seg6local
+        // route is not listed, and goes with its behaviour.)
+        Change::Route6Added { route } => match route.action {
+            crate::netlink::Action6::UsidEnd { .. } => netlink.delete_route6(route).await,
+            crate::netlink::Action6::Via { .. } => {
+                if netlink
+                    .routes6()
+                    .await?
+                    .iter()
+                    .any(|r| route.still_installed_as(r))
+                {
+                    netlink.delete_route6(route).await
+                } else {
+                    not_ours("the IPv6 route")
+                }
+            }
+        },
         Change::TcFilter { filter } => {
             // Only a filter at our place that runs one of our programs is ours to remove.
             let listed = if netlink.has_clsact(filter.index).await.unwrap_or(false) {

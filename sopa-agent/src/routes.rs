@@ -51,6 +51,8 @@ pub struct RouteKeeper {
     reapplied: HashMap<Prefix, (Instant, u32)>,
     /// What the encoding adds to a packet.
     overhead: u32,
+    /// The SRv6 encoding's /96 last given to [`Self::ensure6`], seen to again at every check.
+    fabric6: Option<std::net::Ipv6Addr>,
 }
 
 /// The main table (unicast routes, and the prefixes of routes that send nothing anywhere) and
@@ -79,6 +81,7 @@ impl RouteKeeper {
             elsewhere: HashSet::new(),
             reapplied: HashMap::new(),
             overhead: OPTION_BYTES,
+            fabric6: None,
         })
     }
 
@@ -86,8 +89,9 @@ impl RouteKeeper {
     /// interface once encapsulated, so the /96 is routed as the route that covers it, with an
     /// MTU [`Self::overhead`] under the interface's; a copy is added where that route's MTU is
     /// larger (and removed when no longer needed, or with `None`). Seen to at every table the
-    /// controller or the file gives; unlike the IPv4 prefixes, not watched between them.
+    /// controller or the file gives, and watched between them as the IPv4 prefixes are.
     pub async fn ensure6(&mut self, fabric6: Option<std::net::Ipv6Addr>) -> Result<()> {
+        self.fabric6 = fabric6;
         let target = self.link.mtu.saturating_sub(self.overhead);
         let ours: Vec<Route6> = self
             .journal
@@ -99,9 +103,23 @@ impl RouteKeeper {
             })
             .collect();
         let routes = self.netlink.routes6().await?;
-        // Ours are the routes exactly as the journal has them; any other, even of the same
+        // Ours are the routes exactly as the journal has them, or with the MTU the kernel
+        // clamps a route's to when its interface shrinks below it; any other, even of the same
         // prefix, belongs to someone else.
-        let others: Vec<&Route6> = routes.iter().filter(|r| !ours.contains(r)).collect();
+        let link_mtu = self.link.mtu;
+        let is_ours = |o: &Route6, r: &Route6| {
+            o.still_installed_as(r)
+                || (r.mtu == Some(link_mtu)
+                    && o.mtu.is_some_and(|m| m > link_mtu)
+                    && o.still_installed_as(&Route6 {
+                        mtu: o.mtu,
+                        ..r.clone()
+                    }))
+        };
+        let others: Vec<&Route6> = routes
+            .iter()
+            .filter(|r| !ours.iter().any(|o| is_ours(o, r)))
+            .collect();
         let want = fabric6.and_then(|prefix| {
             let Some(base) = others
                 .iter()
@@ -135,7 +153,11 @@ impl RouteKeeper {
         });
         for old in &ours {
             if Some(old) != want.as_ref() {
-                self.netlink.delete_route6(old).await?;
+                // Deleted only while it is as we added it: a route someone replaced it with
+                // stays, and the record goes.
+                if routes.iter().any(|r| is_ours(old, r)) {
+                    self.netlink.delete_route6(old).await?;
+                }
                 let gone = old.clone();
                 self.journal
                     .forget(|c| matches!(c, Change::Route6Added { route } if *route == gone))?;
@@ -188,6 +210,10 @@ impl RouteKeeper {
     /// daemon or an operator replaced; returns the prefixes changed. A prefix that fails is
     /// logged and left for the next event.
     pub async fn reconcile(&mut self) -> Result<Vec<Prefix>> {
+        self.refresh_link().await?;
+        if let Err(err) = self.ensure6(self.fabric6).await {
+            warn!(%err, "keeping the fabric's IPv6 route's MTU");
+        }
         let mut now = self.snapshot().await?;
         let mut changed = Vec::new();
         for prefix in self.kept.clone() {
@@ -211,6 +237,21 @@ impl RouteKeeper {
             }
         }
         Ok(changed)
+    }
+
+    /// Takes the interface's MTU as it is now: the routes' target follows it.
+    async fn refresh_link(&mut self) -> Result<()> {
+        let link = match self.netlink.link(&self.link.name).await {
+            Ok(l) if l.index == self.link.index => l,
+            // Gone, or another interface of that name: the agent's own checks say so.
+            Ok(_) | Err(Error::UnknownInterface(_)) => return Ok(()),
+            Err(err) => return Err(err),
+        };
+        if link.mtu != self.link.mtu {
+            info!(iface = %link.name, from = self.link.mtu, to = link.mtu, "the interface's MTU changed; the fabric routes' MTU follows");
+            self.link.mtu = link.mtu;
+        }
+        Ok(())
     }
 
     fn flapping(&self, prefix: &Prefix) -> bool {
@@ -320,7 +361,35 @@ impl RouteKeeper {
                 _ => false,
             })
         };
-        let fits = |r: &Route| r.mtu.is_some_and(|m| m <= target) && !ours_locked(r);
+        // A route still carrying an MTU we set is to carry the target under the MTU it had
+        // before any of our rewrites (the oldest record of the prefix has it), so that it
+        // follows the interface's MTU up as well as down; any other fits at or under it.
+        let ours_now = |r: &Route| {
+            changes
+                .iter()
+                .any(|c| matches!(c, Change::RouteReplaced { new, .. } if new.holds_our_mtu(r)))
+        };
+        let original = changes.iter().find_map(|c| match c {
+            Change::RouteReplaced { old, new }
+                if new.prefix == *prefix
+                    && new.priority.unwrap_or(0) == base.priority.unwrap_or(0) =>
+            {
+                Some(old.mtu)
+            }
+            _ => None,
+        });
+        let desired = |r: &Route| match original.filter(|_| ours_now(r)) {
+            Some(mtu) => mtu.map_or(target, |m| m.min(target)),
+            None => target,
+        };
+        let fits = |r: &Route| {
+            !ours_locked(r)
+                && if ours_now(r) {
+                    r.mtu == Some(desired(r))
+                } else {
+                    r.mtu.is_some_and(|m| m <= target)
+                }
+        };
 
         if base.prefix == *prefix {
             // A daemon's own route for the prefix beside our copy (it withdrew the route and
@@ -340,15 +409,35 @@ impl RouteKeeper {
                 });
             }
             let mut new = base.clone();
-            new.mtu = Some(target);
+            new.mtu = Some(desired(base));
             // An operator's lock stays; ours goes.
             new.mtu_locked = base.mtu_locked && !ours_locked(base);
-            let change = Change::RouteReplaced {
-                old: base.clone(),
-                new: new.clone(),
-            };
-            self.apply(change, self.netlink.add_route(&new, true))
-                .await?;
+            // A route carrying our MTU already (the interface's MTU changed): its record is
+            // carried on, so that it keeps the MTU from before any of our rewrites to restore.
+            let earlier = changes.iter().find(
+                |c| matches!(c, Change::RouteReplaced { new: n, .. } if n.holds_our_mtu(base)),
+            );
+            match earlier {
+                Some(prev @ Change::RouteReplaced { old: first, .. }) => {
+                    let change = Change::RouteReplaced {
+                        old: first.clone(),
+                        new: new.clone(),
+                    };
+                    self.journal.replace(|c| c == prev, change.clone())?;
+                    if let Err(err) = self.netlink.add_route(&new, true).await {
+                        self.journal.replace(|c| *c == change, prev.clone())?;
+                        return Err(err);
+                    }
+                }
+                _ => {
+                    let change = Change::RouteReplaced {
+                        old: base.clone(),
+                        new: new.clone(),
+                    };
+                    self.apply(change, self.netlink.add_route(&new, true))
+                        .await?;
+                }
+            }
             // Earlier rewrites of this prefix that a daemon has replaced since are not ours to
             // undo any more.
             let now = routes;
@@ -421,13 +510,16 @@ impl RouteKeeper {
     }
 }
 
-/// Watches the main table's IPv4 routes (rtnetlink route events) and has `keeper` check its
-/// prefixes after every burst of changes, and once at the start (for what changed before the
+/// Watches the main table's routes and the interfaces (rtnetlink route and link events: an
+/// interface's MTU is the routes' target) and has `keeper` check its prefixes and the fabric's
+/// IPv6 route after every burst of changes, and once at the start (for what changed before the
 /// subscription). The task ends when aborted.
 pub fn watch(keeper: Arc<tokio::sync::Mutex<RouteKeeper>>) -> Result<tokio::task::JoinHandle<()>> {
     use netlink_sys::AsyncSocket as _;
-    /// `RTMGRP_IPV4_ROUTE` of linux/rtnetlink.h.
+    /// `RTMGRP_LINK`, `RTMGRP_IPV4_ROUTE` and `RTMGRP_IPV6_ROUTE` of linux/rtnetlink.h.
+    const RTMGRP_LINK: u32 = 0x1;
     const RTMGRP_IPV4_ROUTE: u32 = 0x40;
+    const RTMGRP_IPV6_ROUTE: u32 = 0x400;
     /// Room for a daemon's burst (a full table rewritten) before the kernel drops events.
     const RECEIVE_BUFFER: usize = 4 << 20;
     /// How long a burst is gathered at most before the routes are checked.
@@ -438,7 +530,10 @@ pub fn watch(keeper: Arc<tokio::sync::Mutex<RouteKeeper>>) -> Result<tokio::task
         .set_rx_buf_sz(RECEIVE_BUFFER)
         .map_err(|e| Error::io("sizing the route event socket", e))?;
     socket
-        .bind(&netlink_sys::SocketAddr::new(0, RTMGRP_IPV4_ROUTE))
+        .bind(&netlink_sys::SocketAddr::new(
+            0,
+            RTMGRP_LINK | RTMGRP_IPV4_ROUTE | RTMGRP_IPV6_ROUTE,
+        ))
         .map_err(|e| Error::io("subscribing to route events", e))?;
     tokio::spawn(conn);
     Ok(tokio::spawn(async move {
@@ -461,13 +556,15 @@ pub fn watch(keeper: Arc<tokio::sync::Mutex<RouteKeeper>>) -> Result<tokio::task
     }))
 }
 
-/// A route changed, or events were lost (the socket overran): either way the routes are
-/// checked.
+/// A route or an interface changed, or events were lost (the socket overran): either way the
+/// routes are checked.
 fn needs_check(payload: &NetlinkPayload<RouteNetlinkMessage>) -> bool {
     matches!(
         payload,
         NetlinkPayload::InnerMessage(
-            RouteNetlinkMessage::NewRoute(_) | RouteNetlinkMessage::DelRoute(_)
+            RouteNetlinkMessage::NewRoute(_)
+                | RouteNetlinkMessage::DelRoute(_)
+                | RouteNetlinkMessage::NewLink(_)
         ) | NetlinkPayload::Overrun(_)
     )
 }

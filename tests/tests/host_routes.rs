@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use sopa_testbed::{
     agent::Agent,
-    arb::{Arb, B_PREFIX},
+    arb::{A_ADDR6, A_RACK_USID, Arb, B_PREFIX, B_RACK_USID},
     resilience::{Probe, wait_sent},
     traffic::{SendOptions, tcp_transfer},
 };
@@ -360,3 +360,176 @@ fn routes_a_daemon_replaces_under_traffic_are_lowered_again_and_copies_follow_th
 
 const OTHER: &str = "10.109.0.0/24";
 const UNREACHABLE: &str = "10.110.0.0/24";
+
+/// Gives A the fabric's IPv6: its address in the /96 and a default route via R.
+fn ipv6_on_a(arb: &Arb) {
+    arb.a
+        .ip(&[
+            "-6",
+            "addr",
+            "add",
+            &format!("{A_ADDR6}/120"),
+            "dev",
+            &arb.a_if,
+            "nodad",
+        ])
+        .unwrap();
+    arb.a
+        .ip(&["-6", "route", "add", "default", "via", "fd00:5a::a65:101"])
+        .unwrap();
+}
+
+/// The agent on A in the SRv6 encoding (its /96 routed with the MTU the outer header leaves),
+/// two paths to B's rack.
+fn start_srv6_on_a(arb: &Arb) -> Agent {
+    Agent::start(
+        &arb.a,
+        arb.a.name(),
+        &arb.a_if,
+        &Arb::srv6_path_table(A_ADDR6, A_RACK_USID, B_PREFIX, B_RACK_USID, 2),
+        &["--no-metrics"],
+    )
+    .expect("agent on A")
+}
+
+/// `ip <args>` in `ns` once its output satisfies `ok`, waiting at most `within`; fails naming
+/// what it saw.
+fn route_within(
+    ns: &sopa_testbed::NetNs,
+    args: &[&str],
+    within: Duration,
+    what: &str,
+    ok: impl Fn(&str) -> bool,
+) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        let out = ns.ip(args).unwrap();
+        if ok(&out) {
+            return out;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} within {within:?}; `ip {}`:\n{out}",
+            args.join(" ")
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A stop undoes the agent's own change only: an operator's edit of a route the agent lowered
+/// (initcwnd) survives it, the MTU going back to what it was; and an IPv6 route the operator
+/// put in place of the agent's /96 stays.
+#[test]
+fn a_stop_undoes_only_the_agents_own_change_and_keeps_the_operators_edits() {
+    let arb = Arb::new("ru").expect("build A - R - B");
+    let a = &arb.a;
+    a.ip(&[
+        "route",
+        "add",
+        B_PREFIX,
+        "via",
+        "10.101.1.1",
+        "proto",
+        "bgp",
+    ])
+    .unwrap();
+    let agent = start_on_a(&arb, &[B_PREFIX]);
+    route_within(
+        a,
+        &["route", "show", B_PREFIX],
+        Duration::from_secs(10),
+        "lowered",
+        |o| o.contains(" mtu 1496"),
+    );
+    // The operator tunes the route, restating the MTU it has (so nothing is lowered again).
+    a.ip(&[
+        "route",
+        "change",
+        B_PREFIX,
+        "via",
+        "10.101.1.1",
+        "proto",
+        "bgp",
+        "mtu",
+        "1496",
+        "initcwnd",
+        "20",
+    ])
+    .unwrap();
+    assert_eq!(agent.stop(), Some(0));
+    let after = a.ip(&["route", "show", B_PREFIX]).unwrap();
+    assert!(
+        after.contains("initcwnd 20") && !after.contains("mtu"),
+        "the operator's initcwnd kept, the agent's MTU gone: {after}"
+    );
+
+    // IPv6: the agent routes the /96 with its MTU; the operator replaces that route.
+    ipv6_on_a(&arb);
+    let agent = start_srv6_on_a(&arb);
+    let six = ["-6", "route", "show", "fd00:5a::/96"];
+    route_within(a, &six, Duration::from_secs(10), "the /96 routed", |o| {
+        o.contains("mtu 1452")
+    });
+    a.ip(&[
+        "-6",
+        "route",
+        "replace",
+        "fd00:5a::/96",
+        "via",
+        "fd00:5a::a65:101",
+        "dev",
+        &arb.a_if,
+        "proto",
+        "static",
+        "mtu",
+        "1400",
+    ])
+    .unwrap();
+    assert_eq!(agent.stop(), Some(0));
+    let after = a.ip(&six).unwrap();
+    assert!(
+        after.contains("mtu 1400"),
+        "the operator's /96 route was removed with the agent's: {after:?}"
+    );
+}
+
+/// The routes' MTU follows the interface's: raised while the agent runs, the fabric routes
+/// (the prefix's own, rewritten, and the /96 the agent added) take the new target within a
+/// second, and a stop gives the routes back as they were.
+#[test]
+fn the_fabric_routes_follow_the_interfaces_mtu() {
+    let arb = Arb::new("rm").expect("build A - R - B");
+    let a = &arb.a;
+    a.ip(&[
+        "route",
+        "add",
+        B_PREFIX,
+        "via",
+        "10.101.1.1",
+        "proto",
+        "bgp",
+    ])
+    .unwrap();
+    let before = a.ip(&["route", "show", B_PREFIX]).unwrap();
+    ipv6_on_a(&arb);
+    let agent = start_srv6_on_a(&arb);
+    let four = ["route", "show", B_PREFIX];
+    let six = ["-6", "route", "show", "fd00:5a::/96"];
+    let ten = Duration::from_secs(10);
+    route_within(a, &four, ten, "lowered", |o| o.contains(" mtu 1452"));
+    route_within(a, &six, ten, "the /96 routed", |o| o.contains("mtu 1452"));
+    for (mtu, target) in [("9000", "8952"), ("4000", "3952")] {
+        a.ip(&["link", "set", &arb.a_if, "mtu", mtu]).unwrap();
+        let second = Duration::from_secs(1);
+        let what = format!("the interface at {mtu}: routes at {target}");
+        route_within(a, &four, second, &what, |o| {
+            o.contains(&format!(" mtu {target}"))
+        });
+        route_within(a, &six, second, &what, |o| {
+            o.contains(&format!("mtu {target}"))
+        });
+    }
+    assert_eq!(agent.stop(), Some(0));
+    assert_eq!(a.ip(&["route", "show", B_PREFIX]).unwrap(), before);
+    assert_eq!(a.ip(&six).unwrap().trim(), "", "the agent's /96 removed");
+}

@@ -101,6 +101,15 @@ impl Route {
             && a == b
     }
 
+    /// Whether `current`, read from the kernel now, is this route's destination and metric
+    /// still carrying the MTU this route set: what undoing only that MTU may write back to.
+    pub fn holds_our_mtu(&self, current: &Route) -> bool {
+        self.prefix == current.prefix
+            && self.priority.unwrap_or(0) == current.priority.unwrap_or(0)
+            && self.mtu == current.mtu
+            && self.mtu_locked == current.mtu_locked
+    }
+
     pub(crate) fn from_message(msg: &RouteMessage) -> Option<Self> {
         if msg.header.kind != RouteType::Unicast || msg.header.address_family != AddressFamily::Inet
         {

@@ -75,6 +75,23 @@ impl Route6 {
             && u128::from(addr) & mask(self.len) == u128::from(self.dst) & mask(self.len)
     }
 
+    /// Whether `current`, read from the kernel now, is still this route as we added it: the
+    /// same destination, next hops (in any order) and MTU.
+    pub fn still_installed_as(&self, current: &Route6) -> bool {
+        let hops = |r: &Route6| match &r.action {
+            Action6::Via { nexthops } => {
+                let mut h = nexthops.clone();
+                h.sort_unstable();
+                Some(h)
+            }
+            Action6::UsidEnd { .. } => None,
+        };
+        self.dst == current.dst
+            && self.len == current.len
+            && self.mtu == current.mtu
+            && hops(self) == hops(current)
+    }
+
     /// A unicast route of the main IPv6 table, forwarding over next hops (nothing else: local,
     /// encapsulating and other tables' routes are `None`).
     pub(crate) fn from_message(msg: &RouteMessage) -> Option<Self> {
