@@ -62,6 +62,11 @@ pub enum Change {
     TcFilter {
         filter: crate::netlink::tc::Filter,
     },
+    /// The cgroup v2 hierarchy, mounted for the socket-option guard on a host that has no
+    /// mount of it (undo: unmount it; the guard's pinned link holds the cgroup itself).
+    Cgroup2Mount {
+        dir: PathBuf,
+    },
 }
 
 impl Record {
@@ -525,7 +530,7 @@ async fn redo_one(change: &Change, netlink: &Netlink) -> Result<()> {
         Change::Route6Added { route } => netlink.add_route6(route).await,
         // A filter comes back with its program when the role attaches; a qdisc is not taken
         // back by any agent.
-        Change::Clsact { .. } | Change::TcFilter { .. } => Ok(()),
+        Change::Clsact { .. } | Change::TcFilter { .. } | Change::Cgroup2Mount { .. } => Ok(()),
     }
 }
 
@@ -540,6 +545,7 @@ async fn undo_one(change: &Change, netlink: &Netlink) -> Result<()> {
         Ok(())
     };
     match change {
+        Change::Cgroup2Mount { dir } => crate::datapath::guard::unmount_cgroup2(dir),
         Change::Pins { dir } => match fs::remove_dir_all(dir) {
             Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
                 Err(Error::io(format!("unpinning {}", dir.display()), err))

@@ -69,6 +69,8 @@ pub struct HostOptions {
     pub meter_period: std::time::Duration,
     /// `xdp_strip` measures the reordering of arriving TCP flows.
     pub measure_reordering: bool,
+    /// Where the socket-option guard goes (`--guard-cgroup`).
+    pub guard_cgroup: crate::datapath::guard::GuardCgroup,
 }
 
 /// The node's pin folder. bpffs refuses names containing '.', so dots become ':' there.
@@ -494,6 +496,7 @@ impl Host {
                 maps.apply_paths(&opts.paths)?;
                 maps.apply_srv6(opts.paths.srv6.as_ref())?;
             }
+            guard(opts, &mut datapath, journal)?;
             // Programs last: by the time the first packet is stamped, the routes fit it.
             datapath.attach_host(&opts.iface, xdp_mode, &hook)
         })();
@@ -646,6 +649,31 @@ impl Host {
 /// Refuses to start beside a live agent of the same node. What a previous agent left (after a
 /// crash, or attached on purpose) is adopted when it is this interface's datapath of this
 /// layout, and restored otherwise (or with `--reset`). Returns the record to adopt.
+/// Attaches the socket-option guard where `--guard-cgroup` says (the cgroup v2 hierarchy
+/// mounted first where the host has no mount of it, journaled).
+fn guard(opts: &HostOptions, datapath: &mut Datapath, journal: &SharedJournal) -> Result<()> {
+    use crate::datapath::guard::{self, GuardCgroup};
+    let cgroup = match &opts.guard_cgroup {
+        GuardCgroup::Off => {
+            warn!(
+                "--guard-cgroup off: a process with CAP_NET_RAW alone can send around tc_stamp                  (PACKET_QDISC_BYPASS, AF_XDP) with hop bytes of its choosing"
+            );
+            return Ok(());
+        }
+        GuardCgroup::Path(p) => p.clone(),
+        GuardCgroup::Root => match guard::cgroup2_mount() {
+            Some(p) => p,
+            None => {
+                let dir = PathBuf::from(guard::CGROUP2_MOUNT);
+                journal.push(Change::Cgroup2Mount { dir: dir.clone() })?;
+                guard::mount_cgroup2(&dir)?;
+                dir
+            }
+        },
+    };
+    datapath.attach_guard(&cgroup).map(drop)
+}
+
 /// What a previous agent left: its record where its datapath is adopted, and, with
 /// --takeover, this agent's datapath, loaded before the running agent was asked to hand over.
 async fn leftovers(
@@ -799,7 +827,15 @@ async fn hand_over(node: &str, run_dir: &Path, live: &Record) -> Result<Record> 
         .map_err(|e| Error::io(format!("signalling agent {pid} of node {node}"), e))?;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
-        let record = Journal::read(run_dir)?;
+        let mut record = Journal::read(run_dir)?;
+        // Read while the agent was still writing it and judged after it exited: the record it
+        // left is the one to judge.
+        if record
+            .as_ref()
+            .is_some_and(|r| r.pid == pid && !r.kept_attached && !r.is_live())
+        {
+            record = Journal::read(run_dir)?;
+        }
         match record {
             Some(r) if r.pid == pid && r.is_live() => {}
             Some(r) if r.kept_attached => return Ok(r),

@@ -102,6 +102,9 @@ pub struct Status {
     pub strip_prog_id: Option<u32>,
     /// The last agent exited with --keep-attached.
     pub kept_attached: bool,
+    /// The socket-option guard is attached (`--guard-cgroup`), and what it refused by reason.
+    pub guard_attached: bool,
+    pub guard_refused: BTreeMap<String, u64>,
     /// What this agent adopted from the previous one.
     pub adopted: Option<crate::changes::Adoption>,
     /// The programs the agent attached, as it recorded them (set once attaching is done).
@@ -190,7 +193,10 @@ pub fn read(node: &str, run_dir: &Path, pin_dir: &Path) -> Result<Status> {
         created,
         evictions: created.saturating_sub(entries),
     };
+    let (guard_attached, guard_refused) = crate::datapath::guard::guard_status(pin_dir);
     Ok(Status {
+        guard_attached,
+        guard_refused,
         flow_table,
         attached: stamp_prog_id.is_some() && strip_prog_id.is_some(),
         stamp_prog_id,

@@ -668,6 +668,21 @@ pub mod trust {
 /// Per-CPU counters of redirected packets per uplink index (the switch's packets per path).
 pub const FWD_UPLINK_STATS_MAP: &str = "SOPA_FWDUP_V1";
 
+/// What the host's socket-option guard refused (per-CPU counters, indexed by [`guard`]).
+pub const GUARD_STATS_MAP: &str = "SOPA_GUARD_V1";
+
+/// The socket options `sockopt_guard` refuses: each one a way to send around `tc_stamp`.
+pub mod guard {
+    /// Not counted: everything else is let through.
+    pub const ALLOWED: u32 = 0;
+    /// `PACKET_QDISC_BYPASS` on an `AF_PACKET` socket.
+    pub const QDISC_BYPASS: u32 = 1;
+    /// Any option of an `AF_XDP` socket.
+    pub const XDP_SOCKET: u32 = 2;
+    pub const SLOTS: u32 = 4;
+    pub const NAMES: [&str; 3] = ["allowed", "qdisc_bypass", "xdp_socket"];
+}
+
 /// Switch role, SRv6 encoding: `tc_forward`'s local repair of uSID lists around dead ports
 /// (`sopa_topology::srv6_failover`).
 pub mod usid_repair {

@@ -16,6 +16,7 @@ mod lossy;
 mod meter;
 mod packet;
 mod prefix;
+mod sockopt_guard;
 mod srv6;
 mod tc_forward;
 mod tc_stamp;
@@ -25,9 +26,9 @@ mod xdp_strip;
 
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, TC_ACT_SHOT, TC_ACT_UNSPEC, xdp_action::XDP_PASS},
-    macros::{classifier, map, xdp},
+    macros::{cgroup_sockopt, classifier, map, xdp},
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
-    programs::{TcContext, XdpContext},
+    programs::{SockoptContext, TcContext, XdpContext},
 };
 use sopa_common::maps::{
     Config, Encap, FLOWS_CAPACITY, FWD_CAPACITY, FlowKey, FlowState, FwdEntry, HOP_STATS_LEN,
@@ -131,6 +132,9 @@ static METER_RECEIVED: HashMap<MeterKey, u64> =
 static METER_PEERS: HashMap<u32, MeterPeer> =
     HashMap::pinned(sopa_common::maps::meter::PEERS_CAPACITY, BPF_F_NO_PREALLOC);
 
+#[map(name = "SOPA_GUARD_V1")]
+static GUARD_STATS: PerCpuArray<u64> = PerCpuArray::pinned(sopa_common::maps::guard::SLOTS, 0);
+
 /// Switch ingress: source-routed packets at their decision point go to the named uplink; an
 /// option from a port the switch does not trust is neutralized; an SRv6 uSID list this switch
 /// can no longer follow is rewritten around its dead port.
@@ -168,6 +172,16 @@ pub fn xdp_strip(ctx: XdpContext) -> u32 {
     packet::count(&STRIP_STATS, reason, 1);
     // Fail open: the receiving stack ignores an option it does not know.
     XDP_PASS
+}
+
+/// Host processes (a cgroup's): no socket option that sends around `tc_stamp`.
+#[cgroup_sockopt(setsockopt)]
+pub fn sockopt_guard(ctx: SockoptContext) -> i32 {
+    let (verdict, reason) = sockopt_guard::check(&ctx);
+    if reason != sopa_common::maps::guard::ALLOWED {
+        packet::count(&GUARD_STATS, reason, 1);
+    }
+    verdict
 }
 
 #[cfg(not(test))]

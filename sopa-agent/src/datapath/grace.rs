@@ -21,7 +21,7 @@
 use std::{
     collections::HashMap as StdHashMap,
     hash::Hash,
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    os::fd::{AsRawFd as _, OwnedFd},
     sync::{Arc, Mutex},
 };
 
@@ -30,11 +30,10 @@ use aya::{
     maps::{HashMap, MapData, MapError},
 };
 
+use super::syscall::{Attr, BPF_MAP_CREATE, BPF_MAP_UPDATE_ELEM, bpf, owned};
 use crate::error::{Error, Result};
 
-/// BPF_MAP_CREATE, BPF_MAP_UPDATE_ELEM, and the map types used (linux/bpf.h).
-const BPF_MAP_CREATE: libc::c_long = 0;
-const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+/// The map types used (linux/bpf.h).
 const BPF_MAP_TYPE_ARRAY: u32 = 2;
 const BPF_MAP_TYPE_ARRAY_OF_MAPS: u32 = 12;
 
@@ -45,38 +44,14 @@ pub struct Grace {
     maps: Mutex<Option<(OwnedFd, OwnedFd)>>,
 }
 
-/// `union bpf_attr`, as large as any command here needs; the kernel takes the unused tail
-/// being zero.
-#[repr(C, align(8))]
-struct Attr([u32; 32]);
-
-fn bpf(cmd: libc::c_long, attr: &Attr) -> std::io::Result<libc::c_long> {
-    // SAFETY: `attr` is a valid, fully initialised bpf_attr of the size given.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr as *const Attr,
-            std::mem::size_of::<Attr>() as u32,
-        )
-    };
-    if r < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
-
 fn create(map_type: u32, inner: Option<&OwnedFd>) -> std::io::Result<OwnedFd> {
-    let mut attr = Attr([0; 32]);
+    let mut attr = Attr::zeroed();
     // map_type, key_size, value_size, max_entries, map_flags, inner_map_fd.
     attr.0[..4].copy_from_slice(&[map_type, 4, 4, 1]);
     if let Some(inner) = inner {
         attr.0[5] = inner.as_raw_fd() as u32;
     }
-    let fd = bpf(BPF_MAP_CREATE, &attr)?;
-    // SAFETY: a file descriptor the kernel just returned to us alone.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    bpf(BPF_MAP_CREATE, &attr).map(owned)
 }
 
 impl Grace {
@@ -106,12 +81,11 @@ impl Grace {
         let (outer, inner) = maps.as_ref().expect("created above");
         let key = 0u32;
         let value = inner.as_raw_fd() as u32;
-        let mut attr = Attr([0; 32]);
+        let mut attr = Attr::zeroed();
         // map_fd, pad, key (u64 pointer), value (u64 pointer), flags.
         attr.0[0] = outer.as_raw_fd() as u32;
-        let (k, v) = (&key as *const u32 as u64, &value as *const u32 as u64);
-        attr.0[2..4].copy_from_slice(&[k as u32, (k >> 32) as u32]);
-        attr.0[4..6].copy_from_slice(&[v as u32, (v >> 32) as u32]);
+        attr.set_u64(2, &key as *const u32 as u64);
+        attr.set_u64(4, &value as *const u32 as u64);
         bpf(BPF_MAP_UPDATE_ELEM, &attr)
             .map(drop)
             .map_err(|e| Error::io("waiting for an RCU grace period", e))

@@ -2,9 +2,11 @@
 //! exactly what was attached.
 
 pub mod grace;
+pub mod guard;
 pub mod layout;
 pub mod lookup;
 pub mod maps;
+mod syscall;
 pub mod tc_hook;
 
 use std::collections::BTreeMap;
@@ -21,6 +23,7 @@ use aya::{
 };
 use tracing::warn;
 
+use self::guard::{GUARD_LINK_PIN, GUARD_PROGRAM};
 pub use self::maps::MapSet;
 use crate::error::{Error, Result};
 
@@ -121,7 +124,7 @@ pub enum Hook {
 
 /// Every map of this datapath layout, as pinned: a `SOPA_*` pin not in this list belongs to
 /// another layout (see [`layout`]).
-pub const MAP_NAMES: [&str; 27] = {
+pub const MAP_NAMES: [&str; 28] = {
     use sopa_common::maps::*;
     [
         CONFIG_MAP,
@@ -138,6 +141,7 @@ pub const MAP_NAMES: [&str; 27] = {
         PINS_MAP,
         REORDER_MAP,
         STAMP_STATS_MAP,
+        GUARD_STATS_MAP,
         HOP_STATS_MAP,
         STRIP_STATS_MAP,
         FWD_MAP,
@@ -259,13 +263,21 @@ impl Datapath {
     /// Loads the object, creating (or reusing, when their layout-versioned names match) the maps
     /// pinned in `pin_dir`, and loads both programs into the kernel without attaching them.
     pub fn load(pin_dir: &Path) -> Result<Self> {
-        Self::load_programs(pin_dir, &[STAMP_PROGRAM, STRIP_PROGRAM], None)
+        Self::load_programs(
+            pin_dir,
+            &[STAMP_PROGRAM, STRIP_PROGRAM, GUARD_PROGRAM],
+            None,
+        )
     }
 
     /// Like [`Datapath::load`] with a flow table of `capacity` entries instead of
     /// [`sopa_common::maps::FLOWS_CAPACITY`] (fixtures that fill it).
     pub fn load_with_flow_capacity(pin_dir: &Path, capacity: u32) -> Result<Self> {
-        Self::load_programs(pin_dir, &[STAMP_PROGRAM, STRIP_PROGRAM], Some(capacity))
+        Self::load_programs(
+            pin_dir,
+            &[STAMP_PROGRAM, STRIP_PROGRAM, GUARD_PROGRAM],
+            Some(capacity),
+        )
     }
 
     /// Loads every program of both roles into the kernel (the verifier passes them or says
@@ -274,7 +286,7 @@ impl Datapath {
     pub fn verify_all(pin_dir: &Path) -> Result<()> {
         Self::load_programs(
             pin_dir,
-            &[STAMP_PROGRAM, STRIP_PROGRAM, FORWARD_PROGRAM],
+            &[STAMP_PROGRAM, STRIP_PROGRAM, GUARD_PROGRAM, FORWARD_PROGRAM],
             None,
         )
         .map(drop)
@@ -319,6 +331,9 @@ impl Datapath {
                 .expect("the object defines every program");
             let result = match name {
                 STRIP_PROGRAM => <&mut Xdp>::try_from(program).and_then(|p| p.load()),
+                GUARD_PROGRAM => {
+                    <&mut aya::programs::CgroupSockopt>::try_from(program).and_then(|p| p.load())
+                }
                 _ => <&mut SchedClassifier>::try_from(program).and_then(|p| p.load()),
             };
             result.map_err(Error::program(name))?;
@@ -616,7 +631,12 @@ impl Datapath {
                 errors.push(err);
             }
         }
-        for name in [STAMP_LINK_PIN, STRIP_LINK_PIN, STAMP_PROG_PIN] {
+        for name in [
+            STAMP_LINK_PIN,
+            STRIP_LINK_PIN,
+            STAMP_PROG_PIN,
+            GUARD_LINK_PIN,
+        ] {
             let pin = self.pin_dir.join(name);
             if let Err(err) = std::fs::remove_file(&pin)
                 && err.kind() != std::io::ErrorKind::NotFound

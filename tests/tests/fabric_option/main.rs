@@ -4,6 +4,7 @@
 //! as it found it (a failing one takes the fabric with it and the next builds a fresh one).
 //! Needs root.
 
+mod bypass;
 mod ecmp;
 mod failover;
 mod forwarding;
@@ -96,6 +97,10 @@ fn main() -> ExitCode {
                 (
                     "a_stopped_switch_agent_removes_every_route_it_installed",
                     switch_agents::a_stopped_one_removes_every_route_it_installed,
+                ),
+                (
+                    "a_raw_socket_cannot_send_around_the_stamp",
+                    bypass::a_raw_socket_cannot_send_around_the_stamp,
                 ),
                 (
                     "a_host_without_a_live_agent_cannot_steer_the_fabric",

@@ -167,6 +167,13 @@ pub struct RunArgs {
     /// time.
     #[arg(long, env = "SOPA_MEASURE_REORDERING")]
     pub measure_reordering: bool,
+    /// Where the socket-option guard goes: `root` (the cgroup v2 root: every process of the
+    /// host; mounted by the agent where the host has no cgroup v2 mount), the absolute path of
+    /// a cgroup v2 directory, or `off`. It refuses `PACKET_QDISC_BYPASS` and `AF_XDP` sockets,
+    /// which send around tc_stamp with CAP_NET_RAW alone (a switch honours this host's option
+    /// while its agent is live): off, a process with CAP_NET_RAW can choose its packets' path.
+    #[arg(long, env = "SOPA_GUARD_CGROUP", default_value = "root")]
+    pub guard_cgroup: sopa_agent::datapath::guard::GuardCgroup,
     /// On exit, leave the datapath attached and the host settings it needs in place: traffic
     /// keeps its paths while no agent runs. The next agent adopts it; `detach` removes it.
     #[arg(long, env = "SOPA_KEEP_ATTACHED")]

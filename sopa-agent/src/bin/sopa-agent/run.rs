@@ -104,6 +104,7 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
         forget_runtime_mode: args.mode.is_some(),
         meter_period,
         measure_reordering: args.measure_reordering,
+        guard_cgroup: args.guard_cgroup.clone(),
     };
     if let Some(ms) = args.meter_period_ms
         && ms != 0
