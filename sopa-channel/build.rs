@@ -33,6 +33,7 @@ fn main() {
         .method(method("set_switch", "SetSwitch", "SwitchChange", "ChangeReply").build())
         .method(method("status", "Status", "StatusRequest", "StatusReply").build())
         .method(method("set_trust", "SetTrust", "TrustChange", "ChangeReply").build())
+        .method(method("history", "History", "HistoryRequest", "HistoryReply").build())
         .method(
             method(
                 "hedera_status",

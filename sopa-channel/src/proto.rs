@@ -447,6 +447,12 @@ pub struct LinkChange {
     pub link: Option<LinkRef>,
     #[prost(bool, tag = "2")]
     pub down: bool,
+    /// An operator's request only: why (kept in the history), and whether a drain that leaves
+    /// two racks with no path between them is made anyway.
+    #[prost(string, tag = "3")]
+    pub reason: String,
+    #[prost(bool, tag = "4")]
+    pub force: bool,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -455,6 +461,11 @@ pub struct SwitchChange {
     pub name: String,
     #[prost(bool, tag = "2")]
     pub down: bool,
+    /// As [`LinkChange`]'s.
+    #[prost(string, tag = "3")]
+    pub reason: String,
+    #[prost(bool, tag = "4")]
+    pub force: bool,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -613,6 +624,39 @@ pub struct TrustChange {
     pub link: Option<LinkRef>,
     #[prost(bool, tag = "2")]
     pub trust: bool,
+    /// Why (kept in the history).
+    #[prost(string, tag = "3")]
+    pub reason: String,
+}
+
+/// The newest changes to ask for (0: every one kept).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct HistoryRequest {
+    #[prost(uint32, tag = "1")]
+    pub limit: u32,
+}
+
+/// One change to the fabric: its version, when, who made it (an operator's identity, a
+/// switch, the path meter), what it was and why.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct HistoryEntry {
+    #[prost(uint64, tag = "1")]
+    pub version: u64,
+    #[prost(uint64, tag = "2")]
+    pub unix_ms: u64,
+    #[prost(string, tag = "3")]
+    pub who: String,
+    #[prost(string, tag = "4")]
+    pub what: String,
+    #[prost(string, tag = "5")]
+    pub reason: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct HistoryReply {
+    /// Oldest first.
+    #[prost(message, repeated, tag = "1")]
+    pub entries: Vec<HistoryEntry>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

@@ -337,6 +337,7 @@ async fn failover(bin: &std::path::Path, k: u32, ttl: u64) {
                 b: "a0".into(),
             }),
             down: true,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -389,6 +390,7 @@ async fn failover(bin: &std::path::Path, k: u32, ttl: u64) {
                 b: "a0".into(),
             }),
             down: false,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -488,6 +490,7 @@ async fn run(bin: &std::path::Path, k: u32, rounds: usize) {
                     b: "a0".into(),
                 }),
                 down,
+                ..Default::default()
             })
             .await
             .unwrap()

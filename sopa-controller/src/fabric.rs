@@ -21,6 +21,11 @@ pub enum FabricError {
     NoLink(String, String),
     #[error("{0} is a host, not a switch")]
     NotASwitch(String),
+    #[error(
+        "taking {what} down leaves racks {a} and {b} with no path between them; give --force to \
+         take it down anyway (with a --reason)"
+    )]
+    WouldIsolate { what: String, a: String, b: String },
     #[error("{switch} reported link {link}, which is not one of its ports")]
     NotAnEnd { switch: String, link: String },
     #[error("invalid topology: {0}")]
@@ -66,6 +71,8 @@ pub struct Fabric {
     suspect: BTreeSet<(String, String)>,
     down_switches: BTreeSet<String>,
     history: VecDeque<Delta>,
+    /// Who made the newest changes, and why.
+    audit: crate::audit::AuditLog,
     /// Not part of the stored state: a restart with another encoding keeps the fabric's.
     encoding: Encoding,
 }
@@ -103,6 +110,7 @@ impl Fabric {
             suspect: BTreeSet::new(),
             down_switches: BTreeSet::new(),
             history: VecDeque::new(),
+            audit: crate::audit::AuditLog::default(),
             encoding: Encoding::default(),
         })
     }
@@ -198,6 +206,7 @@ impl Fabric {
             f.down_switches.insert(name.clone());
         }
         f.version = state.version.max(1);
+        f.audit = crate::audit::AuditLog::from_stored(state.audit.clone());
         Ok(f)
     }
 
@@ -219,7 +228,23 @@ impl Fabric {
             reported_by: self.reported_by(),
             down_switches: self.down_switches.iter().cloned().collect(),
             suspect: self.suspect.iter().cloned().collect(),
+            audit: self.audit.to_vec(),
         }
+    }
+
+    /// Keeps `delta` in the audit log as made by `actor`.
+    pub fn note(&mut self, actor: &crate::audit::Actor, delta: &Delta) {
+        self.audit.note(actor, delta);
+    }
+
+    /// Who made the newest changes, and why.
+    pub fn audit(&self) -> &crate::audit::AuditLog {
+        &self.audit
+    }
+
+    /// Two racks left without any path now, if any ([`crate::isolation`]).
+    pub fn isolated_racks(&self) -> Option<(String, String)> {
+        crate::isolation::isolated_racks(&self.topology, &self.failures())
     }
 
     /// Where the fabric is now, to [`Fabric::rollback`] to.
@@ -251,6 +276,7 @@ impl Fabric {
         }
         self.down_switches = s.down_switches.into_iter().collect();
         self.suspect = s.suspect.into_iter().collect();
+        self.audit = crate::audit::AuditLog::from_stored(s.audit);
         // A change adds at most one delta; one dropped from the front meanwhile is not
         // brought back (agents that far behind take a snapshot).
         self.history.truncate(c.history_len);
@@ -465,6 +491,7 @@ impl Fabric {
                 kind: Some(change::Kind::Link(LinkChange {
                     link: Some(LinkRef { a: k.0, b: k.1 }),
                     down,
+                    ..Default::default()
                 })),
             })
         })
@@ -493,6 +520,7 @@ impl Fabric {
                 kind: Some(change::Kind::Switch(SwitchChange {
                     name: name.to_owned(),
                     down,
+                    ..Default::default()
                 })),
             })
         }))

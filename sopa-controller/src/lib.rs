@@ -2,12 +2,14 @@
 //! change, and pushes snapshots and deltas to every agent over the channel (`sopa-channel`).
 //! It holds every client to the node and role its certificate names.
 
+pub mod audit;
 pub mod auth;
 pub mod certs;
 pub mod damping;
 pub mod election;
 pub mod fabric;
 pub mod hedera;
+pub mod isolation;
 pub mod meter;
 pub mod metrics;
 pub mod server;

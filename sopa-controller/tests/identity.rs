@@ -213,6 +213,7 @@ fn set_link(a: &str, b: &str) -> LinkChange {
             b: b.into(),
         }),
         down: true,
+        ..Default::default()
     }
 }
 
@@ -646,6 +647,7 @@ async fn only_operators_change_state_and_viewers_only_read() {
                 .set_switch(SwitchChange {
                     name: "c0".into(),
                     down: true,
+                    ..Default::default()
                 })
                 .await
                 .unwrap_err();
@@ -679,6 +681,117 @@ async fn only_operators_change_state_and_viewers_only_read() {
         .into_inner();
     assert!(reply.changed && reply.version == 2);
     operator.status(StatusRequest {}).await.unwrap();
+    c.stop().await;
+}
+
+/// Every change is kept with who made it and why: an operator's drain with the certificate's
+/// identity and its reason, a switch's report with the switch, shown oldest first by the
+/// history call (`sopactl history`); a drain that would cut a rack off is refused unless forced.
+#[tokio::test]
+async fn every_change_is_kept_with_who_made_it_and_why() {
+    use sopa_channel::proto::{HistoryRequest, agent_message};
+    let ca = Ca::new("history");
+    let c = ca.controller(28).await;
+    let mut alice = control(&c, &ca.client(Role::Operator, "alice")).await;
+    alice
+        .set_link(LinkChange {
+            reason: "replacing the optic".into(),
+            ..set_link("e0", "a0")
+        })
+        .await
+        .unwrap();
+    // e0's other uplink too would leave e0's rack with no path: refused, changing nothing.
+    let refused = alice
+        .set_link(LinkChange {
+            reason: "both optics".into(),
+            ..set_link("e0", "a1")
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        refused.message().contains("--force") && refused.message().contains("e0"),
+        "{}",
+        refused.message()
+    );
+    assert_eq!(
+        c.controller.version(),
+        2,
+        "the refused drain made no version"
+    );
+    // Forced, it is made.
+    alice
+        .set_link(LinkChange {
+            reason: "both optics, rack empty".into(),
+            force: true,
+            ..set_link("e0", "a1")
+        })
+        .await
+        .unwrap();
+    // A switch's report of its port.
+    let (first, tx, _inbound) = open_stream(
+        &c,
+        &ca.client(Role::Switch, "c0"),
+        hello("c0", sopa_channel::proto::Role::Switch),
+    )
+    .await;
+    first.unwrap();
+    tx.send(sopa_channel::proto::AgentMessage {
+        kind: Some(agent_message::Kind::Report(
+            sopa_channel::proto::LinkReport {
+                a: "c0".into(),
+                b: "a0".into(),
+                down: true,
+            },
+        )),
+    })
+    .await
+    .unwrap();
+    common::until("c0's report applied", || c.controller.version() == 4).await;
+    let mut viewer = control(&c, &ca.client(Role::Viewer, "dashboards")).await;
+    let h = viewer
+        .history(HistoryRequest { limit: 0 })
+        .await
+        .unwrap()
+        .into_inner()
+        .entries;
+    let got: Vec<(u64, &str, &str, &str)> = h
+        .iter()
+        .map(|e| {
+            (
+                e.version,
+                e.who.as_str(),
+                e.what.as_str(),
+                e.reason.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                2,
+                "operator/alice",
+                "link a0:e0 down",
+                "replacing the optic"
+            ),
+            (
+                3,
+                "operator/alice",
+                "link a1:e0 down",
+                "both optics, rack empty"
+            ),
+            (4, "switch c0", "link a0:c0 down", "port report"),
+        ]
+    );
+    let last = viewer
+        .history(HistoryRequest { limit: 1 })
+        .await
+        .unwrap()
+        .into_inner()
+        .entries;
+    assert_eq!(last.len(), 1);
+    assert_eq!(last[0].version, 4);
     c.stop().await;
 }
 

@@ -22,6 +22,7 @@ use tracing::{info, warn};
 
 use super::{AgentRecord, Controller};
 use crate::{
+    audit::Actor,
     auth::{DenyList, Peer, Refusal},
     damping::{Damper, Verdict},
     fabric::{Fabric, FabricError},
@@ -71,7 +72,7 @@ impl Controller {
         };
         let mut hold = None;
         let result = self
-            .damped_change(&key, |f, damper| {
+            .damped_change(&Actor::switch(by), &key, |f, damper| {
                 f.check_link(a, b)?;
                 match damper.report(&key, by, down, Instant::now()) {
                     Verdict::Held { until } => {
@@ -101,13 +102,17 @@ impl Controller {
             // each second, the hold kept meanwhile), or this controller stepped down.
             loop {
                 let result = c
-                    .damped_change(&key, |f, damper| {
-                        let mut delta = None;
-                        for by in damper.release(&key, Instant::now()) {
-                            delta = f.report_link(&key.0, &key.1, &by, false)?.or(delta);
-                        }
-                        Ok(delta)
-                    })
+                    .damped_change(
+                        &Actor::new("controller", "a flapping link's hold ended"),
+                        &key,
+                        |f, damper| {
+                            let mut delta = None;
+                            for by in damper.release(&key, Instant::now()) {
+                                delta = f.report_link(&key.0, &key.1, &by, false)?.or(delta);
+                            }
+                            Ok(delta)
+                        },
+                    )
                     .await;
                 let Err(e) = result else { break };
                 if c.stepped_down.borrow().is_some() {
@@ -124,11 +129,13 @@ impl Controller {
     /// counts for nothing.
     async fn damped_change(
         &self,
+        actor: &Actor,
         key: &(String, String),
         op: impl FnOnce(&mut Fabric, &mut Damper) -> Result<Option<Delta>, FabricError>,
     ) -> Result<ChangeReply, FabricError> {
         let saved = Mutex::new(None);
         self.change_or_undo(
+            actor,
             |f| {
                 let mut damper = self.damper.lock().expect("damper lock");
                 *saved.lock().expect("saved lock") = Some(damper.save(key));

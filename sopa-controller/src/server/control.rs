@@ -14,6 +14,7 @@ use tonic::{Request, Response, Status};
 
 use super::Controller;
 use crate::{
+    audit::Actor,
     auth::{self, DenyList, Peer, Refusal},
     fabric::FabricError,
 };
@@ -22,6 +23,7 @@ fn to_status(e: FabricError) -> Status {
     match e {
         FabricError::UnknownNode(_) | FabricError::NoLink(..) => Status::not_found(e.to_string()),
         FabricError::NotDurable(_) => Status::unavailable(e.to_string()),
+        FabricError::WouldIsolate { .. } => Status::failed_precondition(e.to_string()),
         _ => Status::invalid_argument(e.to_string()),
     }
 }
@@ -41,7 +43,7 @@ impl ControlService {
         request: &Request<T>,
         roles: &[identity::Role],
         what: &str,
-    ) -> Result<(), Status> {
+    ) -> Result<Peer, Status> {
         let peer = request
             .extensions()
             .get::<Peer>()
@@ -73,8 +75,19 @@ impl ControlService {
             refusals.refuse(Refusal::Role, &peer, status.message());
             return Err(status);
         }
-        Ok(())
+        Ok(peer)
     }
+}
+
+/// Who asks, for the history: the certificate's identity, or (a plaintext controller) the
+/// connection's address.
+fn actor(peer: &Peer, reason: &str) -> Actor {
+    let who = match &peer.identity {
+        Some(id) => id.to_string(),
+        None if peer.addr.is_empty() => "an unauthenticated client".to_owned(),
+        None => format!("an unauthenticated client at {}", peer.addr),
+    };
+    Actor::new(who, reason)
 }
 
 const OPERATORS: &[identity::Role] = &[identity::Role::Operator];
@@ -86,13 +99,19 @@ impl proto::control::control_server::Control for ControlService {
         &self,
         request: Request<LinkChange>,
     ) -> Result<Response<ChangeReply>, Status> {
-        self.authorize(&request, OPERATORS, "change a link's state")?;
+        let peer = self.authorize(&request, OPERATORS, "change a link's state")?;
         let change = request.into_inner();
         let link = change
             .link
             .ok_or_else(|| Status::invalid_argument("no link given"))?;
         self.controller
-            .set_link(&link.a, &link.b, change.down)
+            .set_link_as(
+                &actor(&peer, &change.reason),
+                &link.a,
+                &link.b,
+                change.down,
+                change.force,
+            )
             .await
             .map(Response::new)
             .map_err(to_status)
@@ -102,10 +121,15 @@ impl proto::control::control_server::Control for ControlService {
         &self,
         request: Request<SwitchChange>,
     ) -> Result<Response<ChangeReply>, Status> {
-        self.authorize(&request, OPERATORS, "change a switch's state")?;
+        let peer = self.authorize(&request, OPERATORS, "change a switch's state")?;
         let change = request.into_inner();
         self.controller
-            .set_switch(&change.name, change.down)
+            .set_switch_as(
+                &actor(&peer, &change.reason),
+                &change.name,
+                change.down,
+                change.force,
+            )
             .await
             .map(Response::new)
             .map_err(to_status)
@@ -115,13 +139,18 @@ impl proto::control::control_server::Control for ControlService {
         &self,
         request: Request<proto::TrustChange>,
     ) -> Result<Response<ChangeReply>, Status> {
-        self.authorize(&request, OPERATORS, "trust a link")?;
+        let peer = self.authorize(&request, OPERATORS, "trust a link")?;
         let change = request.into_inner();
         let link = change
             .link
             .ok_or_else(|| Status::invalid_argument("no link given"))?;
         self.controller
-            .set_trust(&link.a, &link.b, change.trust)
+            .set_trust_as(
+                &actor(&peer, &change.reason),
+                &link.a,
+                &link.b,
+                change.trust,
+            )
             .await
             .map(Response::new)
             .map_err(to_status)
@@ -133,6 +162,27 @@ impl proto::control::control_server::Control for ControlService {
     ) -> Result<Response<StatusReply>, Status> {
         self.authorize(&request, READERS, "read the status")?;
         Ok(Response::new(self.controller.status()))
+    }
+
+    async fn history(
+        &self,
+        request: Request<proto::HistoryRequest>,
+    ) -> Result<Response<proto::HistoryReply>, Status> {
+        self.authorize(&request, READERS, "read the history")?;
+        let limit = request.into_inner().limit as usize;
+        let entries = self
+            .controller
+            .history(limit)
+            .into_iter()
+            .map(|r| proto::HistoryEntry {
+                version: r.version,
+                unix_ms: r.unix_ms,
+                who: r.who,
+                what: r.what,
+                reason: r.reason,
+            })
+            .collect();
+        Ok(Response::new(proto::HistoryReply { entries }))
     }
 
     async fn hedera_status(

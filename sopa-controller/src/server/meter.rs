@@ -16,6 +16,7 @@ use tracing::{debug, info, warn};
 
 use super::Controller;
 use crate::{
+    audit::Actor,
     fabric::FabricError,
     meter::{Meter, MeterClock, Reporter},
     suspicion::{LinkKey, Spared, Suspicions, key},
@@ -391,7 +392,15 @@ impl Controller {
                     hold_s = hold.as_secs_f64(),
                     "path meter: a link loses packets; drained as suspect"
                 );
-                if let Err(e) = self.change(|f| f.set_suspect(&k.0, &k.1, true)).await {
+                let actor = Actor::meter(format!(
+                    "{:.2}% of {} packets lost",
+                    100.0 * v.loss(),
+                    v.sent
+                ));
+                if let Err(e) = self
+                    .change_as(&actor, |f| f.set_suspect(&k.0, &k.1, true))
+                    .await
+                {
                     warn!(error = %e, link = %format!("{from}:{to}"), "draining a suspect link failed; it stays in use");
                     self.meter
                         .suspicions
@@ -424,7 +433,7 @@ impl Controller {
     /// A release that cannot be stored leaves the suspicion as it was, to be tried again.
     async fn release(&self, k: &LinkKey) {
         let result = self
-            .suspicion_change(k, |f, s| {
+            .suspicion_change(&Actor::meter("hold-down over"), k, |f, s| {
                 s.release(k, Instant::now());
                 f.set_suspect(&k.0, &k.1, false)
             })
@@ -448,6 +457,7 @@ impl Controller {
     /// change is not made, the suspicion is put back as it was.
     async fn suspicion_change(
         &self,
+        actor: &Actor,
         k: &LinkKey,
         op: impl FnOnce(
             &mut crate::fabric::Fabric,
@@ -456,6 +466,7 @@ impl Controller {
     ) -> Result<ChangeReply, FabricError> {
         let saved = std::sync::Mutex::new(None);
         self.change_or_undo(
+            actor,
             |f| {
                 let mut s = self.meter.suspicions.lock().expect("suspicions lock");
                 *saved.lock().expect("saved lock") = Some(s.save(k));
@@ -483,10 +494,21 @@ impl Controller {
         b: &str,
         trust: bool,
     ) -> Result<ChangeReply, FabricError> {
+        self.set_trust_as(&Actor::local(), a, b, trust).await
+    }
+
+    /// [`Self::set_trust`], kept with who asked and why.
+    pub async fn set_trust_as(
+        &self,
+        actor: &Actor,
+        a: &str,
+        b: &str,
+        trust: bool,
+    ) -> Result<ChangeReply, FabricError> {
         self.fabric.lock().expect("fabric lock").check_link(a, b)?;
         let k = key(a, b);
         let reply = self
-            .suspicion_change(&k, |f, s| {
+            .suspicion_change(actor, &k, |f, s| {
                 if s.set_trusted(&k, trust, Instant::now()) {
                     f.set_suspect(&k.0, &k.1, false)
                 } else {

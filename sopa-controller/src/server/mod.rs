@@ -15,6 +15,7 @@ use tokio::sync::broadcast;
 use tracing::{info, warn};
 
 use crate::{
+    audit::Actor,
     auth::{DenyList, Refusals},
     damping::{Damper, DampingConfig},
     fabric::{Fabric, FabricError},
@@ -28,6 +29,21 @@ use crate::{
 
 mod channel;
 mod control;
+
+/// Refuses a change that leaves two racks with no path between them, where `check` says to.
+fn refuse_isolation(
+    f: &Fabric,
+    check: bool,
+    what: impl FnOnce() -> String,
+) -> Result<(), FabricError> {
+    if !check {
+        return Ok(());
+    }
+    match f.isolated_racks() {
+        Some((a, b)) => Err(FabricError::WouldIsolate { what: what(), a, b }),
+        None => Ok(()),
+    }
+}
 mod meter;
 
 pub use crate::transport::Listener;
@@ -359,11 +375,57 @@ impl Controller {
     /// Sets a link's state and pushes the change; the fabric lock orders it with every
     /// subscription, so each agent gets every version after its snapshot exactly once.
     pub async fn set_link(&self, a: &str, b: &str, down: bool) -> Result<ChangeReply, FabricError> {
-        self.change(|f| f.set_link(a, b, down)).await
+        self.set_link_as(&Actor::local(), a, b, down, true).await
     }
 
     pub async fn set_switch(&self, name: &str, down: bool) -> Result<ChangeReply, FabricError> {
-        self.change(|f| f.set_switch(name, down)).await
+        self.set_switch_as(&Actor::local(), name, down, true).await
+    }
+
+    /// An operator's drain (or its end), kept with who asked and why. A drain that would leave
+    /// two racks with no path between them is refused unless `force`.
+    pub async fn set_link_as(
+        &self,
+        actor: &Actor,
+        a: &str,
+        b: &str,
+        down: bool,
+        force: bool,
+    ) -> Result<ChangeReply, FabricError> {
+        self.change_as(actor, |f| {
+            let delta = f.set_link(a, b, down)?;
+            refuse_isolation(f, down && !force, || format!("link {a}:{b}"))?;
+            Ok(delta)
+        })
+        .await
+    }
+
+    /// The same for a switch.
+    pub async fn set_switch_as(
+        &self,
+        actor: &Actor,
+        name: &str,
+        down: bool,
+        force: bool,
+    ) -> Result<ChangeReply, FabricError> {
+        self.change_as(actor, |f| {
+            let delta = f.set_switch(name, down)?;
+            refuse_isolation(f, down && !force, || format!("switch {name}"))?;
+            Ok(delta)
+        })
+        .await
+    }
+
+    /// The newest changes, newest last: at most `limit` (0: all kept).
+    pub fn history(&self, limit: usize) -> Vec<crate::audit::AuditRecord> {
+        let f = self.fabric.lock().expect("fabric lock");
+        let all = f.audit().to_vec();
+        let skip = if limit == 0 {
+            0
+        } else {
+            all.len().saturating_sub(limit)
+        };
+        all.into_iter().skip(skip).collect()
     }
 
     /// Switch `by`'s report of its port's carrier on link `a`-`b`.
@@ -374,18 +436,20 @@ impl Controller {
         by: &str,
         down: bool,
     ) -> Result<ChangeReply, FabricError> {
-        self.change(|f| f.report_link(a, b, by, down)).await
+        self.change_as(&Actor::switch(by), |f| f.report_link(a, b, by, down))
+            .await
     }
 
     /// Makes a change, durable before anyone hears of it: it is made on a copy of the fabric,
     /// the copy stored, and only then does the copy become the fabric agents and operators see.
     /// A change that cannot be stored is refused and never made. Changes run one at a time;
     /// hellos and status reads go on meanwhile (they see the fabric before the change).
-    async fn change(
+    async fn change_as(
         &self,
+        actor: &Actor,
         op: impl FnOnce(&mut Fabric) -> Result<Option<Delta>, FabricError>,
     ) -> Result<ChangeReply, FabricError> {
-        self.change_or_undo(op, || {}).await
+        self.change_or_undo(actor, op, || {}).await
     }
 
     /// [`Controller::change`], with `undo` run when the change is not made (`op` failed, or
@@ -393,6 +457,7 @@ impl Controller {
     /// changed outside the fabric.
     async fn change_or_undo(
         &self,
+        actor: &Actor,
         op: impl FnOnce(&mut Fabric) -> Result<Option<Delta>, FabricError>,
         undo: impl FnOnce(),
     ) -> Result<ChangeReply, FabricError> {
@@ -409,6 +474,10 @@ impl Controller {
                 return Err(e);
             }
         };
+        if let Some(d) = &delta {
+            next.note(actor, d);
+            info!(version = d.version, who = %actor.who, what = %crate::audit::describe(d), reason = %actor.reason, "change");
+        }
         if next.changed_since(&before)
             && let Err(e) = self.store.save(&next.persisted()).await
         {

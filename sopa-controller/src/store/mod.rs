@@ -40,6 +40,9 @@ pub struct Persisted {
     /// Links the path meter found losing packets (drained until their hold-down ends).
     #[serde(default)]
     pub suspect: Vec<(String, String)>,
+    /// Who made the newest changes, and why (`crate::audit`).
+    #[serde(default)]
+    pub audit: Vec<crate::audit::AuditRecord>,
 }
 
 #[derive(Debug, thiserror::Error)]

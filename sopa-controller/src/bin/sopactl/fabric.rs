@@ -183,7 +183,19 @@ fn word(s: State) -> &'static str {
     }
 }
 
-pub fn link(c: &Connection, state: State, a: &str, b: &str) -> Result<()> {
+/// Why a change is made, kept in the controller's history; and whether a drain that leaves two
+/// racks with no path between them is made anyway.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Why {
+    /// Why (shown by `sopactl history`).
+    #[arg(long, default_value = "")]
+    pub reason: String,
+    /// Take it down even where two racks are then left with no path between them.
+    #[arg(long)]
+    pub force: bool,
+}
+
+pub fn link(c: &Connection, state: State, a: &str, b: &str, why: &Why) -> Result<()> {
     if let State::Trust | State::Untrust = state {
         let change = TrustChange {
             link: Some(LinkRef {
@@ -191,6 +203,7 @@ pub fn link(c: &Connection, state: State, a: &str, b: &str) -> Result<()> {
                 b: b.into(),
             }),
             trust: matches!(state, State::Trust),
+            reason: why.reason.clone(),
         };
         return runtime().block_on(async {
             let reply = call(c, &format!("link {a} {b}"), |mut control| {
@@ -217,6 +230,8 @@ pub fn link(c: &Connection, state: State, a: &str, b: &str) -> Result<()> {
             b: b.into(),
         }),
         down: matches!(state, State::Down),
+        reason: why.reason.clone(),
+        force: why.force,
     };
     runtime().block_on(async {
         let reply = call(c, &format!("link {a} {b}"), |mut control| {
@@ -234,13 +249,15 @@ pub fn link(c: &Connection, state: State, a: &str, b: &str) -> Result<()> {
     })
 }
 
-pub fn switch(c: &Connection, state: State, name: &str) -> Result<()> {
+pub fn switch(c: &Connection, state: State, name: &str, why: &Why) -> Result<()> {
     if let State::Trust | State::Untrust = state {
         bail!("sopactl switch {name}: a switch is only taken down or up; trust applies to links");
     }
     let change = SwitchChange {
         name: name.into(),
         down: matches!(state, State::Down),
+        reason: why.reason.clone(),
+        force: why.force,
     };
     runtime().block_on(async {
         let reply = call(c, &format!("switch {name}"), |mut control| {
@@ -256,6 +273,62 @@ pub fn switch(c: &Connection, state: State, name: &str) -> Result<()> {
         );
         Ok(())
     })
+}
+
+pub fn history(c: &Connection, limit: u32, json: bool) -> Result<()> {
+    runtime().block_on(async {
+        let h = call(c, "history", |mut control| async move {
+            control
+                .history(sopa_channel::proto::HistoryRequest { limit })
+                .await
+        })
+        .await?;
+        if json {
+            let entries: Vec<_> = h
+                .entries
+                .iter()
+                .map(|e| {
+                    serde_json::json!({"version": e.version, "unix_ms": e.unix_ms, "who": e.who, "what": e.what, "reason": e.reason})
+                })
+                .collect();
+            println!("{}", serde_json::to_string_pretty(&entries)?);
+            return Ok(());
+        }
+        println!("{:>8}  {:<24} {:<36} {:<28} why", "version", "when (UTC)", "who", "what");
+        for e in &h.entries {
+            println!(
+                "{:>8}  {:<24} {:<36} {:<28} {}",
+                e.version,
+                utc(e.unix_ms),
+                e.who,
+                e.what,
+                e.reason
+            );
+        }
+        Ok(())
+    })
+}
+
+/// `YYYY-MM-DD HH:MM:SS.mmm` of Unix milliseconds, in UTC.
+fn utc(unix_ms: u64) -> String {
+    let (secs, ms) = (unix_ms / 1000, unix_ms % 1000);
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{ms:03}",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
 }
 
 pub fn status(c: &Connection, json: bool) -> Result<()> {

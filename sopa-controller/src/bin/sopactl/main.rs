@@ -30,6 +30,8 @@ enum Command {
         state: fabric::State,
         a: String,
         b: String,
+        #[command(flatten)]
+        why: fabric::Why,
     },
     /// Take a switch down or bring it up.
     Switch {
@@ -37,6 +39,19 @@ enum Command {
         conn: fabric::Connection,
         state: fabric::State,
         name: String,
+        #[command(flatten)]
+        why: fabric::Why,
+    },
+    /// Who changed what and why: the newest changes to the fabric (operators' drains, switches'
+    /// reports, the path meter's suspects), oldest first.
+    History {
+        #[command(flatten)]
+        conn: fabric::Connection,
+        /// The newest N (0: every one kept, up to 1,000).
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        #[arg(long)]
+        json: bool,
     },
     /// Every agent: role, applied version, last ACK/NACK, connection state.
     Status {
@@ -57,8 +72,20 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Topo(cmd) => topo::run(cmd),
-        Command::Link { conn, state, a, b } => fabric::link(&conn, state, &a, &b),
-        Command::Switch { conn, state, name } => fabric::switch(&conn, state, &name),
+        Command::Link {
+            conn,
+            state,
+            a,
+            b,
+            why,
+        } => fabric::link(&conn, state, &a, &b, &why),
+        Command::Switch {
+            conn,
+            state,
+            name,
+            why,
+        } => fabric::switch(&conn, state, &name, &why),
+        Command::History { conn, limit, json } => fabric::history(&conn, limit, json),
         Command::Status { conn, json } => fabric::status(&conn, json),
         Command::Hedera(cmd) => hedera::run(cmd),
         Command::Certs(cmd) => fabric::certs(cmd),
