@@ -8,6 +8,7 @@ pub mod certs;
 pub mod damping;
 pub mod election;
 pub mod fabric;
+pub mod fdlimit;
 pub mod hedera;
 pub mod isolation;
 pub mod meter;

@@ -105,6 +105,30 @@ fn the_systemd_units_verify() {
         controller.contains("StateDirectory=sopa") && !controller.contains("ca.key"),
         "the controller keeps its state, and never holds the CA key"
     );
+    // Room for every connection the controller takes by default, and its own 256.
+    let limit: u64 = controller
+        .lines()
+        .find_map(|l| l.strip_prefix("LimitNOFILE="))
+        .expect("the unit sets LimitNOFILE")
+        .parse()
+        .unwrap();
+    let help = Command::new(bins::sopa_controller())
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    let connections: u64 = help
+        .split("--max-connections")
+        .nth(1)
+        .and_then(|s| s.split("[default: ").nth(1))
+        .and_then(|s| s.split(']').next())
+        .expect("--max-connections has a default")
+        .parse()
+        .unwrap();
+    assert!(
+        limit >= connections + 256,
+        "LimitNOFILE={limit} under --max-connections {connections} + 256"
+    );
 }
 
 #[test]

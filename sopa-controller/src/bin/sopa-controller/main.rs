@@ -36,6 +36,13 @@ fn main() -> ExitCode {
 async fn run(args: cli::Args) -> Result<()> {
     // Every flag checked before anything is read or written.
     let mut options = args.options()?;
+    let fds = sopa_controller::fdlimit::ensure(options.limits.max_connections)
+        .map_err(anyhow::Error::msg)?;
+    info!(
+        file_descriptors = fds,
+        max_connections = options.limits.max_connections,
+        "open-file limit"
+    );
     // Both handlers first: a signal during the start is taken once it is done.
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
