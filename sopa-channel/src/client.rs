@@ -54,6 +54,10 @@ pub struct ClientConfig {
     pub topology_name: Option<String>,
     pub role: Role,
     pub tls: Option<ClientTlsConfig>,
+    /// The certificate folder and the controller's expected name `tls` was read from: read
+    /// again at every session, so a certificate renewed in place (cert-manager) is the one the
+    /// next handshake presents; one that does not read leaves `tls` in use.
+    pub tls_files: Option<(std::path::PathBuf, String)>,
     pub heartbeat: Duration,
     pub min_backoff: Duration,
     pub max_backoff: Duration,
@@ -70,6 +74,7 @@ impl ClientConfig {
             topology_name: None,
             role,
             tls: None,
+            tls_files: None,
             heartbeat: Duration::from_secs(1),
             min_backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(30),
@@ -281,7 +286,13 @@ async fn session<A: Applier, R: Into<agent_message::Kind>>(
     mut reports: Option<&mut mpsc::Receiver<R>>,
     preferred: &mut usize,
 ) -> End {
-    let (channel, idx) = match connect_any(&cfg.endpoint, cfg.tls.as_ref(), *preferred).await {
+    let fresh = cfg.tls_files.as_ref().and_then(|(dir, name)| {
+        crate::tls::client_config(dir, name)
+            .inspect_err(|e| warn!(error = %e, "the certificate folder did not read; the certificate read before is presented"))
+            .ok()
+    });
+    let tls = fresh.as_ref().or(cfg.tls.as_ref());
+    let (channel, idx) = match connect_any(&cfg.endpoint, tls, *preferred).await {
         Ok(c) => c,
         Err(e) => return End::NoneListens(e),
     };

@@ -43,6 +43,8 @@ pub enum CertError {
     NamesNotForRole(String),
     #[error("--days {0}: a certificate must be valid for 1 to 3650 days")]
     Days(u32),
+    #[error("--days {0}: the CA must be valid for 1 to 36500 days (100 years)")]
+    CaDays(u32),
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CertError + '_ {
@@ -52,8 +54,15 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CertError + '_ {
     }
 }
 
-/// Makes a new CA in `dir`; refuses to overwrite one.
-pub fn init(dir: &Path) -> Result<Vec<PathBuf>, CertError> {
+/// Days a CA is valid for by default: ten years (every certificate it issues must expire before
+/// it does; renew the CA, and reissue under it, before then).
+pub const CA_DAYS: u32 = 3650;
+
+/// Makes a new CA in `dir`, valid for `days` from now; refuses to overwrite one.
+pub fn init(dir: &Path, days: u32) -> Result<Vec<PathBuf>, CertError> {
+    if !(1..=36_500).contains(&days) {
+        return Err(CertError::CaDays(days));
+    }
     for n in [CA, CA_KEY] {
         let p = dir.join(n);
         if p.exists() {
@@ -65,7 +74,14 @@ pub fn init(dir: &Path) -> Result<Vec<PathBuf>, CertError> {
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     params.distinguished_name = name("SOPA fabric CA");
-    params.not_after = rcgen::date_time_ymd(2036, 1, 1);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let at = |secs: i64| {
+        time::OffsetDateTime::from_unix_timestamp(secs).expect("a time within two centuries")
+    };
+    params.not_before = at(now - 300);
+    params.not_after = at(now + 86_400 * i64::from(days));
     let key = KeyPair::generate()?;
     let key_pem = key.serialize_pem();
     let ca = CertifiedIssuer::self_signed(params, key)?;
@@ -238,4 +254,24 @@ fn name(cn: &str) -> DistinguishedName {
     dn.push(DnType::CommonName, cn);
     dn.push(DnType::OrganizationName, "SOPA");
     dn
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cas_validity_is_what_was_asked_for() {
+        let dir = std::env::temp_dir().join(format!("sopa-ca-days-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(matches!(init(&dir, 0), Err(CertError::CaDays(0))));
+        init(&dir, 400).unwrap();
+        let pem = std::fs::read(dir.join(CA)).unwrap();
+        let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).unwrap();
+        let cert = pem.parse_x509().unwrap();
+        let days = (cert.validity().not_after.timestamp() - cert.validity().not_before.timestamp())
+            / 86_400;
+        assert_eq!(days, 400, "valid from five minutes ago for 400 days");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

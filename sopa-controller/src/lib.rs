@@ -13,6 +13,7 @@ pub mod hedera;
 pub mod isolation;
 pub mod meter;
 pub mod metrics;
+pub mod own_cert;
 pub mod server;
 pub mod store;
 pub mod suspicion;

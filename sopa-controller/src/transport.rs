@@ -18,7 +18,7 @@ use std::{
 
 use sopa_channel::{
     identity::Role,
-    tls::{CA, NODE, read},
+    tls::{CA, read},
 };
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
@@ -27,7 +27,7 @@ use tokio::{
 use tokio_rustls::rustls::{
     self, CertificateError, DigitallySignedStruct, DistinguishedName, SignatureScheme,
     client::danger::HandshakeSignatureValid,
-    pki_types::{CertificateDer, PrivateKeyDer, UnixTime, pem::PemObject as _},
+    pki_types::{CertificateDer, UnixTime, pem::PemObject as _},
     server::{
         WebPkiClientVerifier,
         danger::{ClientCertVerified, ClientCertVerifier},
@@ -36,7 +36,10 @@ use tokio_rustls::rustls::{
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::debug;
 
-use crate::auth::{DenyList, Peer, Refusal, Refusals, certificate_identity};
+use crate::{
+    auth::{DenyList, Peer, Refusal, Refusals, certificate_identity},
+    own_cert::OwnCert,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
@@ -64,6 +67,8 @@ pub struct ServerTls {
     config: Arc<rustls::ServerConfig>,
     /// Serials refused at the handshake, and whose open streams are closed.
     pub deny: DenyList,
+    /// The controller's own certificate, reloaded when its files change.
+    pub own: Arc<OwnCert>,
 }
 
 impl ServerTls {
@@ -83,32 +88,8 @@ impl ServerTls {
                 .add(cert.map_err(|e| pem(CA, e))?)
                 .map_err(TransportError::Rustls)?;
         }
-        let chain: Vec<CertificateDer<'static>> =
-            CertificateDer::pem_slice_iter(&read(dir, NODE.0)?)
-                .collect::<Result<_, _>>()
-                .map_err(|e| pem(NODE.0, e))?;
-        let own = chain.first().ok_or_else(|| TransportError::Pem {
-            dir: d.clone(),
-            file: NODE.0,
-            message: "no certificate in it".into(),
-        })?;
-        match certificate_identity(own) {
-            Ok((id, _)) if id.role == Role::Controller => {}
-            Ok((id, _)) => {
-                return Err(TransportError::NotAController {
-                    dir: d.clone(),
-                    found: id.to_string(),
-                });
-            }
-            Err(e) => {
-                return Err(TransportError::NotAController {
-                    dir: d.clone(),
-                    found: e,
-                });
-            }
-        }
-        let key = PrivateKeyDer::from_pem_slice(&read(dir, NODE.1)?).map_err(|e| pem(NODE.1, e))?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let own = OwnCert::load(dir, provider.clone())?;
         let webpki = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
             .build()
             .map_err(|e| TransportError::Verifier(e.to_string()))?;
@@ -119,7 +100,7 @@ impl ServerTls {
         let mut config = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
             .with_client_cert_verifier(verifier)
-            .with_single_cert(chain, key)?;
+            .with_cert_resolver(own.clone());
         config.alpn_protocols = vec![b"h2".to_vec()];
         // No resumption: every connection presents its certificate and has it checked now
         // (expiry, the deny list), not once for a chain of resumed sessions.
@@ -128,6 +109,7 @@ impl ServerTls {
         Ok(Self {
             config: Arc::new(config),
             deny,
+            own,
         })
     }
 }

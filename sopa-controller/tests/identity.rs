@@ -8,6 +8,7 @@ mod common;
 use std::{
     net::Ipv4Addr,
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use common::{Log, Lost, Running, last_version, spawn_agent_watched, start_controller_tls, until};
@@ -54,7 +55,7 @@ struct Ca {
 impl Ca {
     fn new(tag: &str) -> Self {
         let dir = TempDir::new(tag);
-        certs::init(&dir.0.join("ca")).unwrap();
+        certs::init(&dir.0.join("ca"), certs::CA_DAYS).unwrap();
         Self { dir }
     }
 
@@ -869,6 +870,142 @@ async fn a_revoked_certificate_is_refused_and_its_stream_closed() {
     c.stop().await;
 }
 
+/// Renews `role`/`node`'s certificate in `dir` in place, as cert-manager does (the new files
+/// renamed over the old); returns the new serial.
+fn renew(ca: &Ca, role: Role, node: &str, dir: &Path, names: Vec<String>) -> String {
+    let fresh = ca.dir.0.join(format!("{role}-{node}-renewed"));
+    let _ = std::fs::remove_dir_all(&fresh);
+    let issued = certs::issue(
+        &ca.dir.0.join("ca"),
+        &Identity::new(role, node).unwrap(),
+        &fresh,
+        &IssueOptions {
+            names,
+            ..IssueOptions::default()
+        },
+    )
+    .unwrap();
+    for f in [tls::NODE.0, tls::NODE.1] {
+        std::fs::rename(fresh.join(f), dir.join(f)).unwrap();
+    }
+    issued.serial
+}
+
+/// A host's certificate renewed in place: its session stays up, and its next handshake presents
+/// the new certificate (the old one revoked then closes the session, and the agent is back at
+/// once on the new one; presenting the old one, it would stay out).
+#[tokio::test]
+async fn a_renewed_host_certificate_is_presented_at_the_next_handshake() {
+    let ca = Ca::new("renew-host");
+    let (c, _deny) = ca.controller_and_deny_list(29).await;
+    let (dir, old) = ca.issue_with(Role::Host, "h0", &IssueOptions::default());
+    let (log, lost, _a) = common::spawn_agent_with_files(&endpoint(&c), "h0", &dir);
+    until("h0's snapshot", || last_version(&log) == 1).await;
+    let new = renew(&ca, Role::Host, "h0", &dir, Vec::new());
+    assert_ne!(new, old);
+    // The session goes on: the next change reaches h0 on it.
+    c.controller.set_link("e0", "a0", true).await.unwrap();
+    until("the change on the same session", || last_version(&log) == 2).await;
+    assert!(
+        lost.lock().unwrap().is_empty(),
+        "{:?}",
+        lost.lock().unwrap()
+    );
+    let revoked_before = c.controller.refusals.count(Refusal::Revoked);
+    std::fs::write(ca.deny_file(), format!("{old}\n")).unwrap();
+    until("the old certificate's session closed", || {
+        !lost.lock().unwrap().is_empty()
+    })
+    .await;
+    until("h0 back on its new certificate", || {
+        c.controller.agents().get("h0").is_some_and(|r| r.connected)
+    })
+    .await;
+    assert_eq!(
+        c.controller.refusals.count(Refusal::Revoked),
+        revoked_before + 1,
+        "only the old session was refused (closed); no handshake presented the old certificate"
+    );
+    c.stop().await;
+}
+
+/// The controller's certificate renewed in place: reloaded within a second, presented at the
+/// next handshake, while the sessions open meanwhile stay up.
+#[tokio::test]
+async fn a_renewed_controller_certificate_is_presented_at_new_handshakes() {
+    use tokio_rustls::rustls::{
+        self,
+        pki_types::{CertificateDer, PrivateKeyDer, ServerName, pem::PemObject as _},
+    };
+    let ca = Ca::new("renew-ctl");
+    let deny = DenyList::none();
+    let ctl_dir = ca.issue(Role::Controller, "sopa-controller");
+    let server = ServerTls::load(&ctl_dir, deny).unwrap();
+    let own = Arc::clone(&server.own);
+    let c = start_controller_tls(30, "127.0.0.1:0", Some(server)).await;
+    let (log, lost, _a) = spawn_agent_watched(
+        &endpoint(&c),
+        "h1",
+        Some(ca.client(Role::Host, "h1")),
+        vec![],
+        vec![],
+    );
+    until("h1's snapshot", || last_version(&log) == 1).await;
+    let before = own.serial();
+    let new = renew(
+        &ca,
+        Role::Controller,
+        "sopa-controller",
+        &ctl_dir,
+        vec!["localhost".into()],
+    );
+    until("the controller's certificate reloaded", || {
+        own.serial() == new
+    })
+    .await;
+    assert_ne!(before, new);
+    // A new handshake is presented the new certificate.
+    let viewer = ca.issue(Role::Viewer, "dashboards");
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca.dir.0.join("ca").join(tls::CA)).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let chain: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_file_iter(viewer.join(tls::NODE.0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+    let key = PrivateKeyDer::from_pem_file(viewer.join(tls::NODE.1)).unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_client_auth_cert(chain, key)
+    .unwrap();
+    let tcp = tokio::net::TcpStream::connect(c.addr).await.unwrap();
+    let tls_stream = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    let presented = tls_stream.get_ref().1.peer_certificates().unwrap()[0].clone();
+    let (_, serial) = sopa_controller::auth::certificate_identity(&presented).unwrap();
+    assert_eq!(
+        serial, new,
+        "the new handshake was presented the renewed certificate"
+    );
+    // h1's session, opened before, is still the one it had.
+    c.controller.set_link("e0", "a0", true).await.unwrap();
+    until("the change on h1's session", || last_version(&log) == 2).await;
+    assert!(
+        lost.lock().unwrap().is_empty(),
+        "{:?}",
+        lost.lock().unwrap()
+    );
+    c.stop().await;
+}
+
 /// Waits until `name`'s client has had two sessions end without a single message applied.
 async fn refused_twice(name: &str, log: &Log, lost: &Lost) {
     until(&format!("{name}: two refused attempts"), || {
@@ -886,7 +1023,9 @@ async fn refused_twice(name: &str, log: &Log, lost: &Lost) {
 fn certificates_are_never_overwritten_keys_stay_private_and_no_node_folder_holds_the_ca_key() {
     use std::os::unix::fs::PermissionsExt as _;
     let ca = Ca::new("files");
-    let err = certs::init(&ca.dir.0.join("ca")).unwrap_err().to_string();
+    let err = certs::init(&ca.dir.0.join("ca"), certs::CA_DAYS)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("already exists"), "{err}");
     let out = ca.issue(Role::Host, "h0");
     let again = certs::issue(

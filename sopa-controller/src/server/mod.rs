@@ -672,6 +672,9 @@ pub async fn serve(
 ) -> Result<(), tonic::transport::Error> {
     let deny = tls.as_ref().map_or_else(DenyList::none, |t| t.deny.clone());
     let _reload_deny_list = deny.watch(Duration::from_secs(1)).map(AbortOnDrop);
+    let _reload_own_certificate = tls
+        .as_ref()
+        .map(|t| AbortOnDrop(t.own.watch(Duration::from_secs(1))));
     let mut builder = tonic::transport::Server::builder()
         // A client that vanished (power loss, a cut link) is found by its missed heartbeats,
         // and its connection closed by unanswered HTTP/2 pings, not after TCP's 15 minutes.

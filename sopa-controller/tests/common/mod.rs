@@ -330,6 +330,35 @@ pub fn spawn_agent_watched(
     (log, lost, tx)
 }
 
+/// A host agent whose TLS comes from certificate folder `dir` (read again at every session),
+/// recording why each session ended.
+pub fn spawn_agent_with_files(
+    endpoint: &str,
+    node: &str,
+    dir: &std::path::Path,
+) -> (Log, Lost, watch::Sender<bool>) {
+    let log: Log = Arc::default();
+    let lost: Lost = Arc::default();
+    let mut agent = TestAgent {
+        view: None,
+        log: Arc::clone(&log),
+        lost: Arc::clone(&lost),
+        peers: Arc::default(),
+        refuse: Vec::new(),
+        swallow: Vec::new(),
+        meter_clock: None,
+    };
+    let mut cfg = ClientConfig::new(endpoint, node, Role::Host);
+    cfg.tls = Some(sopa_channel::tls::client_config(dir, "localhost").unwrap());
+    cfg.tls_files = Some((dir.to_owned(), "localhost".to_owned()));
+    cfg.heartbeat = Duration::from_millis(200);
+    cfg.min_backoff = Duration::from_millis(100);
+    cfg.max_backoff = Duration::from_millis(400);
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move { client::run(cfg, &mut agent, rx).await });
+    (log, lost, tx)
+}
+
 /// A raw agent stream to a plaintext controller: says `hello`, reads the first message, and
 /// returns the sender (keep it: the stream lasts as long) and the inbound stream.
 pub async fn open_raw(

@@ -64,6 +64,8 @@ pub fn channel_config(args: &ChannelArgs, url: &str) -> Result<ClientConfig, Err
                 sopa_channel::tls::client_config(dir, &args.flags.controller_name)
                     .map_err(|e| Error::Config(format!("--certs {}: {e}", dir.display())))?,
             );
+            // Read again at every session: a renewed certificate is presented at the next.
+            cfg.tls_files = Some((dir.clone(), args.flags.controller_name.clone()));
         }
         (Some("https"), None, _) => {
             return Err(Error::Config(format!(

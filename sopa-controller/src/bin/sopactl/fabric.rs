@@ -53,7 +53,12 @@ pub enum State {
 #[derive(Subcommand)]
 pub enum CertsCommand {
     /// Create the fabric's CA in DIR (ca.pem, ca.key; never overwrites). Keep ca.key offline.
-    Init { dir: PathBuf },
+    Init {
+        dir: PathBuf,
+        /// Days the CA is valid for (every certificate it issues expires before it does).
+        #[arg(long, default_value_t = certs::CA_DAYS)]
+        days: u32,
+    },
     /// Issue one node its certificate, naming its node and role (sopa://ROLE/NODE), into a
     /// folder of its own (ca.pem, node.pem, node.key): all that node needs, no CA key.
     Issue {
@@ -473,8 +478,8 @@ fn role(r: i32) -> &'static str {
 
 pub fn certs(cmd: CertsCommand) -> Result<()> {
     match cmd {
-        CertsCommand::Init { dir } => {
-            for path in certs::init(&dir)? {
+        CertsCommand::Init { dir, days } => {
+            for path in certs::init(&dir, days)? {
                 println!("wrote {}", path.display());
             }
             println!(
