@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{ClientTlsConfig, Endpoint};
+use tonic::transport::{Endpoint, Uri};
+
+use crate::tls::ClientTls;
 use tracing::{info, warn};
 
 use crate::proto::{
@@ -53,7 +55,7 @@ pub struct ClientConfig {
     /// The node's name in the topology, when it differs from `node`.
     pub topology_name: Option<String>,
     pub role: Role,
-    pub tls: Option<ClientTlsConfig>,
+    pub tls: Option<ClientTls>,
     /// The certificate folder and the controller's expected name `tls` was read from: read
     /// again at every session, so a certificate renewed in place (cert-manager) is the one the
     /// next handshake presents; one that does not read leaves `tls` in use.
@@ -209,7 +211,7 @@ pub async fn run_with_reports<A: Applier, R: Into<agent_message::Kind> + Send>(
 /// Connects to `endpoint`: `http://`/`https://` over TCP, or `unix:PATH` over a Unix socket.
 pub async fn connect(
     endpoint: &str,
-    tls: Option<&ClientTlsConfig>,
+    tls: Option<&ClientTls>,
 ) -> Result<tonic::transport::Channel, String> {
     if let Some(path) = endpoint.strip_prefix("unix:") {
         let path = path.to_owned();
@@ -227,18 +229,46 @@ pub async fn connect(
     }
     // HTTP/2 pings find a controller that vanished (power loss, a cut link) even while
     // the stream is idle, long before TCP would.
-    let mut ep = Endpoint::from_shared(endpoint.to_owned())
-        .map_err(|e| format!("bad controller address {endpoint}: {e}"))?
-        .connect_timeout(Duration::from_secs(5))
-        .http2_keep_alive_interval(KEEPALIVE)
-        .keep_alive_timeout(KEEPALIVE)
-        .keep_alive_while_idle(true);
-    if let Some(tls) = tls {
-        ep = ep
-            .tls_config(tls.clone())
-            .map_err(|e| format!("TLS configuration: {e}"))?;
-    }
-    ep.connect()
+    let keepalive = |ep: Endpoint| {
+        ep.connect_timeout(Duration::from_secs(5))
+            .http2_keep_alive_interval(KEEPALIVE)
+            .keep_alive_timeout(KEEPALIVE)
+            .keep_alive_while_idle(true)
+    };
+    let Some(tls) = tls else {
+        let ep = Endpoint::from_shared(endpoint.to_owned())
+            .map_err(|e| format!("bad controller address {endpoint}: {e}"))?;
+        return keepalive(ep)
+            .connect()
+            .await
+            .map_err(|e| format!("connecting to {endpoint}: {}", source_chain(&e)));
+    };
+    // TLS of our own (the controller's certificate checked for its SOPA identity too), under
+    // HTTP/2 that tonic speaks over it.
+    let uri: Uri = endpoint
+        .parse()
+        .map_err(|e| format!("bad controller address {endpoint}: {e}"))?;
+    let host = uri
+        .host()
+        .ok_or_else(|| format!("bad controller address {endpoint}: no host"))?
+        .trim_matches(['[', ']'])
+        .to_owned();
+    let port = uri.port_u16().unwrap_or(443);
+    let ep = Endpoint::from_shared(format!("http://{}", uri.authority().expect("a host")))
+        .map_err(|e| format!("bad controller address {endpoint}: {e}"))?;
+    let tls = tls.clone();
+    keepalive(ep)
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let (tls, host) = (tls.clone(), host.clone());
+            async move {
+                let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
+                tcp.set_nodelay(true)?;
+                let stream = tokio_rustls::TlsConnector::from(tls.config)
+                    .connect(tls.name, tcp)
+                    .await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
         .await
         .map_err(|e| format!("connecting to {endpoint}: {}", source_chain(&e)))
 }
@@ -255,7 +285,7 @@ pub fn endpoints(list: &str) -> Vec<&str> {
 /// `*first`; returns the channel and the index of the one that answered.
 pub async fn connect_any(
     list: &str,
-    tls: Option<&ClientTlsConfig>,
+    tls: Option<&ClientTls>,
     first: usize,
 ) -> Result<(tonic::transport::Channel, usize), String> {
     let all = endpoints(list);

@@ -125,6 +125,43 @@ impl fmt::Display for Identity {
     }
 }
 
+/// A certificate serial as the deny list and `sopactl` write it: lowercase hex, no leading
+/// zeros.
+pub fn serial_hex(bytes: &[u8]) -> String {
+    let s: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let t = s.trim_start_matches('0');
+    if t.is_empty() { "0".into() } else { t.into() }
+}
+
+/// Reads the identity and serial of a certificate (DER): its one `sopa://ROLE/NODE` URI
+/// subject alternative name.
+pub fn certificate_identity(der: &[u8]) -> Result<(Identity, String), String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der)
+        .map_err(|e| format!("the certificate does not parse: {e}"))?;
+    let serial = serial_hex(cert.tbs_certificate.raw_serial());
+    let san = cert
+        .tbs_certificate
+        .subject_alternative_name()
+        .map_err(|e| format!("its subject alternative names do not parse: {e}"))?
+        .ok_or("it has no subject alternative name naming a SOPA node")?;
+    let uris: Vec<&str> = san
+        .value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            x509_parser::extensions::GeneralName::URI(u) if u.starts_with(SCHEME) => Some(*u),
+            _ => None,
+        })
+        .collect();
+    match uris.as_slice() {
+        [one] => Identity::from_uri(one)
+            .map(|id| (id, serial))
+            .map_err(|e| e.to_string()),
+        [] => Err("it names no SOPA node (no sopa://ROLE/NODE URI)".into()),
+        _ => Err(format!("it names more than one SOPA node: {uris:?}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,7 +24,7 @@ use sopa_channel::identity::{Identity, Role};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::certs::serial_hex;
+use sopa_channel::identity::serial_hex;
 
 /// Why a client was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -139,37 +139,7 @@ impl std::fmt::Display for Peer {
     }
 }
 
-/// Reads the identity and serial of a certificate (DER).
-pub fn certificate_identity(der: &[u8]) -> Result<(Identity, String), String> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der)
-        .map_err(|e| format!("the certificate does not parse: {e}"))?;
-    let serial = serial_hex(cert.tbs_certificate.raw_serial());
-    let san = cert
-        .tbs_certificate
-        .subject_alternative_name()
-        .map_err(|e| format!("its subject alternative names do not parse: {e}"))?
-        .ok_or("it has no subject alternative name naming a SOPA node")?;
-    let uris: Vec<&str> = san
-        .value
-        .general_names
-        .iter()
-        .filter_map(|n| match n {
-            x509_parser::extensions::GeneralName::URI(u)
-                if u.starts_with(sopa_channel::identity::SCHEME) =>
-            {
-                Some(*u)
-            }
-            _ => None,
-        })
-        .collect();
-    match uris.as_slice() {
-        [one] => Identity::from_uri(one)
-            .map(|id| (id, serial))
-            .map_err(|e| e.to_string()),
-        [] => Err("it names no SOPA node (no sopa://ROLE/NODE URI)".into()),
-        _ => Err(format!("it names more than one SOPA node: {uris:?}")),
-    }
-}
+pub use sopa_channel::identity::certificate_identity;
 
 /// Whether `peer` may do what takes one of `roles`; a plaintext peer may do anything.
 pub fn allowed(peer: &Peer, roles: &[Role]) -> bool {

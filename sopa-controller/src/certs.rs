@@ -232,11 +232,7 @@ pub fn read_identity(path: &Path) -> Result<(Identity, String), CertError> {
 }
 
 /// A serial number as deny lists name it: lowercase hex, no separators or leading zeros.
-pub fn serial_hex(bytes: &[u8]) -> String {
-    let s: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    let t = s.trim_start_matches('0');
-    if t.is_empty() { "0".into() } else { t.into() }
-}
+pub use sopa_channel::identity::serial_hex;
 
 fn write_new(path: &Path, bytes: &[u8], secret: bool) -> Result<(), CertError> {
     use std::os::unix::fs::OpenOptionsExt as _;

@@ -12,6 +12,7 @@ use std::{
 };
 
 use common::{Log, Lost, Running, last_version, spawn_agent_watched, start_controller_tls, until};
+use sopa_channel::tls::ClientTls;
 use sopa_channel::{
     identity::{Identity, Role},
     proto::{
@@ -29,7 +30,6 @@ use sopa_controller::{
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{Certificate, ClientTlsConfig};
 
 struct TempDir(PathBuf);
 
@@ -83,7 +83,7 @@ impl Ca {
         self.issue_with(role, node, &IssueOptions::default()).0
     }
 
-    fn client(&self, role: Role, node: &str) -> ClientTlsConfig {
+    fn client(&self, role: Role, node: &str) -> ClientTls {
         tls::client_config(&self.issue(role, node), "localhost").unwrap()
     }
 
@@ -157,7 +157,7 @@ async fn refused_once<F: std::future::Future<Output = ()>>(c: &Running, reason: 
 /// its error, with a sender for more messages.
 async fn open_stream(
     c: &Running,
-    tls: &ClientTlsConfig,
+    tls: &ClientTls,
     hello: Hello,
 ) -> (
     Result<ControllerMessage, tonic::Status>,
@@ -199,7 +199,7 @@ fn hello(node: &str, role: sopa_channel::proto::Role) -> Hello {
     }
 }
 
-async fn control(c: &Running, tls: &ClientTlsConfig) -> ControlClient<tonic::transport::Channel> {
+async fn control(c: &Running, tls: &ClientTls) -> ControlClient<tonic::transport::Channel> {
     ControlClient::new(
         sopa_channel::client::connect(&endpoint(c), Some(tls))
             .await
@@ -238,18 +238,18 @@ async fn only_certificates_of_the_fabric_ca_that_name_a_node_get_through() {
     // Another CA's host certificate (trusting our CA for the controller), an expired one, no
     // client certificate at all, plaintext, and a certificate of our CA without a SOPA
     // identity.
-    let trust_ours = ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(
-            std::fs::read(ca.dir.0.join("ca").join(tls::CA)).unwrap(),
-        ))
-        .domain_name("localhost");
+    let our_ca = std::fs::read(ca.dir.0.join("ca").join(tls::CA)).unwrap();
+    let trust_ours = ClientTls::from_pem(&our_ca, None, "localhost").unwrap();
     let from = |dir: &Path| {
-        trust_ours
-            .clone()
-            .identity(tonic::transport::Identity::from_pem(
-                std::fs::read(dir.join(tls::NODE.0)).unwrap(),
-                std::fs::read(dir.join(tls::NODE.1)).unwrap(),
-            ))
+        ClientTls::from_pem(
+            &our_ca,
+            Some((
+                &std::fs::read(dir.join(tls::NODE.0)).unwrap(),
+                &std::fs::read(dir.join(tls::NODE.1)).unwrap(),
+            )),
+            "localhost",
+        )
+        .unwrap()
     };
     let other_ca = from(&other.issue(Role::Host, "h1"));
     let (expired_dir, _) = ca.issue_with(
@@ -331,6 +331,81 @@ async fn agents_refuse_a_controller_they_cannot_verify() {
     );
     assert!(c.controller.agents().is_empty());
     c.stop().await;
+}
+
+/// A server with a certificate of the fabric's CA that carries the controller's name but
+/// another node's identity (`sopa://host/h9`, a server certificate, as a CA that is not
+/// `sopactl`'s might issue) is not the controller: an agent ends the handshake.
+#[tokio::test]
+async fn agents_refuse_a_server_of_the_fabric_ca_that_is_not_the_controller() {
+    use rcgen::{
+        CertificateParams, ExtendedKeyUsagePurpose, Issuer, KeyPair, SanType, string::Ia5String,
+    };
+    use tokio_rustls::rustls::{
+        self,
+        pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _},
+    };
+    let ca = Ca::new("posing");
+    let ca_dir = ca.dir.0.join("ca");
+    let issuer = Issuer::from_ca_cert_pem(
+        &std::fs::read_to_string(ca_dir.join(tls::CA)).unwrap(),
+        KeyPair::from_pem(&std::fs::read_to_string(ca_dir.join("ca.key")).unwrap()).unwrap(),
+    )
+    .unwrap();
+    let mut params = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+    params
+        .subject_alt_names
+        .push(SanType::URI(Ia5String::try_from("sopa://host/h9").unwrap()));
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let key = KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![CertificateDer::from(cert.der().to_vec())],
+        PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).unwrap(),
+    )
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let server = tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.unwrap();
+        acceptor
+            .accept(tcp)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    });
+    let (log, lost, _a) = spawn_agent_watched(
+        &format!("https://localhost:{}", addr.port()),
+        "h1",
+        Some(ca.client(Role::Host, "h1")),
+        vec![],
+        vec![],
+    );
+    let handshake = tokio::time::timeout(std::time::Duration::from_secs(5), server)
+        .await
+        .expect("the agent tried")
+        .unwrap();
+    assert!(
+        handshake.is_err(),
+        "the agent finished its handshake with a server that is not the controller"
+    );
+    until("the agent's attempt ended", || {
+        !lost.lock().unwrap().is_empty()
+    })
+    .await;
+    assert!(
+        lost.lock().unwrap()[0].contains("certificate"),
+        "the agent names the certificate it refused: {:?}",
+        lost.lock().unwrap()
+    );
+    assert!(log.lock().unwrap().is_empty());
 }
 
 /// A host certificate cannot speak for another node or role, nor for a node the topology
@@ -467,7 +542,7 @@ async fn one_session_per_identity_and_a_bounded_number_of_sessions() {
 /// one before the hello (a refusal), and the sender keeping the stream open.
 async fn silent_stream(
     c: &Running,
-    tls: &ClientTlsConfig,
+    tls: &ClientTls,
 ) -> (
     tokio::task::JoinHandle<Result<(), tonic::Status>>,
     mpsc::Sender<AgentMessage>,

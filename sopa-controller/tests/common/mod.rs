@@ -6,6 +6,7 @@ use std::{
     time::Duration,
 };
 
+use sopa_channel::tls::ClientTls;
 use sopa_channel::{
     client::{self, Applier, ClientConfig},
     proto::{Delta, PeerAgents, Role, Snapshot},
@@ -18,7 +19,6 @@ use sopa_controller::{
 };
 use sopa_topology::topology::TopologySpec;
 use tokio::sync::watch;
-use tonic::transport::ClientTlsConfig;
 
 /// What a test agent saw: ("snapshot" | "delta", epoch, version).
 pub type Log = Arc<Mutex<Vec<(&'static str, u64, u64)>>>;
@@ -237,7 +237,7 @@ pub fn spawn_agent(
 pub fn spawn_agent_with(
     endpoint: &str,
     node: &str,
-    tls: Option<ClientTlsConfig>,
+    tls: Option<ClientTls>,
     refuse: Vec<u64>,
     swallow: Vec<u64>,
 ) -> (Log, watch::Sender<bool>) {
@@ -305,7 +305,7 @@ pub fn spawn_agent_holding(
 pub fn spawn_agent_watched(
     endpoint: &str,
     node: &str,
-    tls: Option<ClientTlsConfig>,
+    tls: Option<ClientTls>,
     refuse: Vec<u64>,
     swallow: Vec<u64>,
 ) -> (Log, Lost, watch::Sender<bool>) {

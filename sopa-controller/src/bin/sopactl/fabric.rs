@@ -100,7 +100,7 @@ pub fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// The TLS for the controllers of `c`, or none for plaintext ones.
-fn client_tls(c: &Connection) -> Result<Option<tonic::transport::ClientTlsConfig>> {
+fn client_tls(c: &Connection) -> Result<Option<sopa_channel::tls::ClientTls>> {
     let list = client::endpoints(&c.controller);
     if list.is_empty() {
         bail!("--controller {:?} names no controller", c.controller);
