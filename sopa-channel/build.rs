@@ -34,6 +34,7 @@ fn main() {
         .method(method("status", "Status", "StatusRequest", "StatusReply").build())
         .method(method("set_trust", "SetTrust", "TrustChange", "ChangeReply").build())
         .method(method("history", "History", "HistoryRequest", "HistoryReply").build())
+        .method(method("revoke", "Revoke", "RevokeRequest", "ChangeReply").build())
         .method(
             method(
                 "hedera_status",

@@ -629,6 +629,15 @@ pub struct TrustChange {
     pub reason: String,
 }
 
+/// A certificate to revoke, by serial, and why.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RevokeRequest {
+    #[prost(string, tag = "1")]
+    pub serial: String,
+    #[prost(string, tag = "2")]
+    pub reason: String,
+}
+
 /// The newest changes to ask for (0: every one kept).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct HistoryRequest {

@@ -107,15 +107,21 @@ impl AuditLog {
 
     /// Keeps `delta` as made by `actor`.
     pub fn note(&mut self, actor: &Actor, delta: &Delta) {
+        self.note_what(actor, delta.version, describe(delta));
+    }
+
+    /// Keeps a change the agents need not hear of (it makes no version: `version` is the
+    /// fabric's at the time), as made by `actor`.
+    pub fn note_what(&mut self, actor: &Actor, version: u64, what: String) {
         let unix_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0);
         self.0.push_back(AuditRecord {
-            version: delta.version,
+            version,
             unix_ms,
             who: actor.who.clone(),
-            what: describe(delta),
+            what,
             reason: actor.reason.clone(),
         });
         self.trim();

@@ -203,7 +203,10 @@ pub fn parse_deny_list(path: &Path, text: &str) -> Result<BTreeSet<String>, Deny
 #[derive(Clone, Debug)]
 pub struct DenyList {
     path: Option<PathBuf>,
+    /// The union of the file's serials and the store's: what is refused.
     current: watch::Sender<Arc<BTreeSet<String>>>,
+    /// Each part: (the file's, the store's).
+    parts: Arc<std::sync::Mutex<(BTreeSet<String>, BTreeSet<String>)>>,
 }
 
 impl DenyList {
@@ -212,6 +215,7 @@ impl DenyList {
         Self {
             path: None,
             current: watch::channel(Arc::default()).0,
+            parts: Arc::default(),
         }
     }
 
@@ -260,18 +264,36 @@ impl DenyList {
             return Ok(false);
         }
         let list = parse_deny_list(path, &text)?;
-        let changed = self.current.send_if_modified(|cur| {
+        let changed = {
+            let mut parts = self.parts.lock().expect("deny list lock");
+            parts.0 = list;
+            self.publish(&parts)
+        };
+        if changed {
+            info!(path = %path.display(), serials = self.current.borrow().len(), "deny list loaded");
+        }
+        Ok(changed)
+    }
+
+    /// The serials revoked through the controller, as its state holds them (every replica's
+    /// the same); `true` when the list in force changed.
+    pub fn set_stored(&self, serials: &BTreeSet<String>) -> bool {
+        let mut parts = self.parts.lock().expect("deny list lock");
+        parts.1 = serials.clone();
+        self.publish(&parts)
+    }
+
+    /// Puts the union of the parts in force.
+    fn publish(&self, (file, stored): &(BTreeSet<String>, BTreeSet<String>)) -> bool {
+        let list: BTreeSet<String> = file.union(stored).cloned().collect();
+        self.current.send_if_modified(|cur| {
             if **cur == list {
                 false
             } else {
                 *cur = Arc::new(list);
                 true
             }
-        });
-        if changed {
-            info!(path = %path.display(), serials = self.current.borrow().len(), "deny list loaded");
-        }
-        Ok(changed)
+        })
     }
 
     /// Reloads every `interval` until the returned task is dropped or aborted.

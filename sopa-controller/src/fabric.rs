@@ -26,6 +26,8 @@ pub enum FabricError {
          take it down anyway (with a --reason)"
     )]
     WouldIsolate { what: String, a: String, b: String },
+    #[error("{0}")]
+    BadSerial(String),
     #[error("{switch} reported link {link}, which is not one of its ports")]
     NotAnEnd { switch: String, link: String },
     #[error("invalid topology: {0}")]
@@ -73,6 +75,8 @@ pub struct Fabric {
     history: VecDeque<Delta>,
     /// Who made the newest changes, and why.
     audit: crate::audit::AuditLog,
+    /// Certificate serials revoked through the controller.
+    revoked: BTreeSet<String>,
     /// Not part of the stored state: a restart with another encoding keeps the fabric's.
     encoding: Encoding,
 }
@@ -111,6 +115,7 @@ impl Fabric {
             down_switches: BTreeSet::new(),
             history: VecDeque::new(),
             audit: crate::audit::AuditLog::default(),
+            revoked: BTreeSet::new(),
             encoding: Encoding::default(),
         })
     }
@@ -207,6 +212,7 @@ impl Fabric {
         }
         f.version = state.version.max(1);
         f.audit = crate::audit::AuditLog::from_stored(state.audit.clone());
+        f.revoked = state.revoked.iter().cloned().collect();
         Ok(f)
     }
 
@@ -229,7 +235,24 @@ impl Fabric {
             down_switches: self.down_switches.iter().cloned().collect(),
             suspect: self.suspect.iter().cloned().collect(),
             audit: self.audit.to_vec(),
+            revoked: self.revoked.iter().cloned().collect(),
         }
+    }
+
+    /// Revokes certificate `serial` (kept in the audit log as made by `actor`); whether it
+    /// was not revoked before.
+    pub fn revoke(&mut self, serial: &str, actor: &crate::audit::Actor) -> bool {
+        let new = self.revoked.insert(serial.to_owned());
+        if new {
+            self.audit
+                .note_what(actor, self.version, format!("revoke certificate {serial}"));
+        }
+        new
+    }
+
+    /// Certificate serials revoked through the controller.
+    pub fn revoked(&self) -> &BTreeSet<String> {
+        &self.revoked
     }
 
     /// Keeps `delta` in the audit log as made by `actor`.
@@ -277,6 +300,7 @@ impl Fabric {
         self.down_switches = s.down_switches.into_iter().collect();
         self.suspect = s.suspect.into_iter().collect();
         self.audit = crate::audit::AuditLog::from_stored(s.audit);
+        self.revoked = s.revoked.into_iter().collect();
         // A change adds at most one delta; one dropped from the front meanwhile is not
         // brought back (agents that far behind take a snapshot).
         self.history.truncate(c.history_len);

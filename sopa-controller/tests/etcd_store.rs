@@ -112,6 +112,7 @@ fn state(version: u64) -> Persisted {
         down_switches: Vec::new(),
         suspect: Vec::new(),
         audit: Vec::new(),
+        revoked: Vec::new(),
     }
 }
 

@@ -1081,6 +1081,114 @@ async fn a_renewed_controller_certificate_is_presented_at_new_handshakes() {
     c.stop().await;
 }
 
+/// A certificate revoked through the controller is kept in its state: refused at once (its
+/// stream closed), and by the next controller on that state (another replica, or this one
+/// restarted) with no deny-list file of its own; the history says who revoked it and why.
+#[tokio::test]
+async fn a_certificate_revoked_through_one_controller_is_refused_by_the_next() {
+    use sopa_channel::proto::{HistoryRequest, RevokeRequest};
+    use sopa_controller::{fabric::Fabric, store::Store};
+    use sopa_topology::topology::TopologySpec;
+    let ca = Ca::new("revoke-stored");
+    let store = Store::File(ca.dir.0.join("state.json"));
+    let start = |epoch: u64| {
+        let (store, ca_dir) = (store.clone(), ca.issue(Role::Controller, "sopa-controller"));
+        async move {
+            let spec = TopologySpec::FatTree { k: 4 };
+            let fabric = match store.load().await.unwrap() {
+                Some(state) => Fabric::restore(spec, &state).unwrap(),
+                None => Fabric::new(spec, epoch).unwrap(),
+            };
+            let tls = ServerTls::load(&ca_dir, DenyList::none()).unwrap();
+            common::start_controller_tls_fabric(
+                fabric,
+                tls,
+                sopa_controller::server::Options {
+                    store,
+                    ..common::test_options()
+                },
+            )
+            .await
+        }
+    };
+    let c = start(31).await;
+    let (h0_dir, h0_serial) = ca.issue_with(Role::Host, "h0", &IssueOptions::default());
+    let h0 = tls::client_config(&h0_dir, "localhost").unwrap();
+    let (log, _lost, _a) =
+        spawn_agent_watched(&endpoint(&c), "h0", Some(h0.clone()), vec![], vec![]);
+    until("h0's snapshot", || last_version(&log) == 1).await;
+    let mut alice = control(&c, &ca.client(Role::Operator, "alice")).await;
+    let bad = alice
+        .revoke(RevokeRequest {
+            serial: "not a serial".into(),
+            reason: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        bad.code(),
+        tonic::Code::InvalidArgument,
+        "{}",
+        bad.message()
+    );
+    alice
+        .revoke(RevokeRequest {
+            serial: h0_serial.to_uppercase(),
+            reason: "h0's disk left the building".into(),
+        })
+        .await
+        .unwrap();
+    until("h0's stream closed", || {
+        c.controller
+            .agents()
+            .get("h0")
+            .is_some_and(|r| !r.connected)
+    })
+    .await;
+    c.stop().await;
+
+    // The next controller on that state, no deny-list file: h0 stays out, h1 gets in.
+    let c = start(32).await;
+    let (log0, _lost0, _b) = spawn_agent_watched(&endpoint(&c), "h0", Some(h0), vec![], vec![]);
+    let (log1, _lost1, _c) = spawn_agent_watched(
+        &endpoint(&c),
+        "h1",
+        Some(ca.client(Role::Host, "h1")),
+        vec![],
+        vec![],
+    );
+    until("h0 refused at the handshake", || {
+        c.controller.refusals.count(Refusal::Revoked) >= 1
+    })
+    .await;
+    until("h1's snapshot", || last_version(&log1) == 1).await;
+    assert!(log0.lock().unwrap().is_empty(), "the revoked h0 was served");
+    let mut viewer = control(&c, &ca.client(Role::Viewer, "dashboards")).await;
+    let h = viewer
+        .history(HistoryRequest { limit: 0 })
+        .await
+        .unwrap()
+        .into_inner()
+        .entries;
+    let revoke = h
+        .iter()
+        .find(|e| e.what.starts_with("revoke"))
+        .expect("the revocation");
+    assert_eq!(
+        (
+            revoke.who.as_str(),
+            revoke.what.as_str(),
+            revoke.reason.as_str()
+        ),
+        (
+            "operator/alice",
+            format!("revoke certificate {h0_serial}").as_str(),
+            "h0's disk left the building"
+        )
+    );
+    c.stop().await;
+}
+
 /// Waits until `name`'s client has had two sessions end without a single message applied.
 async fn refused_twice(name: &str, log: &Log, lost: &Lost) {
     until(&format!("{name}: two refused attempts"), || {

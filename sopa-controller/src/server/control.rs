@@ -164,6 +164,19 @@ impl proto::control::control_server::Control for ControlService {
         Ok(Response::new(self.controller.status()))
     }
 
+    async fn revoke(
+        &self,
+        request: Request<proto::RevokeRequest>,
+    ) -> Result<Response<ChangeReply>, Status> {
+        let peer = self.authorize(&request, OPERATORS, "revoke a certificate")?;
+        let r = request.into_inner();
+        self.controller
+            .revoke_as(&actor(&peer, &r.reason), &r.serial)
+            .await
+            .map(Response::new)
+            .map_err(to_status)
+    }
+
     async fn history(
         &self,
         request: Request<proto::HistoryRequest>,

@@ -101,6 +101,8 @@ pub struct Controller {
     store: Store,
     /// Changes are made one at a time: each is stored before the next is computed.
     writer: tokio::sync::Mutex<()>,
+    /// Certificate serials revoked through this controller's state, for its deny list.
+    revoked: tokio::sync::watch::Sender<Arc<std::collections::BTreeSet<String>>>,
     /// Set once this controller must stop serving (a replica whose store refused it as the
     /// leader), with the reason.
     stepped_down: tokio::sync::watch::Sender<Option<String>>,
@@ -238,7 +240,9 @@ impl Controller {
             ),
             Suspicions::new(suspicion),
         );
+        let revoked = tokio::sync::watch::channel(Arc::new(fabric.revoked().clone())).0;
         Arc::new(Self {
+            revoked,
             meter,
             fabric: Mutex::new(fabric),
             updates,
@@ -414,6 +418,33 @@ impl Controller {
             Ok(delta)
         })
         .await
+    }
+
+    /// Revokes certificate `serial` (hex, any common spelling) in the controller's state, so
+    /// that every replica refuses it at the next handshake and closes its open streams; kept
+    /// with who asked and why.
+    pub async fn revoke_as(&self, actor: &Actor, serial: &str) -> Result<ChangeReply, FabricError> {
+        let serials = crate::auth::parse_deny_list(std::path::Path::new("--serial"), serial)
+            .map_err(|e| FabricError::BadSerial(e.to_string()))?;
+        let Ok([serial]) = <[String; 1]>::try_from(serials.into_iter().collect::<Vec<_>>()) else {
+            return Err(FabricError::BadSerial(format!(
+                "{serial:?}: give one certificate serial, as sopactl certs show prints it"
+            )));
+        };
+        let reply = self
+            .change_as(actor, |f| {
+                f.revoke(&serial, actor);
+                Ok(None)
+            })
+            .await?;
+        let now = self.fabric.lock().expect("fabric lock").revoked().clone();
+        self.revoked.send_replace(Arc::new(now));
+        Ok(reply)
+    }
+
+    /// The serials revoked in the controller's state, as they change.
+    pub fn revoked(&self) -> tokio::sync::watch::Receiver<Arc<std::collections::BTreeSet<String>>> {
+        self.revoked.subscribe()
     }
 
     /// The newest changes, newest last: at most `limit` (0: all kept).
@@ -672,6 +703,17 @@ pub async fn serve(
 ) -> Result<(), tonic::transport::Error> {
     let deny = tls.as_ref().map_or_else(DenyList::none, |t| t.deny.clone());
     let _reload_deny_list = deny.watch(Duration::from_secs(1)).map(AbortOnDrop);
+    // The serials revoked in the state (every replica's the same), with the file's.
+    let _follow_revoked = {
+        let (deny, mut revoked) = (deny.clone(), controller.revoked());
+        deny.set_stored(&revoked.borrow_and_update());
+        AbortOnDrop(tokio::spawn(async move {
+            while revoked.changed().await.is_ok() {
+                let now = revoked.borrow_and_update().clone();
+                deny.set_stored(&now);
+            }
+        }))
+    };
     let _reload_own_certificate = tls
         .as_ref()
         .map(|t| AbortOnDrop(t.own.watch(Duration::from_secs(1))));

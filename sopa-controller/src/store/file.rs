@@ -81,6 +81,7 @@ mod tests {
             down_switches: vec!["c1".into()],
             suspect: vec![("a2".into(), "c0".into())],
             audit: Vec::new(),
+            revoked: Vec::new(),
         };
         save(&path, &state).unwrap();
         assert_eq!(load(&path).unwrap(), Some(state));

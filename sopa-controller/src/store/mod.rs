@@ -43,6 +43,10 @@ pub struct Persisted {
     /// Who made the newest changes, and why (`crate::audit`).
     #[serde(default)]
     pub audit: Vec<crate::audit::AuditRecord>,
+    /// Certificate serials revoked through the controller (`sopactl certs revoke`): with the
+    /// state, so every replica refuses them.
+    #[serde(default)]
+    pub revoked: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -118,6 +118,27 @@ pub async fn start_controller_with_grace(epoch: u64, grace: Duration) -> Running
     })
 }
 
+/// A controller on loopback over `fabric` (a restored one, say), with `tls` and `opts`.
+pub async fn start_controller_tls_fabric(
+    fabric: Fabric,
+    tls: ServerTls,
+    opts: server::Options,
+) -> Running {
+    let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    std_listener.set_nonblocking(true).unwrap();
+    let addr = std_listener.local_addr().unwrap();
+    on_own_runtime(
+        Controller::with_options(fabric, opts),
+        addr,
+        move |c| async move {
+            let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
+            server::serve(c, listener, Some(tls), std::future::pending())
+                .await
+                .unwrap();
+        },
+    )
+}
+
 /// A controller on loopback with `opts` (and `tls`).
 pub async fn start_controller_opts(
     epoch: u64,

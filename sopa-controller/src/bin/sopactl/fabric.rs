@@ -85,6 +85,17 @@ pub enum CertsCommand {
     },
     /// The node, role and serial a certificate names (for a deny list entry).
     Show { file: PathBuf },
+    /// Revoke a certificate through the controller: kept in its state (so every replica
+    /// refuses it), refused at its next handshake, its open stream closed.
+    Revoke {
+        #[command(flatten)]
+        conn: Connection,
+        /// The serial, as `sopactl certs show` and `certs issue` print it.
+        serial: String,
+        /// Why (shown by `sopactl history`).
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
 }
 
 fn parse_role(s: &str) -> Result<identity::Role, String> {
@@ -522,5 +533,24 @@ pub fn certs(cmd: CertsCommand) -> Result<()> {
             println!("identity {}  serial {serial}", id.uri());
             Ok(())
         }
+        CertsCommand::Revoke {
+            conn,
+            serial,
+            reason,
+        } => runtime().block_on(async {
+            let request = sopa_channel::proto::RevokeRequest {
+                serial: serial.clone(),
+                reason,
+            };
+            call(&conn, &format!("certs revoke {serial}"), |mut control| {
+                let request = request.clone();
+                async move { control.revoke(request).await }
+            })
+            .await?;
+            println!(
+                "certificate {serial} revoked: refused at its next handshake by every replica"
+            );
+            Ok(())
+        }),
     }
 }
