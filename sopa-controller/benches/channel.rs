@@ -5,11 +5,15 @@
 //! sends its ACK), over several rounds, and the controller's memory. Every ACK is then
 //! confirmed at the controller, untimed.
 //!
-//! The failover row: two controller replicas on one etcd (the distribution's `etcd`), every
-//! agent given both; the leader is killed (SIGKILL: its lease runs out, nothing resigns), and
-//! the row gives p50 / p99 / max of the time from the kill until each agent's stream to the
-//! new leader was open again (up to date, it needs no snapshot), and the time until the new
-//! leader served. A change through the new leader then reaches every agent, untimed.
+//! The failover row: two controller replicas on a cluster of three etcd members (the
+//! distribution's `etcd`), mutual TLS throughout as deployed (the fabric's CA, the
+//! controller's certificate, one per agent), every agent given both replicas; the leader is
+//! killed (SIGKILL: its lease runs out, nothing resigns), and the row gives p50 / p99 / max of
+//! the time from the kill until each agent's stream to the new leader was open again (its TLS
+//! handshake included; up to date, it needs no snapshot), and the time until the new leader
+//! served. A change through the new leader then reaches every agent, untimed. Then etcd's own
+//! leader is killed: the row after gives the time until a change through the controller was
+//! stored again, and until every agent had applied it.
 
 use std::{
     process::{Child, Command, Stdio},
@@ -19,11 +23,14 @@ use std::{
 
 use sopa_channel::{
     client::{self, Applier, ClientConfig},
+    identity::{Identity, Role as IdRole},
     proto::{
         Delta, LinkChange, LinkRef, Role, Snapshot, StatusRequest,
         control::control_client::ControlClient,
     },
+    tls,
 };
+use sopa_controller::certs::{self, IssueOptions};
 use tokio::sync::watch;
 
 /// A simulated agent: checks version continuity like a real one and records when it applied.
@@ -183,7 +190,18 @@ fn main() {
     );
     runtime.block_on(failover(&bin, k, ttl));
     println!(
-        "(two replicas on one etcd member; the leader SIGKILLed; times from the kill until the new leader served, and until each agent's stream to it was open again; a change then reached every agent, untimed)"
+        "(two replicas on a cluster of three etcd members, mutual TLS throughout (a certificate per agent); the leading replica SIGKILLed; times from the kill until the new leader served, and until each agent's stream to it was open again, its TLS handshake included; a change then reached every agent, untimed)"
+    );
+    println!();
+    println!(
+        "{:<14} {:>6} {:>8} {:>12} {:>10} {:>10} {:>10}",
+        "etcd leader", "agents", "members", "stored ms", "p50 ms", "p99 ms", "max ms"
+    );
+    if let Some(row) = ETCD_ROW.lock().unwrap().take() {
+        println!("{row}");
+    }
+    println!(
+        "(then etcd's own leader SIGKILLed while the controller serves: times from the kill until a change through the controller was stored (tried again until the two members left elected a leader), and until each agent had applied it)"
     );
 }
 
@@ -194,13 +212,16 @@ type Agents = (
     watch::Sender<bool>,
 );
 
-/// Starts `n` simulated agents (h0, h1, ...) on `controllers`, each on its own connection.
-fn spawn_agents(n: usize, controllers: &str) -> Agents {
+/// Starts `n` simulated agents (h0, h1, ...) on `controllers`, each on its own connection
+/// (with its own certificate, where `tls` gives them).
+fn spawn_agents(n: usize, controllers: &str, tls: Option<Vec<tls::ClientTls>>) -> Agents {
     let applied = Arc::new(Mutex::new(vec![(0u64, Instant::now()); n]));
     let connected = Arc::new(Mutex::new(vec![None; n]));
     let (stop, stopped) = watch::channel(false);
+    let mut tls = tls.map(Vec::into_iter);
     for i in 0..n {
         let mut cfg = ClientConfig::new(controllers, format!("h{i}"), Role::Host);
+        cfg.tls = tls.as_mut().and_then(Iterator::next);
         cfg.heartbeat = Duration::from_secs(1);
         let mut sim = Sim {
             epoch: 0,
@@ -244,6 +265,105 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// One etcd member of the bench's cluster: its client port, and its process.
+struct Member {
+    name: String,
+    client: u16,
+    log: std::path::PathBuf,
+}
+
+/// Starts a cluster of `n` etcd members in `dir`; returns them, their processes pushed onto
+/// `children`, once each serves.
+async fn etcd_cluster(dir: &std::path::Path, n: usize, children: &mut Children) -> Vec<Member> {
+    let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+    let cluster = ports
+        .iter()
+        .enumerate()
+        .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut members = Vec::new();
+    for (i, (client, peer)) in ports.iter().enumerate() {
+        let log = dir.join(format!("etcd-m{i}.log"));
+        let child = Command::new("etcd")
+            .args([
+                "--name",
+                &format!("m{i}"),
+                "--data-dir",
+                dir.join(format!("etcd-m{i}")).to_str().unwrap(),
+                "--listen-client-urls",
+                &format!("http://127.0.0.1:{client}"),
+                "--advertise-client-urls",
+                &format!("http://127.0.0.1:{client}"),
+                "--listen-peer-urls",
+                &format!("http://127.0.0.1:{peer}"),
+                "--initial-advertise-peer-urls",
+                &format!("http://127.0.0.1:{peer}"),
+                "--initial-cluster",
+                &cluster,
+                "--initial-cluster-state",
+                "new",
+                "--logger",
+                "zap",
+            ])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("etcd is missing: `cargo xtask setup` installs it (Debian's etcd-server)");
+        children.0.push(child);
+        members.push(Member {
+            name: format!("m{i}"),
+            client: *client,
+            log,
+        });
+    }
+    let t = Instant::now();
+    while !members.iter().all(|m| {
+        std::fs::read_to_string(&m.log)
+            .unwrap_or_default()
+            .contains("serving client traffic")
+    }) {
+        assert!(t.elapsed() < Duration::from_secs(60), "etcd did not serve");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    members
+}
+
+/// The index in `members` of the cluster's leader now.
+async fn etcd_leader(members: &[Member]) -> usize {
+    let t = Instant::now();
+    loop {
+        for (i, m) in members.iter().enumerate() {
+            let Ok(mut c) =
+                etcd_client::Client::connect([format!("127.0.0.1:{}", m.client)], None).await
+            else {
+                continue;
+            };
+            if let Ok(s) = c.status().await
+                && s.leader() != 0
+                && s.header().is_some_and(|h| h.member_id() == s.leader())
+            {
+                return i;
+            }
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "etcd has no leader");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A certificate folder of `role`/`node` under `dir`, issued by the CA in `dir/ca`.
+fn issue(dir: &std::path::Path, role: IdRole, node: &str) -> std::path::PathBuf {
+    let out = dir.join(format!("{role}-{node}"));
+    certs::issue(
+        &dir.join("ca"),
+        &Identity::new(role, node).unwrap(),
+        &out,
+        &IssueOptions::default(),
+    )
+    .unwrap();
+    out
+}
+
 async fn failover(bin: &std::path::Path, k: u32, ttl: u64) {
     let n = (k * k * k / 4) as usize;
     let dir = std::env::temp_dir().join(format!("sopa-bench-failover-{}", std::process::id()));
@@ -252,41 +372,26 @@ async fn failover(bin: &std::path::Path, k: u32, ttl: u64) {
     std::fs::create_dir_all(&dir).unwrap();
     let spec = dir.join(format!("k{k}.toml"));
     std::fs::write(&spec, format!("[topology]\nkind = \"fat-tree\"\nk = {k}\n")).unwrap();
-    let (client, peer) = (free_port(), free_port());
-    let etcd_log = dir.join("etcd.log");
-    let etcd = Command::new("etcd")
-        .args([
-            "--name",
-            "m0",
-            "--data-dir",
-            dir.join("etcd").to_str().unwrap(),
-            "--listen-client-urls",
-            &format!("http://127.0.0.1:{client}"),
-            "--advertise-client-urls",
-            &format!("http://127.0.0.1:{client}"),
-            "--listen-peer-urls",
-            &format!("http://127.0.0.1:{peer}"),
-            "--initial-advertise-peer-urls",
-            &format!("http://127.0.0.1:{peer}"),
-            "--initial-cluster",
-            &format!("m0=http://127.0.0.1:{peer}"),
-            "--logger",
-            "zap",
-        ])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&etcd_log).unwrap())
-        .spawn()
-        .expect("etcd is missing: `cargo xtask setup` installs it (Debian's etcd-server)");
-    let mut children = Children(vec![etcd]);
-    let t = Instant::now();
-    while !std::fs::read_to_string(&etcd_log)
-        .unwrap_or_default()
-        .contains("serving client traffic")
-    {
-        assert!(t.elapsed() < Duration::from_secs(30), "etcd did not serve");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let store = format!("etcd:127.0.0.1:{client}");
+    // Mutual TLS as deployed: the fabric's CA, the controllers' certificate, one per agent.
+    certs::init(&dir.join("ca"), certs::CA_DAYS).unwrap();
+    let ctl = issue(&dir, IdRole::Controller, "sopa-controller");
+    let operator =
+        tls::client_config(&issue(&dir, IdRole::Operator, "bench"), "localhost").unwrap();
+    let agents_tls: Vec<tls::ClientTls> = (0..n)
+        .map(|i| {
+            tls::client_config(&issue(&dir, IdRole::Host, &format!("h{i}")), "localhost").unwrap()
+        })
+        .collect();
+    let mut children = Children(Vec::new());
+    let members = etcd_cluster(&dir, 3, &mut children).await;
+    let store = format!(
+        "etcd:{}",
+        members
+            .iter()
+            .map(|m| format!("127.0.0.1:{}", m.client))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
     let listens = [free_port(), free_port()].map(|p| format!("127.0.0.1:{p}"));
     let replica = |i: usize| {
         Command::new(bin)
@@ -295,7 +400,8 @@ async fn failover(bin: &std::path::Path, k: u32, ttl: u64) {
                 spec.to_str().unwrap(),
                 "--listen",
                 &listens[i],
-                "--insecure",
+                "--certs",
+                ctl.to_str().unwrap(),
                 "--store",
                 &store,
                 "--name",
@@ -309,68 +415,81 @@ async fn failover(bin: &std::path::Path, k: u32, ttl: u64) {
             .spawn()
             .unwrap()
     };
-    let urls: Vec<String> = listens.iter().map(|l| format!("http://{l}")).collect();
-    // r0 first: it leads once it serves; then r1, which waits.
-    children.0.push(replica(0));
-    let mut control = loop {
-        match ControlClient::connect(urls[0].clone()).await {
-            Ok(c) => break c,
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+    let urls: Vec<String> = listens.iter().map(|l| format!("https://{l}")).collect();
+    let control_of = |url: String| {
+        let operator = operator.clone();
+        async move {
+            loop {
+                if let Ok(c) = client::connect(&url, Some(&operator)).await {
+                    break ControlClient::new(c);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         }
     };
+    // r0 first: it leads once it serves; then r1, which waits.
+    let r0 = children.0.len();
+    children.0.push(replica(0));
+    let mut control = control_of(urls[0].clone()).await;
     children.0.push(replica(1));
     let list = urls.join(",");
-    let (applied, connected, stop) = spawn_agents(n, &list);
+    let (applied, connected, stop) = spawn_agents(n, &list, Some(agents_tls));
     let all_at = |v: u64| applied.lock().unwrap().iter().all(|(ver, _)| *ver >= v);
     let t = Instant::now();
     while !all_at(1) {
         assert!(
-            t.elapsed() < Duration::from_secs(120),
+            t.elapsed() < Duration::from_secs(300),
             "agents did not all connect"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let link = |down: bool| LinkChange {
+        link: Some(LinkRef {
+            a: "e0".into(),
+            b: "a0".into(),
+        }),
+        down,
+        ..Default::default()
+    };
     let version = control
-        .set_link(LinkChange {
-            link: Some(LinkRef {
-                a: "e0".into(),
-                b: "a0".into(),
-            }),
-            down: true,
-            ..Default::default()
-        })
+        .set_link(link(true))
         .await
         .unwrap()
         .into_inner()
         .version;
     while !all_at(version) {
         assert!(
-            t.elapsed() < Duration::from_secs(120),
+            t.elapsed() < Duration::from_secs(300),
             "not every agent got version {version}"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // The leader dies without a word.
-    let _ = children.0[1].kill();
-    let _ = children.0[1].wait();
+    let _ = children.0[r0].kill();
+    let _ = children.0[r0].wait();
     let killed = Instant::now();
-    let mut control = loop {
-        match ControlClient::connect(urls[1].clone()).await {
-            Ok(c) => break c,
-            Err(_) => {
-                assert!(
-                    killed.elapsed() < Duration::from_secs(60),
-                    "no replica took over"
-                );
-                tokio::time::sleep(Duration::from_millis(5)).await;
+    let mut control = {
+        let url = urls[1].clone();
+        let operator = operator.clone();
+        loop {
+            if let Ok(c) = client::connect(&url, Some(&operator)).await {
+                let mut c = ControlClient::new(c);
+                if c.status(StatusRequest {}).await.is_ok() {
+                    break c;
+                }
             }
+            assert!(
+                killed.elapsed() < Duration::from_secs(60),
+                "no replica took over"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     };
     let served = killed.elapsed().as_secs_f64() * 1e3;
     let back = |c: &Vec<Option<Instant>>| c.iter().all(|t| t.is_some_and(|t| t > killed));
     while !back(&connected.lock().unwrap()) {
         assert!(
-            killed.elapsed() < Duration::from_secs(120),
+            killed.elapsed() < Duration::from_secs(300),
             "not every agent came back"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -384,14 +503,7 @@ async fn failover(bin: &std::path::Path, k: u32, ttl: u64) {
     times.sort_by(f64::total_cmp);
     // Up to date across the failover, and the new leader's next change reaches everyone.
     let next = control
-        .set_link(LinkChange {
-            link: Some(LinkRef {
-                a: "e0".into(),
-                b: "a0".into(),
-            }),
-            down: false,
-            ..Default::default()
-        })
+        .set_link(link(false))
         .await
         .unwrap()
         .into_inner()
@@ -400,7 +512,7 @@ async fn failover(bin: &std::path::Path, k: u32, ttl: u64) {
     let t = Instant::now();
     while !all_at(next) {
         assert!(
-            t.elapsed() < Duration::from_secs(60),
+            t.elapsed() < Duration::from_secs(120),
             "not every agent got version {next}"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -415,11 +527,69 @@ async fn failover(bin: &std::path::Path, k: u32, ttl: u64) {
         percentile(&times, 0.99),
         times.last().copied().unwrap_or(0.0),
     );
+
+    // etcd's own leader dies: the next change is stored once the other two members elect
+    // one. The first replica, killed above, is back as the standby: a replica whose lease
+    // ran out meanwhile (a short lease can, while etcd elects) hands over to it, as in
+    // production under its supervisor. Changes are tried on either until one is stored.
+    children.0.push(replica(0));
+    let leader = etcd_leader(&members).await;
+    let _ = children.0[leader].kill();
+    let _ = children.0[leader].wait();
+    let killed = Instant::now();
+    let mut tries = 0u32;
+    let mut last = String::new();
+    let (version, by) = 'stored: loop {
+        for (i, url) in urls.iter().enumerate() {
+            tries += 1;
+            if let Ok(c) = client::connect(url, Some(&operator)).await {
+                match ControlClient::new(c).set_link(link(true)).await {
+                    Ok(r) => break 'stored (r.into_inner().version, i),
+                    Err(e) => last = e.message().to_owned(),
+                }
+            }
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(60),
+            "no change stored within 60 s of etcd's leader dying: {last}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    drop(control);
+    let stored = killed.elapsed().as_secs_f64() * 1e3;
+    while !all_at(version) {
+        assert!(
+            killed.elapsed() < Duration::from_secs(120),
+            "not every agent got version {version} after etcd's leader died"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut times: Vec<f64> = applied
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, at)| at.duration_since(killed).as_secs_f64() * 1e3)
+        .collect();
+    times.sort_by(f64::total_cmp);
+    ETCD_ROW.lock().unwrap().replace(format!(
+        "{:<14} {:>6} {:>8} {:>12.0} {:>10.0} {:>10.0} {:>10.0}   ({} killed; stored through r{by} after {tries} tries)",
+        format!("Fat-Tree k={k}"),
+        n,
+        3,
+        stored,
+        percentile(&times, 0.5),
+        percentile(&times, 0.99),
+        times.last().copied().unwrap_or(0.0),
+        members[leader].name,
+    ));
     let _ = stop.send(true);
     drop(children);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The row of etcd's leader killed, printed under its own header after the failover row.
+static ETCD_ROW: Mutex<Option<String>> = Mutex::new(None);
 
 async fn run(bin: &std::path::Path, k: u32, rounds: usize) {
     let n = (k * k * k / 4) as usize;
@@ -462,7 +632,7 @@ async fn run(bin: &std::path::Path, k: u32, rounds: usize) {
     };
     let pid = controller.0.id();
     let start = Instant::now();
-    let (applied, connected, stop) = spawn_agents(n, &url);
+    let (applied, connected, stop) = spawn_agents(n, &url, None);
     let all_at = |v: u64| applied.lock().unwrap().iter().all(|(ver, _)| *ver >= v);
     while !all_at(1) {
         assert!(

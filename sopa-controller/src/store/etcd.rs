@@ -26,14 +26,18 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_millis(1500);
 /// How long a request that fails in transit is tried again.
 pub const RETRY_FOR: Duration = Duration::from_secs(5);
 
-/// Whether an etcd error is one of transit (a member unreachable, a connection cut), after
-/// which the request may be sent again, rather than etcd's answer.
+/// Whether an etcd error is one of transit (a member unreachable, a connection cut, a request
+/// the client's own timeout cancelled while the members elect a leader), after which the
+/// request may be sent again, rather than etcd's answer.
 pub fn in_transit(e: &etcd_client::Error) -> bool {
     match e {
         etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
         etcd_client::Error::GRpcStatus(s) => matches!(
             s.code(),
-            tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::DeadlineExceeded
+            tonic::Code::Unavailable
+                | tonic::Code::Unknown
+                | tonic::Code::DeadlineExceeded
+                | tonic::Code::Cancelled
         ),
         _ => false,
     }
@@ -272,5 +276,23 @@ impl EtcdStore {
                 holder: "nobody yet (this controller's lease ran out)".into(),
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_cut_or_timed_out_in_transit_is_tried_again_and_an_answer_is_not() {
+        let status = |code| etcd_client::Error::GRpcStatus(tonic::Status::new(code, "x"));
+        // The client's own timeout, while the members elect a leader after theirs died: the
+        // request is sent again (before, every change failed for as long as the bench ran).
+        assert!(in_transit(&status(tonic::Code::Cancelled)));
+        assert!(in_transit(&status(tonic::Code::Unavailable)));
+        assert!(in_transit(&status(tonic::Code::DeadlineExceeded)));
+        // etcd's answers are final.
+        assert!(!in_transit(&status(tonic::Code::FailedPrecondition)));
+        assert!(!in_transit(&status(tonic::Code::PermissionDenied)));
     }
 }
