@@ -1010,13 +1010,17 @@ fn a_granularity_change_reaches_a_connection_established_before_it() {
     eprintln!(
         "one connection: {before:.2} segments per stamp with flowcells of 4, {after:.2} after `granularity packet`"
     );
+    // Bytes on the wire over stamps: a few percent of other frames (retransmissions, ARP)
+    // land in the window too (measured 3.70-4.03 before, 0.97-1.02 after; 3.85 after without
+    // the fix).
     assert!(
-        (2.0..=4.0).contains(&before),
+        (2.0..=4.2).contains(&before),
         "{before} segments per stamped unit with the default flowcells of 4"
     );
     assert!(
-        after <= 1.0,
-        "{after} segments per stamped unit on the same connection after `granularity packet`"
+        after <= 1.1 && before >= 2.5 * after,
+        "{after} segments per stamped unit on the same connection after `granularity packet` \
+         ({before} before)"
     );
     assert_eq!(a.stop(), Some(0));
 }
