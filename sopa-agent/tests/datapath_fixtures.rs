@@ -18,7 +18,7 @@ use sopa_common::{
     wire::HOP_NONE,
 };
 
-use common::{Fixture, TABLE, TC_ACT_SHOT, TC_ACT_UNSPEC, gso_ctx};
+use common::{Fixture, TABLE, TC_ACT_SHOT, TC_ACT_UNSPEC, allowed_cpus, gso_ctx, run_on_cpu};
 
 const SRC: [u8; 4] = [10, 1, 0, 2];
 const DST: [u8; 4] = [10, 2, 0, 2];
@@ -391,20 +391,6 @@ fn round_robin_is_exact_per_flow() {
     assert_eq!(&hop_counts[..3], &hop0);
 }
 
-/// Pins the calling thread to `cpu`.
-fn run_on_cpu(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t with one bit set, for the calling thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        assert_eq!(
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
-            0,
-            "sched_setaffinity to CPU {cpu}"
-        );
-    }
-}
-
 #[test]
 fn per_flow_counts_add_up_when_every_cpu_stamps_the_flow_at_once() {
     // Hedera's elephant detection reads a flow's bytes: every CPU sending the flow at the same
@@ -457,21 +443,6 @@ fn per_flow_counts_add_up_when_every_cpu_stamps_the_flow_at_once() {
         cpus as u64 * len + (runs - cpus as u64) * (len + 4),
         "bytes counted by {cpus} CPUs at once"
     );
-}
-
-/// The CPUs this process may run on.
-fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: a zeroed cpu_set_t filled by the kernel for this process.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        assert_eq!(
-            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
-            0
-        );
-        (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| libc::CPU_ISSET(c, &set))
-            .collect()
-    }
 }
 
 #[test]

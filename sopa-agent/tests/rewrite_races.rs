@@ -18,7 +18,7 @@ use aya::programs::{TestRun as _, TestRunOptions};
 use sopa_agent::{datapath::MapSet, path_table::PathTable};
 use sopa_common::maps::{FlowKey, Pin, mode};
 
-use common::{Fixture, TC_ACT_UNSPEC};
+use common::{Fixture, TC_ACT_UNSPEC, allowed_cpus, run_on_cpu};
 
 /// Runs per CPU: with the table written in place, 1-2 of 40 million runs on two CPUs took the
 /// other prefix's path against about 6,000 rewrites, and 2-3 the other flow's pin against
@@ -34,35 +34,6 @@ fn tcp(dst: [u8; 4], sport: u16) -> Vec<u8> {
         .write(&mut p, b"data")
         .unwrap();
     p
-}
-
-/// The CPUs this process may run on.
-fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: a zeroed cpu_set_t filled by the kernel for this process.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        assert_eq!(
-            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
-            0
-        );
-        (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| libc::CPU_ISSET(c, &set))
-            .collect()
-    }
-}
-
-/// Pins the calling thread to `cpu`.
-fn run_on_cpu(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t with one bit set, for the calling thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        assert_eq!(
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
-            0,
-            "sched_setaffinity to CPU {cpu}"
-        );
-    }
 }
 
 /// Runs `tc_stamp` on `packet` `RUNS` times on each allowed CPU while `write` is called over

@@ -197,11 +197,25 @@ fn a_route_before(all: &str, prefix: &str) -> String {
 
 /// Polls `ip <args>` in `ns` until its output satisfies `ok` (at most 10 s); the last output.
 fn wait_for_route(ns: &sopa_testbed::NetNs, args: &[&str], ok: impl Fn(&str) -> bool) -> String {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    poll_route(ns, args, Duration::from_secs(10), ok).unwrap_or_else(|out| out)
+}
+
+/// Polls `ip <args>` in `ns` until its output satisfies `ok`: `Ok` with it, or `Err` with the
+/// last output once `within` has passed.
+fn poll_route(
+    ns: &sopa_testbed::NetNs,
+    args: &[&str],
+    within: Duration,
+    ok: impl Fn(&str) -> bool,
+) -> Result<String, String> {
+    let deadline = Instant::now() + within;
     loop {
         let out = ns.ip(args).unwrap();
-        if ok(&out) || Instant::now() > deadline {
-            return out;
+        if ok(&out) {
+            return Ok(out);
+        }
+        if Instant::now() > deadline {
+            return Err(out);
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -401,19 +415,8 @@ fn route_within(
     what: &str,
     ok: impl Fn(&str) -> bool,
 ) -> String {
-    let deadline = Instant::now() + within;
-    loop {
-        let out = ns.ip(args).unwrap();
-        if ok(&out) {
-            return out;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what} within {within:?}; `ip {}`:\n{out}",
-            args.join(" ")
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    poll_route(ns, args, within, ok)
+        .unwrap_or_else(|out| panic!("{what} within {within:?}; `ip {}`:\n{out}", args.join(" ")))
 }
 
 /// A stop undoes the agent's own change only: an operator's edit of a route the agent lowered

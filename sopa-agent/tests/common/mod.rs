@@ -177,3 +177,32 @@ pub fn meter_packets(counts: &[(MeterKey, MeterSent)]) -> Vec<(MeterKey, u64)> {
 pub fn meter_bytes(counts: &[(MeterKey, MeterSent)]) -> u64 {
     counts.iter().map(|(_, c)| c.bytes).sum()
 }
+
+/// The CPUs this process may run on.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t filled by the kernel for this process.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(
+            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
+            0
+        );
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+/// Pins the calling thread to `cpu`.
+pub fn run_on_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t with one bit set, for the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0,
+            "sched_setaffinity to CPU {cpu}"
+        );
+    }
+}

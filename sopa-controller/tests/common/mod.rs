@@ -330,6 +330,18 @@ pub fn spawn_agent_watched(
     refuse: Vec<u64>,
     swallow: Vec<u64>,
 ) -> (Log, Lost, watch::Sender<bool>) {
+    spawn_watched(endpoint, node, tls, None, refuse, swallow)
+}
+
+/// [`spawn_agent_watched`], its TLS read again from `tls_files` at every session where given.
+fn spawn_watched(
+    endpoint: &str,
+    node: &str,
+    tls: Option<ClientTls>,
+    tls_files: Option<&std::path::Path>,
+    refuse: Vec<u64>,
+    swallow: Vec<u64>,
+) -> (Log, Lost, watch::Sender<bool>) {
     let log: Log = Arc::default();
     let lost: Lost = Arc::default();
     let mut agent = TestAgent {
@@ -343,6 +355,7 @@ pub fn spawn_agent_watched(
     };
     let mut cfg = ClientConfig::new(endpoint, node, Role::Host);
     cfg.tls = tls;
+    cfg.tls_files = tls_files.map(|d| (d.to_owned(), "localhost".to_owned()));
     cfg.heartbeat = Duration::from_millis(200);
     cfg.min_backoff = Duration::from_millis(100);
     cfg.max_backoff = Duration::from_millis(400);
@@ -358,26 +371,8 @@ pub fn spawn_agent_with_files(
     node: &str,
     dir: &std::path::Path,
 ) -> (Log, Lost, watch::Sender<bool>) {
-    let log: Log = Arc::default();
-    let lost: Lost = Arc::default();
-    let mut agent = TestAgent {
-        view: None,
-        log: Arc::clone(&log),
-        lost: Arc::clone(&lost),
-        peers: Arc::default(),
-        refuse: Vec::new(),
-        swallow: Vec::new(),
-        meter_clock: None,
-    };
-    let mut cfg = ClientConfig::new(endpoint, node, Role::Host);
-    cfg.tls = Some(sopa_channel::tls::client_config(dir, "localhost").unwrap());
-    cfg.tls_files = Some((dir.to_owned(), "localhost".to_owned()));
-    cfg.heartbeat = Duration::from_millis(200);
-    cfg.min_backoff = Duration::from_millis(100);
-    cfg.max_backoff = Duration::from_millis(400);
-    let (tx, rx) = watch::channel(false);
-    tokio::spawn(async move { client::run(cfg, &mut agent, rx).await });
-    (log, lost, tx)
+    let tls = sopa_channel::tls::client_config(dir, "localhost").unwrap();
+    spawn_watched(endpoint, node, Some(tls), Some(dir), Vec::new(), Vec::new())
 }
 
 /// A raw agent stream to a plaintext controller: says `hello`, reads the first message, and
