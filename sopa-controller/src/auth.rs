@@ -300,26 +300,38 @@ impl DenyList {
     pub fn watch(&self, interval: Duration) -> Option<tokio::task::JoinHandle<()>> {
         self.path.as_ref()?;
         let list = self.clone();
-        Some(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(interval);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut last_error = String::new();
-            loop {
-                tick.tick().await;
-                match list.reload() {
-                    Ok(_) => last_error.clear(),
-                    Err(e) => {
-                        // Once per distinct error, not once a second.
-                        let e = e.to_string();
-                        if e != last_error {
-                            warn!(error = %e, "the deny list did not reload; the previous one stays in force");
-                            last_error = e;
-                        }
-                    }
-                }
-            }
-        }))
+        Some(reload_every(
+            interval,
+            "the deny list did not reload; the previous one stays in force",
+            move || list.reload().map(drop).map_err(|e| e.to_string()),
+        ))
     }
+}
+
+/// Runs `reload` every `interval` until the returned task is dropped or aborted; an error is
+/// logged with `failed` once per distinct error, not once a tick (what was loaded before stays
+/// in force).
+pub(crate) fn reload_every(
+    interval: Duration,
+    failed: &'static str,
+    mut reload: impl FnMut() -> Result<(), String> + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_error = String::new();
+        loop {
+            tick.tick().await;
+            match reload() {
+                Ok(()) => last_error.clear(),
+                Err(e) if e != last_error => {
+                    warn!(error = %e, "{failed}");
+                    last_error = e;
+                }
+                Err(_) => {}
+            }
+        }
+    })
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use tokio_rustls::rustls::{
     server::{ClientHello, ResolvesServerCert},
     sign::CertifiedKey,
 };
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::{auth::certificate_identity, transport::TransportError};
 
@@ -104,24 +104,11 @@ impl OwnCert {
     /// Reloads every `interval` until the returned task is dropped or aborted.
     pub fn watch(self: &Arc<Self>, interval: Duration) -> tokio::task::JoinHandle<()> {
         let own = Arc::clone(self);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(interval);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut last_error = String::new();
-            loop {
-                tick.tick().await;
-                match own.reload() {
-                    Ok(_) => last_error.clear(),
-                    Err(e) => {
-                        let e = e.to_string();
-                        if e != last_error {
-                            warn!(error = %e, "the controller's certificate did not reload; the one in force stays");
-                            last_error = e;
-                        }
-                    }
-                }
-            }
-        })
+        crate::auth::reload_every(
+            interval,
+            "the controller's certificate did not reload; the one in force stays",
+            move || own.reload().map(drop).map_err(|e| e.to_string()),
+        )
     }
 }
 
