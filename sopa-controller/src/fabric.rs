@@ -5,7 +5,9 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::Deserialize;
-use sopa_topology::{Topology, paths::Failures, srv6::Encoding, topology::TopologySpec};
+use sopa_topology::{
+    Topology, inventory::Inventory, paths::Failures, srv6::Encoding, topology::TopologySpec,
+};
 
 use sopa_channel::proto::{Change, Delta, LinkChange, LinkRef, Snapshot, SwitchChange, change};
 
@@ -131,7 +133,8 @@ impl Fabric {
         Self::parse_spec_file(text, path).map(|(spec, _)| spec)
     }
 
-    /// Parses a topology spec file with the fabric's encoding:
+    /// Parses a topology spec file with the fabric's encoding: an inventory
+    /// (`sopa_topology::inventory`), or a generated fabric's spec:
     ///
     /// ```toml
     /// encoding = "srv6"      # or "ipv4-option", the default
@@ -143,10 +146,21 @@ impl Fabric {
         text: &str,
         path: &str,
     ) -> Result<(TopologySpec, Encoding), FabricError> {
-        let file: SpecFile = toml::from_str(text).map_err(|e| FabricError::Spec {
+        let syntax = |e: String| FabricError::Spec {
             path: path.to_owned(),
-            message: e.to_string().trim().to_owned(),
-        })?;
+            message: e.trim().to_owned(),
+        };
+        let table: toml::Table = toml::from_str(text).map_err(|e| syntax(e.to_string()))?;
+        // A file without a [topology] table is an operator's inventory.
+        let file = if table.contains_key("topology") {
+            toml::from_str::<SpecFile>(text).map_err(|e| syntax(e.to_string()))?
+        } else {
+            let inv = Inventory::from_toml(text).map_err(syntax)?;
+            SpecFile {
+                encoding: inv.encoding.unwrap_or_default(),
+                topology: TopologySpec::Inventory(Box::new(inv)),
+            }
+        };
         // Building it is the consistency check.
         let topology = Topology::build(&file.topology).map_err(|e| FabricError::Spec {
             path: path.to_owned(),
@@ -791,6 +805,44 @@ mod tests {
             seen += 1;
         }
         assert!(seen >= 3, "{seen} specs in {}", dir.display());
+    }
+
+    #[test]
+    fn an_inventory_is_a_spec_file_with_its_encoding() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../deploy/controller/leaf-spine-inventory.toml"
+        );
+        let text = std::fs::read_to_string(path).unwrap();
+        let (spec, enc) = Fabric::parse_spec_file(&text, "dc1.toml").unwrap();
+        assert_eq!(enc, Encoding::Ipv4Option);
+        let TopologySpec::Inventory(inv) = &spec else {
+            panic!("{spec:?}")
+        };
+        assert_eq!(inv.name.as_deref(), Some("dc1-leaf-spine"));
+        let six = text.replace("encoding = \"ipv4-option\"", "encoding = \"srv6\"");
+        assert_eq!(
+            Fabric::parse_spec_file(&six, "dc1.toml").unwrap().1,
+            Encoding::Srv6
+        );
+        // It travels to agents as JSON and comes back the same fabric.
+        let f = Fabric::new(spec.clone(), 1).unwrap();
+        let view = FabricView::from_snapshot(&f.snapshot()).unwrap();
+        assert_eq!(view.spec, spec);
+        assert!(view.topology.resolve_host("d-2").is_ok());
+        // A refused inventory names the file and every fault.
+        let bad = text
+            .replace("tor = \"rack-b\"", "tor = \"rack-q\"")
+            .replace("b = \"sp-1:swp1\"", "b = \"sp-1:swp2\"");
+        let e = Fabric::parse_spec_file(&bad, "dc1.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("dc1.toml")
+                && e.contains("rack-q")
+                && e.contains("sp-1:swp2 is cabled twice"),
+            "{e}"
+        );
     }
 
     #[test]

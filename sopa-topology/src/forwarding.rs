@@ -4,8 +4,9 @@
 //! addresses of every link, so the switch agent, the testbed and the controller agree on them.
 //!
 //! Addressing: a host has its model address; its rack switch answers on the rack's gateway
-//! address (Fat-Tree `10.p.e.1`, MODRIC the last address of the AS prefix). Switch-to-switch link
-//! `L` is the /31 `172.16.0.0 + 2L`, its `a` end the even address.
+//! address (Fat-Tree `10.p.e.1`, MODRIC the last address of the AS prefix, an inventory's rack
+//! its `gateway`). Switch-to-switch link `L` is the inventory's subnet, or else the /31
+//! `172.16.0.0 + 2L`, its `a` end the even address.
 
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
@@ -41,15 +42,22 @@ pub struct SwitchPlan {
 /// The base of switch-to-switch link addresses.
 pub const LINK_BASE: Ipv4Addr = Ipv4Addr::new(172, 16, 0, 0);
 
-/// The two addresses of switch-to-switch link `link` (its `a` end first), /31.
-pub fn link_addresses(link: LinkId) -> (Ipv4Addr, Ipv4Addr) {
+/// The two addresses of switch-to-switch link `link` (its `a` end first) and the subnet's
+/// length: the inventory's, or else the /31 [`LINK_BASE`] + 2 * `link`.
+pub fn link_addresses(topo: &Topology, link: LinkId) -> (Ipv4Addr, Ipv4Addr, u8) {
+    if let Topology::Clos(c) = topo
+        && let Some(ends) = c.link_ipv4(link)
+    {
+        return ends;
+    }
     let base = u32::from(LINK_BASE) + 2 * link;
-    (Ipv4Addr::from(base), Ipv4Addr::from(base + 1))
+    (Ipv4Addr::from(base), Ipv4Addr::from(base + 1), 31)
 }
 
 /// The address a rack's switch answers on towards its hosts.
 pub fn gateway(topo: &Topology, rack: &Rack) -> Ipv4Addr {
     match topo {
+        Topology::Clos(c) => c.racks()[rack.at.0 as usize].gateway,
         Topology::FatTree(_) => Ipv4Addr::from(u32::from(rack.prefix.addr) | 1),
         Topology::Modric(_) => {
             let host_bits = 32 - u32::from(rack.prefix.len);
@@ -176,6 +184,28 @@ fn decisions(topo: &Topology, node: NodeId, racks: &[Rack]) -> Vec<Decision> {
                     }
                 }
                 _ => {}
+            }
+        }
+        Topology::Clos(c) => {
+            // A leaf decides by hop0 for every other rack; a spine with uplinks by hop1 for
+            // every rack it cannot reach going down. The uplinks are in port order.
+            let level = c.level(node);
+            let uplinks: Vec<LinkId> = c.uplinks(node).iter().map(|(l, _)| *l).collect();
+            if uplinks.is_empty() || !(1..=2).contains(&level) {
+                return out;
+            }
+            for rack in racks {
+                let decides = match level {
+                    1 => rack.tor != node,
+                    _ => !c.reaches_down(node, rack.tor),
+                };
+                if decides {
+                    out.push(Decision {
+                        prefix: rack.prefix,
+                        hop_byte: level,
+                        uplinks: uplinks.clone(),
+                    });
+                }
             }
         }
         Topology::Modric(m) => {

@@ -81,10 +81,16 @@ pub fn embed(v4: Ipv4Addr) -> Ipv6Addr {
     Ipv6Addr::from(u128::from(HOST6_PREFIX) | u128::from(u32::from(v4)))
 }
 
-/// The two addresses of switch-to-switch link `link` (its `a` end first), /127.
-pub fn link_addresses6(link: LinkId) -> (Ipv6Addr, Ipv6Addr) {
+/// The two addresses of switch-to-switch link `link` (its `a` end first) and the subnet's
+/// length: the inventory's, or else the /127 [`LINK6_BASE`] + 2 * `link`.
+pub fn link_addresses6(topo: &Topology, link: LinkId) -> (Ipv6Addr, Ipv6Addr, u8) {
+    if let Topology::Clos(c) = topo
+        && let Some(ends) = c.link_ipv6(link)
+    {
+        return ends;
+    }
     let base = u128::from(LINK6_BASE) + 2 * u128::from(link);
-    (Ipv6Addr::from(base), Ipv6Addr::from(base + 1))
+    (Ipv6Addr::from(base), Ipv6Addr::from(base + 1), 127)
 }
 
 /// Every switch's uSID, by node.
@@ -92,13 +98,26 @@ pub fn link_addresses6(link: LinkId) -> (Ipv6Addr, Ipv6Addr) {
 pub struct Usids(Vec<u16>);
 
 impl Usids {
-    /// Numbers the switches of `topo` in node order from 1.
+    /// Numbers the switches of `topo` in node order from 1, skipping the uSIDs an inventory
+    /// gives (those switches keep theirs).
     pub fn of(topo: &Topology) -> Result<Self> {
         let g = topo.graph();
         let mut next: u32 = 1;
         let mut out = vec![0; g.nodes.len()];
+        let given = |i: usize| match topo {
+            Topology::Clos(c) => c.usid(i as NodeId),
+            _ => None,
+        };
+        let taken: std::collections::HashSet<u16> = (0..g.nodes.len()).filter_map(given).collect();
         for (i, n) in g.nodes.iter().enumerate() {
+            if let Some(u) = given(i) {
+                out[i] = u;
+                continue;
+            }
             if n.kind.is_switch() {
+                while taken.contains(&(next as u16)) && next <= u32::from(MAX_GLOBAL_USID) {
+                    next += 1;
+                }
                 if next > u32::from(MAX_GLOBAL_USID) {
                     return Err(Error::Invalid(format!(
                         "{} has more switches than the {MAX_GLOBAL_USID} global uSIDs of one \
@@ -194,7 +213,7 @@ pub fn host_plan(topo: &Topology, table: &PathTable) -> Result<HostPlan> {
         });
     }
     Ok(HostPlan {
-        source: embed(g.node(src).addr.expect("hosts have addresses")),
+        source: topo.host_ipv6(src),
         receive: receive_address(topo, &usids, src)?,
         destinations,
     })
@@ -213,7 +232,7 @@ pub enum Srv6Route {
         addr: Ipv6Addr,
         link: LinkId,
     },
-    /// A rack's IPv6 prefix (its IPv4 one embedded), over the links its IPv4 route takes:
+    /// A rack's IPv6 prefix (the inventory's, or its IPv4 one embedded), over the links its IPv4 route takes:
     /// IPv6 that is not encapsulated (neighbour discovery aside: ICMPv6, a host without an
     /// agent) is routed like IPv4.
     Rack6 {
@@ -262,9 +281,10 @@ pub fn switch_routes(topo: &Topology, node: NodeId, failures: &Failures) -> Resu
         let Some(rack) = racks.iter().find(|r| r.prefix == route.prefix) else {
             continue;
         };
+        let six = topo.rack_ipv6(rack);
         out.push(Srv6Route::Rack6 {
-            addr: embed(route.prefix.addr),
-            len: 96 + route.prefix.len,
+            addr: six.addr,
+            len: six.len,
             links: route.links.clone(),
         });
         if neighbours.contains(&rack.tor) {
@@ -436,8 +456,12 @@ mod tests {
     #[test]
     fn link_and_host_addresses() {
         assert_eq!(
-            link_addresses6(3),
-            ("fd00:5b::6".parse().unwrap(), "fd00:5b::7".parse().unwrap())
+            link_addresses6(&fat_tree(), 3),
+            (
+                "fd00:5b::6".parse().unwrap(),
+                "fd00:5b::7".parse().unwrap(),
+                127
+            )
         );
         assert_eq!(
             embed(Ipv4Addr::new(10, 2, 1, 3)),

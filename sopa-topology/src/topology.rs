@@ -1,24 +1,32 @@
-//! Either fabric behind one interface: the graph, its hosts and destination prefixes, and the
+//! Any fabric behind one interface: the graph, its hosts and destination prefixes, and the
 //! candidate paths between them.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use serde::{Deserialize, Serialize};
 
 use crate::{
     Error, Result,
+    clos::Clos,
     fat_tree::FatTree,
     graph::{Graph, LinkId, NodeId, NodeKind},
+    inventory::{Inventory, check},
     modric::{Modric, ModricParams},
     prefix::Prefix,
+    prefix6::Prefix6,
+    srv6::{HOST6_PREFIX, embed},
 };
 
 /// What a topology is built from: the spec a controller loads and pushes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum TopologySpec {
-    FatTree { k: u32 },
+    FatTree {
+        k: u32,
+    },
     Modric(ModricParams),
+    /// An operator's fabric as built (`crate::inventory`).
+    Inventory(Box<Inventory>),
 }
 
 #[derive(Clone, Debug)]
@@ -27,6 +35,7 @@ pub enum TopologySpec {
 pub enum Topology {
     FatTree(FatTree),
     Modric(Modric),
+    Clos(Box<Clos>),
 }
 
 /// One destination prefix: the hosts under one edge or access switch.
@@ -34,7 +43,8 @@ pub enum Topology {
 pub struct Rack {
     pub prefix: Prefix,
     pub tor: NodeId,
-    /// Topology-specific coordinates: (pod, edge) or (container, access switch).
+    /// Topology-specific coordinates: (pod, edge), (container, access switch) or, for an
+    /// inventory, (rack index, 0).
     pub at: (u32, u32),
 }
 
@@ -43,6 +53,7 @@ impl Topology {
         Ok(match spec {
             TopologySpec::FatTree { k } => Self::FatTree(FatTree::new(*k)?),
             TopologySpec::Modric(p) => Self::Modric(Modric::new(*p)?),
+            TopologySpec::Inventory(inv) => Self::Clos(Box::new(check::build(inv)?)),
         })
     }
 
@@ -50,6 +61,7 @@ impl Topology {
         match self {
             Self::FatTree(f) => TopologySpec::FatTree { k: f.k },
             Self::Modric(m) => TopologySpec::Modric(m.p),
+            Self::Clos(c) => TopologySpec::Inventory(Box::new(c.inventory.clone())),
         }
     }
 
@@ -60,6 +72,13 @@ impl Topology {
                 "MODRIC {}x{} (q={}, x={}, y={})",
                 m.p.m, m.p.n, m.p.q, m.p.x, m.p.y
             ),
+            Self::Clos(c) => format!(
+                "{} ({}-tier Clos, {} racks, {} hosts)",
+                c.inventory.name.as_deref().unwrap_or("inventory"),
+                c.tiers(),
+                c.racks().len(),
+                c.hosts()
+            ),
         }
     }
 
@@ -67,6 +86,7 @@ impl Topology {
         match self {
             Self::FatTree(f) => &f.graph,
             Self::Modric(m) => &m.graph,
+            Self::Clos(c) => &c.graph,
         }
     }
 
@@ -74,6 +94,7 @@ impl Topology {
         match self {
             Self::FatTree(f) => f.hosts(),
             Self::Modric(m) => m.hosts(),
+            Self::Clos(c) => c.hosts(),
         }
     }
 
@@ -96,6 +117,16 @@ impl Topology {
                     at: (c, a),
                 })
                 .collect(),
+            Self::Clos(c) => c
+                .racks()
+                .iter()
+                .enumerate()
+                .map(|(i, r)| Rack {
+                    prefix: r.ipv4,
+                    tor: r.tor,
+                    at: (i as u32, 0),
+                })
+                .collect(),
         }
     }
 
@@ -111,10 +142,15 @@ impl Topology {
                 let h = m.host_at(host).expect("checked");
                 (h.container, h.access)
             }
+            Self::Clos(c) => (c.rack_index(host).expect("checked"), 0),
         };
         let (prefix, tor) = match self {
             Self::FatTree(f) => (f.edge_prefix(at.0, at.1), f.edge(at.0, at.1)),
             Self::Modric(m) => (m.access_prefix(at.0, at.1), m.access_switch(at.0, at.1)),
+            Self::Clos(c) => {
+                let r = &c.racks()[at.0 as usize];
+                (r.ipv4, r.tor)
+            }
         };
         Ok(Rack { prefix, tor, at })
     }
@@ -136,6 +172,54 @@ impl Topology {
         match self {
             Self::FatTree(f) => f.host_by_addr(addr),
             Self::Modric(m) => m.host_by_addr(addr),
+            Self::Clos(c) => c.host_by_addr(addr),
+        }
+    }
+
+    /// Host `host`'s IPv6 address: the inventory's, or else its IPv4 address embedded in
+    /// [`HOST6_PREFIX`].
+    pub fn host_ipv6(&self, host: NodeId) -> Ipv6Addr {
+        match self {
+            Self::Clos(c) => c.host_ipv6(host),
+            _ => embed(self.graph().node(host).addr.expect("hosts have addresses")),
+        }
+    }
+
+    /// `rack`'s IPv6 prefix: the inventory's, or else its IPv4 prefix embedded.
+    pub fn rack_ipv6(&self, rack: &Rack) -> Prefix6 {
+        if let Self::Clos(c) = self
+            && let Some(p) = c.racks()[rack.at.0 as usize].ipv6
+        {
+            return p;
+        }
+        Prefix6::of(embed(rack.prefix.addr), 96 + rack.prefix.len)
+    }
+
+    /// The IPv6 address `rack`'s switch answers its hosts on.
+    pub fn gateway_ipv6(&self, rack: &Rack) -> Ipv6Addr {
+        let gw = crate::forwarding::gateway(self, rack);
+        let offset = u32::from(gw) & !crate::prefix::netmask(rack.prefix.len);
+        match self {
+            Self::Clos(c) if c.racks()[rack.at.0 as usize].ipv6.is_some() => {
+                self.rack_ipv6(rack).nth(u128::from(offset))
+            }
+            _ => embed(gw),
+        }
+    }
+
+    /// The IPv6 prefixes every host address of the fabric falls in: the /96 of embedded
+    /// addresses, or an inventory's rack prefixes.
+    pub fn host_ipv6_prefixes(&self) -> Vec<Prefix6> {
+        let embedded = Prefix6::of(HOST6_PREFIX, 96);
+        match self {
+            Self::Clos(c) => {
+                let mut out: Vec<Prefix6> = c.racks().iter().filter_map(|r| r.ipv6).collect();
+                if c.racks().iter().any(|r| r.ipv6.is_none()) {
+                    out.push(embedded);
+                }
+                out
+            }
+            _ => vec![embedded],
         }
     }
 
@@ -168,6 +252,7 @@ impl Topology {
         match self {
             Self::FatTree(f) => f.host_link(host),
             Self::Modric(m) => m.host_link(host).expect("a host"),
+            Self::Clos(c) => c.host_link(host),
         }
     }
 
@@ -177,6 +262,7 @@ impl Topology {
         match self {
             Self::FatTree(f) => f.paths_to_edge(src, rack.at.0, rack.at.1, push),
             Self::Modric(m) => m.paths_to_access(src, rack.at.0, rack.at.1, push),
+            Self::Clos(c) => c.paths_to_rack(src, rack.at.0, push),
         }
     }
 }

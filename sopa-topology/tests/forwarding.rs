@@ -106,18 +106,23 @@ fn modric_plans_realize_every_path() {
 
 #[test]
 fn link_addresses_and_gateways() {
+    let ft = Topology::build(&TopologySpec::FatTree { k: 4 }).unwrap();
     assert_eq!(
-        forwarding::link_addresses(0),
-        ("172.16.0.0".parse().unwrap(), "172.16.0.1".parse().unwrap())
-    );
-    assert_eq!(
-        forwarding::link_addresses(300),
+        forwarding::link_addresses(&ft, 0),
         (
-            "172.16.2.88".parse().unwrap(),
-            "172.16.2.89".parse().unwrap()
+            "172.16.0.0".parse().unwrap(),
+            "172.16.0.1".parse().unwrap(),
+            31
         )
     );
-    let ft = Topology::build(&TopologySpec::FatTree { k: 4 }).unwrap();
+    assert_eq!(
+        forwarding::link_addresses(&ft, 300),
+        (
+            "172.16.2.88".parse().unwrap(),
+            "172.16.2.89".parse().unwrap(),
+            31
+        )
+    );
     let rack = ft.racks()[3];
     assert_eq!(
         forwarding::gateway(&ft, &rack),

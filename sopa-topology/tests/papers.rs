@@ -186,6 +186,22 @@ fn check_table(t: &Topology, src: u32, table: &PathTable, failures: &Failures) -
                         }
                     }
                 }
+                Topology::Clos(clos) => {
+                    // Up-down: tiers rise to one turn, then fall; the hops name the uplinks.
+                    let levels: Vec<u8> = nodes.iter().map(|n| clos.level(*n)).collect();
+                    let top = levels
+                        .iter()
+                        .position(|l| *l == *levels.iter().max().unwrap());
+                    let top = top.unwrap();
+                    assert!(levels[..=top].windows(2).all(|w| w[1] == w[0] + 1));
+                    assert!(levels[top..].windows(2).all(|w| w[1] + 1 == w[0]));
+                    let leaf = nodes[1];
+                    assert_eq!(clos.uplinks(leaf)[usize::from(c.hops.hop0)].1, nodes[2]);
+                    if c.hops.hop1 != HOP_NONE {
+                        let up = clos.uplinks(nodes[2]);
+                        assert_eq!(up[usize::from(c.hops.hop1)].1, nodes[3]);
+                    }
+                }
             }
         }
         counts.push(d.candidates.len());
@@ -561,4 +577,33 @@ fn cost_tables_reproduce_the_paper() {
     assert!((md.cables_musd - 6.491).abs() < 0.0015);
     let mo = cost::modric(25, 25, 6, 48, 40, false, &p);
     assert!((mo.cables_musd - 38.799).abs() < 0.0015);
+}
+
+/// Inventories' paths pass the same checks as the models': valid walks from the source to the
+/// destination rack, no node twice, alive exactly when their links are, up-down with the hops
+/// naming the uplinks taken.
+#[test]
+fn inventory_paths_are_checked_like_the_models() {
+    use sopa_topology::inventory::generate;
+    let leaf_spine = generate::leaf_spine(&generate::LeafSpine {
+        leaves: 5,
+        spines: 3,
+        hosts_per_leaf: 2,
+        prefix: "100.64.0.0/24".parse().unwrap(),
+        prefix6: None,
+        links: "100.127.0.0/24".parse().unwrap(),
+        links6: None,
+    })
+    .unwrap();
+    for inv in [leaf_spine, generate::fat_tree(4).unwrap()] {
+        let t = Topology::build(&TopologySpec::Inventory(Box::new(inv))).unwrap();
+        let g = t.graph();
+        let mut failures = Failures::none(g);
+        let spine = g.nodes_of(NodeKind::Aggregation).next().unwrap();
+        failures.set_link(g.ports(spine)[0].0, true);
+        for src in g.nodes_of(NodeKind::Host) {
+            let table = PathTable::compute(&t, src, &failures).unwrap();
+            check_table(&t, src, &table, &failures);
+        }
+    }
 }

@@ -13,7 +13,7 @@ use std::{
 use sopa_topology::{
     NodeId, NodeKind, Topology,
     forwarding::{gateway, link_addresses},
-    srv6::{Encoding, embed, link_addresses6},
+    srv6::{Encoding, link_addresses6},
     topology::TopologySpec,
 };
 
@@ -265,8 +265,12 @@ impl Fabric {
                         tor_if,
                     ])?;
                     if srv6 {
-                        let six = |v: &str| embed(v.parse().expect("an IPv4 address")).to_string();
-                        let (h6, gw6) = (six(&h), six(&gw));
+                        let rack = fabric
+                            .topo
+                            .rack_of(host)
+                            .map_err(|e| Error::Failed(e.to_string()))?;
+                        let h6 = fabric.topo.host_ipv6(host).to_string();
+                        let gw6 = fabric.topo.gateway_ipv6(&rack).to_string();
                         for (ns, local, peer, dev) in
                             [(hns, &h6, &gw6, host_if), (tns, &gw6, &h6, tor_if)]
                         {
@@ -287,17 +291,17 @@ impl Fabric {
                     fabric.host_ifaces.insert(host, host_if.clone());
                 }
                 None => {
-                    let (a, b) = link_addresses(l as u32);
-                    na.ip(&["addr", "add", &format!("{a}/31"), "dev", &ia])?;
-                    nb.ip(&["addr", "add", &format!("{b}/31"), "dev", &ib])?;
+                    let (a, b, len) = link_addresses(&fabric.topo, l as u32);
+                    na.ip(&["addr", "add", &format!("{a}/{len}"), "dev", &ia])?;
+                    nb.ip(&["addr", "add", &format!("{b}/{len}"), "dev", &ib])?;
                     if srv6 {
-                        let (a, b) = link_addresses6(l as u32);
+                        let (a, b, len) = link_addresses6(&fabric.topo, l as u32);
                         for (ns, addr, dev) in [(na, a, &ia), (nb, b, &ib)] {
                             ns.ip(&[
                                 "-6",
                                 "addr",
                                 "add",
-                                &format!("{addr}/127"),
+                                &format!("{addr}/{len}"),
                                 "dev",
                                 dev,
                                 "nodad",
@@ -326,6 +330,8 @@ impl Fabric {
         let big = NetNs::new(&format!("{}-ideal", self.prefix))?;
         big.sysctl("net.ipv4.ip_forward", "1")?;
         let g = self.topo.graph().clone();
+        let racks = self.topo.racks();
+        let hosts_cover = sopa_topology::prefix::cover(racks.iter().map(|r| &r.prefix)).to_string();
         for (id, node) in g.nodes.iter().enumerate() {
             if node.kind != NodeKind::Host {
                 continue;
@@ -353,7 +359,7 @@ impl Fabric {
             host.ip(&[
                 "route",
                 "add",
-                "10.0.0.0/8",
+                &hosts_cover,
                 "via",
                 IDEAL_GW,
                 "dev",
@@ -430,7 +436,6 @@ impl Fabric {
 
     /// Starts the controller, then every switch agent, then every host agent.
     pub fn start(&mut self, opts: &FabricOptions) -> Result<()> {
-        let spec = self.dir.join("topology.toml");
         let text = format!("encoding = \"{}\"\n", self.encoding)
             + &match self.topo.spec() {
                 TopologySpec::FatTree { k } => {
@@ -440,7 +445,23 @@ impl Fabric {
                     "[topology]\nkind = \"modric\"\nm = {}\nn = {}\nq = {}\nx = {}\ny = {}\n",
                     p.m, p.n, p.q, p.x, p.y
                 ),
+                // The inventory file itself, with the fabric's encoding in it.
+                TopologySpec::Inventory(inv) => {
+                    return self.start_with_spec(
+                        opts,
+                        &sopa_topology::inventory::Inventory {
+                            encoding: Some(self.encoding),
+                            ..*inv
+                        }
+                        .to_toml(),
+                    );
+                }
             };
+        self.start_with_spec(opts, &text)
+    }
+
+    fn start_with_spec(&mut self, opts: &FabricOptions, text: &str) -> Result<()> {
+        let spec = self.dir.join("topology.toml");
         std::fs::write(&spec, text).map_err(|e| Error::io("writing the topology spec", e))?;
         if opts.controllers > 1 {
             self.start_replicas(opts.controllers)?;

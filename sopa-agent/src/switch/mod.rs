@@ -121,7 +121,7 @@ fn ports_from(
                     neighbour: host,
                 })
         } else {
-            let (a, b) = forwarding::link_addresses(link);
+            let (a, b, _) = forwarding::link_addresses(topo, link);
             let (mine, theirs) = if g.links[link as usize].a == me {
                 (a, b)
             } else {
@@ -173,7 +173,7 @@ fn set_sysctl(journal: &mut Journal, key: &str, value: &str) -> Result<()> {
 
 /// The IPv6 next hops of switch `me` over `links`: the far end of each link that has a port.
 fn next_hops6(
-    g: &sopa_topology::Graph,
+    topo: &Topology,
     me: u32,
     links: &[LinkId],
     ports: &HashMap<LinkId, Port>,
@@ -182,8 +182,12 @@ fn next_hops6(
         .iter()
         .filter_map(|l| {
             let p = ports.get(l)?;
-            let (a, b) = plan6::link_addresses6(*l);
-            let theirs = if g.links[*l as usize].a == me { b } else { a };
+            let (a, b, _) = plan6::link_addresses6(topo, *l);
+            let theirs = if topo.graph().links[*l as usize].a == me {
+                b
+            } else {
+                a
+            };
             Some((theirs, p.ifindex))
         })
         .collect()
@@ -603,7 +607,7 @@ impl Switch {
                         }
                     }
                     Srv6Route::Rack6 { addr, len, links } => {
-                        let nexthops = next_hops6(g, me, &links, ports);
+                        let nexthops = next_hops6(topo, me, &links, ports);
                         if nexthops.is_empty() {
                             continue;
                         }
@@ -615,7 +619,7 @@ impl Switch {
                         }
                     }
                     Srv6Route::Locator { usid, links } => {
-                        let nexthops = next_hops6(g, me, &links, ports);
+                        let nexthops = next_hops6(topo, me, &links, ports);
                         if nexthops.is_empty() {
                             warn!(usid, "no port up towards this locator");
                             continue;
@@ -632,12 +636,11 @@ impl Switch {
                         let Some(p) = ports.get(&link) else {
                             continue;
                         };
-                        let v4 = g.node(host).addr.expect("hosts have addresses");
                         Route6 {
                             dst: addr,
                             len: 64,
                             action: Action6::Via {
-                                nexthops: vec![(plan6::embed(v4), p.ifindex)],
+                                nexthops: vec![(topo.host_ipv6(host), p.ifindex)],
                             },
                             mtu: None,
                         }
@@ -1065,7 +1068,7 @@ mod tests {
                         peer: g.node(other).addr,
                     }
                 } else {
-                    let (a, b) = forwarding::link_addresses(link);
+                    let (a, b, _) = forwarding::link_addresses(topo, link);
                     let mine = if g.links[link as usize].a == me { a } else { b };
                     Address {
                         ifindex,
@@ -1099,7 +1102,7 @@ mod tests {
                 let neighbour = if g.node(other).kind == NodeKind::Host {
                     g.node(other).addr.unwrap()
                 } else {
-                    let (a, b) = forwarding::link_addresses(link);
+                    let (a, b, _) = forwarding::link_addresses(&topo, link);
                     if g.links[link as usize].a == me { b } else { a }
                 };
                 assert_eq!(
@@ -1120,7 +1123,7 @@ mod tests {
         addrs.remove(0);
         // The far end's address of another link on some interface of ours is not our port.
         let (other_link, _) = g.ports(me)[1];
-        let (a, b) = forwarding::link_addresses(other_link);
+        let (a, b, _) = forwarding::link_addresses(&topo, other_link);
         let theirs = if g.links[other_link as usize].a == me {
             b
         } else {

@@ -2,6 +2,7 @@
 
 mod fabric;
 mod hedera;
+mod inventory;
 mod topo;
 
 use std::process::ExitCode;
@@ -21,6 +22,9 @@ enum Command {
     /// Fabric models: properties, cost, candidate paths, the MODRIC paper's tables.
     #[command(subcommand)]
     Topo(topo::TopoCommand),
+    /// An operator's fabric: generate a starting inventory, check one.
+    #[command(subcommand)]
+    Fabric(inventory::FabricCommand),
     /// Take a link down or bring it up (pushed to every agent as a new version), or trust it
     /// over the path meter's evidence (trust / untrust).
     Link {
@@ -72,6 +76,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Topo(cmd) => topo::run(cmd),
+        Command::Fabric(cmd) => inventory::run(cmd),
         Command::Link {
             conn,
             state,

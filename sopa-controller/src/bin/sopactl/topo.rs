@@ -59,10 +59,13 @@ pub struct TopoArgs {
     #[arg(
         long,
         value_name = "K",
-        conflicts_with = "modric",
-        required_unless_present = "modric"
+        conflicts_with_all = ["modric", "inventory"],
+        required_unless_present_any = ["modric", "inventory"]
     )]
     fat_tree: Option<u32>,
+    /// An inventory file (`sopactl fabric check` says what it refuses).
+    #[arg(long, value_name = "FILE", conflicts_with = "modric")]
+    inventory: Option<std::path::PathBuf>,
     /// A MODRIC grid of M x N containers.
     #[arg(long, num_args = 2, value_names = ["M", "N"])]
     modric: Option<Vec<u32>>,
@@ -89,6 +92,9 @@ impl TopoArgs {
     fn spec(&self) -> Result<TopologySpec> {
         if let Some(k) = self.fat_tree {
             return Ok(TopologySpec::FatTree { k });
+        }
+        if let Some(path) = &self.inventory {
+            return Ok(crate::inventory::read(path)?.0);
         }
         let Some([m, n]) = self.modric.as_deref().map(|v| [v[0], v[1]]) else {
             bail!("give --fat-tree K or --modric M N");
@@ -159,7 +165,8 @@ struct Description {
     topology: String,
     counts: properties::Counts,
     rows: Vec<Row>,
-    cost: cost::Cost,
+    /// The papers' cost model; none for an operator's inventory.
+    cost: Option<cost::Cost>,
 }
 
 fn row(property: &str, graph: impl ToString, paper: impl ToString) -> Row {
@@ -260,7 +267,7 @@ fn describe(t: &Topology) -> Description {
                 topology: t.name(),
                 counts,
                 rows,
-                cost: cost::fat_tree(k, EdgeAggLinks::Actual, &prices),
+                cost: Some(cost::fat_tree(k, EdgeAggLinks::Actual, &prices)),
             }
         }
         Topology::Modric(m) => {
@@ -367,10 +374,65 @@ fn describe(t: &Topology) -> Description {
                 topology: t.name(),
                 counts,
                 rows,
-                cost: cost::modric(mm, nn, q, x, y, false, &prices),
+                cost: Some(cost::modric(mm, nn, q, x, y, false, &prices)),
+            }
+        }
+        Topology::Clos(c) => Description {
+            topology: t.name(),
+            counts,
+            rows: clos_rows(c),
+            cost: None,
+        },
+    }
+}
+
+/// An inventory's shape: tiers, racks, and the spread of path counts between racks.
+fn clos_rows(c: &sopa_topology::clos::Clos) -> Vec<Row> {
+    let g = &c.graph;
+    let mut rows = vec![
+        row("tiers", c.tiers(), "-"),
+        row("racks", c.racks().len(), "-"),
+    ];
+    for level in 1..=c.tiers() {
+        let switches: Vec<_> = (0..g.nodes.len() as u32)
+            .filter(|n| c.level(*n) == level)
+            .collect();
+        let ups: Vec<usize> = switches.iter().map(|n| c.uplinks(*n).len()).collect();
+        let (lo, hi) = (ups.iter().min(), ups.iter().max());
+        if let (Some(lo), Some(hi)) = (lo, hi)
+            && *hi > 0
+        {
+            rows.push(row(
+                &format!("uplinks per tier-{level} switch (min-max)"),
+                format!("{lo}-{hi}"),
+                "-",
+            ));
+        }
+    }
+    // Paths from one host of each rack to every other rack.
+    let topo = Topology::Clos(Box::new(c.clone()));
+    let (mut lo, mut hi) = (usize::MAX, 0);
+    for rack in c.racks() {
+        let Some(src) = (0..c.hosts())
+            .find(|h| c.racks()[c.rack_index(*h).unwrap_or(0) as usize].tor == rack.tor)
+        else {
+            continue;
+        };
+        if let Ok(table) = PathTable::compute(&topo, src, &Failures::none(g)) {
+            for d in &table.destinations {
+                lo = lo.min(d.candidates.len());
+                hi = hi.max(d.candidates.len());
             }
         }
     }
+    if hi > 0 {
+        rows.push(row(
+            "paths between two racks (min-max)",
+            format!("{lo}-{hi}"),
+            "-",
+        ));
+    }
+    rows
 }
 
 fn disjoint_rows(m: &Modric, rows: &mut Vec<Row>) {
@@ -439,12 +501,13 @@ fn render(d: &Description) -> String {
     for r in &d.rows {
         let _ = writeln!(s, "{:<62} {:>14}  {}", r.property, r.graph, r.paper);
     }
-    let c = &d.cost;
-    let _ = writeln!(
-        s,
-        "cost: {} 10GbE + {} GbE ports = {:.3} M$ switches, {:.3} M$ cables, {:.3} M$ total",
-        c.ports_10g, c.ports_1g, c.switches_musd, c.cables_musd, c.total_musd
-    );
+    if let Some(c) = &d.cost {
+        let _ = writeln!(
+            s,
+            "cost: {} 10GbE + {} GbE ports = {:.3} M$ switches, {:.3} M$ cables, {:.3} M$ total",
+            c.ports_10g, c.ports_1g, c.switches_musd, c.cables_musd, c.total_musd
+        );
+    }
     s
 }
 
