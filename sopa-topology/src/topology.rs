@@ -207,6 +207,12 @@ impl Topology {
         }
     }
 
+    /// Whether the fabric routes IPv6 in every encoding: an inventory whose racks have IPv6
+    /// prefixes. (The generated fabrics carry IPv6 only in the SRv6 encoding.)
+    pub fn routes_ipv6(&self) -> bool {
+        matches!(self, Self::Clos(c) if c.racks().iter().any(|r| r.ipv6.is_some()))
+    }
+
     /// The IPv6 prefixes every host address of the fabric falls in: the /96 of embedded
     /// addresses, or an inventory's rack prefixes.
     pub fn host_ipv6_prefixes(&self) -> Vec<Prefix6> {

@@ -850,7 +850,10 @@ fn core_links(f: &Fabric, experiment: &str) -> Vec<(usize, String, String)> {
 pub fn core_link_bytes(f: &Fabric, experiment: &str) -> Vec<u64> {
     core_links(f, experiment)
         .into_iter()
-        .map(|(l, a, _)| f.ns(&a).tx_bytes(&format!("{}{l}a", f.prefix)).unwrap_or(0))
+        .map(|(l, a, _)| {
+            let node = f.topo.graph().find(&a).expect("a switch");
+            f.ns(&a).tx_bytes(&f.dev(l as u32, node)).unwrap_or(0)
+        })
         .collect()
 }
 

@@ -11,13 +11,22 @@ use std::{
 };
 
 use sopa_topology::{
-    NodeId, NodeKind, Topology,
+    LinkId, NodeId, NodeKind, Topology,
     forwarding::{gateway, link_addresses},
     srv6::{Encoding, link_addresses6},
     topology::TopologySpec,
 };
 
 use crate::{Error, NetNs, Process, Result, agent::Agent, bins, netns::veth, run_name};
+
+/// Whether `name` can name a Linux interface: 1 to 15 bytes, no slash, colon or whitespace,
+/// not `.` or `..`.
+fn is_ifname(name: &str) -> bool {
+    (1..16).contains(&name.len())
+        && name != "."
+        && name != ".."
+        && !name.contains(|c: char| c == '/' || c == ':' || c.is_whitespace())
+}
 
 /// `fat-tree:K` or `modric:MxN[:q:x:y]` (q=1, x=2, y=2 by default).
 pub fn parse_topo(s: &str) -> std::result::Result<TopologySpec, String> {
@@ -200,6 +209,8 @@ impl Fabric {
             kept_attached: Default::default(),
         };
         let srv6 = opts.encoding == Encoding::Srv6;
+        // IPv6 on every link: the SRv6 encoding's, or an inventory's IPv6 racks.
+        let six = srv6 || fabric.topo.routes_ipv6();
         let g = fabric.topo.graph().clone();
         for (id, node) in g.nodes.iter().enumerate() {
             let ns = NetNs::new(&format!("{}-{}", fabric.prefix, node.name))?;
@@ -212,7 +223,7 @@ impl Fabric {
                 // reached 0.765 of the rate right after an rps round, 0.94-0.95 otherwise.
                 ns.sysctl("net.ipv4.tcp_no_metrics_save", "1")?;
             }
-            if opts.encoding == Encoding::Srv6 {
+            if six {
                 // A link set down and up again keeps its IPv6 addresses, as IPv4 ones are kept.
                 ns.sysctl("net.ipv6.conf.all.keep_addr_on_down", "1")?;
             }
@@ -220,8 +231,8 @@ impl Fabric {
         }
         for (l, link) in g.links.iter().enumerate() {
             let (ia, ib) = (
-                format!("{}{l}a", fabric.prefix),
-                format!("{}{l}b", fabric.prefix),
+                fabric.dev(l as LinkId, link.a),
+                fabric.dev(l as LinkId, link.b),
             );
             let (na, nb) = (&fabric.namespaces[&link.a], &fabric.namespaces[&link.b]);
             veth(na, &ia, nb, &ib)?;
@@ -264,7 +275,7 @@ impl Fabric {
                         "dev",
                         tor_if,
                     ])?;
-                    if srv6 {
+                    if six {
                         let rack = fabric
                             .topo
                             .rack_of(host)
@@ -294,7 +305,7 @@ impl Fabric {
                     let (a, b, len) = link_addresses(&fabric.topo, l as u32);
                     na.ip(&["addr", "add", &format!("{a}/{len}"), "dev", &ia])?;
                     nb.ip(&["addr", "add", &format!("{b}/{len}"), "dev", &ib])?;
-                    if srv6 {
+                    if six {
                         let (a, b, len) = link_addresses6(&fabric.topo, l as u32);
                         for (ns, addr, dev) in [(na, a, &ia), (nb, b, &ib)] {
                             ns.ip(&[
@@ -663,8 +674,7 @@ impl Fabric {
             .uplinks
             .iter()
             .map(|&l| {
-                let side = if g.links[l as usize].a == n { "a" } else { "b" };
-                let dev = format!("{}{l}{side}", self.prefix);
+                let dev = self.dev(l, n);
                 self.ns(switch).tx_packets(&dev).expect("tx packets")
             })
             .collect()
@@ -723,11 +733,21 @@ impl Fabric {
             .links_between(n, p)
             .next()
             .unwrap_or_else(|| panic!("no link {node}:{peer}"));
-        format!(
-            "{}{l}{}",
-            self.prefix,
-            if g.links[l as usize].a == n { "a" } else { "b" }
-        )
+        self.dev(l, n)
+    }
+
+    /// The interface of `link` at `node`'s end: an inventory's port name where it makes a
+    /// Linux interface name (interfaces are created in their namespaces, so names repeat
+    /// across switches as on real ones), else `<prefix><link>a|b`.
+    pub fn dev(&self, link: LinkId, node: NodeId) -> String {
+        if let Topology::Clos(c) = &self.topo
+            && let Some(port) = c.port_name(link, node)
+            && is_ifname(port)
+        {
+            return port.to_owned();
+        }
+        let a = self.topo.graph().links[link as usize].a == node;
+        format!("{}{link}{}", self.prefix, if a { "a" } else { "b" })
     }
 
     /// Cuts the link between `a` and `b` for real: `a`'s end set down, so the link carries

@@ -416,7 +416,7 @@ impl Switch {
         let plan: SwitchPlan = forwarding::plan_under(topo, me, failures);
         let ports = self.ports(topo, me).await?;
         self.install_routes(&plan.routes, &ports).await?;
-        if encoding == Encoding::Srv6 {
+        if encoding == Encoding::Srv6 || topo.routes_ipv6() {
             // No duplicate address detection on the ports: while a port's link-local address
             // is tentative (1-2 s after every flap) the kernel cannot resolve a neighbour
             // through it, and forwards nothing there (measured: a transfer at 28 Mbit/s instead
@@ -565,8 +565,9 @@ impl Switch {
         Ok(())
     }
 
-    /// Makes this switch's SRv6 routes exactly those of its plan under `failures` (none in the
-    /// IPv4 option's encoding), each replaced atomically, the journal kept current.
+    /// Makes this switch's SRv6 routes exactly those of its plan under `failures` (in the IPv4
+    /// option's encoding only an inventory's IPv6 rack prefixes), each replaced atomically, the
+    /// journal kept current.
     async fn install_srv6(
         &mut self,
         topo: &Topology,
@@ -575,7 +576,10 @@ impl Switch {
         ports: &HashMap<LinkId, Port>,
     ) -> Result<()> {
         let mut wanted = BTreeMap::new();
-        if self.encoding == Encoding::Srv6 {
+        // An inventory's IPv6 racks are routed in either encoding; the option carries no
+        // uSIDs, so there only the racks' routes.
+        let racks_only = self.encoding != Encoding::Srv6;
+        if !racks_only || topo.routes_ipv6() {
             // On a port, not `lo`: the kernel turns an IPv6 route through the loopback device
             // into a reject route (a packet to the locator then counts as InNoRoutes). A port
             // whose link is up: one set down takes its IPv6 routes with it, and the plan of that
@@ -594,6 +598,9 @@ impl Switch {
             let plan = plan6::switch_routes(topo, me, failures)
                 .map_err(|e| Error::Config(e.to_string()))?;
             for r in plan {
+                if racks_only && !matches!(r, Srv6Route::Rack6 { .. }) {
+                    continue;
+                }
                 let route = match r {
                     // tc_forward consumes it: no route, no anchor.
                     Srv6Route::End { .. } if self.usid == usid::UsidEnd::Ebpf => continue,

@@ -14,7 +14,6 @@ fn tx_bytes(f: &Fabric, node: &str, dev: &str) -> u64 {
 
 pub fn puts_no_option_on_the_wire_and_spreads_flows(f: &mut Fabric) {
     experiment::set_mode(f, "ecmp");
-    let g = f.topo.graph().clone();
     // Both of e0's uplinks in its route to pod 1 before anything is sent: the one failure in
     // 16 runs under a busy core sent every flow up one uplink (see `Fabric::wait_settled`).
     f.wait_applied(|down| down == 0, "a fabric with every link up")
@@ -26,36 +25,10 @@ pub fn puts_no_option_on_the_wire_and_spreads_flows(f: &mut Fabric) {
         "e0 routes pod 1 over both uplinks:\n{route}"
     );
     // e0's two uplinks: the interfaces of links e0-a0 and e0-a1 on e0's side.
-    let e0 = g.find("e0").unwrap();
-    let uplink_if = |agg: &str| {
-        let a = g.find(agg).unwrap();
-        let l = g.links_between(e0, a).next().unwrap();
-        format!(
-            "{}{l}{}",
-            f.prefix,
-            if g.links[l as usize].a == e0 {
-                "a"
-            } else {
-                "b"
-            }
-        )
-    };
+    let uplink_if = |agg: &str| f.link_iface("e0", agg);
     let (if0, if1) = (uplink_if("a0"), uplink_if("a1"));
     let before = (tx_bytes(f, "e0", &if0), tx_bytes(f, "e0", &if1));
-    let cap = Capture::start(f.ns("a0"), &{
-        let a0 = g.find("a0").unwrap();
-        let l = g.links_between(e0, a0).next().unwrap();
-        format!(
-            "{}{l}{}",
-            f.prefix,
-            if g.links[l as usize].a == a0 {
-                "a"
-            } else {
-                "b"
-            }
-        )
-    })
-    .unwrap();
+    let cap = Capture::start(f.ns("a0"), &{ f.link_iface("a0", "e0") }).unwrap();
     for port in 7200..7216 {
         let t = tcp_transfer(
             f.ns("h0"),

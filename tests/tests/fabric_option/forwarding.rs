@@ -217,15 +217,7 @@ pub fn forwards_by_source_route(f: &mut Fabric) {
     // controller marks the link down and the hosts drop its paths; up again, they return.
     let e0 = g.find("e0").unwrap();
     let l = g.links_between(e0, g.find("a1").unwrap()).next().unwrap();
-    let dev = format!(
-        "{}{l}{}",
-        f.prefix,
-        if g.links[l as usize].a == e0 {
-            "a"
-        } else {
-            "b"
-        }
-    );
+    let dev = f.dev(l, e0);
     f.ns("e0").ip(&["link", "set", &dev, "down"]).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while f.host("h0").status().unwrap()["path_table"]["10.1.0.0/24"]
