@@ -158,6 +158,15 @@ pub fn check(data: &[u8]) {
                     let _ = d.report(&(r.a.clone(), r.b), &r.a, r.down, Instant::now());
                 }
             }
+            Some(agent_message::Kind::Neighbours(r)) => {
+                // Kept within bounds; compared with the topology without a panic.
+                let mut c = sopa_controller::cabling::Cabling::default();
+                c.set("e0", sopa_channel::proto::Role::Switch, &r);
+                let t = &c.tables()[0];
+                assert!(t.ports.len() <= sopa_controller::cabling::MAX_PORTS);
+                let _ = c.mismatches(topo);
+                let _ = sopa_controller::cabling::miscabled_links(topo, "e0", &t.ports);
+            }
             Some(agent_message::Kind::PinAck(mut ack)) => {
                 ack.error = bounded(&ack.error, MAX_TEXT_BYTES);
                 Scheduler::new(HederaConfig::default()).pin_ack("h0", &ack);

@@ -8,6 +8,7 @@ pub mod error;
 pub mod granularity;
 pub mod hedera;
 pub mod host;
+pub mod lldp;
 pub mod meter;
 pub mod metrics;
 pub mod netlink;

@@ -22,7 +22,7 @@ pub enum Role {
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct AgentMessage {
-    #[prost(oneof = "agent_message::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8")]
+    #[prost(oneof = "agent_message::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9")]
     pub kind: Option<agent_message::Kind>,
 }
 
@@ -45,6 +45,14 @@ pub mod agent_message {
         PinAck(super::PinAck),
         #[prost(message, tag = "8")]
         Paths(super::PathReport),
+        #[prost(message, tag = "9")]
+        Neighbours(super::NeighbourReport),
+    }
+
+    impl From<super::NeighbourReport> for Kind {
+        fn from(r: super::NeighbourReport) -> Self {
+            Self::Neighbours(r)
+        }
     }
 
     impl From<super::PathReport> for Kind {
@@ -125,6 +133,61 @@ pub struct Heartbeat {
     /// long the controller may stay silent before it counts the stream lost.
     #[prost(uint32, tag = "2")]
     pub interval_ms: u32,
+}
+
+/// What an agent's LLDP hears on its ports: the whole table, sent whenever it changes and at
+/// every new session. A switch's is compared with the inventory (a port cabled otherwise
+/// keeps its link out of every path); a host's is shown, never acted on.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct NeighbourReport {
+    #[prost(message, repeated, tag = "1")]
+    pub ports: Vec<PortNeighbour>,
+    /// The agent's own addresses on those ports (a host's, for `sopactl fabric discover`).
+    #[prost(string, repeated, tag = "2")]
+    pub addresses: Vec<String>,
+}
+
+/// Who is cabled to one port, as their LLDP frames say.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, prost::Message)]
+pub struct PortNeighbour {
+    /// The reporting node's port (its interface name).
+    #[prost(string, tag = "1")]
+    pub port: String,
+    /// The neighbour's name and port.
+    #[prost(string, tag = "2")]
+    pub chassis: String,
+    #[prost(string, tag = "3")]
+    pub remote_port: String,
+}
+
+/// A port cabled otherwise than the inventory says.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Miscabled {
+    /// `node:port` where it was seen.
+    #[prost(string, tag = "1")]
+    pub at: String,
+    /// `node:port` its LLDP names.
+    #[prost(string, tag = "2")]
+    pub seen: String,
+    /// `node:port` the inventory says (empty: the inventory has no link at this port).
+    #[prost(string, tag = "3")]
+    pub expected: String,
+    /// The inventory's link at this port, kept out of every path while a switch says so.
+    #[prost(message, optional, tag = "4")]
+    pub link: Option<LinkRef>,
+}
+
+/// One agent's LLDP table, as reported.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct NeighbourSeen {
+    #[prost(string, tag = "1")]
+    pub node: String,
+    #[prost(enumeration = "Role", tag = "2")]
+    pub role: i32,
+    #[prost(message, repeated, tag = "3")]
+    pub ports: Vec<PortNeighbour>,
+    #[prost(string, repeated, tag = "4")]
+    pub addresses: Vec<String>,
 }
 
 /// A switch agent's observation of one of its ports.
@@ -556,6 +619,12 @@ pub struct StatusReply {
     /// inconsistent (claims its own spraying cannot produce).
     #[prost(message, repeated, tag = "16")]
     pub meter_hosts: Vec<MeterHost>,
+    /// Ports whose LLDP neighbour is not the inventory's (an inventory's fabric only).
+    #[prost(message, repeated, tag = "17")]
+    pub miscabled: Vec<Miscabled>,
+    /// Every agent's LLDP table.
+    #[prost(message, repeated, tag = "18")]
+    pub neighbours: Vec<NeighbourSeen>,
 }
 
 /// A host whose path reports the meter sets aside, and why.

@@ -73,6 +73,9 @@ pub struct Fabric {
     reported_down: BTreeMap<(String, String), BTreeSet<String>>,
     /// Links the path meter found losing packets: drained like the others while suspect.
     suspect: BTreeSet<(String, String)>,
+    /// Links an end's LLDP finds cabled otherwise than the inventory says, with those ends:
+    /// kept out of every path while any end says so.
+    miscabled: BTreeMap<(String, String), BTreeSet<String>>,
     down_switches: BTreeSet<String>,
     history: VecDeque<Delta>,
     /// Who made the newest changes, and why.
@@ -114,6 +117,7 @@ impl Fabric {
             down_links: BTreeSet::new(),
             reported_down: BTreeMap::new(),
             suspect: BTreeSet::new(),
+            miscabled: BTreeMap::new(),
             down_switches: BTreeSet::new(),
             history: VecDeque::new(),
             audit: crate::audit::AuditLog::default(),
@@ -219,6 +223,11 @@ impl Fabric {
                 .map_err(|e| FabricError::StoredUnknown(format!("link {a}:{b}"), e.to_string()))?;
             f.suspect.insert(key(a, b));
         }
+        for (a, b, by) in &state.miscabled {
+            f.check_link(a, b)
+                .map_err(|e| FabricError::StoredUnknown(format!("link {a}:{b}"), e.to_string()))?;
+            f.miscabled.entry(key(a, b)).or_default().insert(by.clone());
+        }
         for name in &state.down_switches {
             f.check_switch(name)
                 .map_err(|e| FabricError::StoredUnknown(format!("switch {name}"), e.to_string()))?;
@@ -248,6 +257,7 @@ impl Fabric {
             reported_by: self.reported_by(),
             down_switches: self.down_switches.iter().cloned().collect(),
             suspect: self.suspect.iter().cloned().collect(),
+            miscabled: self.miscabled_by(),
             audit: self.audit.to_vec(),
             revoked: self.revoked.iter().cloned().collect(),
         }
@@ -313,6 +323,10 @@ impl Fabric {
         }
         self.down_switches = s.down_switches.into_iter().collect();
         self.suspect = s.suspect.into_iter().collect();
+        self.miscabled = BTreeMap::new();
+        for (a, b, by) in s.miscabled {
+            self.miscabled.entry((a, b)).or_default().insert(by);
+        }
         self.audit = crate::audit::AuditLog::from_stored(s.audit);
         self.revoked = s.revoked.into_iter().collect();
         // A change adds at most one delta; one dropped from the front meanwhile is not
@@ -365,6 +379,7 @@ impl Fabric {
             .iter()
             .chain(self.reported_down.keys())
             .chain(&self.suspect)
+            .chain(self.miscabled.keys())
             .collect()
     }
 
@@ -490,6 +505,56 @@ impl Fabric {
         Ok(self.link_delta(k, before))
     }
 
+    /// Switch `by`'s LLDP finds link `a`-`b` (one of its own) cabled otherwise than the
+    /// inventory says, or no longer. Returns the delta when the link's state for the agents
+    /// changed.
+    pub fn set_miscabled(
+        &mut self,
+        a: &str,
+        b: &str,
+        by: &str,
+        miscabled: bool,
+    ) -> Result<Option<Delta>, FabricError> {
+        self.check_link(a, b)?;
+        if by != a && by != b {
+            return Err(FabricError::NotAnEnd {
+                switch: by.to_owned(),
+                link: format!("{a}:{b}"),
+            });
+        }
+        let k = key(a, b);
+        let before = self.link_down(&k);
+        if miscabled {
+            self.miscabled
+                .entry(k.clone())
+                .or_default()
+                .insert(by.to_owned());
+        } else if let Some(ends) = self.miscabled.get_mut(&k) {
+            ends.remove(by);
+            if ends.is_empty() {
+                self.miscabled.remove(&k);
+            }
+        }
+        Ok(self.link_delta(k, before))
+    }
+
+    /// The links switch `by` finds miscabled now.
+    pub fn miscabled_at(&self, by: &str) -> BTreeSet<(String, String)> {
+        self.miscabled
+            .iter()
+            .filter(|(_, ends)| ends.contains(by))
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// Each (link, end) that finds the link miscabled.
+    fn miscabled_by(&self) -> Vec<(String, String, String)> {
+        self.miscabled
+            .iter()
+            .flat_map(|((a, b), ends)| ends.iter().map(move |e| (a.clone(), b.clone(), e.clone())))
+            .collect()
+    }
+
     /// Each (link, end) that reports the link down.
     fn reported_by(&self) -> Vec<(String, String, String)> {
         self.reported_down
@@ -519,6 +584,7 @@ impl Fabric {
         self.down_links.contains(k)
             || self.reported_down.contains_key(k)
             || self.suspect.contains(k)
+            || self.miscabled.contains_key(k)
     }
 
     /// The delta of link `k` if its state for the agents changed from `before`.

@@ -4,6 +4,7 @@
 
 pub mod audit;
 pub mod auth;
+pub mod cabling;
 pub mod certs;
 pub mod damping;
 pub mod election;

@@ -67,6 +67,20 @@ impl Collector for ControllerCollector {
             "Links down for the agents: drained, reported down or suspect",
             status.down_links.len() as i64,
         )?;
+        let mut family = encoder.encode_descriptor(
+            "sopa_port_miscabled",
+            "1 for each port whose LLDP neighbour is not the one the inventory cables to it",
+            None,
+            MetricType::Gauge,
+        )?;
+        for m in &status.miscabled {
+            let labels = [
+                ("at", m.at.as_str()),
+                ("seen", m.seen.as_str()),
+                ("expected", m.expected.as_str()),
+            ];
+            ConstGauge::new(1i64).encode(family.encode_family(&labels)?)?;
+        }
         gauge(
             &mut encoder,
             "sopa_agents_connected",

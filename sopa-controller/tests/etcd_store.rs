@@ -111,6 +111,7 @@ fn state(version: u64) -> Persisted {
         reported_by: Vec::new(),
         down_switches: Vec::new(),
         suspect: Vec::new(),
+        miscabled: Vec::new(),
         audit: Vec::new(),
         revoked: Vec::new(),
     }

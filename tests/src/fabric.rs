@@ -750,6 +750,51 @@ impl Fabric {
         format!("{}{link}{}", self.prefix, if a { "a" } else { "b" })
     }
 
+    /// Swaps the cables of `switch`'s ports `p1` and `p2` (an inventory's port names), as a
+    /// technician would: both ports go dark, each interface takes the other's name and the
+    /// other's configured addresses (configuration belongs to the port, the cable moves), and
+    /// both come back up facing the other's neighbour. Calling it again puts them back.
+    pub fn swap_ports(&self, switch: &str, p1: &str, p2: &str) -> Result<()> {
+        let ns = self.ns(switch);
+        let g = self.topo.graph();
+        let me = g.find(switch).expect("a switch");
+        let six = self.encoding == Encoding::Srv6 || self.topo.routes_ipv6();
+        let addresses = |port: &str| -> Vec<(bool, String)> {
+            let Some(&(l, _)) = g.ports(me).iter().find(|(l, _)| self.dev(*l, me) == port) else {
+                panic!("{switch} has no port {port}")
+            };
+            let a_end = g.links[l as usize].a == me;
+            let (a, b, len) = link_addresses(&self.topo, l);
+            let mut out = vec![(false, format!("{}/{len}", if a_end { a } else { b }))];
+            if six {
+                let (a, b, len) = link_addresses6(&self.topo, l);
+                out.push((true, format!("{}/{len}", if a_end { a } else { b })));
+            }
+            out
+        };
+        let (a1, a2) = (addresses(p1), addresses(p2));
+        let tmp = format!("{}swap", self.prefix);
+        for p in [p1, p2] {
+            ns.ip(&["link", "set", p, "down"])?;
+            ns.ip(&["addr", "flush", "dev", p])?;
+        }
+        ns.ip(&["link", "set", p1, "name", &tmp])?;
+        ns.ip(&["link", "set", p2, "name", p1])?;
+        ns.ip(&["link", "set", &tmp, "name", p2])?;
+        for (p, addrs) in [(p1, a1), (p2, a2)] {
+            for (v6, a) in addrs {
+                let mut args = vec!["addr", "add", &a, "dev", p];
+                if v6 {
+                    args.insert(0, "-6");
+                    args.push("nodad");
+                }
+                ns.ip(&args)?;
+            }
+            ns.ip(&["link", "set", p, "up"])?;
+        }
+        Ok(())
+    }
+
     /// Cuts the link between `a` and `b` for real: `a`'s end set down, so the link carries
     /// nothing either way (the other end of the veth loses its carrier), as a pulled cable or a
     /// dead optic would. Returns the time just before the cut.

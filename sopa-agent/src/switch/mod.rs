@@ -9,6 +9,7 @@
 //! agent the controller reports live (a host without one could choose hop bytes itself, with
 //! `IP_OPTIONS` or a raw socket). On every other port `tc_forward` neutralizes the option.
 
+pub mod cabling;
 mod failover;
 pub mod usid;
 
@@ -58,6 +59,9 @@ pub struct SwitchOptions {
     pub usid: usid::UsidMode,
     /// How `tc_forward` attaches to the ports: TCX links or cls_bpf filters (`--attach`).
     pub attach: crate::datapath::tc_hook::AttachMode,
+    /// When the switch speaks LLDP for the cabling check, and how often.
+    pub lldp: cabling::LldpMode,
+    pub lldp_interval: std::time::Duration,
 }
 
 pub struct Switch {
@@ -87,6 +91,12 @@ pub struct Switch {
     usid: usid::UsidEnd,
     /// How `tc_forward` attaches to the ports.
     tc_hook: crate::datapath::tc_hook::TcHook,
+    lldp: cabling::LldpMode,
+    lldp_interval: std::time::Duration,
+    /// The interfaces of the plan's ports, where LLDP speaks.
+    lldp_ports: Vec<String>,
+    /// LLDP, once a plan says where (and the mode says whether).
+    cabling: Option<cabling::Cabling>,
 }
 
 /// One port of this switch: the interface and the neighbour behind it.
@@ -346,6 +356,10 @@ impl Switch {
                 encoding: Encoding::default(),
                 usid,
                 tc_hook,
+                lldp: opts.lldp,
+                lldp_interval: opts.lldp_interval,
+                lldp_ports: Vec::new(),
+                cabling: None,
             }),
             Err(e) => {
                 if !adopting {
@@ -416,6 +430,7 @@ impl Switch {
         let plan: SwitchPlan = forwarding::plan_under(topo, me, failures);
         let ports = self.ports(topo, me).await?;
         self.install_routes(&plan.routes, &ports).await?;
+        self.note_lldp_ports(topo, &ports).await?;
         if encoding == Encoding::Srv6 || topo.routes_ipv6() {
             // No duplicate address detection on the ports: while a port's link-local address
             // is tentative (1-2 s after every flap) the kernel cannot resolve a neighbour
@@ -558,6 +573,7 @@ impl Switch {
         let routes = forwarding::routes(topo, me, failures);
         let ports = self.ports(topo, me).await?;
         self.install_routes(&routes, &ports).await?;
+        self.note_lldp_ports(topo, &ports).await?;
         self.install_srv6(topo, me, failures, &ports).await?;
         // The detours simulate the rest of the fabric as the controller now has it.
         let srv6 = failover::srv6_plan(topo, me, failures, self.encoding)?;
@@ -809,6 +825,60 @@ impl Switch {
         self.repair.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Where LLDP speaks: every interface that carries a link of the plan; and whether it
+    /// speaks at all (`--lldp`, on an inventory's fabric by default).
+    async fn note_lldp_ports(
+        &mut self,
+        topo: &Topology,
+        ports: &HashMap<LinkId, Port>,
+    ) -> Result<()> {
+        let wanted = match self.lldp {
+            cabling::LldpMode::On => true,
+            cabling::LldpMode::Off => false,
+            cabling::LldpMode::Auto => matches!(topo, Topology::Clos(_)),
+        };
+        let mut names = Vec::new();
+        if wanted {
+            for p in ports.values() {
+                names.push(self.netlink.link_name(p.ifindex).await?);
+            }
+            names.sort();
+            names.dedup();
+        }
+        if let Some(c) = &self.cabling {
+            c.set_ports(names.clone());
+        }
+        self.lldp_ports = names;
+        Ok(())
+    }
+
+    /// Starts LLDP on the plan's ports (once; where the mode wants it), its table sent to
+    /// `reports`. Idempotent.
+    pub fn start_cabling(
+        &mut self,
+        node: &str,
+        reports: &tokio::sync::mpsc::Sender<sopa_channel::proto::agent_message::Kind>,
+    ) -> Result<()> {
+        if self.cabling.is_none() && !self.lldp_ports.is_empty() {
+            self.cabling = Some(cabling::Cabling::start(
+                node,
+                true,
+                self.lldp_ports.clone(),
+                Vec::new(),
+                self.lldp_interval,
+                reports.clone(),
+            )?);
+        }
+        Ok(())
+    }
+
+    /// Sends the LLDP table again (a new session).
+    pub fn resend_cabling(&self) {
+        if let Some(c) = &self.cabling {
+            c.resend();
+        }
+    }
+
     /// This switch's ports, by link: found by the address each link gives this end.
     async fn ports(&self, topo: &Topology, me: u32) -> Result<HashMap<LinkId, Port>> {
         let addrs = self.netlink.addresses().await?;
@@ -822,7 +892,7 @@ impl Switch {
     /// it was away, learns every port as it is.
     pub fn watch_ports(
         &self,
-        reports: tokio::sync::mpsc::Sender<LinkReport>,
+        reports: tokio::sync::mpsc::Sender<sopa_channel::proto::agent_message::Kind>,
         resend: std::sync::Arc<tokio::sync::Notify>,
     ) -> Result<()> {
         use futures::{StreamExt as _, TryStreamExt as _};
@@ -882,7 +952,7 @@ impl Switch {
                     info!(ports = up.len(), "reporting every port's state");
                     for (index, running) in &up {
                         if let Some(r) = report(*index, *running)
-                            && reports.send(r).await.is_err()
+                            && reports.send(r.into()).await.is_err()
                         {
                             return;
                         }
@@ -909,7 +979,7 @@ impl Switch {
                         // The data plane first, then the report to the controller.
                         react(index, running, &format!("{}:{}", r.a, r.b));
                         info!(link = %format!("{}:{}", r.a, r.b), up = running, "port changed; reporting it");
-                        if reports.send(r).await.is_err() {
+                        if reports.send(r.into()).await.is_err() {
                             return;
                         }
                     }
@@ -946,7 +1016,9 @@ pub struct SwitchApplier<'a> {
     pub endpoint: String,
     view: Option<FabricView>,
     state: ControllerState,
-    reports: Option<tokio::sync::mpsc::Sender<LinkReport>>,
+    reports: Option<tokio::sync::mpsc::Sender<sopa_channel::proto::agent_message::Kind>>,
+    /// Where LLDP's tables go (the same stream).
+    cabling_reports: tokio::sync::mpsc::Sender<sopa_channel::proto::agent_message::Kind>,
     /// Asks the port watcher to report every port again (a new session).
     resend: std::sync::Arc<tokio::sync::Notify>,
 }
@@ -957,9 +1029,10 @@ impl<'a> SwitchApplier<'a> {
         switch: &'a mut Switch,
         node: &str,
         endpoint: &str,
-        reports: tokio::sync::mpsc::Sender<LinkReport>,
+        reports: tokio::sync::mpsc::Sender<sopa_channel::proto::agent_message::Kind>,
     ) -> Self {
         Self {
+            cabling_reports: reports.clone(),
             reports: Some(reports),
             resend: std::sync::Arc::default(),
             switch,
@@ -986,6 +1059,11 @@ impl Applier for SwitchApplier<'_> {
                 .watch_ports(tx, std::sync::Arc::clone(&self.resend))
                 .map_err(|e| e.to_string())?;
         }
+        self.switch
+            .start_cabling(&self.node, &self.cabling_reports)
+            .map_err(|e| e.to_string())?;
+        // A snapshot opens every session: this controller hears the table too.
+        self.switch.resend_cabling();
         self.state.epoch = s.epoch;
         self.state.version = s.version;
         self.state.untrusted_hosts = self.switch.untrusted_hosts();

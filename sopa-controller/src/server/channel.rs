@@ -44,9 +44,17 @@ struct Session {
     peer: Peer,
     /// This session's port reports, applied in order by a task of their own, so that a slow
     /// store never holds up the stream's heartbeats and deltas.
-    reports: tokio::sync::mpsc::Sender<(String, String, bool)>,
+    reports: tokio::sync::mpsc::Sender<PortEvent>,
     /// When the session began (its hello taken).
     started: std::time::Instant,
+}
+
+/// What a switch's session tells about its ports, applied in order.
+enum PortEvent {
+    /// A port's carrier on link (a, b).
+    Carrier(String, String, bool),
+    /// The links its LLDP finds miscabled now.
+    Cabling(std::collections::BTreeSet<(String, String)>),
 }
 
 /// Port reports one switch may have waiting to be applied.
@@ -187,11 +195,45 @@ impl Controller {
                             s.name
                         ),
                     );
-                } else if s.reports.try_send((rep.a, rep.b, rep.down)).is_err() {
+                } else if s
+                    .reports
+                    .try_send(PortEvent::Carrier(rep.a, rep.b, rep.down))
+                    .is_err()
+                {
                     warn!(
                         node,
                         "more than {REPORT_QUEUE} port reports waiting; one dropped (the switch reports every port again when it reconnects)"
                     );
+                }
+            }
+            Some(agent_message::Kind::Neighbours(rep)) => {
+                let role = if s.role == Role::Switch as i32 {
+                    Role::Switch
+                } else {
+                    Role::Host
+                };
+                let topology = self.fabric.lock().expect("fabric lock").shared_topology();
+                let ports = {
+                    let mut c = self.cabling.lock().expect("cabling lock");
+                    c.set(&s.name, role, &rep);
+                    c.tables()
+                        .into_iter()
+                        .find(|t| t.node == s.name)
+                        .map(|t| t.ports)
+                        .unwrap_or_default()
+                };
+                for m in crate::cabling::mismatches(&topology, &s.name, &ports) {
+                    warn!(node, "{}", crate::cabling::describe(&m));
+                }
+                // A switch's word keeps a link out; a host's is shown only.
+                if role == Role::Switch && crate::cabling::checkable(&topology) {
+                    let links = crate::cabling::miscabled_links(&topology, &s.name, &ports);
+                    if s.reports.try_send(PortEvent::Cabling(links)).is_err() {
+                        warn!(
+                            node,
+                            "port reports queue full; an LLDP table dropped (sent again at the next change or session)"
+                        );
+                    }
                 }
             }
             Some(agent_message::Kind::Report(_)) => self.refusals.refuse(
@@ -623,14 +665,16 @@ impl proto::channel::channel_server::Channel for ChannelService {
             ms => Duration::from_millis(u64::from(ms)).min(Duration::from_secs(60)),
         };
         let silence = 3 * agent_heartbeat.max(controller.heartbeat);
-        let (reports, mut queued) =
-            tokio::sync::mpsc::channel::<(String, String, bool)>(REPORT_QUEUE);
+        let (reports, mut queued) = tokio::sync::mpsc::channel::<PortEvent>(REPORT_QUEUE);
         {
             // Ends once the session's sender is gone and every queued report is applied.
             let (c, by) = (Arc::clone(&controller), name.clone());
             tokio::spawn(async move {
-                while let Some((a, b, down)) = queued.recv().await {
-                    c.damped_report(&a, &b, &by, down).await;
+                while let Some(event) = queued.recv().await {
+                    match event {
+                        PortEvent::Carrier(a, b, down) => c.damped_report(&a, &b, &by, down).await,
+                        PortEvent::Cabling(links) => c.set_cabling(&by, &links).await,
+                    }
                 }
             });
         }

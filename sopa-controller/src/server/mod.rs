@@ -108,6 +108,8 @@ pub struct Controller {
     stepped_down: tokio::sync::watch::Sender<Option<String>>,
     /// Switches' port reports, damped.
     damper: Mutex<Damper>,
+    /// What every agent's LLDP hears (`crate::cabling`).
+    pub(crate) cabling: Mutex<crate::cabling::Cabling>,
     /// Changes refused because they could not be stored.
     unstored: std::sync::atomic::AtomicU64,
     /// The hosts' path meters and what they convict (see `meter`).
@@ -265,6 +267,7 @@ impl Controller {
             writer: tokio::sync::Mutex::new(()),
             stepped_down: tokio::sync::watch::channel(None).0,
             damper: Mutex::new(Damper::new(damping)),
+            cabling: Mutex::default(),
             unstored: std::sync::atomic::AtomicU64::new(0),
         })
     }
@@ -672,6 +675,49 @@ impl Controller {
             trusted_links: self.meter.trusted_links(),
             link_loss: self.meter.link_loss(),
             meter_hosts: self.meter.named_hosts(),
+            miscabled: {
+                let topo = self.fabric.lock().expect("fabric lock").shared_topology();
+                self.cabling.lock().expect("cabling lock").mismatches(&topo)
+            },
+            neighbours: self.cabling.lock().expect("cabling lock").tables(),
+        }
+    }
+
+    /// Switch `by`'s LLDP table says `links` (of its own) are miscabled now: each link whose
+    /// state for `by` changed is changed, one at a time, like every other change.
+    pub async fn set_cabling(
+        &self,
+        by: &str,
+        links: &std::collections::BTreeSet<(String, String)>,
+    ) {
+        let before = self.fabric.lock().expect("fabric lock").miscabled_at(by);
+        let changed = before
+            .symmetric_difference(links)
+            .map(|k| (k.clone(), links.contains(k)))
+            .collect::<Vec<_>>();
+        for ((a, b), on) in changed {
+            let actor = Actor::new(
+                format!("switch {by}"),
+                if on {
+                    "LLDP: cabled otherwise than the inventory says"
+                } else {
+                    "LLDP: cabled as the inventory says again"
+                },
+            );
+            match self
+                .change_as(&actor, |f| f.set_miscabled(&a, &b, by, on))
+                .await
+            {
+                Ok(_) if on => {
+                    warn!(link = %format!("{a}:{b}"), by, "miscabled: kept out of every path")
+                }
+                Ok(_) => {
+                    info!(link = %format!("{a}:{b}"), by, "cabled as the inventory says again")
+                }
+                Err(e) => {
+                    warn!(link = %format!("{a}:{b}"), by, error = %e, "a cabling change was not made")
+                }
+            }
         }
     }
 

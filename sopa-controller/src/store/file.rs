@@ -80,6 +80,7 @@ mod tests {
             reported_by: vec![("a1".into(), "e1".into(), "e1".into())],
             down_switches: vec!["c1".into()],
             suspect: vec![("a2".into(), "c0".into())],
+            miscabled: vec![("a3".into(), "c1".into(), "a3".into())],
             audit: Vec::new(),
             revoked: Vec::new(),
         };

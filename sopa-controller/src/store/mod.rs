@@ -40,6 +40,9 @@ pub struct Persisted {
     /// Links the path meter found losing packets (drained until their hold-down ends).
     #[serde(default)]
     pub suspect: Vec<(String, String)>,
+    /// Links an end's LLDP found miscabled against the inventory: (link a, link b, the end).
+    #[serde(default)]
+    pub miscabled: Vec<(String, String, String)>,
     /// Who made the newest changes, and why (`crate::audit`).
     #[serde(default)]
     pub audit: Vec<crate::audit::AuditRecord>,

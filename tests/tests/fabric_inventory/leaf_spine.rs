@@ -149,3 +149,105 @@ pub fn srv6_spreads_one_flow_evenly_over_the_spines(f: &mut Fabric) {
     let (lo, hi) = (*per.iter().min().unwrap(), *per.iter().max().unwrap());
     assert!(lo > 1000 && hi - lo <= lo / 100 + 8, "{per:?}");
 }
+
+/// The controller's named mismatches (`sopactl status --json`), and its down links.
+fn cabling(f: &Fabric) -> (Vec<String>, Vec<String>) {
+    let st: serde_json::Value =
+        serde_json::from_str(&f.sopactl(&["status", "--json"]).unwrap()).unwrap();
+    let what = st["miscabled"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["what"].as_str().unwrap().to_owned())
+        .collect();
+    let down = st["down_links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap().to_owned())
+        .collect();
+    (what, down)
+}
+
+/// Until `done` holds of the controller's cabling view, at most `within`; returns how long.
+fn until_cabling(
+    f: &Fabric,
+    within: Duration,
+    what: &str,
+    done: impl Fn(&[String], &[String]) -> bool,
+) -> Duration {
+    let start = Instant::now();
+    loop {
+        let (m, down) = cabling(f);
+        if done(&m, &down) {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < within,
+            "{what} not within {within:?}: mismatches {m:?}, down {down:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Two cables swapped at sp-1 (rack-a's and rack-b's): every end names its mismatch within
+/// 5 s, both links are kept out of every path (a flow from rack-a takes the three other
+/// spines, none of its packets on sp-1); put back, the mismatches go and sp-1 carries again.
+pub fn swapped_cables_are_named_and_kept_out_until_put_back(f: &mut Fabric) {
+    f.swap_ports("sp-1", "swp1", "swp2").unwrap();
+    let want = [
+        "sp-1:swp1 is cabled to rack-b:swp49, the inventory says rack-a:swp49",
+        "sp-1:swp2 is cabled to rack-a:swp49, the inventory says rack-b:swp49",
+        "rack-a:swp49 is cabled to sp-1:swp2, the inventory says sp-1:swp1",
+        "rack-b:swp49 is cabled to sp-1:swp1, the inventory says sp-1:swp2",
+    ];
+    let named = until_cabling(f, Duration::from_secs(5), "the four mismatches", |m, _| {
+        want.iter().all(|w| m.iter().any(|x| x == w))
+    });
+    eprintln!("swapped at sp-1: all four mismatches named after {named:?}");
+    let kept_out = until_cabling(f, Duration::from_secs(5), "both links down", |_, down| {
+        ["rack-a:sp-1", "rack-b:sp-1"]
+            .iter()
+            .all(|l| down.iter().any(|d| d == l))
+    });
+    eprintln!("both links kept out after {kept_out:?}");
+    let status = f.sopactl(&["status"]).unwrap();
+    assert!(
+        status.contains(&format!("miscabled: {}", want[0])),
+        "{status}"
+    );
+    assert!(status.contains("rack-a:sp-1 (miscabled)"), "{status}");
+    f.wait_applied(|down| down == 2, "the miscabled links out")
+        .unwrap();
+    let prefix = "100.64.0.192/26";
+    let paths = |f: &Fabric| {
+        f.host("a-1").status().unwrap()["path_table"][prefix]
+            .as_array()
+            .map_or(0, Vec::len)
+    };
+    assert_eq!(paths(f), 3, "a-1 dropped the path over sp-1");
+    let before = per_spine(f);
+    transfer(f, 7004, 4 << 20);
+    let per = since(per_spine(f), &before);
+    eprintln!("miscabled at sp-1: packets per spine {per:?}");
+    assert_eq!(per[0], 0, "no packet took the miscabled link: {per:?}");
+
+    f.swap_ports("sp-1", "swp1", "swp2").unwrap();
+    let fixed = until_cabling(
+        f,
+        Duration::from_secs(10),
+        "the mismatches gone",
+        |m, down| m.is_empty() && down.is_empty(),
+    );
+    eprintln!("put back: mismatches gone and links up after {fixed:?}");
+    f.wait_applied(|down| down == 0, "the links back").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while paths(f) != 4 {
+        assert!(Instant::now() < deadline, "a-1 did not take sp-1 back");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let before = per_spine(f);
+    transfer(f, 7005, 4 << 20);
+    let per = since(per_spine(f), &before);
+    assert!(within_one_percent(&per) && per[0] > 500, "{per:?}");
+}

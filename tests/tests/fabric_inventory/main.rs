@@ -29,6 +29,8 @@ pub fn shipped_leaf_spine() -> Inventory {
 pub fn fabric(inv: Inventory, encoding: Encoding) -> Fabric {
     let opts = FabricOptions {
         encoding,
+        // LLDP every second: a swapped cable is named within a second or two.
+        switch_args: vec!["--lldp-interval-ms".into(), "1000".into()],
         ..FabricOptions::default()
     };
     let spec = TopologySpec::Inventory(Box::new(inv));
@@ -57,6 +59,10 @@ fn main() -> ExitCode {
                 (
                     "inventory_leaf_spine_a_failed_spine_link_carries_nothing",
                     leaf_spine::a_failed_spine_link_carries_nothing,
+                ),
+                (
+                    "inventory_swapped_cables_are_named_and_kept_out_until_put_back",
+                    leaf_spine::swapped_cables_are_named_and_kept_out_until_put_back,
                 ),
             ],
         )

@@ -231,6 +231,14 @@ pub struct SwitchArgs {
     /// Do not adopt what a previous agent of this node left: restore it and start clean.
     #[arg(long, env = "SOPA_RESET")]
     pub reset: bool,
+    /// LLDP on every port of the plan, for the controller's cabling check: auto (on an
+    /// inventory's fabric, whose ports are named), on, or off (where lldpd already speaks and
+    /// the agent would send a second frame per port).
+    #[arg(long, env = "SOPA_LLDP", value_enum, default_value_t = sopa_agent::switch::cabling::LldpMode::Auto)]
+    pub lldp: sopa_agent::switch::cabling::LldpMode,
+    /// How often LLDP frames go out on each port (neighbours are kept four times as long).
+    #[arg(long, env = "SOPA_LLDP_INTERVAL_MS", default_value_t = 5000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub lldp_interval_ms: u64,
 }
 
 /// How to talk to the controller, for either role.

@@ -39,6 +39,8 @@ pub async fn switch(args: SwitchArgs, netns: Option<String>) -> Result<(), Error
         tcx_order: args.tcx_order,
         usid: args.usid,
         attach: args.attach,
+        lldp: args.lldp,
+        lldp_interval: std::time::Duration::from_millis(args.lldp_interval_ms),
     })
     .await?;
     cfg.fallbacks = sw.fallbacks();

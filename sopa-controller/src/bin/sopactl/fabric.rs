@@ -380,6 +380,8 @@ pub fn status(c: &Connection, json: bool) -> Result<()> {
                     "trusted_links": s.trusted_links.iter().map(|l| format!("{}:{}", l.a, l.b)).collect::<Vec<_>>(),
                     "link_loss": s.link_loss.iter().filter_map(|x| x.link.as_ref().map(|l| serde_json::json!({"from": l.a, "to": l.b, "sent": x.sent, "lost": x.lost, "load": x.load, "over_load": x.over_load}))).collect::<Vec<_>>(),
                     "refusals": s.refusals.iter().map(|r| (r.reason.clone(), serde_json::Value::from(r.count))).collect::<serde_json::Map<_, _>>(),
+                    "miscabled": s.miscabled.iter().map(|m| serde_json::json!({"at": m.at, "seen": m.seen, "expected": m.expected, "link": m.link.as_ref().map(|l| format!("{}:{}", l.a, l.b)), "what": sopa_controller::cabling::describe(m)})).collect::<Vec<_>>(),
+                    "neighbours": s.neighbours.iter().map(|n| serde_json::json!({"node": n.node, "role": role(n.role), "addresses": n.addresses, "ports": n.ports.iter().map(|p| serde_json::json!({"port": p.port, "chassis": p.chassis, "remote_port": p.remote_port})).collect::<Vec<_>>()})).collect::<Vec<_>>(),
                     "meter_hosts": s.meter_hosts.iter().map(|h| serde_json::json!({"host": h.host, "reason": h.reason, "detail": h.detail, "reports": h.reports, "last_ms_ago": h.last_ms_ago})).collect::<Vec<_>>(),
                 }))?
             );
@@ -402,8 +404,11 @@ pub fn status(c: &Connection, json: bool) -> Result<()> {
             .iter()
             .map(|l| {
                 let suspect = s.suspect_links.iter().filter_map(|x| x.link.as_ref()).any(|x| x.a == l.a && x.b == l.b);
+                let miscabled = s.miscabled.iter().filter_map(|m| m.link.as_ref()).any(|x| x.a == l.a && x.b == l.b);
                 let why = if drained.contains(&(l.a.as_str(), l.b.as_str())) {
                     "drained"
+                } else if miscabled {
+                    "miscabled"
                 } else if suspect {
                     "suspect"
                 } else {
@@ -417,6 +422,9 @@ pub fn status(c: &Connection, json: bool) -> Result<()> {
             down.join(", "),
             s.down_switches.join(", ")
         );
+        for m in &s.miscabled {
+            println!("miscabled: {}", sopa_controller::cabling::describe(m));
+        }
         for h in &s.held_links {
             if let Some(l) = &h.link {
                 println!("flapping: {}:{} held down for {} ms more", l.a, l.b, h.remaining_ms);
