@@ -144,17 +144,14 @@ impl Applier for HostApplier<'_> {
     async fn snapshot(&mut self, s: &Snapshot) -> Result<(), String> {
         let view = FabricView::from_snapshot(s).map_err(|e| e.to_string())?;
         let topo = &view.topology;
-        let src = topo
-            .graph()
-            .find(&self.node)
-            .filter(|n| topo.graph().node(*n).kind == sopa_topology::NodeKind::Host)
-            .ok_or_else(|| {
-                format!(
-                    "node {:?} is not a host of the pushed topology ({})",
-                    self.node,
-                    topo.name()
-                )
-            })?;
+        // By name, or by address (`--host auto`).
+        let src = topo.resolve_host(&self.node).ok().ok_or_else(|| {
+            format!(
+                "node {:?} is not a host of the pushed topology ({})",
+                self.node,
+                topo.name()
+            )
+        })?;
         let candidates =
             Candidates::compute(topo, src, &view.failures).map_err(|e| e.to_string())?;
         let mut table = table_of(&candidates, None);

@@ -498,6 +498,12 @@ impl Fabric {
 
     /// [`Fabric::start_host`] with `extra` flags after every host's.
     pub fn start_host_with(&mut self, name: &str, extra: &[&str]) -> Result<()> {
+        self.start_host_as(name, name, extra)
+    }
+
+    /// [`Fabric::start_host_with`], the agent told `--host host` (a name, an address, or
+    /// `auto`: found by its interface's address in the inventory).
+    pub fn start_host_as(&mut self, name: &str, host: &str, extra: &[&str]) -> Result<()> {
         let id = self.topo.graph().find(name).expect("a host");
         let opts = &self.opts;
         // Elephants (Hedera's pinned mode) are measured against the shaped rate.
@@ -529,7 +535,7 @@ impl Fabric {
         let agent = Agent::start_with_controller(
             &self.namespaces[&id],
             &format!("{}-{}", self.prefix, name),
-            name,
+            host,
             &self.host_ifaces[&id],
             &self.controller_address(),
             &args,

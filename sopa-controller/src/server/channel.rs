@@ -451,6 +451,12 @@ impl ChannelService {
                 Status::invalid_argument("hello: the role must be host or switch"),
             ));
         };
+        // A host may be known by its address (`--host auto`; a certificate may name the
+        // address too): it is the topology's host of that address, by the topology's name.
+        let name = match name.parse::<std::net::Ipv4Addr>() {
+            Ok(addr) if claimed == identity::Role::Host => c.host_by_addr(addr).unwrap_or(name),
+            _ => name,
+        };
         let kind_ok = c.node_kind(&name).is_some_and(|k| match claimed {
             identity::Role::Host => k == sopa_topology::NodeKind::Host,
             _ => k.is_switch(),

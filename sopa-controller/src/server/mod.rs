@@ -721,6 +721,13 @@ impl Controller {
         }
     }
 
+    /// The name of the host with address `addr`, if the topology has one.
+    fn host_by_addr(&self, addr: std::net::Ipv4Addr) -> Option<String> {
+        let f = self.fabric.lock().expect("fabric lock");
+        let t = f.topology();
+        t.host_by_addr(addr).map(|n| t.graph().name(n).to_owned())
+    }
+
     /// What kind of node `name` is in the topology, if it is one.
     fn node_kind(&self, name: &str) -> Option<sopa_topology::NodeKind> {
         let f = self.fabric.lock().expect("fabric lock");

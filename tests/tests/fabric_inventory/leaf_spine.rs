@@ -251,3 +251,44 @@ pub fn swapped_cables_are_named_and_kept_out_until_put_back(f: &mut Fabric) {
     let per = since(per_spine(f), &before);
     assert!(within_one_percent(&per) && per[0] > 500, "{per:?}");
 }
+
+/// A host agent told `--host auto` finds its host in the inventory by its interface's
+/// address: the controller admits it as b-1, it gets b-1's paths, and its flow is stamped and
+/// spread over the four spines.
+pub fn a_host_finds_itself_in_the_inventory_by_its_address(f: &mut Fabric) {
+    f.stop_host("b-1");
+    f.start_host_as("b-1", "auto", &[]).unwrap();
+    f.wait_applied(|down| down == 0, "b-1's agent by its address")
+        .unwrap();
+    let st = f.host("b-1").status().unwrap();
+    let prefixes: Vec<&String> = st["path_table"].as_object().unwrap().keys().collect();
+    assert_eq!(
+        prefixes,
+        ["100.64.0.0/26", "100.64.0.128/26", "100.64.0.192/26"],
+        "b-1's paths: every rack but its own"
+    );
+    let log = f.host("b-1").log();
+    assert!(log.contains("100.64.0.74"), "{log}");
+    let at_b = |f: &Fabric| -> Vec<u64> {
+        let s = f.switch_status("rack-b").unwrap();
+        (0..4)
+            .map(|i| s["uplinks"][i].as_u64().unwrap_or(0))
+            .collect()
+    };
+    let before = at_b(f);
+    let g = f.topo.graph();
+    let addr = g.node(g.find("d-2").unwrap()).addr.unwrap();
+    let t = tcp_transfer(
+        f.ns("b-1"),
+        f.ns("d-2"),
+        addr,
+        7006,
+        4 << 20,
+        &SendOptions::default(),
+    )
+    .expect("b-1 -> d-2");
+    assert!(t.intact());
+    let per = since(at_b(f), &before);
+    eprintln!("b-1 (--host auto) -> d-2: packets per spine {per:?}");
+    assert!(within_one_percent(&per) && per[0] > 500, "{per:?}");
+}

@@ -64,6 +64,10 @@ fn main() -> ExitCode {
                     "inventory_swapped_cables_are_named_and_kept_out_until_put_back",
                     leaf_spine::swapped_cables_are_named_and_kept_out_until_put_back,
                 ),
+                (
+                    "inventory_a_host_finds_itself_by_its_address",
+                    leaf_spine::a_host_finds_itself_in_the_inventory_by_its_address,
+                ),
             ],
         )
         .shared(

@@ -114,7 +114,9 @@ pub struct RunArgs {
     pub controller: Option<String>,
     #[command(flatten)]
     pub channel: ChannelFlags,
-    /// This host's name in the controller's topology (e.g. h0); defaults to --node.
+    /// This host's name in the controller's topology (e.g. h0), or its address there, or
+    /// `auto`: the inventory's host whose address --iface has (no naming convention needed);
+    /// defaults to --node.
     #[arg(long, env = "SOPA_HOST")]
     pub host: Option<String>,
     /// Path selection: sopa (per-flow round-robin), rps (random per packet), ecmp (5-tuple

@@ -24,7 +24,11 @@ const GRACE: Duration = Duration::from_secs(10);
 
 /// Starts the host role, runs it (offline or fed by the controller) until a signal, and stops
 /// it: detached and restored, or left attached for the next agent.
-pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
+pub async fn run(mut args: RunArgs, netns: Option<String>) -> Result<(), Error> {
+    if args.host.as_deref() == Some("auto") {
+        args.host = Some(own_address(&args.iface).await?);
+        info!(host = ?args.host, "--host auto: this host is the inventory's host of this address");
+    }
     let channel = match &args.controller {
         None => None,
         Some(url) => Some(channel_config(
@@ -262,4 +266,28 @@ pub async fn run(args: RunArgs, netns: Option<String>) -> Result<(), Error> {
             GRACE.as_secs()
         ))),
     }
+}
+
+/// `--host auto`: the first IPv4 address of `iface`, by which the controller and the pushed
+/// inventory know this host.
+async fn own_address(iface: &str) -> Result<String, Error> {
+    let index = std::ffi::CString::new(iface)
+        .ok()
+        // SAFETY: a valid C string.
+        .map(|c| unsafe { libc::if_nametoindex(c.as_ptr()) })
+        .filter(|i| *i != 0)
+        .ok_or_else(|| Error::Config(format!("--host auto: no interface {iface:?} (--iface)")))?;
+    let netlink = sopa_agent::netlink::Netlink::connect()?;
+    netlink
+        .addresses()
+        .await?
+        .into_iter()
+        .find(|a| a.ifindex == index)
+        .map(|a| a.local.to_string())
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "--host auto: {iface} has no IPv4 address to find this host by in the inventory; \
+                 give it its address first, or name the host with --host NAME"
+            ))
+        })
 }
