@@ -26,6 +26,8 @@ pub struct HostApplier<'a> {
     state: ControllerState,
     /// The path meter's clock, which adopts the controller's from its snapshots.
     meter_clock: Option<std::sync::Arc<crate::meter::MeterClock>>,
+    /// Notified at every new session (the LLDP table is sent again).
+    session: Option<std::sync::Arc<tokio::sync::Notify>>,
 }
 
 fn now() -> u64 {
@@ -82,6 +84,11 @@ fn srv6_table(
 }
 
 impl<'a> HostApplier<'a> {
+    /// `notify` is told at every new session.
+    pub fn on_session(&mut self, notify: std::sync::Arc<tokio::sync::Notify>) {
+        self.session = Some(notify);
+    }
+
     /// Applies what the controller pushes to `host` (topology name `node`); `meter_clock`: the
     /// path meter's clock, which adopts the controller's.
     pub fn new(
@@ -104,6 +111,7 @@ impl<'a> HostApplier<'a> {
             candidates: None,
             state,
             meter_clock,
+            session: None,
         }
     }
 
@@ -253,6 +261,9 @@ impl Applier for HostApplier<'_> {
     }
 
     fn connected(&mut self, up: bool) {
+        if up && let Some(s) = &self.session {
+            s.notify_one();
+        }
         if self.state.connected != up {
             self.state.connected = up;
             self.state.since_unix = now();

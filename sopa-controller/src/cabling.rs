@@ -241,3 +241,218 @@ mod tests {
         assert_eq!(t.addresses.len(), 16);
     }
 }
+
+/// A draft inventory from what the agents' LLDP heard (`sopactl fabric discover`): switches
+/// and their cables from the switches' tables; the leaves are the switches hosts hear on their
+/// uplink, spines their other neighbours, super-spines the spines' other neighbours; each
+/// leaf's rack holds the hosts cabled to it, every rack's prefix of the one length that keeps
+/// them all apart. What LLDP cannot tell (link addresses, gateways, IPv6) is left to the
+/// defaults, for the operator to fill in.
+pub fn draft_inventory(tables: &[NeighbourSeen]) -> sopa_topology::inventory::Inventory {
+    use sopa_topology::{
+        inventory::{HostEntry, Inventory, LinkEntry, RackEntry, SwitchEntry, Tier},
+        prefix::Prefix,
+    };
+    let hosts: Vec<&NeighbourSeen> = tables
+        .iter()
+        .filter(|t| t.role == Role::Host as i32)
+        .collect();
+    let host_names: BTreeSet<&str> = hosts.iter().map(|h| h.node.as_str()).collect();
+    // Cables between switches, each once (as an unordered pair of ports).
+    let mut cables: BTreeSet<((String, String), (String, String))> = BTreeSet::new();
+    let mut adjacent: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for t in tables.iter().filter(|t| t.role == Role::Switch as i32) {
+        adjacent.entry(t.node.clone()).or_default();
+        for p in &t.ports {
+            if host_names.contains(p.chassis.as_str()) {
+                continue;
+            }
+            let a = (t.node.clone(), p.port.clone());
+            let b = (p.chassis.clone(), p.remote_port.clone());
+            cables.insert(if a <= b { (a, b) } else { (b, a) });
+            adjacent
+                .entry(t.node.clone())
+                .or_default()
+                .insert(p.chassis.clone());
+            adjacent
+                .entry(p.chassis.clone())
+                .or_default()
+                .insert(t.node.clone());
+        }
+    }
+    let uplink = |h: &NeighbourSeen| h.ports.first().cloned();
+    let leaves: BTreeSet<String> = hosts
+        .iter()
+        .filter_map(|h| uplink(h).map(|p| p.chassis))
+        .collect();
+    let mut tier: BTreeMap<String, Tier> = leaves.iter().map(|l| (l.clone(), Tier::Leaf)).collect();
+    for (level, from) in [(Tier::Spine, Tier::Leaf), (Tier::SuperSpine, Tier::Spine)] {
+        let below: Vec<String> = tier
+            .iter()
+            .filter(|(_, t)| **t == from)
+            .map(|(n, _)| n.clone())
+            .collect();
+        for n in below {
+            for m in adjacent.get(&n).into_iter().flatten() {
+                tier.entry(m.clone()).or_insert(level);
+            }
+        }
+    }
+    let mut inv = Inventory {
+        name: Some("discovered".into()),
+        ..Inventory::default()
+    };
+    // Upper tiers first, as an operator lists them; a switch no tier reached is left out
+    // (nothing cabled it to a rack).
+    for t in [Tier::SuperSpine, Tier::Spine, Tier::Leaf] {
+        for (n, _) in tier.iter().filter(|(_, x)| **x == t) {
+            inv.switches.push(SwitchEntry {
+                name: n.clone(),
+                tier: t,
+                pod: None,
+                usid: None,
+            });
+        }
+    }
+    for ((a, ap), (b, bp)) in &cables {
+        if tier.contains_key(a) && tier.contains_key(b) {
+            inv.links.push(LinkEntry {
+                a: format!("{a}:{ap}"),
+                b: format!("{b}:{bp}"),
+                ipv4: None,
+                ipv6: None,
+            });
+        }
+    }
+    let addr = |h: &NeighbourSeen| {
+        h.addresses
+            .iter()
+            .find_map(|a| a.parse::<std::net::Ipv4Addr>().ok())
+    };
+    // Per rack: its hosts, the prefix covering them, and the longest prefix it shares with
+    // another rack's host.
+    let mut racks = Vec::new();
+    for leaf in &leaves {
+        let mine: Vec<&NeighbourSeen> = hosts
+            .iter()
+            .copied()
+            .filter(|h| uplink(h).is_some_and(|p| &p.chassis == leaf) && addr(h).is_some())
+            .collect();
+        let Some(first) = mine.first().and_then(|h| addr(h)) else {
+            continue;
+        };
+        let cover = sopa_topology::prefix::cover(
+            &mine
+                .iter()
+                .filter_map(|h| addr(h))
+                .map(|a| Prefix::of(a, 32))
+                .collect::<Vec<_>>(),
+        );
+        let shared = hosts
+            .iter()
+            .filter(|h| uplink(h).is_some_and(|p| &p.chassis != leaf))
+            .filter_map(|h| addr(h))
+            .map(|a| (u32::from(a) ^ u32::from(first)).leading_zeros() as u8)
+            .max()
+            .unwrap_or(0);
+        racks.push((leaf, mine, cover, shared + 1));
+    }
+    // Racks of one size, as fabrics are built: the longest length that keeps every rack apart
+    // (a rack whose hosts need more room keeps the room its hosts need).
+    let apart = racks.iter().map(|r| r.3).max().unwrap_or(24).min(30);
+    for (leaf, mine, cover, _) in racks {
+        inv.racks.push(RackEntry {
+            tor: leaf.clone(),
+            ipv4: Prefix::of(cover.addr, apart.min(cover.len)),
+            ipv6: None,
+            gateway: None,
+            hosts: mine
+                .iter()
+                .filter_map(|h| {
+                    Some(HostEntry {
+                        name: h.node.clone(),
+                        ipv4: addr(h)?,
+                        ipv6: None,
+                        port: uplink(h).map(|p| p.remote_port),
+                    })
+                })
+                .collect(),
+        });
+    }
+    inv
+}
+
+#[cfg(test)]
+mod discover_tests {
+    use super::*;
+    use sopa_topology::{Topology, inventory::generate, topology::TopologySpec};
+
+    /// The tables a generated leaf-spine's agents would report, drafted back into the same
+    /// fabric (names, tiers, cables, racks and prefixes).
+    #[test]
+    fn a_draft_from_the_tables_is_the_fabric() {
+        let inv = generate::leaf_spine(&generate::LeafSpine {
+            leaves: 3,
+            spines: 2,
+            hosts_per_leaf: 2,
+            prefix: "100.64.0.0/24".parse().unwrap(),
+            prefix6: None,
+            links: "100.127.0.0/24".parse().unwrap(),
+            links6: None,
+        })
+        .unwrap();
+        let t = Topology::build(&TopologySpec::Inventory(Box::new(inv.clone()))).unwrap();
+        let Topology::Clos(c) = &t else {
+            unreachable!()
+        };
+        let g = t.graph();
+        let tables: Vec<NeighbourSeen> = (0..g.nodes.len() as u32)
+            .map(|n| {
+                let host = g.node(n).kind == NodeKind::Host;
+                let ports = g
+                    .ports(n)
+                    .iter()
+                    .filter(|(_, peer)| g.node(*peer).kind.is_switch())
+                    .map(|&(l, peer)| PortNeighbour {
+                        port: c.port_name(l, n).unwrap_or("eth0").to_owned(),
+                        chassis: g.name(peer).to_owned(),
+                        remote_port: c.port_name(l, peer).unwrap().to_owned(),
+                    })
+                    .collect();
+                NeighbourSeen {
+                    node: g.name(n).to_owned(),
+                    role: if host { Role::Host } else { Role::Switch } as i32,
+                    ports,
+                    addresses: g.node(n).addr.map(|a| a.to_string()).into_iter().collect(),
+                }
+            })
+            .collect();
+        let draft = draft_inventory(&tables);
+        let d = Topology::build(&TopologySpec::Inventory(Box::new(draft.clone())))
+            .unwrap_or_else(|e| panic!("{e}\n{}", draft.to_toml()));
+        let mut want: Vec<_> = inv
+            .racks
+            .iter()
+            .map(|r| (r.tor.clone(), r.ipv4, r.hosts.len()))
+            .collect();
+        let mut got: Vec<_> = draft
+            .racks
+            .iter()
+            .map(|r| (r.tor.clone(), r.ipv4, r.hosts.len()))
+            .collect();
+        want.sort();
+        got.sort();
+        assert_eq!(got, want);
+        assert_eq!(d.graph().links.len(), g.links.len());
+        let tiers = |i: &sopa_topology::inventory::Inventory| {
+            let mut v: Vec<_> = i
+                .switches
+                .iter()
+                .map(|s| (s.name.clone(), s.tier))
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(tiers(&draft), tiers(&inv));
+    }
+}

@@ -97,4 +97,9 @@ impl Cabling {
     pub fn resend(&self) {
         self.resend.notify_one();
     }
+
+    /// What [`Cabling::resend`] notifies, for whoever sees sessions begin.
+    pub fn resender(&self) -> Arc<Notify> {
+        Arc::clone(&self.resend)
+    }
 }

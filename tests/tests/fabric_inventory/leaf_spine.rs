@@ -292,3 +292,68 @@ pub fn a_host_finds_itself_in_the_inventory_by_its_address(f: &mut Fabric) {
     eprintln!("b-1 (--host auto) -> d-2: packets per spine {per:?}");
     assert!(within_one_percent(&per) && per[0] > 500, "{per:?}");
 }
+
+/// `sopactl fabric discover` drafts the fabric back from the agents' LLDP tables: the same
+/// switches in the same tiers, the same cables port for port, the same racks with the same
+/// prefixes and hosts (by name, address and ToR port); and the draft passes the check.
+pub fn discover_drafts_the_fabric_back(f: &mut Fabric) {
+    let shipped = crate::shipped_leaf_spine();
+    // Every agent's table in: 8 switches and 8 hosts, each host hearing its ToR.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let draft = loop {
+        let text = f.sopactl(&["fabric", "discover"]).unwrap_or_default();
+        if let Ok(d) = sopa_topology::inventory::Inventory::from_toml(&text)
+            && d.racks.iter().map(|r| r.hosts.len()).sum::<usize>() == 8
+            && d.switches.len() == 8
+        {
+            break d;
+        }
+        assert!(Instant::now() < deadline, "no complete draft: {text}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let switches = |i: &sopa_topology::inventory::Inventory| {
+        let mut v: Vec<_> = i
+            .switches
+            .iter()
+            .map(|s| (s.name.clone(), s.tier))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(switches(&draft), switches(&shipped));
+    let cables = |i: &sopa_topology::inventory::Inventory| {
+        let mut v: Vec<_> = i
+            .links
+            .iter()
+            .map(|l| {
+                let (a, b) = (l.a.clone(), l.b.clone());
+                if a <= b { (a, b) } else { (b, a) }
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(cables(&draft), cables(&shipped));
+    let racks = |i: &sopa_topology::inventory::Inventory| {
+        let mut v: Vec<_> = i
+            .racks
+            .iter()
+            .map(|r| {
+                let mut hosts: Vec<_> = r
+                    .hosts
+                    .iter()
+                    .map(|h| (h.name.clone(), h.ipv4, h.port.clone()))
+                    .collect();
+                hosts.sort();
+                (r.tor.clone(), r.ipv4, hosts)
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(racks(&draft), racks(&shipped));
+    sopa_topology::Topology::build(&sopa_topology::topology::TopologySpec::Inventory(Box::new(
+        draft,
+    )))
+    .expect("the draft passes the check");
+}

@@ -68,6 +68,10 @@ fn main() -> ExitCode {
                     "inventory_a_host_finds_itself_by_its_address",
                     leaf_spine::a_host_finds_itself_in_the_inventory_by_its_address,
                 ),
+                (
+                    "inventory_discover_drafts_the_fabric_back_from_lldp",
+                    leaf_spine::discover_drafts_the_fabric_back,
+                ),
             ],
         )
         .shared(

@@ -210,6 +210,7 @@ pub async fn run(mut args: RunArgs, netns: Option<String>) -> Result<(), Error> 
             let (_stop, stopped) = tokio::sync::watch::channel(false);
             let fabric_host = args.host.clone().unwrap_or_else(|| opts.node.clone());
             let (reports, reports_rx) = tokio::sync::mpsc::channel(4);
+            let reports_tx_cabling = reports.clone();
             let reporter = tokio::spawn(sopa_agent::hedera::report_loop(
                 host.maps(),
                 reports.clone(),
@@ -232,6 +233,26 @@ pub async fn run(mut args: RunArgs, netns: Option<String>) -> Result<(), Error> 
                 &endpoint,
                 Some(Arc::clone(&meter_clock)),
             );
+            // The uplink's LLDP neighbour, for the controller's cabling view and `sopactl
+            // fabric discover`: listened to, never sent (a host's word changes nothing).
+            let addresses = own_addresses(&args.iface).await.unwrap_or_default();
+            let cabling = match sopa_agent::switch::cabling::Cabling::start(
+                &fabric_host,
+                false,
+                vec![args.iface.clone()],
+                addresses,
+                std::time::Duration::from_secs(5),
+                reports_tx_cabling,
+            ) {
+                Ok(c) => {
+                    applier.on_session(c.resender());
+                    Some(c)
+                }
+                Err(err) => {
+                    warn!(%err, "not listening for the uplink's LLDP: the controller will not see this host's cabling");
+                    None
+                }
+            };
             tokio::select! {
                 _ = sopa_channel::client::run_with_reports(cfg, &mut applier, stopped, Some(reports_rx)) => {}
                 _ = signal => {}
@@ -241,6 +262,7 @@ pub async fn run(mut args: RunArgs, netns: Option<String>) -> Result<(), Error> 
             if let Some(meter) = meter {
                 meter.abort();
             }
+            drop(cabling);
         }
     }
     let keep = args.keep_attached || handed_over.load(std::sync::atomic::Ordering::Relaxed);
@@ -266,6 +288,23 @@ pub async fn run(mut args: RunArgs, netns: Option<String>) -> Result<(), Error> 
             GRACE.as_secs()
         ))),
     }
+}
+
+/// Every IPv4 address of `iface`.
+async fn own_addresses(iface: &str) -> Result<Vec<String>, Error> {
+    let index = std::ffi::CString::new(iface)
+        .ok()
+        // SAFETY: a valid C string.
+        .map(|c| unsafe { libc::if_nametoindex(c.as_ptr()) })
+        .unwrap_or(0);
+    let netlink = sopa_agent::netlink::Netlink::connect()?;
+    Ok(netlink
+        .addresses()
+        .await?
+        .into_iter()
+        .filter(|a| a.ifindex == index)
+        .map(|a| a.local.to_string())
+        .collect())
 }
 
 /// `--host auto`: the first IPv4 address of `iface`, by which the controller and the pushed

@@ -24,6 +24,15 @@ pub enum FabricCommand {
     /// Check an inventory: every refusal with the entry at fault, or a summary of the fabric
     /// it describes (racks, hosts, paths between racks).
     Check { file: PathBuf },
+    /// Write a draft inventory from what the agents' LLDP heard: switches, tiers, cables,
+    /// racks and their hosts (link addresses, gateways and IPv6 left for you to fill in).
+    Discover {
+        #[command(flatten)]
+        conn: crate::fabric::Connection,
+        /// The file to write (never overwritten); stdout without.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -106,6 +115,35 @@ pub fn run(cmd: FabricCommand) -> Result<()> {
             // What is written is what the controller accepts.
             Fabric::parse_spec_file(&text, "the generated inventory")?;
             match out.out {
+                None => print!("{text}"),
+                Some(path) => write_new(&path, &text)?,
+            }
+            Ok(())
+        }
+        FabricCommand::Discover { conn, out } => {
+            let status =
+                crate::fabric::runtime().block_on(crate::fabric::call(
+                    &conn,
+                    "status",
+                    |mut control| async move {
+                        control.status(sopa_channel::proto::StatusRequest {}).await
+                    },
+                ))?;
+            if status.neighbours.is_empty() {
+                anyhow::bail!(
+                    "no agent has reported an LLDP table: switch agents speak LLDP on an \
+                     inventory's fabric or with --lldp on"
+                );
+            }
+            let draft = sopa_controller::cabling::draft_inventory(&status.neighbours);
+            let text = format!(
+                "# SOPA inventory drafted by `sopactl fabric discover` from {} agents' LLDP \
+                 tables: check the tiers and prefixes, add link addresses, gateways and IPv6, \
+                 then `sopactl fabric check FILE`.\n{}",
+                status.neighbours.len(),
+                draft.to_toml()
+            );
+            match out {
                 None => print!("{text}"),
                 Some(path) => write_new(&path, &text)?,
             }
