@@ -1,5 +1,6 @@
 //! `cargo xtask bench fabric --experiment sec4.2|permutation|production|failure --modes
-//! sopa,rps,ecmp,hedera,single --repeat N [--topo fat-tree:4] [--rate 100] [--mb 10] [--seed S]
+//! sopa,rps,ecmp,hedera,single --repeat N [--topo fat-tree:4 | --fabric INVENTORY.toml] [--rate
+//! 100] [--mb 10] [--seed S]
 //! [--flows-per-host 20] [--encoding ipv4-option,srv6] [--rates 10,25] [--qdisc htb|tbf]
 //! [--xdp auto|generic|native,...]`: the SOPA paper's
 //! experiments on the namespace fabric, the modes measured side by side in one run on one
@@ -96,7 +97,8 @@ fn args() -> Args {
                 a.modes = value().split(',').map(str::to_owned).collect()
             }
             "--repeat" => a.repeat = value().parse().expect("--repeat N"),
-            "--topo" => a.topo = value(),
+            // An inventory file: the operator's fabric, by its names.
+            "--topo" | "--fabric" => a.topo = value(),
             "--rate" | "--rates" => {
                 rates_given = true;
                 a.rates = value()

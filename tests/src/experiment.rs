@@ -832,6 +832,18 @@ pub fn core_link_names(f: &Fabric, experiment: &str) -> Vec<String> {
 
 fn core_links(f: &Fabric, experiment: &str) -> Vec<(usize, String, String)> {
     let g = f.topo.graph();
+    // A two-tier inventory (leaf-spine): its top links are the leaves' uplinks.
+    if let sopa_topology::Topology::Clos(c) = &f.topo
+        && c.tiers() == 2
+    {
+        return g
+            .links
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| c.level(l.a) == 1 && c.level(l.b) == 2)
+            .map(|(l, link)| (l, g.name(link.a).to_owned(), g.name(link.b).to_owned()))
+            .collect();
+    }
     g.links
         .iter()
         .enumerate()
@@ -845,7 +857,8 @@ fn core_links(f: &Fabric, experiment: &str) -> Vec<(usize, String, String)> {
         .collect()
 }
 
-/// Bytes sent upward on the aggregation-to-core (Fat-Tree) or inter-container (MODRIC) links
+/// Bytes sent upward on the aggregation-to-core (Fat-Tree and three-tier inventories), leaf to
+/// spine (a leaf-spine inventory) or inter-container (MODRIC) links
 /// the experiment loads: for sec4.2 the four uplinks of pod 0, otherwise all of them.
 pub fn core_link_bytes(f: &Fabric, experiment: &str) -> Vec<u64> {
     core_links(f, experiment)

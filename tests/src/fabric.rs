@@ -28,9 +28,22 @@ fn is_ifname(name: &str) -> bool {
         && !name.contains(|c: char| c == '/' || c == ':' || c.is_whitespace())
 }
 
-/// `fat-tree:K` or `modric:MxN[:q:x:y]` (q=1, x=2, y=2 by default).
+/// `fat-tree:K`, `modric:MxN[:q:x:y]` (q=1, x=2, y=2 by default), or the path of an
+/// inventory file (`sopa_topology::inventory`; checked here, every refusal named).
 pub fn parse_topo(s: &str) -> std::result::Result<TopologySpec, String> {
-    let bad = || format!("topology {s:?}: write fat-tree:K or modric:MxN[:q:x:y]");
+    let path = std::path::Path::new(s);
+    if s.ends_with(".toml") || path.is_file() {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| format!("reading the inventory {s}: {e}"))?;
+        let inv = sopa_topology::inventory::Inventory::from_toml(&text)
+            .map_err(|e| format!("inventory {s}: {e}"))?;
+        let spec = TopologySpec::Inventory(Box::new(inv));
+        Topology::build(&spec).map_err(|e| format!("inventory {s}: {e}"))?;
+        return Ok(spec);
+    }
+    let bad = || {
+        format!("topology {s:?}: write fat-tree:K, modric:MxN[:q:x:y] or an inventory file's path")
+    };
     let (kind, rest) = s.split_once(':').ok_or_else(bad)?;
     match kind {
         "fat-tree" => Ok(TopologySpec::FatTree {

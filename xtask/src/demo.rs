@@ -14,8 +14,12 @@ use crate::setup;
 #[derive(clap::Args)]
 pub struct DemoArgs {
     /// The small demo instead: A - R - B with a capture of the option on the wire.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "fabric")]
     arb: bool,
+    /// Your own fabric: an inventory file (`sopactl fabric generate`, `sopactl fabric check`);
+    /// the first host of each rack sends to the next rack's, in sopa and in ECMP.
+    #[arg(long, value_name = "FILE")]
+    fabric: Option<std::path::PathBuf>,
     /// Fabric demo: link rate in Mbit/s.
     #[arg(long, default_value_t = 100)]
     rate: u32,
@@ -59,6 +63,9 @@ fn step(msg: &str) {
 pub fn run(args: &DemoArgs) -> Result<()> {
     if !setup::is_root() {
         bail!("the demo creates network namespaces and loads eBPF programs: run as root");
+    }
+    if let Some(file) = &args.fabric {
+        return crate::inventory_demo::run(file, args.rate, args.flow_mb, args.encoding);
     }
     if !args.arb {
         return crate::fabric_demo::run(args.rate, args.flow_mb, args.encoding);

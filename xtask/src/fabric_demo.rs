@@ -38,6 +38,23 @@ fn core_paths(f: &Fabric) -> Result<[u64; 4]> {
     Ok(out)
 }
 
+/// Every host agent of `f` to `mode`, at run time (`sopa-agent mode`).
+pub fn set_mode(f: &Fabric, mode: &str) -> Result<()> {
+    for host in f.hosts.values() {
+        let out = std::process::Command::new(sopa_testbed::bins::sopa_agent())
+            .args(["mode", "--node", &host.node, mode])
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "switching {} to {mode}: {}",
+                host.node,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    Ok(())
+}
+
 pub fn run(rate: u32, mb: u64, encoding: Encoding) -> Result<()> {
     let bar = ProgressBar::new(7);
     bar.set_style(
@@ -66,18 +83,7 @@ pub fn run(rate: u32, mb: u64, encoding: Encoding) -> Result<()> {
     let mut rows = Vec::new();
     for (i, mode) in ["sopa", "off"].iter().enumerate() {
         bar.set_message(format!("hosts in {mode} mode"));
-        for host in f.hosts.values() {
-            let out = std::process::Command::new(sopa_testbed::bins::sopa_agent())
-                .args(["mode", "--node", &host.node, mode])
-                .output()?;
-            if !out.status.success() {
-                bail!(
-                    "switching {} to {mode}: {}",
-                    host.node,
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-        }
+        set_mode(&f, mode)?;
         bar.inc(1);
         bar.set_message(format!(
             "{mode}: flows 0->4, 0->5, 1->4, 1->5, {mb} MB each"

@@ -9,6 +9,7 @@ mod bench;
 mod demo;
 mod fabric_demo;
 mod fuzz;
+mod inventory_demo;
 mod setup;
 mod smoke;
 mod test;

@@ -18,8 +18,12 @@ pub enum TestbedCommand {
     /// Build a fabric and leave it running.
     Up {
         /// fat-tree:K or modric:MxN (q=1, x=2, y=2 unless given as modric:MxN:q:x:y).
-        #[arg(long, default_value = "fat-tree:4")]
+        #[arg(long, default_value = "fat-tree:4", conflicts_with = "fabric")]
         topo: String,
+        /// An inventory file: the operator's own fabric, by its names and addresses
+        /// (`sopactl fabric check FILE` says what it refuses).
+        #[arg(long, value_name = "FILE")]
+        fabric: Option<PathBuf>,
         /// Link rate in Mbit/s (0: unshaped).
         #[arg(long, default_value_t = 100)]
         rate: u32,
@@ -116,6 +120,7 @@ pub fn run(cmd: TestbedCommand) -> Result<()> {
     match cmd {
         TestbedCommand::Up {
             topo,
+            fabric,
             rate,
             mode,
             queue,
@@ -130,7 +135,10 @@ pub fn run(cmd: TestbedCommand) -> Result<()> {
                     state_file().display()
                 );
             }
-            let spec = parse_topo(&topo)?;
+            let spec = match &fabric {
+                Some(file) => parse_topo(&file.display().to_string())?,
+                None => parse_topo(&topo)?,
+            };
             build_release()?;
             let opts = FabricOptions {
                 rate_mbit: (rate > 0).then_some(rate),
@@ -142,6 +150,7 @@ pub fn run(cmd: TestbedCommand) -> Result<()> {
                 link_qdisc: qdisc,
                 switch_args: vec!["--usid".into(), usid.clone()],
             };
+            let topo = sopa_topology::Topology::build(&spec)?.name();
             eprintln!(
                 "==> building {topo} at {} in namespaces",
                 if rate > 0 {
