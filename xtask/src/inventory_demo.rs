@@ -123,7 +123,7 @@ pub fn run(file: &Path, rate: u32, mb: u64, encoding: Encoding) -> Result<()> {
         }
         let ups: Vec<String> = per.iter().map(|(n, p)| format!("{n} {p}")).collect();
         println!(
-            "         packets {leaf} sent up to each spine: {}",
+            "         packets out of {leaf}'s uplinks: {}",
             ups.join(", ")
         );
     }
