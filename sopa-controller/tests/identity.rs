@@ -1251,3 +1251,44 @@ fn certificates_are_never_overwritten_keys_stay_private_and_no_node_folder_holds
     .to_string();
     assert!(err.contains("h1.example"), "{err}");
 }
+
+/// A host certificate may name the host's address (`--host auto` claims it): admitted as the
+/// topology's host of that address, by its name, so a switch trusts that host's port; an
+/// address no host has is refused, and the certificate of one address cannot claim another.
+#[tokio::test]
+async fn a_host_known_by_its_address_is_its_topology_host() {
+    use sopa_channel::proto::Role as Claimed;
+    let ca = Ca::new("by-address");
+    let c = ca.controller(29).await;
+    // h1 of Fat-Tree k=4 is 10.0.0.3.
+    let by_addr = ca.client(Role::Host, "10.0.0.3");
+    let (first, _tx, _in) = open_stream(&c, &by_addr, hello("10.0.0.3", Claimed::Host)).await;
+    assert!(matches!(
+        first.unwrap().kind,
+        Some(controller_message::Kind::Peers(_))
+    ));
+    // A switch's first message lists the live hosts: h1, by its name.
+    let e0 = ca.client(Role::Switch, "e0");
+    let (first, _tx2, _in2) = open_stream(&c, &e0, hello("e0", Claimed::Switch)).await;
+    let Some(controller_message::Kind::Peers(p)) = first.unwrap().kind else {
+        panic!("a switch hears the live hosts first")
+    };
+    assert!(p.live.contains(&"h1".to_owned()), "{:?}", p.live);
+    let stranger = ca.client(Role::Host, "10.9.9.9");
+    refused_once(&c, Refusal::UnknownNode, async {
+        let (first, _, _) = open_stream(&c, &stranger, hello("10.9.9.9", Claimed::Host)).await;
+        assert_eq!(first.unwrap_err().code(), tonic::Code::NotFound);
+    })
+    .await;
+    let other = ca.client(Role::Host, "10.0.0.2");
+    refused_once(&c, Refusal::Impersonation, async {
+        let claim = Hello {
+            topology_name: "10.0.0.4".into(),
+            ..hello("10.0.0.2", Claimed::Host)
+        };
+        let (first, _, _) = open_stream(&c, &other, claim).await;
+        assert_eq!(first.unwrap_err().code(), tonic::Code::PermissionDenied);
+    })
+    .await;
+    c.stop().await;
+}

@@ -44,6 +44,8 @@ struct Args {
     modes: Vec<String>,
     repeat: u32,
     topo: String,
+    /// The topology as printed: its name (an inventory's, not its file's path).
+    label: String,
     /// Link rates, Mbit/s: a fabric each, in this order.
     rates: Vec<u32>,
     mb: u64,
@@ -75,6 +77,7 @@ fn args() -> Args {
         ],
         repeat: 1,
         topo: "fat-tree:4".into(),
+        label: String::new(),
         rates: vec![100],
         mb: 10,
         seed: 1,
@@ -184,6 +187,10 @@ fn args() -> Args {
             panic!("{e}");
         }
     }
+    a.label = parse_topo(&a.topo)
+        .and_then(|s| sopa_topology::Topology::build(&s).map_err(|e| e.to_string()))
+        .map(|t| t.name())
+        .unwrap_or_else(|e| panic!("{e}"));
     a
 }
 
@@ -267,7 +274,7 @@ fn compare(a: &Args, measured: &[(Encoding, u32, Vec<ModeResult>)]) {
     println!();
     println!(
         "encodings side by side ({} on {} at {base_rate} Mbit/s, the same seed):",
-        a.experiment, a.topo
+        a.experiment, a.label
     );
     let (bw, bp) = full_size(*base);
     for (enc, _, results) in measured[1..].iter().filter(|m| m.1 == *base_rate) {
@@ -347,7 +354,7 @@ fn run_one(a: &Args, encoding: Encoding, rate: u32, xdp: &str) -> (Vec<ModeResul
     };
     eprintln!(
         "building {} at {rate} Mbit/s ({} links), paths as {encoding}, xdp_strip {xdp}",
-        a.topo, a.qdisc
+        a.label, a.qdisc
     );
     let mut f = Fabric::build(&spec, &opts).expect("build the fabric");
     f.controller_args
@@ -410,7 +417,7 @@ fn run_one(a: &Args, encoding: Encoding, rate: u32, xdp: &str) -> (Vec<ModeResul
     println!(
         "{} on {} at {} Mbit/s, paths as {encoding}, {}, {} round(s), cubic",
         a.experiment,
-        a.topo,
+        a.label,
         rate,
         if matches!(a.experiment.as_str(), "production" | "failure") {
             format!(
@@ -542,7 +549,7 @@ fn run_one(a: &Args, encoding: Encoding, rate: u32, xdp: &str) -> (Vec<ModeResul
     let _ = std::fs::create_dir_all(&a.out);
     let path = a.out.join(format!("{name}.json"));
     let json = serde_json::json!({
-        "experiment": a.experiment, "topology": a.topo, "rate_mbit": rate, "flow_mb": a.mb, "repeat": a.repeat,
+        "experiment": a.experiment, "topology": a.label, "rate_mbit": rate, "flow_mb": a.mb, "repeat": a.repeat,
         "encoding": encoding.name(), "qdisc": a.qdisc.to_string(), "xdp": xdp,
         "valid": valid,
         "fidelity": { "alone_fraction": alone_fraction, "alone_tries": alone_tries, "alone_steal_pct": alone_steal_pct, "alone_ok": fidelity_ok, "min_idle_cpu_pct": min_idle, "cpu_ok": cpu_ok }, "modes": results,
@@ -565,7 +572,7 @@ fn sweep(a: &Args, measured: &[(Encoding, u32, Vec<ModeResult>)], valid: bool) {
     println!();
     println!(
         "flowcells on {} (permutation, {} MB flows), each rate against its own per-packet run and ideal:",
-        a.topo, a.mb
+        a.label, a.mb
     );
     print!("{}", granularity::table(&rows));
     println!(
@@ -597,7 +604,7 @@ fn sweep(a: &Args, measured: &[(Encoding, u32, Vec<ModeResult>)], valid: bool) {
     let _ = std::fs::create_dir_all(&a.out);
     let path = a.out.join(format!("{name}.json"));
     let json = serde_json::json!({
-        "experiment": "granularity", "topology": a.topo, "flow_mb": a.mb, "repeat": a.repeat,
+        "experiment": "granularity", "topology": a.label, "flow_mb": a.mb, "repeat": a.repeat,
         "rates_mbit": a.rates, "valid": valid, "rows": rows,
     });
     std::fs::write(&path, serde_json::to_vec_pretty(&json).unwrap()).expect("writing the JSON");
