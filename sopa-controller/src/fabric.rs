@@ -97,6 +97,28 @@ pub struct Checkpoint {
 pub const LEGACY_REPORTER: &str = "";
 
 /// A link named by its ends, in a canonical order.
+/// Records that end `by` says link `k` is down (`on`) or no longer; the link leaves `map` when
+/// no end says so (`also` names ends that any end's "no longer" removes too).
+fn set_end(
+    map: &mut BTreeMap<(String, String), BTreeSet<String>>,
+    k: &(String, String),
+    by: &str,
+    on: bool,
+    also: &[&str],
+) {
+    if on {
+        map.entry(k.clone()).or_default().insert(by.to_owned());
+    } else if let Some(ends) = map.get_mut(k) {
+        ends.remove(by);
+        for e in also {
+            ends.remove(*e);
+        }
+        if ends.is_empty() {
+            map.remove(k);
+        }
+    }
+}
+
 fn key(a: &str, b: &str) -> (String, String) {
     if a <= b {
         (a.to_owned(), b.to_owned())
@@ -490,18 +512,8 @@ impl Fabric {
         }
         let k = key(a, b);
         let before = self.link_down(&k);
-        if down {
-            self.reported_down
-                .entry(k.clone())
-                .or_default()
-                .insert(by.to_owned());
-        } else if let Some(ends) = self.reported_down.get_mut(&k) {
-            ends.remove(by);
-            ends.remove(LEGACY_REPORTER);
-            if ends.is_empty() {
-                self.reported_down.remove(&k);
-            }
-        }
+        // A legacy entry is ended by either end's up.
+        set_end(&mut self.reported_down, &k, by, down, &[LEGACY_REPORTER]);
         Ok(self.link_delta(k, before))
     }
 
@@ -524,17 +536,7 @@ impl Fabric {
         }
         let k = key(a, b);
         let before = self.link_down(&k);
-        if miscabled {
-            self.miscabled
-                .entry(k.clone())
-                .or_default()
-                .insert(by.to_owned());
-        } else if let Some(ends) = self.miscabled.get_mut(&k) {
-            ends.remove(by);
-            if ends.is_empty() {
-                self.miscabled.remove(&k);
-            }
-        }
+        set_end(&mut self.miscabled, &k, by, miscabled, &[]);
         Ok(self.link_delta(k, before))
     }
 

@@ -12,7 +12,7 @@ use sopa_topology::{
         generate::{self, LeafSpine},
     },
     paths::{Failures, PathTable},
-    srv6,
+    properties, srv6,
     topology::TopologySpec,
 };
 
@@ -373,6 +373,13 @@ fn a_generated_fat_tree_is_the_fat_tree_model() {
         let text = inv.to_toml();
         let clos = build(&text).unwrap();
         let (gm, gc) = (model.graph(), clos.graph());
+        // The papers' properties, computed on the graph: the same counts and diameter.
+        assert_eq!(properties::counts(gm), properties::counts(gc));
+        let tors = |t: &Topology| t.racks().iter().map(|r| r.tor).collect::<Vec<_>>();
+        assert_eq!(
+            properties::host_diameter_from(gm, &tors(&model)),
+            properties::host_diameter_from(gc, &tors(&clos))
+        );
         assert_eq!(gm.nodes.len(), gc.nodes.len());
         assert_eq!(gm.links.len(), gc.links.len());
         for (a, b) in gm.nodes.iter().zip(&gc.nodes) {

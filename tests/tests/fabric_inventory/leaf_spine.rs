@@ -88,6 +88,31 @@ pub fn spreads_one_flow_evenly_over_the_spines(f: &mut Fabric) {
     assert!(within_one_percent(&per), "packets per spine equal: {per:?}");
 }
 
+/// a-1's paths to rack-d, as its agent's status lists them.
+fn paths_to_d(f: &Fabric) -> usize {
+    f.host("a-1").status().unwrap()["path_table"]["100.64.0.192/26"]
+        .as_array()
+        .map_or(0, Vec::len)
+}
+
+/// Once a-1 has all four paths again, one flow a-1 -> d-2 on `port` takes them all equally,
+/// `spine` (its index) among them.
+fn all_four_carry_again(f: &Fabric, spine: usize, port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while paths_to_d(f) != 4 {
+        assert!(
+            Instant::now() < deadline,
+            "a-1 did not take {} back",
+            SPINES[spine]
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let before = per_spine(f);
+    transfer(f, port, 4 << 20);
+    let per = since(per_spine(f), &before);
+    assert!(within_one_percent(&per) && per[spine] > 500, "{per:?}");
+}
+
 /// `sopactl link down rack-a sp-2`: the hosts drop its path and the flow's packets take the
 /// other three spines, none the failed link (counted at rack-a by hop value and on the wire
 /// of its port); up again, all four carry it.
@@ -96,13 +121,7 @@ pub fn a_failed_spine_link_carries_nothing(f: &mut Fabric) {
     assert!(out.contains("now down"), "{out}");
     f.wait_applied(|down| down == 1, "rack-a:sp-2 down")
         .unwrap();
-    let prefix = "100.64.0.192/26";
-    let paths = |f: &Fabric| {
-        f.host("a-1").status().unwrap()["path_table"][prefix]
-            .as_array()
-            .map_or(0, Vec::len)
-    };
-    assert_eq!(paths(f), 3, "a-1 dropped the path over sp-2");
+    assert_eq!(paths_to_d(f), 3, "a-1 dropped the path over sp-2");
     let port = f.link_iface("rack-a", "sp-2");
     let wire_before = f.ns("rack-a").tx_packets(&port).unwrap();
     let before = per_spine(f);
@@ -120,15 +139,7 @@ pub fn a_failed_spine_link_carries_nothing(f: &mut Fabric) {
     f.sopactl(&["link", "up", "rack-a", "sp-2"]).unwrap();
     f.wait_applied(|down| down == 0, "rack-a:sp-2 back")
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while paths(f) != 4 {
-        assert!(Instant::now() < deadline, "a-1 did not take sp-2 back");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let before = per_spine(f);
-    transfer(f, 7002, 4 << 20);
-    let per = since(per_spine(f), &before);
-    assert!(within_one_percent(&per) && per[1] > 500, "{per:?}");
+    all_four_carry_again(f, 1, 7002);
 }
 
 /// In SRv6 the spines forward by their IPv6 routes (or `tc_forward` consumes their uSID):
@@ -219,13 +230,7 @@ pub fn swapped_cables_are_named_and_kept_out_until_put_back(f: &mut Fabric) {
     assert!(status.contains("rack-a:sp-1 (miscabled)"), "{status}");
     f.wait_applied(|down| down == 2, "the miscabled links out")
         .unwrap();
-    let prefix = "100.64.0.192/26";
-    let paths = |f: &Fabric| {
-        f.host("a-1").status().unwrap()["path_table"][prefix]
-            .as_array()
-            .map_or(0, Vec::len)
-    };
-    assert_eq!(paths(f), 3, "a-1 dropped the path over sp-1");
+    assert_eq!(paths_to_d(f), 3, "a-1 dropped the path over sp-1");
     let before = per_spine(f);
     transfer(f, 7004, 4 << 20);
     let per = since(per_spine(f), &before);
@@ -241,15 +246,7 @@ pub fn swapped_cables_are_named_and_kept_out_until_put_back(f: &mut Fabric) {
     );
     eprintln!("put back: mismatches gone and links up after {fixed:?}");
     f.wait_applied(|down| down == 0, "the links back").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while paths(f) != 4 {
-        assert!(Instant::now() < deadline, "a-1 did not take sp-1 back");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let before = per_spine(f);
-    transfer(f, 7005, 4 << 20);
-    let per = since(per_spine(f), &before);
-    assert!(within_one_percent(&per) && per[0] > 500, "{per:?}");
+    all_four_carry_again(f, 0, 7005);
 }
 
 /// A host agent told `--host auto` finds its host in the inventory by its interface's
