@@ -503,6 +503,16 @@ impl Fabric {
         by: &str,
         down: bool,
     ) -> Result<Option<Delta>, FabricError> {
+        self.check_end(a, b, by)?;
+        let k = key(a, b);
+        let before = self.link_down(&k);
+        // A legacy entry is ended by either end's up.
+        set_end(&mut self.reported_down, &k, by, down, &[LEGACY_REPORTER]);
+        Ok(self.link_delta(k, before))
+    }
+
+    /// Checks that `a`-`b` is a link of the topology and `by` one of its ends.
+    fn check_end(&self, a: &str, b: &str, by: &str) -> Result<(), FabricError> {
         self.check_link(a, b)?;
         if by != a && by != b {
             return Err(FabricError::NotAnEnd {
@@ -510,11 +520,7 @@ impl Fabric {
                 link: format!("{a}:{b}"),
             });
         }
-        let k = key(a, b);
-        let before = self.link_down(&k);
-        // A legacy entry is ended by either end's up.
-        set_end(&mut self.reported_down, &k, by, down, &[LEGACY_REPORTER]);
-        Ok(self.link_delta(k, before))
+        Ok(())
     }
 
     /// Switch `by`'s LLDP finds link `a`-`b` (one of its own) cabled otherwise than the
@@ -527,13 +533,7 @@ impl Fabric {
         by: &str,
         miscabled: bool,
     ) -> Result<Option<Delta>, FabricError> {
-        self.check_link(a, b)?;
-        if by != a && by != b {
-            return Err(FabricError::NotAnEnd {
-                switch: by.to_owned(),
-                link: format!("{a}:{b}"),
-            });
-        }
+        self.check_end(a, b, by)?;
         let k = key(a, b);
         let before = self.link_down(&k);
         set_end(&mut self.miscabled, &k, by, miscabled, &[]);

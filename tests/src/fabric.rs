@@ -744,6 +744,27 @@ impl Fabric {
         }
     }
 
+    /// Every host's namespace and IPv4 address.
+    pub fn host_addresses(&self) -> Vec<(&NetNs, std::net::Ipv4Addr)> {
+        let g = self.topo.graph();
+        g.nodes_of(NodeKind::Host)
+            .map(|h| {
+                (
+                    &self.namespaces[&h],
+                    g.node(h).addr.expect("hosts have addresses"),
+                )
+            })
+            .collect()
+    }
+
+    /// Every host's namespace and IPv6 address (an inventory's, or its IPv4 one embedded).
+    pub fn host_addresses6(&self) -> Vec<(&NetNs, std::net::Ipv6Addr)> {
+        let g = self.topo.graph();
+        g.nodes_of(NodeKind::Host)
+            .map(|h| (&self.namespaces[&h], self.topo.host_ipv6(h)))
+            .collect()
+    }
+
     /// The interface of the link between `node` and `peer`, on `node`'s side.
     pub fn link_iface(&self, node: &str, peer: &str) -> String {
         let g = self.topo.graph();

@@ -55,8 +55,9 @@ pub fn set_mode(f: &Fabric, mode: &str) -> Result<()> {
     Ok(())
 }
 
-pub fn run(rate: u32, mb: u64, encoding: Encoding) -> Result<()> {
-    let bar = ProgressBar::new(7);
+/// A progress bar of `steps`, its first step done: the binaries built in release.
+pub fn started(steps: u64) -> Result<ProgressBar> {
+    let bar = ProgressBar::new(steps);
     bar.set_style(
         ProgressStyle::with_template("{spinner} [{pos}/{len}] {msg}").expect("a valid template"),
     );
@@ -64,6 +65,11 @@ pub fn run(rate: u32, mb: u64, encoding: Encoding) -> Result<()> {
     bar.set_message("building the agents and the controller (release)");
     build_release()?;
     bar.inc(1);
+    Ok(bar)
+}
+
+pub fn run(rate: u32, mb: u64, encoding: Encoding) -> Result<()> {
+    let bar = started(7)?;
     bar.set_message(format!(
         "building a Fat-Tree k=4 in namespaces: 36 nodes, 48 links at {rate} Mbit/s, paths as {encoding}"
     ));

@@ -7,7 +7,6 @@
 use std::{path::Path, time::Duration};
 
 use anyhow::{Context as _, Result, bail};
-use indicatif::{ProgressBar, ProgressStyle};
 use sopa_testbed::{
     experiment,
     fabric::{Fabric, FabricOptions},
@@ -15,7 +14,10 @@ use sopa_testbed::{
 };
 use sopa_topology::{Topology, srv6::Encoding};
 
-use crate::{demo::build_release, fabric_demo::set_mode, testbed::parse_topo};
+use crate::{
+    fabric_demo::{set_mode, started},
+    testbed::parse_topo,
+};
 
 /// Packets out of each uplink of `leaf`, as its interfaces counted them (every packet: the
 /// flows' and the ACKs of the flow towards the rack).
@@ -58,14 +60,7 @@ pub fn run(file: &Path, rate: u32, mb: u64, encoding: Encoding) -> Result<()> {
     let flows: Vec<(String, String)> = (0..firsts.len())
         .map(|i| (firsts[i].clone(), firsts[(i + 1) % firsts.len()].clone()))
         .collect();
-    let bar = ProgressBar::new(5);
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} [{pos}/{len}] {msg}").expect("a valid template"),
-    );
-    bar.enable_steady_tick(Duration::from_millis(120));
-    bar.set_message("building the agents and the controller (release)");
-    build_release()?;
-    bar.inc(1);
+    let bar = started(5)?;
     let g = topo.graph();
     bar.set_message(format!(
         "building {} in namespaces: {} nodes, {} links at {rate} Mbit/s, paths as {encoding}",

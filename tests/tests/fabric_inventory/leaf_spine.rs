@@ -4,7 +4,6 @@
 use std::time::{Duration, Instant};
 
 use sopa_testbed::{
-    NetNs,
     fabric::Fabric,
     reach::all_pairs_tcp,
     traffic::{SendOptions, tcp_transfer},
@@ -14,23 +13,11 @@ const SPINES: [&str; 4] = ["sp-1", "sp-2", "sp-3", "sp-4"];
 
 /// Every host reaches every other one over TCP, on IPv4 and on IPv6 (the inventory's /64s).
 pub fn reaches_every_pair(f: &mut Fabric) {
-    let g = f.topo.graph().clone();
-    let hosts: Vec<(&NetNs, std::net::Ipv4Addr)> = g
-        .nodes
-        .iter()
-        .filter(|n| !n.kind.is_switch())
-        .map(|n| (f.ns(&n.name), n.addr.unwrap()))
-        .collect();
+    let hosts = f.host_addresses();
     assert_eq!(hosts.len(), 8);
     let failed = all_pairs_tcp(&hosts, 7100).unwrap();
     assert!(failed.is_empty(), "unreachable over IPv4: {failed:?}");
-    let hosts6: Vec<(&NetNs, std::net::Ipv6Addr)> = g
-        .nodes
-        .iter()
-        .enumerate()
-        .filter(|(_, n)| !n.kind.is_switch())
-        .map(|(i, n)| (f.ns(&n.name), f.topo.host_ipv6(i as u32)))
-        .collect();
+    let hosts6 = f.host_addresses6();
     assert!(
         hosts6.iter().all(|(_, a)| a.segments()[0] == 0x2001),
         "the inventory's addresses: {hosts6:?}",

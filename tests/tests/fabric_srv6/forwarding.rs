@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use sopa_testbed::{
-    NetNs,
     capture::{Capture, mark_colors},
     fabric::Fabric,
     failure::transfer_cut_midway,
@@ -15,17 +14,10 @@ use sopa_topology::srv6::embed;
 
 /// Every host reaches every other one over TCP, on IPv4 and on IPv6.
 fn all_pairs(f: &Fabric) {
-    let g = f.topo.graph().clone();
-    let hosts: Vec<(&NetNs, std::net::Ipv4Addr)> = g
-        .nodes
-        .iter()
-        .filter(|n| !n.kind.is_switch())
-        .map(|n| (f.ns(&n.name), n.addr.unwrap()))
-        .collect();
-    let failed = all_pairs_tcp(&hosts, 7100).unwrap();
+    let failed = all_pairs_tcp(&f.host_addresses(), 7100).unwrap();
     assert!(failed.is_empty(), "unreachable over IPv4: {failed:?}");
-    let hosts6: Vec<(&NetNs, std::net::Ipv6Addr)> =
-        hosts.iter().map(|(ns, a)| (*ns, embed(*a))).collect();
+    // The IPv4 addresses embedded in fd00:5a::/96.
+    let hosts6 = f.host_addresses6();
     let failed = all_pairs_tcp(&hosts6, 7101).unwrap();
     assert!(failed.is_empty(), "unreachable over IPv6: {failed:?}");
 }
