@@ -19,7 +19,10 @@ use sopa_agent::{
     datapath::{Datapath, maps::ForwardMaps},
     path_table::Prefix,
 };
-use sopa_common::maps::{FwdEntry, Uplink, forward_reason as reason, trust};
+use sopa_common::{
+    maps::{FwdEntry, Uplink, forward_reason as reason, trust},
+    srv6::{Block, DEFAULT_BLOCK},
+};
 
 /// The port BPF_PROG_TEST_RUN runs the program on.
 const LOOPBACK: u32 = 1;
@@ -423,9 +426,14 @@ fn a_detour_rewrites_the_hop_byte_marks_the_packet_and_is_taken_once() {
     );
 }
 
-/// An SRv6 frame: `plain(dst)` inside an outer header to the uSID list `usids`, flow label
-/// `label`.
+/// An SRv6 frame: `plain(dst)` inside an outer header to the uSID list `usids` of the default
+/// block, flow label `label`.
 fn usid_frame(usids: &[u16], label: u32) -> Vec<u8> {
+    usid_frame_in(DEFAULT_BLOCK, usids, label)
+}
+
+/// [`usid_frame`] in `block`.
+fn usid_frame_in(block: Block, usids: &[u16], label: u32) -> Vec<u8> {
     use sopa_common::srv6::{NEXTHDR_IPV4, address, outer_header};
     let inner = plain([10, 2, 0, 2]);
     let ip = &inner[14..];
@@ -438,7 +446,7 @@ fn usid_frame(usids: &[u16], label: u32) -> Vec<u8> {
         ip[1],
         label,
         &[0xFD; 16],
-        &address(usids),
+        &address(block, usids),
     ));
     out.extend(ip);
     out
@@ -463,7 +471,9 @@ fn a_usid_list_behind_a_dead_port_is_rewritten_and_a_detour_taken_once() {
     let count = |s: &Switch, r: u32| s.maps.counters().unwrap()[r as usize];
     // This switch is uSID 5. With no rule, a uSID packet passes untouched.
     let packet = usid_frame(&[5, 9, 3, 0xE002], 0x1234);
-    s.maps.set_usid_rules(5, false, &BTreeMap::new()).unwrap();
+    s.maps
+        .set_usid_rules(5, DEFAULT_BLOCK, false, &BTreeMap::new())
+        .unwrap();
     let before = count(&s, reason::USID_INTACT);
     let (got, out) = run(&mut s, &packet);
     assert_eq!((got, &out), (TC_ACT_UNSPEC, &packet));
@@ -484,6 +494,7 @@ fn a_usid_list_behind_a_dead_port_is_rewritten_and_a_detour_taken_once() {
     s.maps
         .set_usid_rules(
             5,
+            DEFAULT_BLOCK,
             false,
             &BTreeMap::from([
                 // Substitute the next uSID (9 -> 10), after our own.
@@ -547,7 +558,9 @@ fn a_usid_list_behind_a_dead_port_is_rewritten_and_a_detour_taken_once() {
     assert_eq!(count(&s, reason::USID_NO_ROOM), before + 1);
 
     // Rules gone (the port came back): untouched again.
-    s.maps.set_usid_rules(5, false, &BTreeMap::new()).unwrap();
+    s.maps
+        .set_usid_rules(5, DEFAULT_BLOCK, false, &BTreeMap::new())
+        .unwrap();
     assert!(s.maps.usid_rules().unwrap().is_empty());
     let packet = usid_frame(&[5, 9, 3, 0xE002], 0);
     let (got, out) = run(&mut s, &packet);
@@ -563,7 +576,9 @@ fn the_un_shift_in_ebpf_consumes_this_switchs_usid_byte_for_byte() {
     let mut s = switch();
     let count = |s: &Switch, r: u32| s.maps.counters().unwrap()[r as usize];
     // This switch is uSID 5, and tc_forward consumes it.
-    s.maps.set_usid_rules(5, true, &BTreeMap::new()).unwrap();
+    s.maps
+        .set_usid_rules(5, DEFAULT_BLOCK, true, &BTreeMap::new())
+        .unwrap();
     let with_hop_limit = |mut frame: Vec<u8>, hl: u8| {
         frame[14 + 7] = hl;
         frame
@@ -589,7 +604,8 @@ fn the_un_shift_in_ebpf_consumes_this_switchs_usid_byte_for_byte() {
         // Byte for byte: the block, then the shifted list zero-filled; everything else as sent,
         // the hop limit included (the kernel's forwarding takes it down, as after its End).
         let mut expect = sent.clone();
-        expect[14 + 28..14 + 40].copy_from_slice(&sopa_common::srv6::address(want)[4..]);
+        expect[14 + 28..14 + 40]
+            .copy_from_slice(&sopa_common::srv6::address(DEFAULT_BLOCK, want)[4..]);
         assert_eq!(out, expect, "{list:?}, hop limit {hl}");
     }
 
@@ -638,7 +654,7 @@ fn the_un_shift_in_ebpf_consumes_this_switchs_usid_byte_for_byte() {
     };
     let key = sopa_common::maps::UsidRuleKey { next: 9, after: 3 };
     s.maps
-        .set_usid_rules(5, true, &BTreeMap::from([(key, rule)]))
+        .set_usid_rules(5, DEFAULT_BLOCK, true, &BTreeMap::from([(key, rule)]))
         .unwrap();
     let before = count(&s, reason::USID_REPAIRED);
     let (got, out) = run(&mut s, &usid_frame(&[5, 9, 3, 0xE002], 0));
@@ -647,8 +663,52 @@ fn the_un_shift_in_ebpf_consumes_this_switchs_usid_byte_for_byte() {
     assert_eq!(count(&s, reason::USID_REPAIRED), before + 1);
 
     // With the kernel consuming it, tc_forward leaves our uSID alone.
-    s.maps.set_usid_rules(5, false, &BTreeMap::new()).unwrap();
+    s.maps
+        .set_usid_rules(5, DEFAULT_BLOCK, false, &BTreeMap::new())
+        .unwrap();
     let frame = usid_frame(&[5, 9, 3], 0);
     let (got, out) = run(&mut s, &frame);
     assert_eq!((got, out), (TC_ACT_UNSPEC, frame));
+}
+
+/// A fabric of its own uSID block: the switch repairs and shifts that block's lists, and leaves
+/// those of any other block (the default one included) as they are.
+#[test]
+fn a_switch_works_on_its_fabrics_own_usid_block_only() {
+    let mut s = switch();
+    let count = |s: &Switch, r: u32| s.maps.counters().unwrap()[r as usize];
+    const OURS: Block = [0x20, 0x01, 0x0d, 0xb8];
+    let rule = sopa_common::maps::UsidRule {
+        replace: 1,
+        len: 1,
+        detour: 0,
+        _pad: 0,
+        with: [10, 0, 0, 0],
+    };
+    let key = sopa_common::maps::UsidRuleKey { next: 9, after: 3 };
+    s.maps
+        .set_usid_rules(5, OURS, true, &BTreeMap::from([(key, rule)]))
+        .unwrap();
+    let before = count(&s, reason::USID_REPAIRED);
+    let (got, out) = run(&mut s, &usid_frame_in(OURS, &[5, 9, 3, 0xE002], 0));
+    assert_eq!(got, TC_ACT_UNSPEC);
+    assert_eq!(out[14 + 24..14 + 28], OURS, "the block stays");
+    assert_eq!(usids_of(&out), [10, 3, 0xE002], "repaired and shifted");
+    assert_eq!(count(&s, reason::USID_REPAIRED), before + 1);
+    let before = count(&s, reason::USID_SHIFTED);
+    let (_, out) = run(&mut s, &usid_frame_in(OURS, &[5, 4, 3, 0xE002], 0));
+    assert_eq!(usids_of(&out), [4, 3, 0xE002], "shifted");
+    assert_eq!(count(&s, reason::USID_SHIFTED), before + 1);
+
+    let (shifted, repaired) = (
+        count(&s, reason::USID_SHIFTED),
+        count(&s, reason::USID_REPAIRED),
+    );
+    for other in [DEFAULT_BLOCK, [0x20, 0x01, 0x0d, 0xb9]] {
+        let frame = usid_frame_in(other, &[5, 9, 3, 0xE002], 0);
+        let (got, out) = run(&mut s, &frame);
+        assert_eq!((got, out), (TC_ACT_UNSPEC, frame), "{other:x?}");
+    }
+    assert_eq!(count(&s, reason::USID_SHIFTED), shifted);
+    assert_eq!(count(&s, reason::USID_REPAIRED), repaired);
 }

@@ -14,7 +14,7 @@ use aya::maps::{Map, MapData, PerCpuArray, PerCpuValues};
 use sopa_agent::datapath::{Datapath, layout};
 use sopa_common::maps::{
     FWD_STATS_MAP, STAMP_STATS_MAP, STRIP_STATS_MAP, forward_reason, meter, stamp_reason,
-    strip_reason,
+    strip_reason, usid_repair,
 };
 
 /// A pin folder of its own, removed on drop.
@@ -68,6 +68,12 @@ fn previous_layout(pins: &Path, value: impl Fn(u32) -> u64) {
     // The meter's sent counters of V1 were a hash of the received map's kind: made from it,
     // the received map made again, this layout's sent map removed.
     std::fs::rename(pins.join(meter::RECEIVED_MAP), pins.join("SOPA_SENT_V1")).unwrap();
+    // A switch's uSID configuration of V1 had no block (an array of one entry either way).
+    std::fs::rename(
+        pins.join(usid_repair::CONFIG_MAP),
+        pins.join("SOPA_USIDC_V1"),
+    )
+    .unwrap();
     drop(Datapath::load(pins).unwrap());
     std::fs::remove_file(pins.join(meter::SENT_MAP)).unwrap();
     for p in &layout::PREDECESSORS {

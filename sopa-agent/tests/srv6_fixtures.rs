@@ -11,7 +11,8 @@ use sopa_common::{
     hash::flow_hash,
     maps::{FlowKey, mode, stamp_reason, strip_reason},
     srv6::{
-        MARK_LEN, NEXTHDR_DEST, NEXTHDR_IPV4, NEXTHDR_IPV6, address, mark_header, outer_header,
+        Block, DEFAULT_BLOCK, MARK_LEN, NEXTHDR_DEST, NEXTHDR_IPV4, NEXTHDR_IPV6, mark_header,
+        outer_header,
     },
 };
 
@@ -82,6 +83,11 @@ fn key(dst: [u8; 4], sport: u16) -> FlowKey {
         proto: 6,
         _pad: [0; 3],
     }
+}
+
+/// The address of the uSID list `usids` in the default block (TABLE's).
+fn address(usids: &[u16]) -> [u8; 16] {
+    sopa_common::srv6::address(DEFAULT_BLOCK, usids)
 }
 
 /// The outer destination of TABLE's path `index` to 10.3.1.2.
@@ -232,6 +238,62 @@ fn packets_that_are_not_ours_pass_as_they_are() {
         ),
     ];
     for (name, frame, reason) in cases {
+        let before = f.maps.strip_counters().unwrap();
+        assert_eq!(f.strip(&frame), frame, "{name}: untouched");
+        let after = f.maps.strip_counters().unwrap();
+        assert_eq!(
+            verdicts(&before, &after, &strip_reason::NAMES),
+            [strip_reason::NAMES[reason as usize]],
+            "{name}"
+        );
+    }
+}
+
+/// A fabric of its own uSID block (the block of the address a host receives on): every path
+/// address begins with it, the host strips its own address in it, and a packet of the default
+/// block is not this fabric's.
+#[test]
+fn a_fabric_of_its_own_block_encapsulates_and_strips_in_it() {
+    const OURS: Block = [0x20, 0x01, 0x0d, 0xb8];
+    let table = TABLE.replace("fcbb:bb00:e002::", "2001:db8:e002::");
+    let mut f = Fixture::new(&table, mode::SOPA);
+    let in_ours = |usids: &[u16]| sopa_common::srv6::address(OURS, usids);
+    let packet = udp(DST, b"own block");
+    let mut seen = BTreeSet::new();
+    for _ in 0..3 {
+        let out = f.stamp(&packet);
+        let index = (0..3)
+            .find(|i| out[14 + 24..14 + 40] == in_ours(&[0x0100 + i, 0x0200, 0xE002]))
+            .expect("one of the three paths' lists, in the fabric's block");
+        assert_eq!(
+            out,
+            encapsulated(
+                &packet,
+                &in_ours(&[0x0100 + index, 0x0200, 0xE002]),
+                label_of(&out)
+            )
+        );
+        seen.insert(index);
+    }
+    assert_eq!(seen.len(), 3, "round robin over the three paths");
+
+    let inner = tcp(DST, 7, b"x");
+    assert_eq!(
+        f.strip(&encapsulated(&inner, &in_ours(&[0xE002]), 1)),
+        inner
+    );
+    for (name, frame, reason) in [
+        (
+            "another host of this block",
+            encapsulated(&inner, &in_ours(&[0xE003]), 1),
+            strip_reason::FOREIGN_SRV6,
+        ),
+        (
+            "this host's uSIDs in the default block",
+            encapsulated(&inner, &address(&[0xE002]), 1),
+            strip_reason::NOT_IPV4,
+        ),
+    ] {
         let before = f.maps.strip_counters().unwrap();
         assert_eq!(f.strip(&frame), frame, "{name}: untouched");
         let after = f.maps.strip_counters().unwrap();

@@ -77,7 +77,8 @@ pub struct Encap {
     /// The outer header's source address: this host's IPv6 address.
     pub source: [u8; 16],
     /// The outer destination this host receives on (the block and its local uSID): `xdp_strip`
-    /// removes the outer header of exactly these packets.
+    /// removes the outer header of exactly these packets. Its first four bytes are the fabric's
+    /// uSID block, which begins every path address `tc_stamp` writes.
     pub receive: [u8; 16],
     /// The /96 of the fabric's IPv6 host addresses, which embed the hosts' IPv4 ones: an IPv6
     /// packet to it takes the paths of the embedded IPv4 destination. All zero: IPv6 is not
@@ -686,8 +687,8 @@ pub mod guard {
 /// Switch role, SRv6 encoding: `tc_forward`'s local repair of uSID lists around dead ports
 /// (`sopa_topology::srv6_failover`).
 pub mod usid_repair {
-    /// `Array` of one [`super::UsidRepairConfig`].
-    pub const CONFIG_MAP: &str = "SOPA_USIDC_V1";
+    /// `Array` of one [`super::UsidRepairConfig`] (V1 had no block: the block was fixed).
+    pub const CONFIG_MAP: &str = "SOPA_USIDC_V2";
     /// [`super::UsidRuleKey`] -> [`super::UsidRule`].
     pub const RULES_MAP: &str = "SOPA_USIDR_V1";
     pub const CAPACITY: u32 = 8192;
@@ -707,7 +708,11 @@ pub struct UsidRepairConfig {
     /// older agent wrote 0 here (the field was padding), which is what it meant.
     pub shift: u16,
     pub rules: u32,
+    /// The fabric's uSID block, network order: only packets to it are this program's. All zero
+    /// (nothing written yet) matches no packet.
+    pub block: crate::srv6::Block,
 }
+const _: () = assert!(size_of::<UsidRepairConfig>() == 12);
 
 /// The uSID this switch is about to route, and the one after it (0: a host's local uSID, or
 /// none).

@@ -7,7 +7,10 @@
 //!                     '- block -' '- one per switch the path names -' '- the host -'
 //! ```
 //!
-//! - The block is 32 bits, every uSID 16, so one address holds [`USID_SLOTS`] of them.
+//! - The block is 32 bits (the fabric's: an inventory's `usid_block`, [`DEFAULT_BLOCK`] where
+//!   it gives none), every uSID 16, so one address holds [`USID_SLOTS`] of them. A host's
+//!   datapath takes the block from the address it receives on; a switch's from its
+//!   configuration.
 //! - A switch owns one global uSID. Its locator `block:uSID::/48` is a `seg6local` End route
 //!   with the NEXT-C-SID flavour: it shifts the list left by one uSID and forwards on the new
 //!   destination, exactly what SONiC's uN and SAI's uSID behaviours do in hardware.
@@ -53,9 +56,11 @@ pub const MARK_LEN: usize = 8;
 /// MTUs leave room for both, so turning the meter on never makes a packet too big.
 pub const MAX_OVERHEAD: usize = IPV6_HLEN + MARK_LEN;
 
-/// The uSID block, the first 32 bits of every path address (`fcbb:bb00::/32`, the block of the
-/// uSID examples in RFC 9800 and in SONiC's documentation).
-pub const BLOCK: [u16; 2] = [0xFCBB, 0xBB00];
+/// A uSID block: the first 32 bits of every path address of a fabric, in network order.
+pub type Block = [u8; 4];
+/// The block of a fabric that names none (`fcbb:bb00::/32`, the block of the uSID examples in
+/// RFC 9800 and in SONiC's documentation).
+pub const DEFAULT_BLOCK: Block = [0xFC, 0xBB, 0xBB, 0x00];
 /// uSIDs one address holds after the block.
 pub const USID_SLOTS: usize = 6;
 /// Local uSIDs (the LIB of RFC 9800's example allocation, `0xE000..=0xFFFF`): meaningful only on
@@ -67,12 +72,11 @@ pub const MAX_HOST_OFFSET: u32 = 0x1FFF;
 /// Global uSIDs, for switches: `1..LIB_BASE` (0 ends a list).
 pub const MAX_GLOBAL_USID: u16 = LIB_BASE - 1;
 
-/// The 128-bit address of a uSID list: the block, then `usids` in order, zero-filled.
+/// The 128-bit address of a uSID list: `block`, then `usids` in order, zero-filled.
 /// `usids` longer than [`USID_SLOTS`] are cut (callers check the length first).
-pub fn address(usids: &[u16]) -> [u8; 16] {
+pub fn address(block: Block, usids: &[u16]) -> [u8; 16] {
     let mut out = [0u8; 16];
-    out[0..2].copy_from_slice(&BLOCK[0].to_be_bytes());
-    out[2..4].copy_from_slice(&BLOCK[1].to_be_bytes());
+    out[0..4].copy_from_slice(&block);
     for (i, u) in usids.iter().take(USID_SLOTS).enumerate() {
         out[4 + 2 * i..6 + 2 * i].copy_from_slice(&u.to_be_bytes());
     }
@@ -170,17 +174,28 @@ mod tests {
     #[test]
     fn an_address_is_the_block_then_the_usids_zero_filled() {
         assert_eq!(
-            address(&[0x0100, 0x0203, 0xE002]),
+            address(DEFAULT_BLOCK, &[0x0100, 0x0203, 0xE002]),
             [
                 0xFC, 0xBB, 0xBB, 0x00, 0x01, 0x00, 0x02, 0x03, 0xE0, 0x02, 0, 0, 0, 0, 0, 0
             ]
         );
-        assert_eq!(address(&[1, 2, 3, 4, 5, 6, 7])[14..], [0, 6]);
+        assert_eq!(
+            address([0x20, 0x01, 0x0d, 0xb8], &[7])[..6],
+            [0x20, 0x01, 0x0d, 0xb8, 0, 7]
+        );
+        assert_eq!(address(DEFAULT_BLOCK, &[1, 2, 3, 4, 5, 6, 7])[14..], [0, 6]);
     }
 
     #[test]
     fn the_outer_header_reads_back_with_a_standard_parser_of_the_fields() {
-        let h = outer_header(1500, NEXTHDR_IPV4, 0xB9, 0x12345, &[1; 16], &address(&[7]));
+        let h = outer_header(
+            1500,
+            NEXTHDR_IPV4,
+            0xB9,
+            0x12345,
+            &[1; 16],
+            &address(DEFAULT_BLOCK, &[7]),
+        );
         assert_eq!(h[0] >> 4, 6);
         assert_eq!(((h[0] & 0xF) << 4) | (h[1] >> 4), 0xB9);
         assert_eq!(

@@ -193,3 +193,55 @@ fn bad_input_names_what_is_wrong() {
         );
     }
 }
+
+/// `sopactl fabric generate` writes what `fabric check` accepts, with the encoding and uSID
+/// block asked for; never over a file; a block that holds the racks' addresses is refused,
+/// named.
+#[test]
+fn fabric_generate_and_check_an_srv6_leaf_spine_in_its_own_block() {
+    let dir = std::env::temp_dir().join(format!("sopactl-fabric-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("dc1.toml");
+    let _ = std::fs::remove_file(&file);
+    let generate = |block: &str| {
+        sopactl(&[
+            "fabric",
+            "generate",
+            "leaf-spine",
+            "--leaves",
+            "4",
+            "--spines",
+            "2",
+            "--hosts-per-leaf",
+            "3",
+            "--prefix6",
+            "2001:db8::/48",
+            "--encoding",
+            "srv6",
+            "--usid-block",
+            block,
+            "--out",
+            file.to_str().unwrap(),
+        ])
+    };
+    let (code, _, err) = generate("fd5e:a::/32");
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = sopactl(&["fabric", "check", file.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("2 paths between every two racks; encoding srv6 (uSID block fd5e:a::/32)"),
+        "{out}"
+    );
+    let (code, _, err) = generate("fd5e:a::/32");
+    assert_ne!(code, 0);
+    assert!(err.contains("dc1.toml"), "{err}");
+    std::fs::remove_file(&file).unwrap();
+    let (code, _, err) = generate("2001:db8::/32");
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("usid_block 2001:db8::/32 overlaps 2001:db8::/64 of the rack of leaf1"),
+        "{err}"
+    );
+    assert!(!file.exists(), "nothing written");
+    let _ = std::fs::remove_dir_all(&dir);
+}

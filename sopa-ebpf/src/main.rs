@@ -107,7 +107,7 @@ static TRUST: HashMap<u32, u32> = HashMap::pinned(TRUST_CAPACITY, 0);
 #[map(name = "SOPA_FWDUP_V1")]
 static FORWARD_UPLINK_STATS: PerCpuArray<u64> = PerCpuArray::pinned(MAX_UPLINKS as u32, 0);
 
-#[map(name = "SOPA_USIDC_V1")]
+#[map(name = "SOPA_USIDC_V2")]
 static USID_CONFIG: Array<UsidRepairConfig> = Array::pinned(1, 0);
 
 #[map(name = "SOPA_USIDR_V1")]

@@ -14,9 +14,9 @@ use sopa_common::{
         Encap, MAX_CHOSEN, MAX_TAIL, SegKey, encoding, stamp_reason as stamp, strip_reason as strip,
     },
     srv6::{
-        BLOCK, ETH_P_IPV6, IPV6_HLEN, LIB_BASE, MARK_LEN, MAX_HOST_OFFSET, NEXTHDR_DEST,
-        NEXTHDR_IPV4, NEXTHDR_IPV6, USID_SLOTS, decapsulated_ecn, flow_label, mark_header,
-        outer_header, read_mark,
+        ETH_P_IPV6, IPV6_HLEN, LIB_BASE, MARK_LEN, MAX_HOST_OFFSET, NEXTHDR_DEST, NEXTHDR_IPV4,
+        NEXTHDR_IPV6, USID_SLOTS, decapsulated_ecn, flow_label, mark_header, outer_header,
+        read_mark,
     },
     wire::{ETH_HLEN, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP, IPV4_BASE_LEN, checksum_adjust, word},
 };
@@ -38,10 +38,10 @@ fn push(acc: &mut (u64, u64), word: u16) {
     acc.1 = (acc.1 << 16) | u64::from(word);
 }
 
-/// The outer destination of path `hops` to `ip.daddr`: the block, the chosen switches' uSIDs,
-/// the destination's tail, its local uSID.
+/// The outer destination of path `hops` to `ip.daddr`: the fabric's block (that of the address
+/// this host receives on), the chosen switches' uSIDs, the destination's tail, its local uSID.
 #[inline(always)]
-fn path_address(ip: &Ipv4, hops: [u8; 2]) -> Result<[u8; 16], u32> {
+fn path_address(ip: &Ipv4, encap: &Encap, hops: [u8; 2]) -> Result<[u8; 16], u32> {
     let dest = crate::prefix::find(
         sopa_common::maps::lookup::SRV6_DESTS,
         &crate::SRV6_DESTS_EXACT,
@@ -68,8 +68,9 @@ fn path_address(ip: &Ipv4, hops: [u8; 2]) -> Result<[u8; 16], u32> {
         return Err(stamp::NO_SEGMENTS);
     }
     let mut acc = (0u64, 0u64);
-    push(&mut acc, BLOCK[0]);
-    push(&mut acc, BLOCK[1]);
+    let block = &encap.receive;
+    push(&mut acc, u16::from_be_bytes([block[0], block[1]]));
+    push(&mut acc, u16::from_be_bytes([block[2], block[3]]));
     let mut words = 2;
     for i in 0..MAX_CHOSEN {
         if i < chosen {
@@ -143,7 +144,7 @@ pub fn encapsulate(
     inner: Inner,
     color: Option<u8>,
 ) -> Result<(), u32> {
-    let dst = path_address(ip, hops)?;
+    let dst = path_address(ip, encap, hops)?;
     let mark = if color.is_some() { MARK_LEN as u16 } else { 0 };
     if is_gso(ctx) && !gso_segments_fit(ctx, ip, &inner, u32::from(OUTER_LEN + mark))? {
         return Err(stamp::TOO_BIG);
@@ -224,8 +225,9 @@ pub fn decapsulate(ctx: &XdpContext) -> Result<Inner, u32> {
     // One comparison of the whole address (a byte-by-byte one branches the verifier 16 times).
     let ours = u128::from_ne_bytes(da) == u128::from_ne_bytes(encap.receive);
     if !ours {
-        let in_block = u32::from_be_bytes([da[0], da[1], da[2], da[3]])
-            == (u32::from(BLOCK[0]) << 16) | u32::from(BLOCK[1]);
+        let r = &encap.receive;
+        let in_block = u32::from_ne_bytes([da[0], da[1], da[2], da[3]])
+            == u32::from_ne_bytes([r[0], r[1], r[2], r[3]]);
         return Err(if in_block {
             strip::FOREIGN_SRV6
         } else {

@@ -13,7 +13,7 @@ use aya_ebpf::{
 };
 use sopa_common::{
     maps::{UsidRuleKey, forward_reason as reason, usid_repair::MAX_WITH},
-    srv6::{BLOCK, FLOW_LABEL_DETOURED, IPV6_HLEN, LIB_BASE, USID_SLOTS},
+    srv6::{FLOW_LABEL_DETOURED, IPV6_HLEN, LIB_BASE, USID_SLOTS},
     wire::ETH_HLEN,
 };
 
@@ -33,18 +33,13 @@ pub fn repair(ctx: &TcContext) -> Result<(i32, u32), u32> {
         ptr_at(ctx.data(), ctx.data_end(), ETH_HLEN).ok_or(reason::TOO_SHORT)?;
     // SAFETY: bounds checked by ptr_at.
     let h = unsafe { &mut *header };
-    let block = [
-        (BLOCK[0] >> 8) as u8,
-        BLOCK[0] as u8,
-        (BLOCK[1] >> 8) as u8,
-        BLOCK[1] as u8,
-    ];
-    if h[0] >> 4 != 6 || h[24..28] != block {
+    // Copied out: the agent may rewrite the entry meanwhile.
+    let config = USID_CONFIG.get(0).copied().ok_or(reason::NOT_IPV4)?;
+    let block = u32::from_ne_bytes(config.block);
+    if h[0] >> 4 != 6 || block == 0 || u32::from_ne_bytes([h[24], h[25], h[26], h[27]]) != block {
         // Neither SRv6 of this fabric nor anything else this program knows.
         return Err(reason::NOT_IPV4);
     }
-    // Copied out: the agent may rewrite the entry meanwhile.
-    let config = USID_CONFIG.get(0).copied().ok_or(reason::USID_INTACT)?;
     let repaired = if config.rules == 0 {
         reason::USID_INTACT
     } else {

@@ -19,7 +19,7 @@ use std::{
     net::{Ipv4Addr, Ipv6Addr},
 };
 
-use sopa_common::wire::HOP_NONE;
+use sopa_common::{srv6::Block, wire::HOP_NONE};
 
 use crate::{
     graph::{Graph, LinkId, NodeId},
@@ -62,6 +62,8 @@ pub struct Clos {
     pub(crate) up: Vec<Vec<(LinkId, NodeId)>>,
     /// Per switch: its uSID where the inventory gives one.
     pub(crate) usid: Vec<Option<u16>>,
+    /// The inventory's uSID block, checked.
+    pub(crate) usid_block: Option<Block>,
 }
 
 impl Clos {
@@ -129,6 +131,11 @@ impl Clos {
     /// The uSID the inventory gives switch `node`.
     pub fn usid(&self, node: NodeId) -> Option<u16> {
         self.usid.get(node as usize).copied().flatten()
+    }
+
+    /// The uSID block the inventory gives.
+    pub fn usid_block(&self) -> Option<Block> {
+        self.usid_block
     }
 
     /// Pushes every shortest up-down path from host `src` to rack `rack` (its index) as

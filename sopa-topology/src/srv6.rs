@@ -6,9 +6,11 @@
 //!   a rack's IPv6 prefix is the /96 plus its IPv4 prefix length. A switch answers its hosts on
 //!   the embedding of its IPv4 gateway address.
 //! - Switch-to-switch link `L` is the /127 [`LINK6_BASE`] + 2L, its `a` end the even address.
-//! - Switch `n` (the n-th switch in node order) has uSID `n + 1`: its locator
-//!   `fcbb:bb00:uSID::/48` is a `seg6local` End route with the NEXT-C-SID flavour.
-//! - A host receives on `fcbb:bb00:<its rack switch's uSID>:<its local uSID>::`, a /64 its rack
+//! - Every path address begins with the fabric's 32-bit uSID block ([`Topology::usid_block`]:
+//!   an inventory's `usid_block`, `fcbb:bb00::/32` where it gives none).
+//! - Switch `n` (the n-th switch in node order) has uSID `n + 1` (or an inventory's): its
+//!   locator `block:uSID::/48` is a `seg6local` End route with the NEXT-C-SID flavour.
+//! - A host receives on `block:<its rack switch's uSID>:<its local uSID>::`, a /64 its rack
 //!   switch routes to it (more specific than the switch's own locator, so that switch forwards
 //!   the address as it is and the host's XDP program removes the outer header).
 //! - A path's list: the uSIDs of the switches its decisions choose (the far end of each
@@ -23,7 +25,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 use sopa_common::{
-    srv6::{MAX_GLOBAL_USID, address, host_lid},
+    srv6::{Block, MAX_GLOBAL_USID, address, host_lid},
     wire::HOP_NONE,
 };
 
@@ -93,9 +95,12 @@ pub fn link_addresses6(topo: &Topology, link: LinkId) -> (Ipv6Addr, Ipv6Addr, u8
     (Ipv6Addr::from(base), Ipv6Addr::from(base + 1), 127)
 }
 
-/// Every switch's uSID, by node.
+/// Every switch's uSID, by node, and the block they are in.
 #[derive(Clone, Debug)]
-pub struct Usids(Vec<u16>);
+pub struct Usids {
+    usids: Vec<u16>,
+    pub block: Block,
+}
 
 impl Usids {
     /// Numbers the switches of `topo` in node order from 1, skipping the uSIDs an inventory
@@ -129,18 +134,26 @@ impl Usids {
                 next += 1;
             }
         }
-        Ok(Self(out))
+        Ok(Self {
+            usids: out,
+            block: topo.usid_block(),
+        })
     }
 
     /// The uSID of switch `node` (0 for a host).
     pub fn get(&self, node: NodeId) -> u16 {
-        self.0[node as usize]
+        self.usids[node as usize]
+    }
+
+    /// The address of the uSID list `list` in this block.
+    pub fn address(&self, list: &[u16]) -> Ipv6Addr {
+        Ipv6Addr::from(address(self.block, list))
     }
 }
 
-/// The locator of a switch: `fcbb:bb00:uSID::/48`.
-pub fn locator(usid: u16) -> (Ipv6Addr, u8) {
-    (Ipv6Addr::from(address(&[usid])), 48)
+/// The locator of a switch of uSID `usid` in `block`: `block:uSID::/48`.
+pub fn locator(block: Block, usid: u16) -> (Ipv6Addr, u8) {
+    (Ipv6Addr::from(address(block, &[usid])), 48)
 }
 
 /// Where host `host` receives: its rack switch's uSID and its own local uSID.
@@ -153,7 +166,7 @@ pub fn receive_address(topo: &Topology, usids: &Usids, host: NodeId) -> Result<I
             rack.prefix
         ))
     })?;
-    Ok(Ipv6Addr::from(address(&[usids.get(rack.tor), lid])))
+    Ok(usids.address(&[usids.get(rack.tor), lid]))
 }
 
 /// The host bits of a prefix of length `len`.
@@ -325,10 +338,7 @@ mod tests {
         let plan = host_plan(&topo, &table).unwrap();
         assert_eq!(plan.source, "fd00:5a::a00:2".parse::<Ipv6Addr>().unwrap());
         let tor = topo.rack_of(src).unwrap().tor;
-        assert_eq!(
-            plan.receive,
-            Ipv6Addr::from(address(&[usids.get(tor), 0xE002]))
-        );
+        assert_eq!(plan.receive, usids.address(&[usids.get(tor), 0xE002]));
         for (d, table_d) in plan.destinations.iter().zip(&table.destinations) {
             assert_eq!(d.tail, vec![usids.get(table_d.rack.tor)]);
             for ((hops, list), c) in d.chosen.iter().zip(&table_d.candidates) {

@@ -4,6 +4,7 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use serde::{Deserialize, Serialize};
+use sopa_common::srv6::{Block, DEFAULT_BLOCK};
 
 use crate::{
     Error, Result,
@@ -204,6 +205,14 @@ impl Topology {
                 self.rack_ipv6(rack).nth(u128::from(offset))
             }
             _ => embed(gw),
+        }
+    }
+
+    /// The fabric's SRv6 uSID block: an inventory's, or [`DEFAULT_BLOCK`].
+    pub fn usid_block(&self) -> Block {
+        match self {
+            Self::Clos(c) => c.usid_block().unwrap_or(DEFAULT_BLOCK),
+            _ => DEFAULT_BLOCK,
         }
     }
 

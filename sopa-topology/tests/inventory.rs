@@ -267,6 +267,34 @@ fn every_refusal_names_the_entry_at_fault() {
             "the uSID of sp-2 0x7 is also sp-1's",
         ),
         (
+            edited(
+                "name = \"small\"",
+                "name = \"small\"\nusid_block = \"2001:db8::/48\"",
+            ),
+            "usid_block 2001:db8::/48 is a /48: the block is the first 32 bits",
+        ),
+        (
+            edited(
+                "name = \"small\"",
+                "name = \"small\"\nusid_block = \"2001:db8::/32\"",
+            ),
+            "usid_block 2001:db8::/32 overlaps 2001:db8:0:1::/64 of the rack of rack-a",
+        ),
+        (
+            edited(
+                "name = \"small\"",
+                "name = \"small\"\nusid_block = \"fd00:5a::/32\"",
+            ),
+            "usid_block fd00:5a::/32 overlaps fd00:5a::/96 of the hosts' embedded IPv4 addresses",
+        ),
+        (
+            edited(
+                "name = \"small\"",
+                "name = \"small\"\nusid_block = \"ff02::/32\"",
+            ),
+            "usid_block ff02::/32 overlaps ff00::/8 (multicast)",
+        ),
+        (
             edited("tier = \"spine\"", "tier = \"router\""),
             "unknown variant `router`, expected one of `leaf`, `tor`, `aggregation`, `spine`",
         ),
@@ -310,6 +338,51 @@ fn every_refusal_names_the_entry_at_fault() {
         err.contains("2 problems") && err.contains("a1") && err.contains("rack-z"),
         "{err}"
     );
+}
+
+/// An inventory's uSID block begins every SRv6 address the fabric uses: locators, the
+/// addresses hosts receive on, and every path's list; the fabrics without one keep
+/// `fcbb:bb00::/32`.
+#[test]
+fn an_inventorys_usid_block_begins_every_srv6_address() {
+    let t = build(&edited(
+        "name = \"small\"",
+        "name = \"small\"\nencoding = \"srv6\"\nusid_block = \"fd5e:a::/32\"",
+    ))
+    .unwrap();
+    let block = [0xfd, 0x5e, 0x00, 0x0a];
+    assert_eq!(t.usid_block(), block);
+    assert_eq!(build(SMALL).unwrap().usid_block(), [0xfc, 0xbb, 0xbb, 0x00]);
+    let g = t.graph();
+    let in_block = |a: std::net::Ipv6Addr| a.octets()[..4] == block;
+    let none = Failures::none(g);
+    for host in ["a1", "b1", "c1"] {
+        let table = PathTable::compute(&t, g.find(host).unwrap(), &none).unwrap();
+        let plan = srv6::host_plan(&t, &table).unwrap();
+        assert!(
+            in_block(plan.receive),
+            "{host} receives on {}",
+            plan.receive
+        );
+    }
+    let usids = srv6::Usids::of(&t).unwrap();
+    for sw in ["sp-1", "sp-2", "rack-a", "rack-b", "rack-c"] {
+        let node = g.find(sw).unwrap();
+        for r in srv6::switch_routes(&t, node, &none).unwrap() {
+            let addr = match r {
+                srv6::Srv6Route::End { usid } | srv6::Srv6Route::Locator { usid, .. } => {
+                    srv6::locator(t.usid_block(), usid).0
+                }
+                srv6::Srv6Route::Host { addr, .. } => addr,
+                srv6::Srv6Route::Rack6 { .. } => continue,
+            };
+            assert!(in_block(addr), "{sw}: {r:?} at {addr}");
+        }
+        assert_eq!(
+            srv6::locator(t.usid_block(), usids.get(node)).0,
+            usids.address(&[usids.get(node)])
+        );
+    }
 }
 
 /// A super-spine reaching a leaf through two spines cannot be carried by the option.

@@ -91,9 +91,10 @@ pub const PREDECESSORS: [Predecessor; 3] = [
 /// Maps of an older layout this agent replaces without carrying their content over: the path
 /// meter's sent counters before they counted bytes (V1), whose periods start anew with every
 /// agent (its first readings are baselines, not reports), so nothing in them is lost; the
-/// encoding as an array written in place (V1), which the agent writes again from its table.
-/// Their pins are removed once this agent's programs replaced the old ones.
-pub const RETIRED: [&str; 2] = ["SOPA_SENT_V1", "SOPA_ENCAP_V1"];
+/// encoding as an array written in place (V1), which the agent writes again from its table;
+/// a switch's uSID configuration without the block (V1), which the switch agent writes again
+/// from its plan. Their pins are removed once this agent's programs replaced the old ones.
+pub const RETIRED: [&str; 3] = ["SOPA_SENT_V1", "SOPA_ENCAP_V1", "SOPA_USIDC_V1"];
 
 /// Refuses pins of an unknown layout in the node's pin folder: a map of another `_Vn` would be
 /// ignored by this agent while the old programs kept using it. Maps of a predecessor layout

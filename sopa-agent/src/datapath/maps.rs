@@ -959,13 +959,14 @@ impl ForwardMaps {
         Ok(())
     }
 
-    /// Makes the SRv6 repair's rules exactly `rules`, for a switch whose uSID is `me` (which
-    /// `tc_forward` consumes itself where `shift`): new and changed rules first, the count
+    /// Makes the SRv6 repair's rules exactly `rules`, for a switch whose uSID is `me` in
+    /// `block` (which `tc_forward` consumes itself where `shift`): new and changed rules first, the count
     /// raised before and lowered after, stale rules last, so a packet never finds the count
     /// saying "none" while a rule it needs is written.
     pub fn set_usid_rules(
         &mut self,
         me: u16,
+        block: sopa_common::srv6::Block,
         shift: bool,
         rules: &std::collections::BTreeMap<UsidRuleKey, UsidRule>,
     ) -> Result<()> {
@@ -979,6 +980,7 @@ impl ForwardMaps {
             me,
             shift: u16::from(shift),
             rules: rules as u32,
+            block,
         };
         let most = old.len().max(rules.len());
         usid.config

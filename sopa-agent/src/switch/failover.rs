@@ -14,8 +14,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use sopa_common::maps::{
-    FwdEntry, MAX_UPLINKS, Uplink, UsidRule, UsidRuleKey, fwd_kind, usid_repair,
+use sopa_common::{
+    maps::{FwdEntry, MAX_UPLINKS, Uplink, UsidRule, UsidRuleKey, fwd_kind, usid_repair},
+    srv6::Block,
 };
 use sopa_topology::{
     LinkId, NodeId, Prefix, Topology,
@@ -49,9 +50,9 @@ pub(crate) struct Repair {
     /// Ports (ifindex) whose carrier is down.
     down: BTreeSet<u32>,
     written: BTreeMap<Prefix, FwdEntry>,
-    /// The uSID rules written (SRv6), and the uSID they were written for.
+    /// The uSID rules written (SRv6), and the uSID and block they were written for.
     usid_written: BTreeMap<UsidRuleKey, UsidRule>,
-    usid_me: u16,
+    usid_me: (u16, Block),
     /// `tc_forward` consumes this switch's uSID itself (the kernel has no End route for it).
     usid_shift: bool,
     last: Reaction,
@@ -84,7 +85,7 @@ impl Repair {
             usid_written,
             // Not a uSID of any switch: the first write sets the configuration whatever an
             // earlier agent left in it.
-            usid_me: u16::MAX,
+            usid_me: (u16::MAX, [0; 4]),
             usid_shift,
             last: Reaction::default(),
         })
@@ -151,7 +152,7 @@ impl Repair {
         let started = Instant::now();
         let Some(p) = &self.plan else {
             self.replace(BTreeMap::new())?;
-            self.replace_usid(0, BTreeMap::new())?;
+            self.replace_usid((0, [0; 4]), BTreeMap::new())?;
             self.last = Reaction::default();
             return Ok(Repaired::default());
         };
@@ -194,7 +195,7 @@ impl Repair {
                 })
                 .collect();
             let dead: Vec<String> = dead.iter().map(|l| p.topo.graph().link_name(*l)).collect();
-            let me = plan.usid();
+            let me = (plan.usid(), p.topo.usid_block());
             self.replace(BTreeMap::new())?;
             self.replace_usid(me, rules)?;
             if !reaction.unrepaired.is_empty() {
@@ -256,7 +257,7 @@ impl Repair {
             entries.insert(*prefix, e);
         }
         let dead: Vec<String> = dead.iter().map(|l| g.link_name(*l)).collect();
-        self.replace_usid(0, BTreeMap::new())?;
+        self.replace_usid((0, [0; 4]), BTreeMap::new())?;
         self.replace(entries)?;
         let repaired = Repaired {
             dead,
@@ -277,12 +278,18 @@ impl Repair {
         Ok(repaired)
     }
 
-    /// Makes the uSID rules `rules` (unchanged ones are not written again).
-    fn replace_usid(&mut self, me: u16, rules: BTreeMap<UsidRuleKey, UsidRule>) -> Result<()> {
+    /// Makes the uSID rules `rules` for this switch's uSID and block `me` (unchanged ones are
+    /// not written again).
+    fn replace_usid(
+        &mut self,
+        me: (u16, Block),
+        rules: BTreeMap<UsidRuleKey, UsidRule>,
+    ) -> Result<()> {
         if (me, &rules) == (self.usid_me, &self.usid_written) {
             return Ok(());
         }
-        self.maps.set_usid_rules(me, self.usid_shift, &rules)?;
+        self.maps
+            .set_usid_rules(me.0, me.1, self.usid_shift, &rules)?;
         self.usid_me = me;
         self.usid_written = rules;
         Ok(())

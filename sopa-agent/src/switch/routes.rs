@@ -67,7 +67,7 @@ impl Switch {
                     // tc_forward consumes it: no route, no anchor.
                     Srv6Route::End { .. } if self.usid == usid::UsidEnd::Ebpf => continue,
                     Srv6Route::End { usid } => {
-                        let (dst, len) = plan6::locator(usid);
+                        let (dst, len) = plan6::locator(topo.usid_block(), usid);
                         Route6 {
                             dst,
                             len,
@@ -93,7 +93,7 @@ impl Switch {
                             warn!(usid, "no port up towards this locator");
                             continue;
                         }
-                        let (dst, len) = plan6::locator(usid);
+                        let (dst, len) = plan6::locator(topo.usid_block(), usid);
                         Route6 {
                             dst,
                             len,

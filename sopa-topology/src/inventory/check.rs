@@ -7,7 +7,7 @@ use std::{
     net::{Ipv4Addr, Ipv6Addr},
 };
 
-use sopa_common::srv6::MAX_GLOBAL_USID;
+use sopa_common::srv6::{Block, MAX_GLOBAL_USID};
 
 use super::schema::{Inventory, Tier};
 use crate::{
@@ -15,6 +15,7 @@ use crate::{
     graph::{Graph, LinkId, NodeId, NodeKind, Speed},
     prefix::Prefix,
     prefix6::Prefix6,
+    srv6::{HOST6_PREFIX, LINK6_BASE},
 };
 
 /// The two switches as first cabled, and every cable between them.
@@ -112,6 +113,10 @@ pub enum Refusal {
     },
     Usid {
         switch: String,
+        why: String,
+    },
+    UsidBlock {
+        block: String,
         why: String,
     },
 }
@@ -219,6 +224,7 @@ impl fmt::Display for Refusal {
                 spines.join(", ")
             ),
             Refusal::Usid { switch, why } => write!(f, "the uSID of {switch} {why}"),
+            Refusal::UsidBlock { block, why } => write!(f, "usid_block {block} {why}"),
         }
     }
 }
@@ -452,6 +458,7 @@ pub fn build(inv: &Inventory) -> Result<Clos, Refusals> {
         }
     }
     let usid = check_usids(inv, &g, first_switch, &mut no);
+    let usid_block = check_block(inv, &mut no);
     let racks: Vec<ClosRack> = inv
         .racks
         .iter()
@@ -478,6 +485,7 @@ pub fn build(inv: &Inventory) -> Result<Clos, Refusals> {
         by_addr,
         up,
         usid,
+        usid_block,
     };
     check_paths(&clos, &mut no);
     if no.is_empty() {
@@ -613,6 +621,75 @@ fn check_usids(
         out[first_switch as usize + i] = Some(u);
     }
     out
+}
+
+/// The inventory's uSID block: a /32 of unicast addresses no host or link address is in (the
+/// switches route every address of it as a uSID list).
+fn check_block(inv: &Inventory, no: &mut Vec<Refusal>) -> Option<Block> {
+    let b = inv.usid_block?;
+    let mut refuse = |why: String| {
+        no.push(Refusal::UsidBlock {
+            block: b.to_string(),
+            why,
+        })
+    };
+    if b.len != 32 {
+        refuse(format!(
+            "is a /{}: the block is the first 32 bits of every path address (F3216: a 32-bit \
+             block, 16-bit uSIDs); give a /32",
+            b.len
+        ));
+        return None;
+    }
+    let reserved: [(&str, Prefix6); 3] = [
+        ("multicast", "ff00::/8".parse().expect("a prefix")),
+        ("link-local", "fe80::/10".parse().expect("a prefix")),
+        (
+            "the unspecified, loopback and IPv4-mapped addresses",
+            "::/32".parse().expect("a prefix"),
+        ),
+    ];
+    if let Some((what, p)) = reserved.iter().find(|(_, p)| p.overlaps(&b)) {
+        refuse(format!(
+            "overlaps {p} ({what}): give a block of global or unique-local unicast addresses"
+        ));
+        return None;
+    }
+    let mut taken: Vec<(String, Prefix6)> = Vec::new();
+    for r in &inv.racks {
+        match r.ipv6 {
+            Some(p) => taken.push((format!("the rack of {}", r.tor), p)),
+            None => taken.push((
+                "the hosts' embedded IPv4 addresses".into(),
+                Prefix6::of(HOST6_PREFIX, 96),
+            )),
+        }
+    }
+    for (i, l) in inv.links.iter().enumerate() {
+        match l.ipv6 {
+            Some(p) => taken.push((format!("link {} ({} - {})", i + 1, l.a, l.b), p)),
+            None => taken.push((
+                "the links' default IPv6 addresses".into(),
+                Prefix6::of(LINK6_BASE, 96),
+            )),
+        }
+    }
+    let mut said = HashSet::new();
+    let mut clash = false;
+    for (what, p) in taken {
+        if p.overlaps(&b) && said.insert(what.clone()) {
+            refuse(format!(
+                "overlaps {p} of {what}: a switch would take those addresses for uSID lists; \
+                 give a block no host or link address is in"
+            ));
+            clash = true;
+        }
+    }
+    if clash {
+        return None;
+    }
+    let a = b.addr.octets();
+    Some([a[0], a[1], a[2], a[3]])
 }
 
 /// Every rack pair joined by an up-down path, and every super-spine reaching each leaf through

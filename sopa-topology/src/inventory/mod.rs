@@ -7,6 +7,7 @@
 //! ```toml
 //! name = "lab"
 //! encoding = "ipv4-option"          # or "srv6"
+//! usid_block = "fd5e:a::/32"          # optional, SRv6: fcbb:bb00::/32 where not given
 //!
 //! [[switch]]
 //! name = "sp-1"

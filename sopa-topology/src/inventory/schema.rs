@@ -19,6 +19,10 @@ pub struct Inventory {
     /// How hosts carry the path; the option where not given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encoding: Option<Encoding>,
+    /// The SRv6 uSID block, a /32 every path address begins with; `fcbb:bb00::/32` where not
+    /// given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usid_block: Option<Prefix6>,
     #[serde(default, rename = "switch", skip_serializing_if = "Vec::is_empty")]
     pub switches: Vec<SwitchEntry>,
     #[serde(default, rename = "link", skip_serializing_if = "Vec::is_empty")]

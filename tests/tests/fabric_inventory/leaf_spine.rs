@@ -146,6 +146,19 @@ pub fn srv6_spreads_one_flow_evenly_over_the_spines(f: &mut Fabric) {
     eprintln!("a-1 -> d-2 (SRv6): packets out of each uplink of rack-a {per:?}");
     let (lo, hi) = (*per.iter().min().unwrap(), *per.iter().max().unwrap());
     assert!(lo > 1000 && hi - lo <= lo / 100 + 8, "{per:?}");
+    // In the inventory's uSID block, not SOPA's: the switches route its locators, and the
+    // hosts receive and send in it.
+    let routes = f.ns("rack-a").ip(&["-6", "route"]).unwrap();
+    let locators = routes.lines().filter(|l| l.starts_with("fd5e:a:")).count();
+    assert!(
+        locators >= 4 && !routes.contains("fcbb:"),
+        "rack-a routes the block's locators, no other:\n{routes}"
+    );
+    let receive = f.host("a-1").status().unwrap()["srv6"]["receive"].clone();
+    assert!(
+        receive.as_str().is_some_and(|r| r.starts_with("fd5e:a:")),
+        "a-1 receives in the block: {receive}"
+    );
 }
 
 /// The controller's named mismatches (`sopactl status --json`), and its down links.

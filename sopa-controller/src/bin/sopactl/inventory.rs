@@ -74,6 +74,9 @@ pub struct Out {
     /// How hosts carry the path.
     #[arg(long, default_value = "ipv4-option")]
     encoding: Encoding,
+    /// SRv6: the /32 uSID block every path address begins with (`fcbb:bb00::/32` without).
+    #[arg(long)]
+    usid_block: Option<Prefix6>,
     /// The file to write (never overwritten); stdout without.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -107,6 +110,7 @@ pub fn run(cmd: FabricCommand) -> Result<()> {
                 Generate::FatTree { k, out } => (generate::fat_tree(k)?, out),
             };
             inv.encoding = Some(out.encoding);
+            inv.usid_block = out.usid_block;
             let text = format!(
                 "# SOPA inventory, written by `sopactl fabric generate`: edit the names, \
                  addresses and cabling into your fabric's, then `sopactl fabric check FILE`.\n{}",
@@ -207,8 +211,18 @@ fn summary(topo: &Topology, encoding: Encoding) -> String {
     } else {
         format!("{lo} to {hi} paths between two racks")
     };
+    let block = match encoding {
+        Encoding::Srv6 => {
+            let b = topo.usid_block();
+            format!(
+                " (uSID block {}/32)",
+                std::net::Ipv6Addr::from(sopa_common::srv6::address(b, &[]))
+            )
+        }
+        Encoding::Ipv4Option => String::new(),
+    };
     format!(
-        "ok: {}; {switches} switches, {} links, {} racks, {} hosts; {paths}; encoding {encoding}\n",
+        "ok: {}; {switches} switches, {} links, {} racks, {} hosts; {paths}; encoding {encoding}{block}\n",
         topo.name(),
         g.links.len() - topo.host_count() as usize,
         racks.len(),
