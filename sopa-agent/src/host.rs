@@ -73,17 +73,20 @@ pub struct HostOptions {
     pub guard_cgroup: crate::datapath::guard::GuardCgroup,
 }
 
-/// The node's pin folder. bpffs refuses names containing '.', so dots become ':' there.
-/// Bytes the table's encoding adds to every packet it carries a path in.
+/// Bytes the table's encoding adds to every IPv4 packet it carries a path in.
 fn overhead(table: &PathTable) -> u32 {
     if table.srv6.is_some() {
         // The outer header and the meter's mark, whether or not the meter runs now.
         sopa_common::srv6::MAX_OVERHEAD as u32
+    } else if table.entropy.is_some() {
+        // The outer header (IPv6 grows by nothing: its label is rewritten in place).
+        sopa_common::srv6::IPV6_HLEN as u32
     } else {
         u32::from(sopa_common::wire::OPTION_LEN)
     }
 }
 
+/// The node's pin folder. bpffs refuses names containing '.', so dots become ':' there.
 pub fn pin_dir(node: &str) -> PathBuf {
     Path::new(BPFFS_ROOT).join(node.replace('.', ":"))
 }
@@ -494,7 +497,7 @@ impl Host {
             maps.set_meter_period(opts.meter_period.as_nanos() as u64)?;
             if !(adopting && opts.paths_from_controller) {
                 maps.apply_paths(&opts.paths)?;
-                maps.apply_srv6(opts.paths.srv6.as_ref())?;
+                maps.apply_encoding(&opts.paths)?;
             }
             guard(opts, &mut datapath, journal)?;
             // Programs last: by the time the first packet is stamped, the routes fit it.
@@ -580,11 +583,11 @@ impl Host {
         let mut maps = self.maps.lock().expect("maps lock");
         // Paths and their uSIDs both in place before the encoding that needs them; a stale
         // entry of either goes after.
-        if table.srv6.is_some() {
+        if table.srv6.is_some() || table.entropy.is_some() {
             maps.apply_paths(table)?;
-            maps.apply_srv6(table.srv6.as_ref())
+            maps.apply_encoding(table)
         } else {
-            maps.apply_srv6(None)?;
+            maps.apply_encoding(table)?;
             maps.apply_paths(table)
         }
     }

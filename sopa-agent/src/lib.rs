@@ -4,6 +4,7 @@
 pub mod changes;
 pub mod channel;
 pub mod datapath;
+pub mod entropy;
 pub mod error;
 pub mod granularity;
 pub mod hedera;

@@ -30,6 +30,9 @@
 //! tail = []                         # after them (the destination's rack switch)
 //! ```
 //!
+//! The entropy encoding names, per destination host, the flow label each path takes
+//! (`crate::entropy` has the file's section).
+//!
 //! The controller replaces this file in production; it stays as the offline mode.
 
 use std::{collections::BTreeMap, net::Ipv6Addr, path::Path};
@@ -39,6 +42,7 @@ use sopa_common::{maps::MAX_PATHS, wire::HOP_NONE};
 pub use sopa_topology::{Hops, Prefix};
 
 use crate::{
+    entropy::{EntropyTable, EntropyV1},
     error::{Error, Result},
     srv6::{Srv6Paths, Srv6Table},
 };
@@ -50,8 +54,10 @@ pub const MAX_HOP: u8 = HOP_NONE - 1;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PathTable {
     pub destinations: BTreeMap<Prefix, Vec<Hops>>,
-    /// The SRv6 encoding's uSIDs; `None`: the IPv4 option.
+    /// The SRv6 encoding's uSIDs; `None`: another encoding.
     pub srv6: Option<Srv6Table>,
+    /// The entropy encoding's labels; `None`: another encoding.
+    pub entropy: Option<EntropyTable>,
 }
 
 #[derive(Deserialize)]
@@ -60,6 +66,7 @@ struct FileV1 {
     version: Option<i64>,
     encoding: Option<String>,
     srv6: Option<Srv6V1>,
+    entropy: Option<EntropyV1>,
     #[serde(default)]
     destination: Vec<DestinationV1>,
 }
@@ -113,7 +120,7 @@ impl PathTable {
             ));
         }
         let srv6 = match file.encoding.as_deref() {
-            None | Some("ipv4-option") => None,
+            None | Some("ipv4-option") | Some("entropy") => None,
             Some("srv6") => {
                 let Some(s) = &file.srv6 else {
                     return Err("encoding \"srv6\" needs an [srv6] table with this host's \
@@ -146,7 +153,8 @@ impl PathTable {
             }
             Some(other) => {
                 return Err(format!(
-                    "encoding {other:?} is not known: use \"ipv4-option\" or \"srv6\""
+                    "encoding {other:?} is not known: use \"ipv4-option\", \"srv6\" or \
+                     \"entropy\""
                 ));
             }
         };
@@ -245,7 +253,29 @@ impl PathTable {
         if let Some(t) = &srv6 {
             t.validate()?;
         }
-        Ok(Self { destinations, srv6 })
+        let entropy = match (file.encoding.as_deref(), &file.entropy) {
+            (Some("entropy"), Some(e)) => Some(EntropyTable::parse(e, &destinations)?),
+            (Some("entropy"), None) => {
+                return Err(
+                    "encoding \"entropy\" needs an [entropy] table with this host's \
+                            address and the fabric's /96"
+                        .into(),
+                );
+            }
+            (_, Some(_)) => {
+                return Err(
+                    "an [entropy] table without encoding = \"entropy\": add the \
+                            encoding, or remove the table"
+                        .into(),
+                );
+            }
+            (_, None) => None,
+        };
+        Ok(Self {
+            destinations,
+            srv6,
+            entropy,
+        })
     }
 
     pub fn len(&self) -> usize {

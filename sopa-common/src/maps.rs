@@ -65,7 +65,10 @@ pub mod encoding {
     pub const IPV4_OPTION: u32 = 0;
     /// The path as a uSID list in an outer IPv6 header (`crate::srv6`), for any SRv6 fabric.
     pub const SRV6: u32 = 1;
-    pub const NAMES: [&str; 2] = ["ipv4-option", "srv6"];
+    /// The path as the entropy value a hashing switch spreads on (`crate::entropy`): the flow
+    /// label of IPv6, or of an outer IPv6 header around IPv4; for fabrics that only hash.
+    pub const ENTROPY: u32 = 2;
+    pub const NAMES: [&str; 3] = ["ipv4-option", "srv6", "entropy"];
 }
 
 #[repr(C)]
@@ -134,6 +137,26 @@ pub struct Segments {
     pub usids: [u16; MAX_CHOSEN],
 }
 const _: () = assert!(size_of::<Segments>() == 8);
+
+/// Entropy: [`EvKey`] -> the flow label (20 bits) whose packets take that path (hash). One
+/// entry per destination host, next header and path: the switches hash all three.
+pub const EV_MAP: &str = "SOPA_EV_V1";
+pub const EV_CAPACITY: u32 = 262_144;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EvKey {
+    /// The destination's IPv4 address (of an IPv6 destination of the fabric: the one it
+    /// embeds).
+    pub daddr: [u8; 4],
+    /// The next header the switches hash: `entropy::NEXT_IPV4` for encapsulated IPv4, 6 or 17
+    /// for IPv6.
+    pub next: u8,
+    pub _pad: u8,
+    /// The path chosen, as the path table names it.
+    pub hops: [u8; 2],
+}
+const _: () = assert!(size_of::<EvKey>() == 8);
 
 /// Destination prefix -> candidate paths (LPM trie keyed by the IPv4 address, network order).
 pub const PATHS_MAP: &str = "SOPA_PATHS_V1";
@@ -304,7 +327,10 @@ pub mod stamp_reason {
     pub const NO_SEGMENTS: u32 = 18;
     /// Not a verdict: a stamped packet the path meter could not count (its table was full).
     pub const METER_FULL: u32 = 19;
-    pub const COUNT: u32 = 20;
+    /// Passed as it is: the encoding is entropy and no entropy value is known for the
+    /// destination, next header and chosen path (not probed yet, or being replaced).
+    pub const NO_LABEL: u32 = 20;
+    pub const COUNT: u32 = 21;
     const _: () = assert!(COUNT <= super::REASON_SLOTS);
     /// Names in index order, for status and metrics.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -328,10 +354,11 @@ pub mod stamp_reason {
         "restamped",
         "no_segments",
         "meter_full",
+        "no_label",
     ];
     /// Whether counter `i` is a verdict: every packet is counted under exactly one verdict.
     pub const fn is_verdict(i: u32) -> bool {
-        i < PINNED || i == NO_SEGMENTS
+        i < PINNED || i == NO_SEGMENTS || i == NO_LABEL
     }
 }
 
@@ -367,7 +394,10 @@ pub mod strip_reason {
     /// fabric holds, on a path no rack's paths to this host take, or in the encoding this
     /// host does not run (forged or stray marks cannot fill its table).
     pub const METER_FOREIGN: u32 = 13;
-    pub const COUNT: u32 = 14;
+    /// The entropy encoding: an IPv6 TCP/UDP packet from the fabric whose flow label was
+    /// zeroed, so GRO merges it with its flow's others.
+    pub const LABEL_CLEARED: u32 = 14;
+    pub const COUNT: u32 = 15;
     const _: () = assert!(COUNT <= super::REASON_SLOTS);
     pub const NAMES: [&str; COUNT as usize] = [
         "stripped",
@@ -384,10 +414,11 @@ pub mod strip_reason {
         "foreign_srv6",
         "meter_full",
         "meter_foreign",
+        "label_cleared",
     ];
     /// Whether counter `i` is a verdict (every packet counts under exactly one).
     pub const fn is_verdict(i: u32) -> bool {
-        i < TCP_DATA || i == DECAPSULATED || i == FOREIGN_SRV6
+        i < TCP_DATA || i == DECAPSULATED || i == FOREIGN_SRV6 || i == LABEL_CLEARED
     }
 }
 
@@ -505,6 +536,7 @@ mod pod {
     unsafe impl aya::Pod for Srv6Dest {}
     unsafe impl aya::Pod for SegKey {}
     unsafe impl aya::Pod for Segments {}
+    unsafe impl aya::Pod for EvKey {}
 }
 
 /// Switch role: destination prefix -> this switch's forwarding decision (LPM trie keyed by the

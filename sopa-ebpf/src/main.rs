@@ -12,12 +12,12 @@
 #![feature(core_intrinsics)]
 
 mod baseline;
+mod encoding;
 mod lossy;
 mod meter;
 mod packet;
 mod prefix;
 mod sockopt_guard;
-mod srv6;
 mod tc_forward;
 mod tc_stamp;
 mod usid_repair;
@@ -31,10 +31,10 @@ use aya_ebpf::{
     programs::{SockoptContext, TcContext, XdpContext},
 };
 use sopa_common::maps::{
-    Config, Encap, FLOWS_CAPACITY, FWD_CAPACITY, FlowKey, FlowState, FwdEntry, HOP_STATS_LEN,
-    MAX_UPLINKS, MeterConfig, MeterKey, MeterPeer, MeterSent, PATHS_CAPACITY, PINS_CAPACITY,
-    PathSet, Pin, REASON_SLOTS, REORDER_CAPACITY, ReorderState, SRV6_SEGS_CAPACITY, SegKey,
-    Segments, Srv6Dest, TRUST_CAPACITY, UsidRepairConfig, UsidRule, UsidRuleKey,
+    Config, EV_CAPACITY, Encap, EvKey, FLOWS_CAPACITY, FWD_CAPACITY, FlowKey, FlowState, FwdEntry,
+    HOP_STATS_LEN, MAX_UPLINKS, MeterConfig, MeterKey, MeterPeer, MeterSent, PATHS_CAPACITY,
+    PINS_CAPACITY, PathSet, Pin, REASON_SLOTS, REORDER_CAPACITY, ReorderState, SRV6_SEGS_CAPACITY,
+    SegKey, Segments, Srv6Dest, TRUST_CAPACITY, UsidRepairConfig, UsidRule, UsidRuleKey,
 };
 
 // Names must equal the constants of `sopa_common::maps` (checked by the agent's loader tests).
@@ -63,6 +63,9 @@ fn encap() -> Option<&'static Encap> {
     // SAFETY: a value the agent only ever replaces whole, and frees only after a grace period.
     unsafe { ENCAP.get(&0) }
 }
+
+#[map(name = "SOPA_EV_V1")]
+static EVS: HashMap<EvKey, u32> = HashMap::pinned(EV_CAPACITY, BPF_F_NO_PREALLOC);
 
 #[map(name = "SOPA_SRV6D_V1")]
 static SRV6_DESTS: LpmTrie<[u8; 4], Srv6Dest> = LpmTrie::pinned(PATHS_CAPACITY, 0);

@@ -1,6 +1,7 @@
-//! `tc_stamp`, TC egress on the host's fabric interface: choose a path for the packet and write
-//! it into the 4-byte source-route option after the IPv4 base header, or, in the SRv6 encoding,
-//! into the destination of an outer IPv6 header (`crate::srv6`).
+//! `tc_stamp`, TC egress on the host's fabric interface: choose a path for the packet and have
+//! the host's encoding carry it (`crate::encoding`): the 4-byte source-route option after the
+//! IPv4 base header, the destination of an outer IPv6 header (SRv6), or the flow label a
+//! hashing switch spreads on (entropy).
 //!
 //! Only IHL-5, unfragmented TCP/UDP packets to a fabric prefix are stamped, and only when the
 //! option still fits the interface's MTU (a packet that would not is passed unstamped: never
@@ -11,34 +12,24 @@
 //! bytes are replaced with our own choice, or, where we would stamp nothing, it is dropped.
 
 use aya_ebpf::{
-    bindings::{
-        BPF_F_ADJ_ROOM_FIXED_GSO, BPF_NOEXIST,
-        bpf_adj_room_mode::BPF_ADJ_ROOM_NET,
-        bpf_check_mtu_flags::BPF_MTU_CHK_SEGS,
-        bpf_check_mtu_ret::{BPF_MTU_CHK_RET_FRAG_NEEDED, BPF_MTU_CHK_RET_SEGS_TOOBIG},
-    },
+    bindings::{BPF_NOEXIST, bpf_check_mtu_ret::BPF_MTU_CHK_RET_FRAG_NEEDED},
     helpers::{bpf_check_mtu, bpf_get_prandom_u32, bpf_ktime_get_ns},
     programs::TcContext,
 };
-use aya_log_ebpf::warn;
 use sopa_common::{
-    maps::{FlowState, MAX_PATHS, encoding, lookup, mode, stamp_reason as reason},
-    srv6::{ETH_P_IPV6, IPV6_HLEN, MARK_LEN, MAX_OVERHEAD},
+    maps::{FlowState, MAX_PATHS, lookup, mode, stamp_reason as reason},
+    srv6::{ETH_P_IPV6, IPV6_HLEN, MAX_OVERHEAD},
     wire::{
         ETH_HLEN, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP, IPV4_BASE_LEN, IPV4_STAMPED_LEN, OPTION_LEN,
-        OPTION_TYPE, checksum_adjust, word,
+        OPTION_TYPE,
     },
-};
-
-use crate::{
-    meter::Meter,
-    packet::Ipv6,
-    srv6::{Inner, OUTER_LEN},
 };
 
 use crate::{
     CONFIG, FLOWS, HOP_STATS, PINS,
-    packet::{Ipv4, count, flow_hash, ptr_at},
+    encoding::{Encoding, option},
+    meter::Meter,
+    packet::{Ipv4, Ipv6, count, flow_hash, ptr_at},
 };
 
 /// A pointer to a `T` at `offset`, pulling non-linear data into the head first if needed.
@@ -78,22 +69,22 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
         // SAFETY: bounds checked by tc_ptr.
         unsafe { *option == [OPTION_TYPE, OPTION_LEN] }
     };
-    let encap = crate::encap().filter(|e| e.encoding == encoding::SRV6);
-    let srv6 = encap.is_some();
-    // In the SRv6 encoding no switch reads the option: one a sender set itself is left in place
-    // like any other.
-    if ip.ihl > 5 && (!forged || srv6) {
+    let enc = Encoding::of_host();
+    let option = matches!(enc, Encoding::Option);
+    // In the other encodings no switch reads the option: one a sender set itself is left in
+    // place like any other.
+    if ip.ihl > 5 && (!forged || !option) {
         return Err(reason::HAS_OPTIONS);
     }
-    // The path meter marks and counts the packets of either encoding (SRv6: in a Destination
-    // Options header after the outer one, `crate::srv6`). SRv6 needs it before the path is
-    // chosen (the mark's bytes must fit); the option only for a packet it stamps.
-    let srv6_meter = if srv6 { Meter::now() } else { None };
-    let extra = if srv6 {
-        outer_len(srv6_meter.is_some())
+    // The path meter marks and counts the packets of the encodings that have room for its mark
+    // (SRv6: in a Destination Options header after the outer one). SRv6 needs it before the
+    // path is chosen (the mark's bytes must fit); the option only for a packet it stamps.
+    let early_meter = if !option && enc.metered() {
+        Meter::now()
     } else {
-        OPTION_LEN.into()
+        None
     };
+    let extra = enc.extra_ipv4(early_meter.is_some());
     let l4 = if forged {
         ETH_HLEN + IPV4_STAMPED_LEN
     } else {
@@ -106,19 +97,14 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
     };
     // Before stamping: growing a GSO packet's header resets its segment count.
     let segs = segments(ctx);
-    let meter = if srv6 { srv6_meter } else { Meter::now() };
-    let wire = match meter {
-        Some(m) => [m.mark(choice.hops[0]), choice.hops[1]],
-        None => choice.hops,
-    };
-    if let Some(encap) = encap {
-        let color = meter.map(|m| m.color);
-        crate::srv6::encapsulate(ctx, &ip, encap, choice.hops, Inner::Ipv4, color)?;
-    } else if forged {
-        restamp(ctx, wire).map_err(|_| reason::FORGED_DROPPED)?;
+    let meter = if option { Meter::now() } else { early_meter };
+    if forged {
+        // Only the option's encoding gets here with a forged option.
+        option::restamp(ctx, option::wire(choice.hops, meter))
+            .map_err(|_| reason::FORGED_DROPPED)?;
         count(&crate::STAMP_STATS, reason::RESTAMPED, 1);
     } else {
-        stamp(ctx, &ip, wire)?;
+        enc.carry_ipv4(ctx, &ip, choice.hops, meter)?;
     }
     // The option a sender forged was in its headers already.
     let headers = if forged { l4 } else { l4 + usize::from(extra) };
@@ -150,21 +136,12 @@ fn metered(
     }
 }
 
-/// What the SRv6 encoding adds to a packet, with the meter's mark or without it.
-#[inline(always)]
-fn outer_len(marked: bool) -> u16 {
-    if marked {
-        OUTER_LEN + MARK_LEN as u16
-    } else {
-        OUTER_LEN
-    }
-}
-
-/// IPv6 in the SRv6 encoding: a TCP or UDP packet without extension headers to the fabric's
-/// /96 takes the paths of the IPv4 address its destination embeds.
+/// IPv6 in the SRv6 and entropy encodings: a TCP or UDP packet without extension headers to
+/// the fabric's /96 takes the paths of the IPv4 address its destination embeds.
 #[inline(always)]
 fn stamp_ipv6(ctx: &TcContext) -> Result<u32, u32> {
-    let Some(encap) = crate::encap().filter(|e| e.encoding == encoding::SRV6) else {
+    let enc = Encoding::of_host();
+    let Some(encap) = enc.ipv6() else {
         return Err(reason::NOT_IPV4);
     };
     let header: *const [u8; IPV6_HLEN] = tc_ptr(ctx, ETH_HLEN).ok_or(reason::TOO_SHORT)?;
@@ -208,12 +185,11 @@ fn stamp_ipv6(ctx: &TcContext) -> Result<u32, u32> {
     if ip6.payload_len == 0 || ip6.payload_len > u16::MAX - (IPV6_HLEN + MAX_OVERHEAD) as u16 {
         return Err(reason::TOO_BIG);
     }
-    let meter = Meter::now();
-    let extra = outer_len(meter.is_some());
+    let meter = if enc.metered() { Meter::now() } else { None };
+    let extra = enc.extra_ipv6(meter.is_some());
     let choice = choose(ctx, &ip, false, extra, ETH_HLEN + IPV6_HLEN)?;
     let segs = segments(ctx);
-    let color = meter.map(|m| m.color);
-    crate::srv6::encapsulate(ctx, &ip, encap, choice.hops, Inner::Ipv6, color)?;
+    enc.carry_ipv6(ctx, &ip, ip6.next, choice.hops, meter)?;
     let headers = ETH_HLEN + IPV6_HLEN + usize::from(extra);
     metered(ctx, meter, &ip, &choice, segs, headers);
     Ok(counted(&choice, segs))
@@ -343,81 +319,11 @@ fn choose(ctx: &TcContext, ip: &Ipv4, forged: bool, extra: u16, l4: usize) -> Re
     })
 }
 
-/// Inserts the option with `hops` after the base header.
-#[inline(always)]
-fn stamp(ctx: &TcContext, ip: &Ipv4, [hop0, hop1]: [u8; 2]) -> Result<(), u32> {
-    // FIXED_GSO keeps gso_size: otherwise the kernel shrinks it by 4 and a full segment no longer
-    // divides the payload, so every re-segmentation point emits an extra 4-byte segment per
-    // GSO packet (one per packet at gso_max_segs 1). The agent lowers the route MTU by 4 so that
-    // segments of the unchanged size still fit.
-    if let Err(err) = ctx.adjust_room(
-        i32::from(OPTION_LEN),
-        BPF_ADJ_ROOM_NET,
-        u64::from(BPF_F_ADJ_ROOM_FIXED_GSO),
-    ) {
-        warn!(ctx, "tc_stamp: bpf_skb_adjust_room failed: {}", err);
-        return Err(reason::ADJUST_FAILED);
-    }
-    if is_gso(ctx) && !segments_fit(ctx) {
-        // Take the room back: the header in front of it is still the original one.
-        if ctx
-            .adjust_room(
-                -i32::from(OPTION_LEN),
-                BPF_ADJ_ROOM_NET,
-                u64::from(BPF_F_ADJ_ROOM_FIXED_GSO),
-            )
-            .is_ok()
-        {
-            return Err(reason::TOO_BIG);
-        }
-        warn!(
-            ctx,
-            "tc_stamp: could not take back the room of a GSO packet too big to stamp"
-        );
-    }
-    // The room sits right after the base header; rewrite the header around it.
-    let header: *mut [u8; IPV4_BASE_LEN + OPTION_LEN as usize] =
-        ptr_at(ctx.data(), ctx.data_end(), ETH_HLEN).ok_or(reason::ADJUST_FAILED)?;
-    // SAFETY: bounds checked by ptr_at after the room was made.
-    let h = unsafe { &mut *header };
-    let tot_len = ip.tot_len.wrapping_add(u16::from(OPTION_LEN)).to_be_bytes();
-    let old = word(h[0], h[1]) + word(h[2], h[3]);
-    h[0] = 0x46;
-    h[2] = tot_len[0];
-    h[3] = tot_len[1];
-    h[20] = OPTION_TYPE;
-    h[21] = OPTION_LEN;
-    h[22] = hop0;
-    h[23] = hop1;
-    // Adjusted for the words that changed or came (RFC 1624): a dozen instructions where a
-    // recomputation reads the whole header.
-    let new =
-        word(h[0], h[1]) + word(h[2], h[3]) + word(OPTION_TYPE, OPTION_LEN) + word(hop0, hop1);
-    let check = checksum_adjust(u16::from_be_bytes([h[10], h[11]]), old, new);
-    [h[10], h[11]] = check.to_be_bytes();
-    Ok(())
-}
-
-/// Replaces the hop bytes of an option the sender set itself with `hops`; the checksum is
-/// adjusted, so a header that was wrong stays wrong.
-#[inline(always)]
-fn restamp(ctx: &TcContext, [hop0, hop1]: [u8; 2]) -> Result<(), u32> {
-    let header: *mut [u8; IPV4_STAMPED_LEN] = tc_ptr(ctx, ETH_HLEN).ok_or(reason::TOO_SHORT)?;
-    // SAFETY: bounds checked by tc_ptr.
-    let h = unsafe { &mut *header };
-    let old = word(h[22], h[23]);
-    h[22] = hop0;
-    h[23] = hop1;
-    let check = checksum_adjust(u16::from_be_bytes([h[10], h[11]]), old, word(hop0, hop1));
-    [h[10], h[11]] = check.to_be_bytes();
-    Ok(())
-}
-
 /// Whether a packet sent as it is (not GSO) still fits the interface's MTU with `extra` bytes
 /// added. The agent lowers the route MTUs for this (or the fabric's MTU is larger), but a
 /// sender may ignore them (`IP_PMTUDISC_INTERFACE`/`OMIT`, an upper device with a larger
 /// MTU): such a packet, stamped, would be dropped. A GSO packet is checked once stamped
-/// ([`segments_fit`]) or, for SRv6, before (`crate::srv6`).
+/// (`crate::encoding::option`) or, with an outer header, before (`crate::encoding::outer`).
 #[inline(always)]
 fn fits_with(ctx: &TcContext, extra: u16) -> bool {
     if is_gso(ctx) {
@@ -428,25 +334,6 @@ fn fits_with(ctx: &TcContext, extra: u16) -> bool {
     let ret = unsafe { bpf_check_mtu(ctx.skb.skb.cast(), 0, &mut mtu, i32::from(extra), 0) };
     // A helper error (none is possible for the skb's own device) stamps as before.
     ret != i64::from(BPF_MTU_CHK_RET_FRAG_NEEDED)
-}
-
-/// Whether every segment of a stamped GSO packet fits the interface's MTU, measured by the
-/// kernel (which knows the inner headers of a tunnelled packet, where `gso_size` alone does not
-/// say how long a segment is).
-#[inline(always)]
-fn segments_fit(ctx: &TcContext) -> bool {
-    let mut mtu: u32 = 0;
-    // SAFETY: the helper reads the skb and writes the u32 it is given.
-    let ret = unsafe {
-        bpf_check_mtu(
-            ctx.skb.skb.cast(),
-            0,
-            &mut mtu,
-            0,
-            u64::from(BPF_MTU_CHK_SEGS),
-        )
-    };
-    ret != i64::from(BPF_MTU_CHK_RET_SEGS_TOOBIG)
 }
 
 #[inline(always)]

@@ -1,6 +1,7 @@
 //! `xdp_strip`, XDP on the host's fabric interface: remove our source-route option before the
-//! stack (and GRO, which never merges packets carrying options) sees it, or the outer SRv6
-//! header of a packet sent to this host (`crate::srv6`), and measure reordering.
+//! stack (and GRO, which never merges packets carrying options) sees it, or the outer IPv6
+//! header of a packet sent to this host (SRv6, entropy), or the entropy encoding's flow label
+//! (`crate::encoding`), and measure reordering.
 //!
 //! Only our own option is removed: IHL 6 whose option is type 0x9E, length 4. A foreign option,
 //! or ours with a length that does not match, is left alone and counted.
@@ -17,6 +18,12 @@ use sopa_common::{
 
 use crate::{
     REORDER, STRIP_STATS,
+    encoding::{
+        Encoding,
+        entropy::{self, Arrival},
+        outer::Inner,
+        srv6,
+    },
     meter::Meter,
     packet::{Ipv4, count, ptr_at},
 };
@@ -31,7 +38,15 @@ pub fn try_strip(ctx: &XdpContext) -> Result<u32, u32> {
     // SAFETY: bounds checked by ptr_at.
     let ether_type = u16::from_be_bytes(unsafe { *ether_type });
     if ether_type == ETH_P_IPV6 {
-        if let crate::srv6::Inner::Ipv4 = crate::srv6::decapsulate(ctx)? {
+        let inner = match Encoding::of_host() {
+            Encoding::Srv6(e) => srv6::decapsulate(ctx, e)?,
+            Encoding::Entropy(e) => match entropy::receive(ctx, e)? {
+                Arrival::Decapsulated(inner) => inner,
+                Arrival::Relabelled => return Ok(reason::LABEL_CLEARED),
+            },
+            Encoding::Option => return Err(reason::NOT_IPV4),
+        };
+        if let Inner::Ipv4 = inner {
             let header: *const [u8; IPV4_BASE_LEN] =
                 ptr_at(ctx.data(), ctx.data_end(), ETH_HLEN).ok_or(reason::DECAPSULATED)?;
             let ip = Ipv4::parse(unsafe { &*header });

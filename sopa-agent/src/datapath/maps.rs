@@ -12,13 +12,13 @@ use aya::{
     maps::{Array, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray, lpm_trie::Key},
 };
 use sopa_common::maps::{
-    CONFIG_MAP, Config, ENCAP_MAP, Encap, FLOWS_MAP, FWD_MAP, FWD_STATS_MAP, FWD_UPLINK_STATS_MAP,
-    FlowKey, FlowState, FwdEntry, HOP_STATS_MAP, LOOKUP_MAP, MAX_PATHS, MAX_UPLINKS, MEASURE_MAP,
-    MeterConfig, MeterKey, MeterPeer, MeterSent, PATHS_EXACT_MAP, PATHS_MAP, PINS_MAP, PathSet,
-    Pin, SRV6_DESTS_EXACT_MAP, SRV6_DESTS_MAP, SRV6_SEGS_CAPACITY, SRV6_SEGS_MAP, STAMP_STATS_MAP,
-    START_MAP, STRIP_STATS_MAP, SegKey, Segments, Srv6Dest, TRUST_MAP, UsidRepairConfig, UsidRule,
-    UsidRuleKey, encoding, forward_reason, lookup, measure, meter, stamp_reason, strip_reason,
-    usid_repair,
+    CONFIG_MAP, Config, ENCAP_MAP, EV_MAP, Encap, EvKey, FLOWS_MAP, FWD_MAP, FWD_STATS_MAP,
+    FWD_UPLINK_STATS_MAP, FlowKey, FlowState, FwdEntry, HOP_STATS_MAP, LOOKUP_MAP, MAX_PATHS,
+    MAX_UPLINKS, MEASURE_MAP, MeterConfig, MeterKey, MeterPeer, MeterSent, PATHS_EXACT_MAP,
+    PATHS_MAP, PINS_MAP, PathSet, Pin, SRV6_DESTS_EXACT_MAP, SRV6_DESTS_MAP, SRV6_SEGS_CAPACITY,
+    SRV6_SEGS_MAP, STAMP_STATS_MAP, START_MAP, STRIP_STATS_MAP, SegKey, Segments, Srv6Dest,
+    TRUST_MAP, UsidRepairConfig, UsidRule, UsidRuleKey, encoding, forward_reason, lookup, measure,
+    meter, stamp_reason, strip_reason, usid_repair,
 };
 
 use super::{
@@ -73,7 +73,7 @@ impl Srv6Maps {
     }
 
     /// The encoding and this host's SRv6 addresses (the option where none was written).
-    fn encap(&self) -> Result<Encap> {
+    pub(super) fn encap(&self) -> Result<Encap> {
         match self.encap.map().get(&0, 0) {
             Ok(e) => Ok(e),
             Err(MapError::KeyNotFound) => Ok(Encap::default()),
@@ -82,7 +82,7 @@ impl Srv6Maps {
     }
 
     /// Sets the encoding and addresses, where they change.
-    fn set_encap(&mut self, encap: Encap) -> Result<()> {
+    pub(super) fn set_encap(&mut self, encap: Encap) -> Result<()> {
         if self.encap()? != encap {
             self.encap.set(&0, &encap)?;
         }
@@ -168,11 +168,13 @@ pub struct MapSet {
     strip_names: &'static [&'static str],
     flows: HashMap<MapData, FlowKey, FlowState>,
     pins: Guarded<FlowKey, Pin>,
-    srv6: Option<Srv6Maps>,
+    pub(super) srv6: Option<Srv6Maps>,
+    /// The entropy encoding's labels (absent in the pins of a datapath an older agent left).
+    pub(super) evs: Option<Guarded<EvKey, u32>>,
     meter: Option<MeterMaps>,
     lookup: Option<Lookup>,
     /// How the writers wait for the programs that may hold a value they free.
-    grace: Arc<Grace>,
+    pub(super) grace: Arc<Grace>,
 }
 
 fn map_err(name: &'static str) -> impl Fn(MapError) -> Error {
@@ -227,6 +229,11 @@ impl MapSet {
             take(SRV6_SEGS_MAP)?,
             &set.grace,
         )?);
+        set.evs = Some(Guarded::new(
+            take(EV_MAP)?.try_into().map_err(map_err(EV_MAP))?,
+            EV_MAP,
+            Arc::clone(&set.grace),
+        ));
         set.meter = Some(MeterMaps::from_maps(
             take(meter::CONFIG_MAP)?,
             take(meter::SENT_MAP)?,
@@ -285,6 +292,14 @@ impl MapSet {
             (Ok(e), Ok(d), Ok(s)) => Some(Srv6Maps::from_maps(e, d, s, &set.grace)?),
             _ => None,
         };
+        set.evs = match open(EV_MAP) {
+            Ok(m) => Some(Guarded::new(
+                m.try_into().map_err(map_err(EV_MAP))?,
+                EV_MAP,
+                Arc::clone(&set.grace),
+            )),
+            Err(_) => None,
+        };
         set.meter = match (
             open(meter::CONFIG_MAP),
             open(meter::SENT_MAP),
@@ -338,6 +353,7 @@ impl MapSet {
                 Arc::clone(&grace),
             ),
             srv6: None,
+            evs: None,
             meter: None,
             lookup: None,
             grace,
@@ -697,7 +713,10 @@ impl MapSet {
             )));
         };
         let Some(table) = srv6 else {
-            m.set_encap(Encap::default())?;
+            // Another encoding's entry is that encoding's to change.
+            if m.encap()?.encoding == encoding::SRV6 {
+                m.set_encap(Encap::default())?;
+            }
             if let Some(x) = self.lookup.as_mut() {
                 x.clear_srv6_dests()?;
             }

@@ -3,6 +3,7 @@
 
 pub mod grace;
 pub mod guard;
+pub mod labels;
 pub mod layout;
 pub mod lookup;
 pub mod maps;
@@ -124,7 +125,7 @@ pub enum Hook {
 
 /// Every map of this datapath layout, as pinned: a `SOPA_*` pin not in this list belongs to
 /// another layout (see [`layout`]).
-pub const MAP_NAMES: [&str; 28] = {
+pub const MAP_NAMES: [&str; 29] = {
     use sopa_common::maps::*;
     [
         CONFIG_MAP,
@@ -137,6 +138,7 @@ pub const MAP_NAMES: [&str; 28] = {
         SRV6_DESTS_MAP,
         SRV6_DESTS_EXACT_MAP,
         SRV6_SEGS_MAP,
+        EV_MAP,
         FLOWS_MAP,
         PINS_MAP,
         REORDER_MAP,

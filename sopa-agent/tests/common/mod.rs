@@ -45,7 +45,7 @@ impl Fixture {
         maps.set_config(Config { mode, hash_seed: 7 }).unwrap();
         let table = PathTable::parse(table).unwrap();
         maps.apply_paths(&table).unwrap();
-        maps.apply_srv6(table.srv6.as_ref()).unwrap();
+        maps.apply_encoding(&table).unwrap();
         Self {
             datapath,
             maps,

@@ -1,28 +1,25 @@
-//! The SRv6 encoding at both ends (`sopa_common::srv6` has the format): `tc_stamp` puts an outer
-//! IPv6 header whose destination is the chosen path's uSID list in front of the packet,
-//! `xdp_strip` removes it at the destination host before GRO.
+//! The outer IPv6 header the SRv6 and entropy encodings put in front of a packet
+//! (`sopa_common::srv6::outer_header`), and its removal at the destination host before GRO:
+//! what the two share. Each encoding chooses the header's destination and flow label.
 
 use aya_ebpf::{
     bindings::{
         BPF_F_ADJ_ROOM_ENCAP_L3_IPV6, BPF_F_ADJ_ROOM_FIXED_GSO, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC,
     },
-    helpers::{bpf_check_mtu, bpf_get_hash_recalc, bpf_xdp_adjust_head},
+    helpers::{bpf_check_mtu, bpf_xdp_adjust_head},
     programs::{TcContext, XdpContext},
 };
 use sopa_common::{
-    maps::{
-        Encap, MAX_CHOSEN, MAX_TAIL, SegKey, encoding, stamp_reason as stamp, strip_reason as strip,
-    },
+    maps::{Encap, stamp_reason as stamp, strip_reason as strip},
     srv6::{
-        ETH_P_IPV6, IPV6_HLEN, LIB_BASE, MARK_LEN, MAX_HOST_OFFSET, NEXTHDR_DEST, NEXTHDR_IPV4,
-        NEXTHDR_IPV6, USID_SLOTS, decapsulated_ecn, flow_label, mark_header, outer_header,
-        read_mark,
+        ETH_P_IPV6, IPV6_HLEN, MARK_LEN, NEXTHDR_DEST, NEXTHDR_IPV4, NEXTHDR_IPV6,
+        decapsulated_ecn, mark_header, outer_header, read_mark,
     },
     wire::{ETH_HLEN, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP, IPV4_BASE_LEN, checksum_adjust, word},
 };
 
 use crate::{
-    SRV6_SEGS, STRIP_STATS,
+    STRIP_STATS,
     meter::Meter,
     packet::{Ipv4, count, ptr_at},
     tc_stamp::{is_gso, tc_ptr},
@@ -30,78 +27,6 @@ use crate::{
 
 /// What the outer header adds to a packet.
 pub const OUTER_LEN: u16 = IPV6_HLEN as u16;
-
-/// Shifts one 16-bit word into a 128-bit value held as two halves.
-#[inline(always)]
-fn push(acc: &mut (u64, u64), word: u16) {
-    acc.0 = (acc.0 << 16) | (acc.1 >> 48);
-    acc.1 = (acc.1 << 16) | u64::from(word);
-}
-
-/// The outer destination of path `hops` to `ip.daddr`: the fabric's block (that of the address
-/// this host receives on), the chosen switches' uSIDs, the destination's tail, its local uSID.
-#[inline(always)]
-fn path_address(ip: &Ipv4, encap: &Encap, hops: [u8; 2]) -> Result<[u8; 16], u32> {
-    let dest = crate::prefix::find(
-        sopa_common::maps::lookup::SRV6_DESTS,
-        &crate::SRV6_DESTS_EXACT,
-        crate::prefix::srv6_dests_trie,
-        ip.daddr,
-    )
-    .ok_or(stamp::NO_SEGMENTS)?;
-    let segs = SRV6_SEGS
-        .get_ptr(&SegKey {
-            group: dest.group,
-            hops,
-        })
-        // SAFETY: a pointer from a successful lookup, read once (the agent replaces whole
-        // values).
-        .map(|p| unsafe { core::ptr::read_volatile(p) })
-        .ok_or(stamp::NO_SEGMENTS)?;
-    let offset = u32::from_be_bytes(ip.daddr) & dest.host_mask;
-    let (chosen, tail) = (usize::from(segs.len), usize::from(dest.tail_len));
-    if offset > MAX_HOST_OFFSET
-        || chosen > MAX_CHOSEN
-        || tail > MAX_TAIL
-        || chosen + tail + 1 > USID_SLOTS
-    {
-        return Err(stamp::NO_SEGMENTS);
-    }
-    let mut acc = (0u64, 0u64);
-    let block = &encap.receive;
-    push(&mut acc, u16::from_be_bytes([block[0], block[1]]));
-    push(&mut acc, u16::from_be_bytes([block[2], block[3]]));
-    let mut words = 2;
-    for i in 0..MAX_CHOSEN {
-        if i < chosen {
-            push(&mut acc, segs.usids[i]);
-            words += 1;
-        }
-    }
-    for i in 0..MAX_TAIL {
-        if i < tail {
-            push(&mut acc, dest.tail[i]);
-            words += 1;
-        }
-    }
-    push(&mut acc, LIB_BASE | offset as u16);
-    words += 1;
-    for _ in 0..8 {
-        if words < 8 {
-            push(&mut acc, 0);
-            words += 1;
-        }
-    }
-    let (hi, lo) = (acc.0.to_be_bytes(), acc.1.to_be_bytes());
-    let mut out = [0u8; 16];
-    let mut i = 0;
-    while i < 8 {
-        out[i] = hi[i];
-        out[8 + i] = lo[i];
-        i += 1;
-    }
-    Ok(out)
-}
 
 /// Whether every segment of a GSO packet still fits the interface's MTU with `extra` bytes of
 /// outer headers on. Checked before encapsulating: room made for a tunnel header cannot be
@@ -132,26 +57,26 @@ fn gso_segments_fit(ctx: &TcContext, ip: &Ipv4, inner: &Inner, extra: u32) -> Re
     Ok(mtu == 0 || segment <= mtu)
 }
 
-/// Puts the outer IPv6 header of path `hops` in front of the packet `ip` describes (an IPv6
-/// one by its embedded IPv4 addresses, its whole length and its traffic class), and after it
-/// the meter's mark of the period of `color` while the meter runs.
+/// Puts an outer IPv6 header from `source` to `dst` with flow label `label` in front of the
+/// packet `ip` describes (an IPv6 one by its embedded IPv4 addresses, its whole length and its
+/// traffic class), and after it the meter's mark of path `hops` in the period of `color` while
+/// the meter runs.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub fn encapsulate(
     ctx: &TcContext,
     ip: &Ipv4,
-    encap: &Encap,
+    source: &[u8; 16],
+    dst: &[u8; 16],
+    label: u32,
     hops: [u8; 2],
     inner: Inner,
     color: Option<u8>,
 ) -> Result<(), u32> {
-    let dst = path_address(ip, encap, hops)?;
     let mark = if color.is_some() { MARK_LEN as u16 } else { 0 };
     if is_gso(ctx) && !gso_segments_fit(ctx, ip, &inner, u32::from(OUTER_LEN + mark))? {
         return Err(stamp::TOO_BIG);
     }
-    // The inner flow's hash (the socket's, for local TCP), read before the packet changes.
-    // SAFETY: the helper reads and may set the skb's hash.
-    let label = flow_label(unsafe { bpf_get_hash_recalc(ctx.skb.skb) });
     // FIXED_GSO keeps gso_size, so a segment grows by exactly the outer header and the mark:
     // the fabric's MTU is 48 more than the hosts' (or the agent lowered the route MTUs by 48).
     ctx.adjust_room(
@@ -185,7 +110,7 @@ pub fn encapsulate(
         Some(_) => (NEXTHDR_DEST, ip.tot_len.wrapping_add(mark)),
         None => (next, ip.tot_len),
     };
-    let outer = outer_header(payload_len, outer_next, ip.tos, label, &encap.source, &dst);
+    let outer = outer_header(payload_len, outer_next, ip.tos, label, source, dst);
     let mut i = 0;
     while i < IPV6_HLEN {
         h[ETH_HLEN + i] = outer[i];
@@ -204,13 +129,15 @@ pub enum Inner {
     Ipv6,
 }
 
-/// Removes the outer header of an IPv6 frame sent to this host's SRv6 address. Anything else
-/// is left alone: `Err` says why.
+/// Removes the outer header of an IPv6 frame sent to `encap.receive`, this host's address of
+/// the encoding. Anything else is left alone: `Err` says why, `foreign(destination)` for a
+/// frame to another address.
 #[inline(always)]
-pub fn decapsulate(ctx: &XdpContext) -> Result<Inner, u32> {
-    let Some(encap) = crate::encap().filter(|e| e.encoding == encoding::SRV6) else {
-        return Err(strip::NOT_IPV4);
-    };
+pub fn decapsulate(
+    ctx: &XdpContext,
+    encap: &Encap,
+    foreign: impl Fn(&[u8; 16]) -> u32,
+) -> Result<Inner, u32> {
     let head: *mut [u8; ETH_HLEN + IPV6_HLEN] =
         ptr_at(ctx.data(), ctx.data_end(), 0).ok_or(strip::NOT_IPV4)?;
     // SAFETY: bounds checked by ptr_at.
@@ -225,14 +152,7 @@ pub fn decapsulate(ctx: &XdpContext) -> Result<Inner, u32> {
     // One comparison of the whole address (a byte-by-byte one branches the verifier 16 times).
     let ours = u128::from_ne_bytes(da) == u128::from_ne_bytes(encap.receive);
     if !ours {
-        let r = &encap.receive;
-        let in_block = u32::from_ne_bytes([da[0], da[1], da[2], da[3]])
-            == u32::from_ne_bytes([r[0], r[1], r[2], r[3]]);
-        return Err(if in_block {
-            strip::FOREIGN_SRV6
-        } else {
-            strip::NOT_IPV4
-        });
+        return Err(foreign(&da));
     }
     if f[o] >> 4 != 6 {
         return Err(strip::FOREIGN_SRV6);
