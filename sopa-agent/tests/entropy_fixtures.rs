@@ -300,3 +300,20 @@ fn a_path_table_names_the_bad_entropy_entry() {
     let ok = PathTable::parse(TABLE).unwrap();
     assert_eq!(ok.entropy.unwrap().labels.len(), 12);
 }
+
+/// The agent's own probes (marked `PROBE_MARK`) leave with the label and hop limit the prober
+/// wrote: a probe of IPv6 TCP would otherwise get a path's label and probe nothing.
+#[test]
+fn the_hosts_own_probes_pass_as_written() {
+    let mut f = Fixture::new(TABLE, mode::SOPA);
+    let probe = tcp6(six(SRC), six(DST), 0x0ABCD, b"probe");
+    let mut ctx = [0u8; 192];
+    ctx[8..12].copy_from_slice(&sopa_common::entropy::PROBE_MARK.to_ne_bytes());
+    let before = f.maps.stamp_counters().unwrap();
+    let (action, out) = f.stamp_with(&probe, Some(&ctx));
+    let after = f.maps.stamp_counters().unwrap();
+    assert_eq!((action, out), (common::TC_ACT_UNSPEC, probe.clone()));
+    assert_eq!(verdicts(&before, &after, &stamp_reason::NAMES), ["probe"]);
+    // The same packet unmarked is data: it takes a path's label.
+    assert!(TCP6_LABELS.contains(&label(&f.stamp(&probe))));
+}

@@ -17,6 +17,10 @@
 //! IPv4 address, or the one its fabric IPv6 address embeds), the next header the switches see
 //! ([`NEXT_IPV4`] for encapsulated IPv4, 6 or 17 for IPv6) and the path chosen ([`EvKey`]).
 
+/// The mark (`SO_MARK`) of a host's own probes: `tc_stamp` leaves them as the prober wrote
+/// them (a probe of IPv6 TCP or UDP would otherwise get a path's label).
+pub const PROBE_MARK: u32 = 0x534F_5041;
+
 /// The flow label's bits.
 pub const LABEL_MASK: u32 = 0xF_FFFF;
 /// Next header of the outer header of an encapsulated IPv4 packet (IP-in-IPv6).

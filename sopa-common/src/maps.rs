@@ -330,7 +330,9 @@ pub mod stamp_reason {
     /// Passed as it is: the encoding is entropy and no entropy value is known for the
     /// destination, next header and chosen path (not probed yet, or being replaced).
     pub const NO_LABEL: u32 = 20;
-    pub const COUNT: u32 = 21;
+    /// Passed as it is: one of this host's entropy probes (`entropy::PROBE_MARK`).
+    pub const PROBE: u32 = 21;
+    pub const COUNT: u32 = 22;
     const _: () = assert!(COUNT <= super::REASON_SLOTS);
     /// Names in index order, for status and metrics.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -355,10 +357,11 @@ pub mod stamp_reason {
         "no_segments",
         "meter_full",
         "no_label",
+        "probe",
     ];
     /// Whether counter `i` is a verdict: every packet is counted under exactly one verdict.
     pub const fn is_verdict(i: u32) -> bool {
-        i < PINNED || i == NO_SEGMENTS || i == NO_LABEL
+        i < PINNED || i == NO_SEGMENTS || i == NO_LABEL || i == PROBE
     }
 }
 

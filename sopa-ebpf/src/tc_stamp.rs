@@ -46,6 +46,10 @@ pub(crate) fn tc_ptr<T>(ctx: &TcContext, offset: usize) -> Option<*mut T> {
 /// `Ok(STAMPED)` or the reason the packet was left alone (or, for `FORGED_DROPPED`, dropped).
 #[inline(always)]
 pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
+    // SAFETY: reading a field of the context the kernel handed us.
+    if unsafe { (*ctx.skb.skb).mark } == sopa_common::entropy::PROBE_MARK {
+        return Err(reason::PROBE);
+    }
     let ether_type: *const [u8; 2] = tc_ptr(ctx, 12).ok_or(reason::TOO_SHORT)?;
     // SAFETY: bounds checked by tc_ptr.
     let ether_type = u16::from_be_bytes(unsafe { *ether_type });

@@ -6,6 +6,7 @@
 
 pub mod clos;
 pub mod cost;
+pub mod entropy;
 pub mod failover;
 pub mod fat_tree;
 pub mod forwarding;

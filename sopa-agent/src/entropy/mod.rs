@@ -17,6 +17,13 @@
 //! tcp6 = [0x00001, 0x00002, 0x00003, 0x00004]  # IPv6 TCP, optional
 //! udp6 = [0x00005, 0x00006, 0x00007, 0x00008]  # IPv6 UDP, optional
 //! ```
+//!
+//! The labels are learned by probing (`discover`, with the packets of `probe`): the topology
+//! (`sopa_topology::entropy`) says which hop limits tell a destination's paths apart and which
+//! path the routers that answered make.
+
+pub mod discover;
+pub mod probe;
 
 use std::{
     collections::BTreeMap,
