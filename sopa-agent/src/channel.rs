@@ -12,6 +12,7 @@ use tracing::{info, warn};
 
 use crate::{
     changes::ControllerState,
+    entropy::runner::{Discovery, default_pace},
     host::Host,
     path_table::PathTable,
     srv6::{Srv6Paths, Srv6Table},
@@ -28,6 +29,9 @@ pub struct HostApplier<'a> {
     meter_clock: Option<std::sync::Arc<crate::meter::MeterClock>>,
     /// Notified at every new session (the LLDP table is sent again).
     session: Option<std::sync::Arc<tokio::sync::Notify>>,
+    /// The entropy encoding's labels and the probing that finds them (made with the first
+    /// snapshot in that encoding).
+    discovery: Option<Discovery>,
 }
 
 fn now() -> u64 {
@@ -112,6 +116,7 @@ impl<'a> HostApplier<'a> {
             state,
             meter_clock,
             session: None,
+            discovery: None,
         }
     }
 
@@ -166,6 +171,24 @@ impl Applier for HostApplier<'_> {
         if view.encoding == Encoding::Srv6 {
             table.srv6 = Some(srv6_table(topo, &candidates)?);
         }
+        if view.encoding == Encoding::Entropy {
+            let maps = self.host.maps();
+            let run_dir = self
+                .host
+                .run_dir()
+                .ok_or_else(|| "the agent is stopping".to_owned())?;
+            let d = self.discovery.get_or_insert_with(|| {
+                Discovery::new(
+                    topo.host_ipv6(src),
+                    sopa_topology::srv6::HOST6_PREFIX,
+                    maps,
+                    run_dir,
+                    default_pace(),
+                )
+            });
+            // The labels found so far; the rest come as discovery finds them.
+            table.entropy = Some(d.table());
+        }
         self.host
             .apply_table(&table)
             .await
@@ -187,6 +210,11 @@ impl Applier for HostApplier<'_> {
             .map_err(|e| format!("writing the path meter's peers: {e}"))?;
         if let Some(clock) = &self.meter_clock {
             clock.adopt(s.meter_period_ms, s.meter_epoch_ns);
+        }
+        if view.encoding == Encoding::Entropy
+            && let Some(d) = &self.discovery
+        {
+            d.restart(topo, src, &candidates);
         }
         self.view = Some(view);
         self.candidates = Some(candidates);
@@ -223,6 +251,13 @@ impl Applier for HostApplier<'_> {
         self.state.version = d.version;
         self.record();
         self.drop_dead_pins();
+        // A hash-threshold switch moves healthy flows when a next hop goes: probe again.
+        if let (Some(disc), Some(view), Some(c)) = (&self.discovery, &self.view, &self.candidates)
+            && view.encoding == Encoding::Entropy
+            && !touched.is_empty()
+        {
+            disc.restart(&view.topology, c.source, c);
+        }
         Ok(())
     }
 

@@ -203,6 +203,11 @@ pub struct Host {
 }
 
 impl Host {
+    /// This agent's run folder (its journal and what `status` reads besides the maps).
+    pub fn run_dir(&self) -> Option<PathBuf> {
+        self.journal.with(|j| run_dir(&j.record.node))
+    }
+
     /// The handle that applies a granularity set at run time (`sopa-agent granularity`,
     /// delivered by SIGHUP) to this agent's interface; the record then says the agent takes
     /// SIGHUP, which `sopa-agent granularity` requires (the caller installs the handler).

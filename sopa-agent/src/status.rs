@@ -53,6 +53,9 @@ pub struct Status {
     pub encoding: String,
     /// The SRv6 encoding's outer source and receive addresses.
     pub srv6: Option<Srv6Addresses>,
+    /// The entropy encoding's discovery: per destination host, the paths found of those the
+    /// topology has.
+    pub entropy: Option<crate::entropy::runner::Summary>,
     /// The mode an operator set at run time (`sopa-agent mode`), kept across restarts.
     pub mode_set_at_run_time: Option<crate::runtime::RuntimeMode>,
     /// Where new flows start their round robin: `hash` (the default) or `zero` (the paper's).
@@ -225,6 +228,13 @@ pub fn read(node: &str, run_dir: &Path, pin_dir: &Path) -> Result<Status> {
             source: encap.source.into(),
             receive: encap.receive.into(),
         }),
+        entropy: (encap.encoding == sopa_common::maps::encoding::ENTROPY)
+            .then(|| {
+                let text =
+                    std::fs::read_to_string(run_dir.join(crate::entropy::runner::SUMMARY_FILE));
+                text.ok().and_then(|t| serde_json::from_str(&t).ok())
+            })
+            .flatten(),
         mode_set_at_run_time: crate::runtime::RuntimeMode::load(run_dir).ok().flatten(),
         first_path: sopa_common::maps::first_path::NAMES
             .get(maps.first_path()? as usize)
@@ -330,6 +340,21 @@ impl Status {
                 s,
                 "srv6: outer source {}, receives on {}",
                 a.source, a.receive
+            );
+        }
+        if let Some(e) = &self.entropy {
+            let probes: u32 = e.destinations.iter().map(|d| d.probes).sum();
+            let _ = writeln!(
+                s,
+                "entropy: {} destinations probed{} with {probes} probes; fewer paths than the \
+                 topology has: {}",
+                e.destinations.len(),
+                if e.done { "" } else { " so far" },
+                if e.incomplete.is_empty() {
+                    "none".to_owned()
+                } else {
+                    e.incomplete.join(", ")
+                }
             );
         }
         if let (Some(stamp), Some(strip)) = (self.stamp_prog_id, self.strip_prog_id) {

@@ -63,6 +63,10 @@ impl FabricView {
             sopa_topology::srv6::Usids::of(&topology)
                 .map_err(|e| ViewError::BadTopology(e.to_string()))?;
         }
+        if encoding == Encoding::Entropy {
+            sopa_topology::entropy::check(&topology)
+                .map_err(|e| ViewError::BadTopology(e.to_string()))?;
+        }
         let mut failures = Failures::none(topology.graph());
         let mut resolved = Vec::new();
         for l in &s.down_links {

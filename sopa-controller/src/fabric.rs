@@ -198,6 +198,12 @@ impl Fabric {
                 message: format!("encoding \"srv6\": {e}"),
             })?;
         }
+        if file.encoding == Encoding::Entropy {
+            sopa_topology::entropy::check(&topology).map_err(|e| FabricError::Spec {
+                path: path.to_owned(),
+                message: e.to_string(),
+            })?;
+        }
         Ok((file.topology, file.encoding))
     }
 

@@ -7,6 +7,22 @@ use std::{collections::HashMap, net::Ipv6Addr};
 
 use crate::{Hops, NodeId, Topology, paths::PathTable, srv6::link_addresses6};
 
+/// Whether the entropy encoding can carry `topo`'s paths: IPv4 travels in an outer header to
+/// the destination's IPv6 address, which the hosts' datapath derives from the IPv4 one (the
+/// fabric's /96), so an inventory whose racks have IPv6 prefixes of their own is refused.
+pub fn check(topo: &Topology) -> crate::Result<()> {
+    if topo.routes_ipv6() {
+        return Err(crate::Error::Invalid(format!(
+            "{}: the entropy encoding reaches hosts at the IPv6 addresses that embed their IPv4 \
+             ones ({}/96); this inventory gives its racks IPv6 prefixes of their own: remove \
+             them, or use \"ipv4-option\" or \"srv6\"",
+            topo.name(),
+            crate::srv6::HOST6_PREFIX
+        )));
+    }
+    Ok(())
+}
+
 /// Every switch's IPv6 addresses (both ends of its switch links, and a rack switch's address
 /// towards its hosts): a router answers from one of them.
 pub fn routers(topo: &Topology) -> HashMap<Ipv6Addr, NodeId> {

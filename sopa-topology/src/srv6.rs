@@ -43,15 +43,19 @@ pub enum Encoding {
     Ipv4Option,
     /// The path as a uSID list in an outer IPv6 header: any SRv6 fabric, no program on a switch.
     Srv6,
+    /// The path as the flow label a hashing switch spreads on, learned by probing: fabrics
+    /// whose switches only hash (`crate::entropy`).
+    Entropy,
 }
 
 impl Encoding {
-    pub const ALL: [Encoding; 2] = [Encoding::Ipv4Option, Encoding::Srv6];
+    pub const ALL: [Encoding; 3] = [Encoding::Ipv4Option, Encoding::Srv6, Encoding::Entropy];
 
     pub fn name(self) -> &'static str {
         match self {
             Encoding::Ipv4Option => "ipv4-option",
             Encoding::Srv6 => "srv6",
+            Encoding::Entropy => "entropy",
         }
     }
 }
@@ -69,7 +73,9 @@ impl FromStr for Encoding {
         Self::ALL
             .into_iter()
             .find(|e| e.name() == s)
-            .ok_or_else(|| format!("encoding {s:?} is not known: use \"ipv4-option\" or \"srv6\""))
+            .ok_or_else(|| {
+                format!("encoding {s:?} is not known: use \"ipv4-option\", \"srv6\" or \"entropy\"")
+            })
     }
 }
 

@@ -265,6 +265,8 @@ fn full_size(encoding: Encoding) -> (f64, f64) {
         // Links at 1548: the 1500-byte inner packet, the 40-byte outer header and the path
         // meter's 8-byte mark (the testbed's agents meter).
         Encoding::Srv6 => (f64::from(SRV6_FABRIC_MTU) + 14.0, 1500.0 - 52.0),
+        // The 1500-byte inner packet in a 40-byte outer header (no mark: the meter is off).
+        Encoding::Entropy => (1540.0 + 14.0, 1500.0 - 52.0),
     }
 }
 

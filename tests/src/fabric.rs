@@ -221,8 +221,9 @@ impl Fabric {
             opts: opts.clone(),
             kept_attached: Default::default(),
         };
-        let srv6 = opts.encoding == Encoding::Srv6;
-        // IPv6 on every link: the SRv6 encoding's, or an inventory's IPv6 racks.
+        // Both carry IPv4 in an outer IPv6 header: every link IPv6, and room for the header.
+        let srv6 = matches!(opts.encoding, Encoding::Srv6 | Encoding::Entropy);
+        // IPv6 on every link: the SRv6 and entropy encodings', or an inventory's IPv6 racks.
         let six = srv6 || fabric.topo.routes_ipv6();
         let g = fabric.topo.graph().clone();
         for (id, node) in g.nodes.iter().enumerate() {
@@ -494,8 +495,12 @@ impl Fabric {
         }
         self.opts = opts.clone();
         let g = self.topo.graph().clone();
-        for node in g.nodes.iter().filter(|n| n.kind.is_switch()) {
-            self.start_switch(&node.name)?;
+        if crate::routers::switches_have_agents(self) {
+            for node in g.nodes.iter().filter(|n| n.kind.is_switch()) {
+                self.start_switch(&node.name)?;
+            }
+        } else {
+            crate::routers::configure(self)?;
         }
         for node in g.nodes.iter().filter(|n| n.kind == NodeKind::Host) {
             self.start_host(&node.name)?;
@@ -1019,10 +1024,11 @@ impl Fabric {
     /// version) and every host holds a path to every other rack.
     pub fn wait_ready(&self, timeout: Duration) -> Result<()> {
         let g = self.topo.graph();
+        // Switches without agents (hashing routers) have nothing to wait for.
         let switches: Vec<&str> = g
             .nodes
             .iter()
-            .filter(|n| n.kind.is_switch())
+            .filter(|n| n.kind.is_switch() && crate::routers::switches_have_agents(self))
             .map(|n| n.name.as_str())
             .collect();
         let racks = self.topo.racks().len() as u64;

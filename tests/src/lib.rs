@@ -26,6 +26,7 @@ pub mod process;
 pub mod prometheus;
 pub mod reach;
 pub mod resilience;
+pub mod routers;
 pub mod traffic;
 
 pub use bins::release as bins_release;

@@ -29,7 +29,9 @@ fn core_paths(f: &Fabric) -> Result<[u64; 4]> {
                     .map(|j| s["uplinks"][j].as_u64().unwrap_or(0))
                     .collect()
             }
-            Encoding::Srv6 => f.hop_ports_tx(agg, "10.1.0.2".parse().expect("an address")),
+            Encoding::Srv6 | Encoding::Entropy => {
+                f.hop_ports_tx(agg, "10.1.0.2".parse().expect("an address"))
+            }
         };
         for (j, n) in per_port.into_iter().take(2).enumerate() {
             out[2 * i + j] = n;
@@ -139,6 +141,9 @@ pub fn run(rate: u32, mb: u64, encoding: Encoding) -> Result<()> {
             let how = match encoding {
                 Encoding::Ipv4Option => "source-routed per core path (tc_forward's counters)",
                 Encoding::Srv6 => "out of each core port (uSID lists; the interfaces' counters)",
+                Encoding::Entropy => {
+                    "out of each core port (flow labels; the interfaces' counters)"
+                }
             };
             println!("{:<6} packets {how}: {packets:?}", "");
         }
@@ -146,7 +151,7 @@ pub fn run(rate: u32, mb: u64, encoding: Encoding) -> Result<()> {
     println!("{:-<96}", "");
     let (payload, wire) = match encoding {
         Encoding::Ipv4Option => (1444.0, 1514.0),
-        Encoding::Srv6 => (1448.0, 1554.0),
+        Encoding::Srv6 | Encoding::Entropy => (1448.0, 1554.0),
     };
     println!(
         "throughput in Mbit/s per flow; each host's uplink carries two flows, so the fair share is about {:.0} (a flow's ceiling is {payload}/{wire} of the link with {encoding}).",

@@ -212,7 +212,8 @@ pub struct Pace {
     pub interval: Duration,
     /// For the replies to one EV's probes, after its last probe.
     pub wait: Duration,
-    /// EVs in a row that found no new path before giving up on the rest.
+    /// EVs in a row that found no new path before giving up on the rest: at least 8 per
+    /// expected path (see the module's bound).
     pub patience: usize,
 }
 
@@ -244,7 +245,8 @@ pub fn discover(
     let start = Instant::now();
     let mut found = Found::default();
     let mut since_new = 0;
-    while !found.complete(t) && since_new < pace.patience {
+    let patience = pace.patience.max(8 * t.expected);
+    while !found.complete(t) && since_new < patience {
         let Some(label) = labels.next() else { break };
         let mut ids: HashMap<u32, usize> = HashMap::new();
         for (i, hop_limit) in t.hop_limits.iter().enumerate() {

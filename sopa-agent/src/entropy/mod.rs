@@ -24,6 +24,7 @@
 
 pub mod discover;
 pub mod probe;
+pub mod runner;
 
 use std::{
     collections::BTreeMap,

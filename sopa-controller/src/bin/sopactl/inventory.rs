@@ -219,7 +219,7 @@ fn summary(topo: &Topology, encoding: Encoding) -> String {
                 std::net::Ipv6Addr::from(sopa_common::srv6::address(b, &[]))
             )
         }
-        Encoding::Ipv4Option => String::new(),
+        Encoding::Ipv4Option | Encoding::Entropy => String::new(),
     };
     format!(
         "ok: {}; {switches} switches, {} links, {} racks, {} hosts; {paths}; encoding {encoding}{block}\n",

@@ -1,0 +1,53 @@
+//! A Fat-Tree k=4 of switches that only hash, in the entropy encoding: every switch a plain
+//! Linux router with multipath routes, its own hash seed, no agent and no program
+//! (`sopa_testbed::routers`). Each host's agent probes every destination host for the labels
+//! that take each path, and sprays its flows round robin over them. A fabric of its own: no
+//! other suite's switches run without agents. Links unshaped (packet counts, not rates). Needs
+//! root.
+
+mod spraying;
+
+use std::{process::ExitCode, time::Duration};
+
+use sopa_testbed::{
+    fabric::{Fabric, FabricOptions},
+    phases::Suite,
+};
+use sopa_topology::{srv6::Encoding, topology::TopologySpec};
+
+fn entropy_fabric() -> Fabric {
+    let opts = FabricOptions {
+        encoding: Encoding::Entropy,
+        ..FabricOptions::default()
+    };
+    let mut f = Fabric::build(&TopologySpec::FatTree { k: 4 }, &opts).expect("build the fabric");
+    f.start(&opts)
+        .expect("start the controller and the host agents");
+    f.wait_settled(Duration::from_secs(60))
+        .expect("every agent ready");
+    f
+}
+
+fn main() -> ExitCode {
+    Suite::new()
+        .shared(
+            "Fat-Tree k=4 of hashing routers, entropy",
+            entropy_fabric,
+            Some(Fabric::settled),
+            vec![
+                (
+                    "entropy_discovery_finds_every_path_to_every_host",
+                    spraying::discovery_finds_every_path_to_every_host,
+                ),
+                (
+                    "entropy_one_flow_spreads_evenly_over_the_cores",
+                    spraying::one_flow_spreads_evenly_over_the_cores,
+                ),
+                (
+                    "entropy_every_pair_reaches_over_ipv4_and_ipv6",
+                    spraying::every_pair_reaches_over_ipv4_and_ipv6,
+                ),
+            ],
+        )
+        .run()
+}
