@@ -12,7 +12,10 @@ use tracing::{info, warn};
 
 use crate::{
     changes::ControllerState,
-    entropy::runner::{Discovery, default_pace},
+    entropy::{
+        discover::Pace,
+        runner::{Discovery, default_pace},
+    },
     host::Host,
     path_table::PathTable,
     srv6::{Srv6Paths, Srv6Table},
@@ -30,8 +33,9 @@ pub struct HostApplier<'a> {
     /// Notified at every new session (the LLDP table is sent again).
     session: Option<std::sync::Arc<tokio::sync::Notify>>,
     /// The entropy encoding's labels and the probing that finds them (made with the first
-    /// snapshot in that encoding).
+    /// snapshot in that encoding), and its pace.
     discovery: Option<Discovery>,
+    pace: Pace,
 }
 
 fn now() -> u64 {
@@ -88,6 +92,12 @@ fn srv6_table(
 }
 
 impl<'a> HostApplier<'a> {
+    /// Probes at `pace` in the entropy encoding.
+    pub fn with_probe_pace(mut self, pace: Pace) -> Self {
+        self.pace = pace;
+        self
+    }
+
     /// `notify` is told at every new session.
     pub fn on_session(&mut self, notify: std::sync::Arc<tokio::sync::Notify>) {
         self.session = Some(notify);
@@ -117,6 +127,7 @@ impl<'a> HostApplier<'a> {
             meter_clock,
             session: None,
             discovery: None,
+            pace: default_pace(),
         }
     }
 
@@ -172,7 +183,7 @@ impl Applier for HostApplier<'_> {
             table.srv6 = Some(srv6_table(topo, &candidates)?);
         }
         if view.encoding == Encoding::Entropy {
-            let maps = self.host.maps();
+            let (maps, pace) = (self.host.maps(), self.pace);
             let run_dir = self
                 .host
                 .run_dir()
@@ -183,7 +194,7 @@ impl Applier for HostApplier<'_> {
                     sopa_topology::srv6::HOST6_PREFIX,
                     maps,
                     run_dir,
-                    default_pace(),
+                    pace,
                 )
             });
             // The labels found so far; the rest come as discovery finds them.

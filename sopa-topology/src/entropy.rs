@@ -46,19 +46,21 @@ pub fn routers(topo: &Topology) -> HashMap<Ipv6Addr, NodeId> {
 pub struct Probed {
     /// The hop limits whose routers tell the paths apart (the fewest, in order).
     pub hop_limits: Vec<u8>,
-    /// Per candidate path: its hops and the router a probe of each hop limit (1, 2, ...) of
-    /// the path meets, up to the destination's rack switch.
+    /// Per live candidate path: its hops and the router a probe of each hop limit (1, 2, ...)
+    /// of the path meets, up to the destination's rack switch.
     pub paths: Vec<(Hops, Vec<NodeId>)>,
 }
 
 impl Probed {
-    /// The paths to the rack of destination `index` in `table`.
+    /// The live paths to the rack of destination `index` in `table` (a path through a failed
+    /// link is not there to find).
     pub fn of(topo: &Topology, table: &PathTable, index: usize) -> Self {
         let g = topo.graph();
         let d = &table.destinations[index];
         let paths: Vec<(Hops, Vec<NodeId>)> = d
             .candidates
             .iter()
+            .filter(|c| c.alive)
             .map(|c| {
                 let mut node = table.source;
                 let routers = table

@@ -47,6 +47,10 @@ fn main() -> ExitCode {
                     "entropy_every_pair_reaches_over_ipv4_and_ipv6",
                     spraying::every_pair_reaches_over_ipv4_and_ipv6,
                 ),
+                (
+                    "entropy_a_core_link_cut_mid_transfer_is_probed_around",
+                    spraying::a_core_link_cut_mid_transfer_is_probed_around,
+                ),
             ],
         )
         .run()

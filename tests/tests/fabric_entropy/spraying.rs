@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 
 use sopa_testbed::{
     fabric::Fabric,
+    failure::transfer_cut_midway,
     reach::all_pairs_tcp,
     traffic::{SendOptions, tcp_transfer},
 };
@@ -109,4 +110,77 @@ pub fn every_pair_reaches_over_ipv4_and_ipv6(f: &mut Fabric) {
     assert!(failed.is_empty(), "unreachable over IPv4: {failed:?}");
     let failed = all_pairs_tcp(&f.host_addresses6(), 7101).unwrap();
     assert!(failed.is_empty(), "unreachable over IPv6: {failed:?}");
+}
+
+/// h0's discovery of h4, once a discovery newer than `after` is done (at most `within`): its
+/// generation, expected paths and paths found per next header.
+fn h4_as_h0_probed(f: &Fabric, after: u64, within: Duration) -> (u64, serde_json::Value) {
+    let deadline = Instant::now() + within;
+    loop {
+        let e = f.host("h0").status().unwrap()["entropy"].clone();
+        let generation = e["generation"].as_u64().unwrap_or(0);
+        if generation > after && e["done"] == true {
+            let row = e["destinations"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|d| d["host"] == "h4")
+                .cloned()
+                .expect("h4 probed");
+            return (generation, row);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no new discovery after {after}: {e}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// a0-c0 cut while h0 sends to h4 (the routers drop the dead next hop, the testbed tells the
+/// controller): the transfer completes intact; h0 probes again and finds exactly the 3 paths
+/// left; a flow then takes c1, c2 and c3 equally and c0 not at all. Mended, all 4 again.
+pub fn a_core_link_cut_mid_transfer_is_probed_around(f: &mut Fabric) {
+    summaries(f, Duration::from_secs(60));
+    let generation = f.host("h0").status().unwrap()["entropy"]["generation"]
+        .as_u64()
+        .unwrap();
+    let h4: std::net::Ipv4Addr = "10.1.0.2".parse().unwrap();
+    let (t, _) = transfer_cut_midway(f, ("h0", "h4", h4, 7400), ("a0", "c0"), 600, 16 << 20)
+        .expect("the transfer completes across the cut");
+    assert!(t.intact(), "digest differs across the cut");
+    f.wait_applied(|down| down == 1, "a0:c0 down").unwrap();
+    let (after_cut, row) = h4_as_h0_probed(f, generation, Duration::from_secs(30));
+    eprintln!("cut at {:.1} Mbit/s; probed again: {row}", t.mbit_per_s());
+    assert_eq!(row["expected"], 3, "{row}");
+    for class in ["ipv4", "tcp6", "udp6"] {
+        assert_eq!(row["found"][class], 3, "{class}: {row}");
+    }
+    let before = per_core(f);
+    let t = tcp_transfer(
+        f.ns("h0"),
+        f.ns("h4"),
+        h4,
+        7401,
+        8 << 20,
+        &SendOptions::default(),
+    )
+    .expect("h0 -> h4 around the cut");
+    assert!(t.intact());
+    let per: Vec<u64> = per_core(f)
+        .iter()
+        .zip(&before)
+        .map(|(a, b)| a - b)
+        .collect();
+    eprintln!("around the cut, per core {per:?}");
+    assert!(per[0] < 8, "the cut core link carried {per:?}");
+    let (lo, hi) = (
+        *per[1..].iter().min().unwrap(),
+        *per[1..].iter().max().unwrap(),
+    );
+    assert!(lo > 1000 && hi - lo <= (lo / 100).max(8), "{per:?}");
+    f.mend_link("a0", "c0").unwrap();
+    f.wait_applied(|down| down == 0, "a0:c0 up").unwrap();
+    let (_, row) = h4_as_h0_probed(f, after_cut, Duration::from_secs(30));
+    assert_eq!(row["found"]["ipv4"], 4, "mended: {row}");
 }

@@ -26,7 +26,7 @@ pub struct Cli {
 #[derive(Subcommand)]
 pub enum Command {
     /// Attach the datapath to the fabric interface and run until SIGINT/SIGTERM.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// The switch role: forward by the controller's topology until SIGINT/SIGTERM.
     Switch(SwitchArgs),
     /// Show a running agent's mode, path table and counters.
@@ -158,6 +158,14 @@ pub struct RunArgs {
     /// How often pinned mode reports elephants to the controller.
     #[arg(long, env = "SOPA_REPORT_INTERVAL_MS", default_value_t = 1000)]
     pub report_interval_ms: u64,
+    /// Entropy encoding: the time between two probes. A router answers each prober at a
+    /// limited rate (Linux's `net.ipv6.icmp.ratelimit`, 100 ms after a burst of 6, allows
+    /// about 10 replies a second): probes past it go unanswered and cost the labels they tried.
+    #[arg(long, env = "SOPA_PROBE_INTERVAL", default_value = "2ms", value_parser = humantime::parse_duration)]
+    pub probe_interval: std::time::Duration,
+    /// Entropy encoding: how long to wait for a label's replies after its last probe.
+    #[arg(long, env = "SOPA_PROBE_WAIT", default_value = "300ms", value_parser = humantime::parse_duration)]
+    pub probe_wait: std::time::Duration,
     /// The path meter's period of alternate marking, fixed (0 turns metering off). Without it
     /// the agent runs the controller's period and epoch (from its snapshot; 250 ms until
     /// then): a controller refuses the reports of a host whose period differs from its own.

@@ -47,7 +47,7 @@ fn main() -> ExitCode {
 
 async fn dispatch(command: Command, netns: Option<String>) -> Result<(), Error> {
     match command {
-        Command::Run(args) => run::run(args, netns).await,
+        Command::Run(args) => run::run(*args, netns).await,
         Command::Granularity { node, granularity } => {
             granularity::granularity(&node.node, granularity)
         }

@@ -232,7 +232,12 @@ pub async fn run(mut args: RunArgs, netns: Option<String>) -> Result<(), Error> 
                 &fabric_host,
                 &endpoint,
                 Some(Arc::clone(&meter_clock)),
-            );
+            )
+            .with_probe_pace(sopa_agent::entropy::discover::Pace {
+                interval: args.probe_interval,
+                wait: args.probe_wait,
+                patience: 8,
+            });
             // The uplink's LLDP neighbour, for the controller's cabling view and `sopactl
             // fabric discover`: listened to, never sent (a host's word changes nothing).
             let addresses = own_addresses(&args.iface).await.unwrap_or_default();
