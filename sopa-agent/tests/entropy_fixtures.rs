@@ -15,7 +15,7 @@ use sopa_common::{
     srv6::{NEXTHDR_IPV4, outer_header},
 };
 
-use common::Fixture;
+use common::{Fixture, six, verdicts};
 
 /// One destination prefix with 4 paths; labels for one of its hosts, 10.2.0.2.
 const TABLE: &str = r#"
@@ -46,14 +46,6 @@ const DST: [u8; 4] = [10, 2, 0, 2];
 const UNLABELLED: [u8; 4] = [10, 2, 0, 3];
 const MAC_DST: [u8; 6] = [2, 0, 0, 0, 0, 2];
 const MAC_SRC: [u8; 6] = [2, 0, 0, 0, 0, 1];
-
-/// The fabric's IPv6 address of an IPv4 one (fd00:5a::/96 + the 32 bits).
-fn six(v4: [u8; 4]) -> [u8; 16] {
-    let mut a = [0u8; 16];
-    a[..4].copy_from_slice(&[0xfd, 0, 0, 0x5a]);
-    a[12..].copy_from_slice(&v4);
-    a
-}
 
 fn tcp(dst: [u8; 4], sport: u16, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
@@ -102,14 +94,6 @@ fn encapsulated(inner: &[u8], src: &[u8; 16], dst: &[u8; 16], label: u32) -> Vec
 /// The flow label of the IPv6 header of `frame`.
 fn label(frame: &[u8]) -> u32 {
     label_of([frame[14], frame[15], frame[16], frame[17]])
-}
-
-/// The counters that went up between two readings, by name.
-fn verdicts(before: &[u64], after: &[u64], names: &[&'static str]) -> Vec<&'static str> {
-    (0..names.len())
-        .filter(|&i| after[i] > before[i])
-        .map(|i| names[i])
-        .collect()
 }
 
 #[test]

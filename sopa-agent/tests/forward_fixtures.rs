@@ -567,6 +567,20 @@ fn a_usid_list_behind_a_dead_port_is_rewritten_and_a_detour_taken_once() {
     assert_eq!((got, out), (TC_ACT_UNSPEC, packet));
 }
 
+/// A repair rule: the uSID 9 before 3 becomes 10 (a dead port towards 9).
+fn replace_9_after_3_with_10() -> (sopa_common::maps::UsidRuleKey, sopa_common::maps::UsidRule) {
+    (
+        sopa_common::maps::UsidRuleKey { next: 9, after: 3 },
+        sopa_common::maps::UsidRule {
+            replace: 1,
+            len: 1,
+            detour: 0,
+            _pad: 0,
+            with: [10, 0, 0, 0],
+        },
+    )
+}
+
 /// The uN behaviour in eBPF (a kernel without `seg6local`): this switch's uSID consumed at the
 /// head of the list, the rest shifted up and zero-filled, byte for byte, the packet left to the
 /// kernel's routing (which decrements the hop limit, and answers 1 with ICMP); nothing else of
@@ -645,14 +659,7 @@ fn the_un_shift_in_ebpf_consumes_this_switchs_usid_byte_for_byte() {
     }
 
     // A list repaired around a dead port is then shifted too (counted as repaired).
-    let rule = sopa_common::maps::UsidRule {
-        replace: 1,
-        len: 1,
-        detour: 0,
-        _pad: 0,
-        with: [10, 0, 0, 0],
-    };
-    let key = sopa_common::maps::UsidRuleKey { next: 9, after: 3 };
+    let (key, rule) = replace_9_after_3_with_10();
     s.maps
         .set_usid_rules(5, DEFAULT_BLOCK, true, &BTreeMap::from([(key, rule)]))
         .unwrap();
@@ -678,14 +685,7 @@ fn a_switch_works_on_its_fabrics_own_usid_block_only() {
     let mut s = switch();
     let count = |s: &Switch, r: u32| s.maps.counters().unwrap()[r as usize];
     const OURS: Block = [0x20, 0x01, 0x0d, 0xb8];
-    let rule = sopa_common::maps::UsidRule {
-        replace: 1,
-        len: 1,
-        detour: 0,
-        _pad: 0,
-        with: [10, 0, 0, 0],
-    };
-    let key = sopa_common::maps::UsidRuleKey { next: 9, after: 3 };
+    let (key, rule) = replace_9_after_3_with_10();
     s.maps
         .set_usid_rules(5, OURS, true, &BTreeMap::from([(key, rule)]))
         .unwrap();

@@ -16,7 +16,7 @@ use sopa_common::{
     },
 };
 
-use common::{Fixture, TC_ACT_UNSPEC, gso_ctx};
+use common::{Fixture, TC_ACT_UNSPEC, gso_ctx, six, verdicts};
 
 /// A single-decision prefix with 3 paths and a two-decision one with 4, as in the option's
 /// fixtures, each path naming the switches it chooses.
@@ -116,13 +116,6 @@ fn encapsulated(inner: &[u8], dst: &[u8; 16], label: u32) -> Vec<u8> {
 /// The flow label of an encapsulated frame.
 fn label_of(frame: &[u8]) -> u32 {
     u32::from_be_bytes([0, frame[15] & 0xF, frame[16], frame[17]])
-}
-
-fn verdicts(before: &[u64], after: &[u64], names: &[&'static str]) -> Vec<&'static str> {
-    (0..names.len())
-        .filter(|&i| after[i] > before[i])
-        .map(|i| names[i])
-        .collect()
 }
 
 #[test]
@@ -501,14 +494,6 @@ fn a_packet_the_outer_header_would_take_past_the_mtu_passes_unencapsulated() {
         }
     })
     .unwrap();
-}
-
-/// The fabric's IPv6 address of an IPv4 one (fd00:5a::/96 + the 32 bits).
-fn six(v4: [u8; 4]) -> [u8; 16] {
-    let mut a = [0u8; 16];
-    a[..4].copy_from_slice(&[0xfd, 0, 0, 0x5a]);
-    a[12..].copy_from_slice(&v4);
-    a
 }
 
 fn tcp6(dst: [u8; 16], sport: u16, payload: &[u8]) -> Vec<u8> {

@@ -16,6 +16,22 @@ use sopa_common::{
     wire::ipv4_header_checksum,
 };
 
+/// The fabric's IPv6 address of an IPv4 one (fd00:5a::/96 + the 32 bits).
+pub fn six(v4: [u8; 4]) -> [u8; 16] {
+    let mut a = [0u8; 16];
+    a[..4].copy_from_slice(&[0xfd, 0, 0, 0x5a]);
+    a[12..].copy_from_slice(&v4);
+    a
+}
+
+/// The counters that went up between two readings of a program's counters, by name.
+pub fn verdicts(before: &[u64], after: &[u64], names: &[&'static str]) -> Vec<&'static str> {
+    (0..names.len())
+        .filter(|&i| after[i] > before[i])
+        .map(|i| names[i])
+        .collect()
+}
+
 /// TCX_NEXT: the packet goes on to the programs and filters attached after ours.
 pub const TC_ACT_UNSPEC: u32 = -1i32 as u32;
 pub const TC_ACT_SHOT: u32 = 2;
