@@ -1065,14 +1065,35 @@ impl Fabric {
 /// Polls `f` until it holds (a state the fabric reports, such as a switch's status), or fails
 /// after `timeout` naming `what`.
 pub fn wait(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
+    wait_for(
+        what,
+        timeout,
+        || if f() { Ok(()) } else { Err(String::new()) },
+    )
+}
+
+/// Polls `f` every 50 ms until it gives a value (a state the fabric reports reached), or fails
+/// after `timeout` naming `what` and the last state `f` described.
+pub fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    mut f: impl FnMut() -> std::result::Result<T, String>,
+) -> Result<T> {
     let start = Instant::now();
-    while start.elapsed() < timeout {
-        if f() {
-            return Ok(());
+    loop {
+        match f() {
+            Ok(v) => return Ok(v),
+            Err(last) if start.elapsed() >= timeout => {
+                let last = if last.is_empty() {
+                    last
+                } else {
+                    format!(": {last}")
+                };
+                return Err(Error::Failed(format!("timed out waiting for {what}{last}")));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }
-        std::thread::sleep(Duration::from_millis(50));
     }
-    Err(Error::Failed(format!("timed out waiting for {what}")))
 }
 
 /// `dev` sending at `rate` Mbit/s, `limit` bytes queued at most (drop-tail).

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use sopa_testbed::{
-    fabric::Fabric,
+    fabric::{Fabric, wait_for},
     failure::transfer_cut_midway,
     reach::all_pairs_tcp,
     traffic::{SendOptions, tcp_transfer},
@@ -23,18 +23,17 @@ fn summaries(f: &Fabric, within: Duration) -> Vec<(String, serde_json::Value)> {
     hosts
         .into_iter()
         .map(|h| {
-            loop {
-                let st = f.host(&h).status().unwrap();
-                if st["entropy"]["done"] == true {
-                    break (h, st["entropy"].clone());
+            let left = deadline.saturating_duration_since(Instant::now());
+            let e = wait_for(&format!("{h}'s discovery"), left, || {
+                let e = f.host(&h).status().unwrap()["entropy"].clone();
+                if e["done"] == true {
+                    Ok(e)
+                } else {
+                    Err(e.to_string())
                 }
-                assert!(
-                    Instant::now() < deadline,
-                    "{h}'s discovery not done within {within:?}: {}",
-                    st["entropy"]
-                );
-                std::thread::sleep(Duration::from_millis(100));
-            }
+            })
+            .unwrap();
+            (h, e)
         })
         .collect()
 }
@@ -120,26 +119,23 @@ pub fn every_pair_reaches_over_ipv4_and_ipv6(f: &mut Fabric) {
 /// h0's discovery of h4, once a discovery newer than `after` is done (at most `within`): its
 /// generation, expected paths and paths found per next header.
 fn h4_as_h0_probed(f: &Fabric, after: u64, within: Duration) -> (u64, serde_json::Value) {
-    let deadline = Instant::now() + within;
-    loop {
+    let what = format!("h0's discovery after generation {after}");
+    wait_for(&what, within, || {
         let e = f.host("h0").status().unwrap()["entropy"].clone();
         let generation = e["generation"].as_u64().unwrap_or(0);
-        if generation > after && e["done"] == true {
-            let row = e["destinations"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|d| d["host"] == "h4")
-                .cloned()
-                .expect("h4 probed");
-            return (generation, row);
+        if generation <= after || e["done"] != true {
+            return Err(e.to_string());
         }
-        assert!(
-            Instant::now() < deadline,
-            "no new discovery after {after}: {e}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        let row = e["destinations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["host"] == "h4")
+            .cloned()
+            .expect("h4 probed");
+        Ok((generation, row))
+    })
+    .unwrap()
 }
 
 /// a0-c0 cut while h0 sends to h4 (the routers drop the dead next hop, the testbed tells the

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use sopa_testbed::{
-    fabric::Fabric,
+    fabric::{Fabric, wait, wait_for},
     reach::all_pairs_tcp,
     traffic::{SendOptions, tcp_transfer},
 };
@@ -85,15 +85,12 @@ fn paths_to_d(f: &Fabric) -> usize {
 /// Once a-1 has all four paths again, one flow a-1 -> d-2 on `port` takes them all equally,
 /// `spine` (its index) among them.
 fn all_four_carry_again(f: &Fabric, spine: usize, port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while paths_to_d(f) != 4 {
-        assert!(
-            Instant::now() < deadline,
-            "a-1 did not take {} back",
-            SPINES[spine]
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait(
+        &format!("a-1 to take {} back", SPINES[spine]),
+        Duration::from_secs(10),
+        || paths_to_d(f) == 4,
+    )
+    .unwrap();
     let before = per_spine(f);
     transfer(f, port, 4 << 20);
     let per = since(per_spine(f), &before);
@@ -188,17 +185,16 @@ fn until_cabling(
     done: impl Fn(&[String], &[String]) -> bool,
 ) -> Duration {
     let start = Instant::now();
-    loop {
+    wait_for(what, within, || {
         let (m, down) = cabling(f);
         if done(&m, &down) {
-            return start.elapsed();
+            Ok(())
+        } else {
+            Err(format!("mismatches {m:?}, down {down:?}"))
         }
-        assert!(
-            start.elapsed() < within,
-            "{what} not within {within:?}: mismatches {m:?}, down {down:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    })
+    .unwrap();
+    start.elapsed()
 }
 
 /// Two cables swapped at sp-1 (rack-a's and rack-b's): every end names its mismatch within
@@ -296,18 +292,19 @@ pub fn a_host_finds_itself_in_the_inventory_by_its_address(f: &mut Fabric) {
 pub fn discover_drafts_the_fabric_back(f: &mut Fabric) {
     let shipped = crate::shipped_leaf_spine();
     // Every agent's table in: 8 switches and 8 hosts, each host hearing its ToR.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let draft = loop {
+    let draft = wait_for("a complete draft", Duration::from_secs(10), || {
         let text = f.sopactl(&["fabric", "discover"]).unwrap_or_default();
-        if let Ok(d) = sopa_topology::inventory::Inventory::from_toml(&text)
-            && d.racks.iter().map(|r| r.hosts.len()).sum::<usize>() == 8
-            && d.switches.len() == 8
-        {
-            break d;
+        match sopa_topology::inventory::Inventory::from_toml(&text) {
+            Ok(d)
+                if d.racks.iter().map(|r| r.hosts.len()).sum::<usize>() == 8
+                    && d.switches.len() == 8 =>
+            {
+                Ok(d)
+            }
+            _ => Err(text),
         }
-        assert!(Instant::now() < deadline, "no complete draft: {text}");
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    })
+    .unwrap();
     let switches = |i: &sopa_topology::inventory::Inventory| {
         let mut v: Vec<_> = i
             .switches
