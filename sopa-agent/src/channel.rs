@@ -15,6 +15,7 @@ use crate::{
     entropy::{
         discover::Pace,
         runner::{Discovery, default_pace},
+        source::LabelSource,
     },
     host::Host,
     path_table::PathTable,
@@ -32,9 +33,9 @@ pub struct HostApplier<'a> {
     meter_clock: Option<std::sync::Arc<crate::meter::MeterClock>>,
     /// Notified at every new session (the LLDP table is sent again).
     session: Option<std::sync::Arc<tokio::sync::Notify>>,
-    /// The entropy encoding's labels and the probing that finds them (made with the first
-    /// snapshot in that encoding), and its pace.
-    discovery: Option<Discovery>,
+    /// The entropy encoding's labels and the probing that finds them (given, or made with the
+    /// first snapshot in that encoding), and its pace.
+    discovery: Option<std::sync::Arc<Discovery>>,
     pace: Pace,
 }
 
@@ -92,9 +93,10 @@ fn srv6_table(
 }
 
 impl<'a> HostApplier<'a> {
-    /// Probes at `pace` in the entropy encoding.
-    pub fn with_probe_pace(mut self, pace: Pace) -> Self {
-        self.pace = pace;
+    /// Labels in the entropy encoding from `discovery` (which the caller can also steer, as
+    /// `sopa-agent labels` does through SIGHUP), not from one of its own.
+    pub fn with_discovery(mut self, discovery: std::sync::Arc<Discovery>) -> Self {
+        self.discovery = Some(discovery);
         self
     }
 
@@ -189,16 +191,10 @@ impl Applier for HostApplier<'_> {
                 .run_dir()
                 .ok_or_else(|| "the agent is stopping".to_owned())?;
             let d = self.discovery.get_or_insert_with(|| {
-                Discovery::new(
-                    topo.host_ipv6(src),
-                    sopa_topology::srv6::HOST6_PREFIX,
-                    maps,
-                    run_dir,
-                    pace,
-                )
+                std::sync::Arc::new(Discovery::new(maps, run_dir, pace, LabelSource::Discovered))
             });
             // The labels found so far; the rest come as discovery finds them.
-            table.entropy = Some(d.table());
+            table.entropy = Some(d.table_for(topo, src));
         }
         self.host
             .apply_table(&table)

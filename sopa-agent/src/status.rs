@@ -346,8 +346,9 @@ impl Status {
             let probes: u32 = e.destinations.iter().map(|d| d.probes).sum();
             let _ = writeln!(
                 s,
-                "entropy: {} destinations probed{} with {probes} probes; fewer paths than the \
-                 topology has: {}",
+                "entropy: labels {}, {} destinations probed{} with {probes} probes; fewer paths \
+                 than the topology has: {}",
+                e.source,
                 e.destinations.len(),
                 if e.done { "" } else { " so far" },
                 if e.incomplete.is_empty() {

@@ -301,3 +301,40 @@ fn the_hosts_own_probes_pass_as_written() {
     // The same packet unmarked is data: it takes a path's label.
     assert!(TCP6_LABELS.contains(&label(&f.stamp(&probe))));
 }
+
+/// The `random` baseline: where the agent put `PER_PACKET` instead of a label, every packet
+/// gets a fresh random label (never the mark itself), still in the outer header byte for byte.
+#[test]
+fn a_per_packet_mark_draws_a_label_for_every_packet() {
+    let mut f = Fixture::new(TABLE, mode::SOPA);
+    let marked = sopa_agent::entropy::EntropyTable {
+        source: "fd00:5a::a01:2".parse().unwrap(),
+        fabric6: "fd00:5a::".parse().unwrap(),
+        labels: f
+            .maps
+            .labels()
+            .unwrap()
+            .into_keys()
+            .map(|k| (k, sopa_common::entropy::PER_PACKET))
+            .collect(),
+    };
+    f.maps.apply_entropy(Some(&marked)).unwrap();
+    let packet = tcp(DST, 1000, b"entropy");
+    let labels: BTreeSet<u32> = (0..64)
+        .map(|_| {
+            let out = f.stamp(&packet);
+            let l = label(&out);
+            assert_eq!(out, encapsulated(&packet, &six(SRC), &six(DST), l));
+            l
+        })
+        .collect();
+    assert!(
+        labels.len() >= 60,
+        "64 packets, {} labels: {labels:x?}",
+        labels.len()
+    );
+    assert!(
+        labels.iter().all(|l| !IPV4_LABELS.contains(l)),
+        "not the table's labels"
+    );
+}

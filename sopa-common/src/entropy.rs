@@ -23,6 +23,9 @@ pub const PROBE_MARK: u32 = 0x534F_5041;
 
 /// The flow label's bits.
 pub const LABEL_MASK: u32 = 0xF_FFFF;
+/// A label map value that is no label: `tc_stamp` draws a fresh random label for each packet
+/// of that path (the `random` baseline: packet spraying over the switches' hash).
+pub const PER_PACKET: u32 = u32::MAX;
 /// Next header of the outer header of an encapsulated IPv4 packet (IP-in-IPv6).
 pub const NEXT_IPV4: u8 = crate::srv6::NEXTHDR_IPV4;
 

@@ -17,7 +17,10 @@
 //! the wire (see `sopa_testbed::granularity`).
 //!
 //! Modes: `sopa` (per-flow round-robin source routing), `rps` (a random path per packet),
-//! `ecmp` (no option: the switches' own kernel multipath), each optionally with ablations:
+//! `ecmp` (no option: the switches' own kernel multipath); in the entropy encoding also
+//! `random` (a random flow label per packet: spraying over the switches' hash) and `rr-blind`
+//! (round robin over as many random labels as paths, no discovery), which the other encodings'
+//! fabrics skip; each optionally with ablations:
 //! `+r3` (tcp_reordering 3 instead of 10), `+norack` (no RACK), `+burst` (GSO bursts), `+first0`
 //! (new flows start at path 0, as the paper's algorithm does, not at their hash). Per mode:
 //! throughput as a fraction of the link rate (mean, min, p5, p99), flow completion times (and
@@ -364,9 +367,28 @@ fn run_one(a: &Args, encoding: Encoding, rate: u32, xdp: &str) -> (Vec<ModeResul
     f.start(&opts).expect("start the agents");
     f.wait_ready(Duration::from_secs(120))
         .expect("agents ready");
+    let discovery = (encoding == Encoding::Entropy).then(|| discovery(&f));
+    // The entropy encoding's baselines have no meaning where the path is named.
+    let modes: Vec<String> = a
+        .modes
+        .iter()
+        .filter(|m| {
+            encoding == Encoding::Entropy
+                || !m
+                    .parse::<experiment::ModeSpec>()
+                    .expect("checked")
+                    .entropy_only()
+        })
+        .cloned()
+        .collect();
+    if modes.len() < a.modes.len() {
+        eprintln!(
+            "{encoding}: random and rr-blind are the entropy encoding's baselines, not run here"
+        );
+    }
     let plan = Plan {
         experiment: a.experiment.clone(),
-        modes: a.modes.clone(),
+        modes,
         repeat: a.repeat,
         rate_mbit: rate,
         mb: a.mb,
@@ -553,7 +575,7 @@ fn run_one(a: &Args, encoding: Encoding, rate: u32, xdp: &str) -> (Vec<ModeResul
     let json = serde_json::json!({
         "experiment": a.experiment, "topology": a.label, "rate_mbit": rate, "flow_mb": a.mb, "repeat": a.repeat,
         "encoding": encoding.name(), "qdisc": a.qdisc.to_string(), "xdp": xdp,
-        "valid": valid,
+        "valid": valid, "discovery": discovery,
         "fidelity": { "alone_fraction": alone_fraction, "alone_tries": alone_tries, "alone_steal_pct": alone_steal_pct, "alone_ok": fidelity_ok, "min_idle_cpu_pct": min_idle, "cpu_ok": cpu_ok }, "modes": results,
     });
     std::fs::write(&path, serde_json::to_vec_pretty(&json).unwrap()).expect("writing the JSON");
@@ -562,6 +584,37 @@ fn run_one(a: &Args, encoding: Encoding, rate: u32, xdp: &str) -> (Vec<ModeResul
         println!("figure: {}", fig.display());
     }
     (results, valid)
+}
+
+/// The entropy encoding's label discovery on `f`, once every host's is done: its cost per
+/// destination host and per rack, printed and returned for the JSON.
+fn discovery(f: &Fabric) -> serde_json::Value {
+    let all = sopa_testbed::routers::discovered(f, Duration::from_secs(120))
+        .expect("every host's label discovery done");
+    let (mut probes, mut millis, mut rows, mut incomplete) = (0u64, 0u64, 0u64, 0usize);
+    for (_, e) in &all {
+        for d in e["destinations"].as_array().into_iter().flatten() {
+            probes += d["probes"].as_u64().unwrap_or(0);
+            millis += d["millis"].as_u64().unwrap_or(0);
+            rows += 1;
+        }
+        incomplete += e["incomplete"].as_array().map_or(0, Vec::len);
+    }
+    let per_rack = f.hosts.len() as f64 / f.topo.racks().len().max(1) as f64;
+    let rows_f = rows.max(1) as f64;
+    println!(
+        "label discovery: {rows} (host, destination host) pairs, {:.1} probes and {:.0} ms per          destination host (3 next headers), {:.1} probes and {:.0} ms per rack of {per_rack:.0}          hosts; {incomplete} destinations with fewer paths found than the topology has",
+        probes as f64 / rows_f,
+        millis as f64 / rows_f,
+        per_rack * probes as f64 / rows_f,
+        per_rack * millis as f64 / rows_f,
+    );
+    serde_json::json!({
+        "pairs": rows, "probes": probes, "millis": millis, "incomplete": incomplete,
+        "probes_per_destination_host": probes as f64 / rows_f,
+        "ms_per_destination_host": millis as f64 / rows_f,
+        "hosts_per_rack": per_rack,
+    })
 }
 
 /// `--experiment granularity`: every rate's flowcells against per-packet spraying and the

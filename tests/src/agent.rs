@@ -188,6 +188,12 @@ pub fn set_mode_with(node: &str, mode: &str, extra: &[&str]) -> Result<String> {
     run_time_command("mode", node, mode, extra)
 }
 
+/// `sopa-agent labels --node NODE SOURCE`: returns once the agent's labels from it are all in
+/// place.
+pub fn set_labels(node: &str, source: &str) -> Result<String> {
+    run_time_command("labels", node, source, &[])
+}
+
 /// `sopa-agent reordering --node NODE on|off`: its output.
 pub fn set_reordering(node: &str, on: bool) -> Result<String> {
     run_time_command("reordering", node, if on { "on" } else { "off" }, &[])

@@ -937,7 +937,9 @@ fn null_is_infinite<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Resu
 
 /// A mode of a run: a datapath mode (`sopa`, `rps`, `single` for every flow on its first path,
 /// `hedera` for the Hedera baseline, `ecmp` for the switches' kernel multipath with no option,
-/// `mptcp` for MPTCP over that with 1 + 4 subflows), optionally with ablations after `+`: `r3` (`tcp_reordering` 3
+/// `mptcp` for MPTCP over that with 1 + 4 subflows; in the entropy encoding `random` for a
+/// random flow label per packet and `rr-blind` for round robin over as many random labels as
+/// paths, no discovery), optionally with ablations after `+`: `r3` (`tcp_reordering` 3
 /// instead of 10), `norack` (`tcp_recovery` 0: no RACK), `burst` (GSO bursts instead of packets),
 /// `cellN` (flowcells of N segments instead of packets), `first0` (new flows start at path 0 as
 /// in the paper, not at their hash).
@@ -959,9 +961,13 @@ impl std::str::FromStr for ModeSpec {
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         let mut parts = s.split('+');
         let base = parts.next().unwrap_or_default().to_owned();
-        if !["sopa", "rps", "ecmp", "hedera", "single", "mptcp", "ideal"].contains(&base.as_str()) {
+        if ![
+            "sopa", "rps", "ecmp", "hedera", "single", "mptcp", "ideal", "random", "rr-blind",
+        ]
+        .contains(&base.as_str())
+        {
             return Err(format!(
-                "mode {s:?}: sopa, rps, ecmp, hedera, single, mptcp or ideal, optionally +r3, +norack, +burst, +cellN, +first0"
+                "mode {s:?}: sopa, rps, ecmp, hedera, single, mptcp, ideal, or in the entropy encoding random or rr-blind, optionally +r3, +norack, +burst, +cellN, +first0"
             ));
         }
         let mut m = Self {
@@ -1005,8 +1011,11 @@ pub fn set_mode(f: &Fabric, mode: &str) {
         "hedera" => "pinned",
         // The big switch of the non-blocking ideal: nothing to stamp.
         "ideal" => "off",
+        // Round robin over the path indexes; the labels say where they go.
+        "random" | "rr-blind" => "sopa",
         other => other,
     };
+    set_labels(f, m.labels()).unwrap_or_else(|e| panic!("{e}"));
     f.use_ideal(m.base == "ideal")
         .unwrap_or_else(|e| panic!("{e}"));
     for (id, agent) in &f.hosts {
@@ -1057,6 +1066,52 @@ pub fn set_mode(f: &Fabric, mode: &str) {
             }
         }
     }
+}
+
+impl ModeSpec {
+    /// The entropy encoding's label source the mode needs (`sopa-agent labels`): a baseline's,
+    /// or the labels discovery found.
+    pub fn labels(&self) -> &'static str {
+        match self.base.as_str() {
+            "random" => "per-packet",
+            "rr-blind" => "blind",
+            _ => "discovered",
+        }
+    }
+
+    /// Whether the mode is a baseline of the entropy encoding only.
+    pub fn entropy_only(&self) -> bool {
+        self.labels() != "discovered"
+    }
+}
+
+/// Every host of an entropy fabric takes its labels from `source`, all at once, each once its
+/// labels are in place; a host already there is left alone. A fabric of another encoding has
+/// no labels: only `discovered` applies to it.
+pub fn set_labels(f: &Fabric, source: &str) -> crate::Result<()> {
+    if f.encoding != sopa_topology::srv6::Encoding::Entropy {
+        if source == "discovered" {
+            return Ok(());
+        }
+        return Err(crate::Error::Failed(format!(
+            "labels {source}: a baseline of the entropy encoding, and this fabric's is {}",
+            f.encoding
+        )));
+    }
+    std::thread::scope(|scope| {
+        let jobs: Vec<_> = f
+            .hosts
+            .values()
+            .filter(|a| {
+                a.status()
+                    .map(|st| st["entropy"]["source"] != source || st["entropy"]["done"] != true)
+                    .unwrap_or(true)
+            })
+            .map(|a| scope.spawn(move || crate::agent::set_labels(&a.node, source)))
+            .collect();
+        jobs.into_iter()
+            .try_for_each(|j| j.join().expect("a labels thread").map(drop))
+    })
 }
 
 /// The extra ports every host announces in `mptcp` mode (one subflow each). Below the
@@ -1138,8 +1193,16 @@ mod tests {
             "quic"
                 .parse::<ModeSpec>()
                 .unwrap_err()
-                .contains("sopa, rps, ecmp, hedera, single, mptcp or ideal")
+                .contains("mptcp, ideal, or in the entropy encoding random or rr-blind")
         );
+        let random: ModeSpec = "random".parse().unwrap();
+        assert_eq!(
+            (random.labels(), random.entropy_only()),
+            ("per-packet", true)
+        );
+        let blind: ModeSpec = "rr-blind+r3".parse().unwrap();
+        assert_eq!((blind.labels(), blind.reordering), ("blind", 3));
+        assert!(!"sopa".parse::<ModeSpec>().unwrap().entropy_only());
         assert!(
             "sopa+fast"
                 .parse::<ModeSpec>()

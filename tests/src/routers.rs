@@ -100,3 +100,29 @@ fn rack6(f: &Fabric, prefix: sopa_topology::Prefix) -> String {
 pub fn switches_have_agents(f: &Fabric) -> bool {
     f.encoding != sopa_topology::srv6::Encoding::Entropy
 }
+
+/// Every host's label discovery once done (its `status`'s `entropy`), by host name, in at most
+/// `within`; the error names the first host still probing and what it had found.
+pub fn discovered(
+    f: &Fabric,
+    within: std::time::Duration,
+) -> Result<Vec<(String, serde_json::Value)>> {
+    let deadline = std::time::Instant::now() + within;
+    let g = f.topo.graph();
+    f.hosts
+        .iter()
+        .map(|(id, agent)| {
+            let h = g.name(*id);
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let e = crate::fabric::wait_for(&format!("{h}'s label discovery"), left, || {
+                let e = agent.status().map_err(|e| e.to_string())?["entropy"].clone();
+                if e["done"] == true {
+                    Ok(e)
+                } else {
+                    Err(e.to_string())
+                }
+            })?;
+            Ok((h.to_owned(), e))
+        })
+        .collect()
+}

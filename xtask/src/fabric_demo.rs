@@ -83,15 +83,53 @@ pub fn run(rate: u32, mb: u64, encoding: Encoding) -> Result<()> {
     let mut f =
         Fabric::build(&TopologySpec::FatTree { k: 4 }, &opts).context("building the fabric")?;
     bar.inc(1);
-    bar.set_message("starting the controller, 20 switch agents and 16 host agents");
+    bar.set_message(if encoding == Encoding::Entropy {
+        "starting the controller and 16 host agents (the switches are plain hashing routers)"
+    } else {
+        "starting the controller, 20 switch agents and 16 host agents"
+    });
     f.start(&opts).context("starting the agents")?;
     f.wait_ready(Duration::from_secs(90))
         .context("waiting for every agent")?;
+    // In the entropy encoding each host first finds a label per path to every other host.
+    let discovery = if encoding == Encoding::Entropy {
+        bar.set_message("every host probing for the labels of its paths");
+        let all = sopa_testbed::routers::discovered(&f, Duration::from_secs(90))
+            .context("waiting for every host's label discovery")?;
+        let rows: Vec<&serde_json::Value> = all
+            .iter()
+            .flat_map(|(_, e)| e["destinations"].as_array().into_iter().flatten())
+            .collect();
+        let sum = |k: &str| rows.iter().map(|d| d[k].as_u64().unwrap_or(0)).sum::<u64>();
+        let incomplete: usize = all
+            .iter()
+            .map(|(_, e)| e["incomplete"].as_array().map_or(0, Vec::len))
+            .sum();
+        Some((rows.len(), sum("probes"), sum("millis"), incomplete))
+    } else {
+        None
+    };
     bar.inc(1);
+    // The entropy encoding adds its blind baseline: round robin over random labels.
+    let modes: &[&str] = if encoding == Encoding::Entropy {
+        &["sopa", "rr-blind", "off"]
+    } else {
+        &["sopa", "off"]
+    };
+    bar.set_length(3 + 2 * modes.len() as u64);
     let mut rows = Vec::new();
-    for (i, mode) in ["sopa", "off"].iter().enumerate() {
+    for (i, mode) in modes.iter().enumerate() {
         bar.set_message(format!("hosts in {mode} mode"));
-        set_mode(&f, mode)?;
+        match *mode {
+            "rr-blind" => {
+                set_mode(&f, "sopa")?;
+                experiment::set_labels(&f, "blind")?;
+            }
+            m => {
+                experiment::set_labels(&f, "discovered")?;
+                set_mode(&f, m)?;
+            }
+        }
         bar.inc(1);
         bar.set_message(format!(
             "{mode}: flows 0->4, 0->5, 1->4, 1->5, {mb} MB each"
@@ -114,9 +152,9 @@ pub fn run(rate: u32, mb: u64, encoding: Encoding) -> Result<()> {
     println!(
         "SOPA paper section 4.2 on a Fat-Tree k=4 of namespaces, links at {rate} Mbit/s, {mb} MB per flow (cubic), paths as {encoding}"
     );
-    println!("{:-<96}", "");
+    println!("{:-<98}", "");
     println!(
-        "{:<6} {:>9} {:>9} {:>9} {:>9} {:>8}   {:<40}",
+        "{:<8} {:>9} {:>9} {:>9} {:>9} {:>8}   {:<40}",
         "mode", "0->4", "0->5", "1->4", "1->5", "mean", "pod 0 core links a0c0 a0c1 a1c2 a1c3 (MB)"
     );
     for (mode, transfers, packets, bytes) in &rows {
@@ -128,7 +166,7 @@ pub fn run(rate: u32, mb: u64, encoding: Encoding) -> Result<()> {
             .collect();
         let label = if mode == "off" { "ecmp" } else { mode.as_str() };
         println!(
-            "{:<6} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>8.1}   {}",
+            "{:<8} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>8.1}   {}",
             label,
             mbps[0],
             mbps[1],
@@ -137,7 +175,7 @@ pub fn run(rate: u32, mb: u64, encoding: Encoding) -> Result<()> {
             mean,
             mb.join("  ")
         );
-        if mode == "sopa" {
+        if mode != "off" {
             let how = match encoding {
                 Encoding::Ipv4Option => "source-routed per core path (tc_forward's counters)",
                 Encoding::Srv6 => "out of each core port (uSID lists; the interfaces' counters)",
@@ -145,10 +183,10 @@ pub fn run(rate: u32, mb: u64, encoding: Encoding) -> Result<()> {
                     "out of each core port (flow labels; the interfaces' counters)"
                 }
             };
-            println!("{:<6} packets {how}: {packets:?}", "");
+            println!("{:<8} packets {how}: {packets:?}", "");
         }
     }
-    println!("{:-<96}", "");
+    println!("{:-<98}", "");
     let (payload, wire) = match encoding {
         Encoding::Ipv4Option => (1444.0, 1514.0),
         Encoding::Srv6 | Encoding::Entropy => (1448.0, 1554.0),
@@ -166,6 +204,13 @@ pub fn run(rate: u32, mb: u64, encoding: Encoding) -> Result<()> {
         };
         println!(
             "srv6: each packet leaves its host inside an outer IPv6 header whose destination is the path as a uSID list; the switches are Linux SRv6 routers: {consumer}."
+        );
+    }
+    if let Some((pairs, probes, millis, incomplete)) = discovery {
+        println!(
+            "entropy: the switches are plain Linux routers hashing each packet's header (IPv6 with its flow label), each with its own seed, no agent and no program. Every host probed every other rack's hosts for one flow label per path ({probes} probes, {:.1} per destination host, {:.0} ms each; {incomplete} destinations short of paths); sopa sends each flow round robin over those labels. rr-blind: round robin over as many random labels as paths, no probing, so the hash puts several on one path and none on another.",
+            probes as f64 / pairs.max(1) as f64,
+            millis as f64 / pairs.max(1) as f64
         );
     }
     println!(

@@ -25,6 +25,7 @@
 pub mod discover;
 pub mod probe;
 pub mod runner;
+pub mod source;
 
 use std::{
     collections::BTreeMap,

@@ -4,7 +4,9 @@
 //! as they come (a destination without its labels yet passes unlabelled, as plain ECMP would
 //! send it), and a summary goes to `entropy.json` in the agent's run folder for `status`. A new
 //! topology or failure starts it over (a hash-threshold switch moves healthy flows when a next
-//! hop goes, so every label is probed again); the labels held stay until replaced.
+//! hop goes, so every label is probed again); the labels held stay until replaced. Under a
+//! baseline source (`super::source`) the labels are drawn instead of probed, on the same thread
+//! and schedule.
 
 use std::{
     collections::BTreeMap,
@@ -19,7 +21,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 use sopa_common::{
-    entropy::{NEXT_IPV4, PROBE_MARK},
+    entropy::{NEXT_IPV4, PER_PACKET, PROBE_MARK},
     maps::EvKey,
     wire::{IPPROTO_TCP, IPPROTO_UDP},
 };
@@ -29,6 +31,7 @@ use tracing::{info, warn};
 use super::{
     EntropyTable,
     discover::{Pace, Prober, Target, discover, labels},
+    source::LabelSource,
 };
 use crate::datapath::maps::MapSet;
 
@@ -51,6 +54,9 @@ pub struct Probed1 {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Summary {
     pub generation: u64,
+    /// Where the labels came from: probing, or a baseline's draw.
+    #[serde(default)]
+    pub source: LabelSource,
     pub done: bool,
     pub destinations: Vec<Probed1>,
     /// Destinations with fewer paths found than the topology has, by name: a named condition.
@@ -64,6 +70,9 @@ pub struct Discovery {
     maps: Arc<Mutex<MapSet>>,
     summary: PathBuf,
     pace: Pace,
+    source: Mutex<LabelSource>,
+    /// What the last discovery ran for, to run again when the source changes.
+    last: Mutex<Option<(Topology, NodeId, PathTable)>>,
 }
 
 /// The next headers probed, with their names.
@@ -74,34 +83,61 @@ const CLASSES: [(u8, &str); 3] = [
 ];
 
 impl Discovery {
+    /// Labels for the datapath of `maps`, its summary in `run_dir`, probing at `pace` when
+    /// `source` is [`LabelSource::Discovered`].
     pub fn new(
-        source: Ipv6Addr,
-        fabric6: Ipv6Addr,
         maps: Arc<Mutex<MapSet>>,
         run_dir: PathBuf,
         pace: Pace,
+        source: LabelSource,
     ) -> Self {
         Self {
             table: Arc::new(Mutex::new(EntropyTable {
-                source,
-                fabric6,
+                source: Ipv6Addr::UNSPECIFIED,
+                fabric6: Ipv6Addr::UNSPECIFIED,
                 labels: BTreeMap::new(),
             })),
             generation: Arc::new(AtomicU64::new(0)),
             maps,
             summary: run_dir.join(SUMMARY_FILE),
             pace,
+            source: Mutex::new(source),
+            last: Mutex::new(None),
         }
     }
 
-    /// The table as it stands (to write with a new path table).
-    pub fn table(&self) -> EntropyTable {
-        self.table.lock().expect("labels lock").clone()
+    /// The table as it stands for host `src` of `topo`, its addresses the topology's (to
+    /// write with a new path table).
+    pub fn table_for(&self, topo: &Topology, src: NodeId) -> EntropyTable {
+        let mut t = self.table.lock().expect("labels lock");
+        t.source = topo.host_ipv6(src);
+        t.fabric6 = sopa_topology::srv6::HOST6_PREFIX;
+        t.clone()
+    }
+
+    /// The labels' source.
+    pub fn source(&self) -> LabelSource {
+        *self.source.lock().expect("source lock")
+    }
+
+    /// Takes labels from `source` from now on: the last discovery runs again at once under it
+    /// (if one ran; otherwise the first uses it). Returns whether it started one.
+    pub fn set_source(&self, source: LabelSource) -> bool {
+        *self.source.lock().expect("source lock") = source;
+        let last = self.last.lock().expect("last lock").clone();
+        match last {
+            Some((topo, src, candidates)) => {
+                self.restart(&topo, src, &candidates);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Starts discovery over for `topo` as host `src` sees it under `candidates` (the paths
     /// alive); a discovery still running stops at its next destination.
     pub fn restart(&self, topo: &Topology, src: NodeId, candidates: &PathTable) {
+        *self.last.lock().expect("last lock") = Some((topo.clone(), src, candidates.clone()));
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
         let job = Job {
             topo: topo.clone(),
@@ -113,6 +149,7 @@ impl Discovery {
             maps: Arc::clone(&self.maps),
             summary: self.summary.clone(),
             pace: self.pace,
+            source: self.source(),
         };
         std::thread::Builder::new()
             .name("sopa-probe".into())
@@ -132,6 +169,7 @@ struct Job {
     maps: Arc<Mutex<MapSet>>,
     summary: PathBuf,
     pace: Pace,
+    source: LabelSource,
 }
 
 impl Job {
@@ -140,12 +178,16 @@ impl Job {
     }
 
     fn run(self) {
-        let mut prober = match Prober::open(PROBE_MARK) {
-            Ok(p) => p,
-            Err(e) => {
-                warn!(%e, "entropy discovery cannot probe: every packet leaves unlabelled");
-                return;
-            }
+        // Only discovery probes: a baseline draws its labels.
+        let mut prober = match self.source {
+            LabelSource::Discovered => match Prober::open(PROBE_MARK) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    warn!(%e, "entropy discovery cannot probe: every packet leaves unlabelled");
+                    return;
+                }
+            },
+            LabelSource::Blind | LabelSource::PerPacket => None,
         };
         let g = self.topo.graph();
         let routers = sopa_topology::entropy::routers(&self.topo);
@@ -153,6 +195,7 @@ impl Job {
         let src4 = g.node(self.src).addr.unwrap_or(Ipv4Addr::UNSPECIFIED);
         let mut summary = Summary {
             generation: self.generation,
+            source: self.source,
             ..Summary::default()
         };
         let mut seed = self.generation as u32;
@@ -175,6 +218,29 @@ impl Job {
                 };
                 let mut found_labels = BTreeMap::new();
                 for (next, name) in CLASSES {
+                    seed = seed.wrapping_add(0x9E37_79B9);
+                    let key = |hops: sopa_topology::paths::Hops| EvKey {
+                        daddr: dst4.octets(),
+                        next,
+                        _pad: 0,
+                        hops: [hops.hop0, hops.hop1],
+                    };
+                    let Some(prober) = prober.as_mut() else {
+                        // A baseline: per path a random label, or the mark of a fresh one per
+                        // packet.
+                        let mut drawn = labels(seed);
+                        let mut n = 0;
+                        for (hops, _) in &probed.paths {
+                            let label = match self.source {
+                                LabelSource::PerPacket => PER_PACKET,
+                                _ => drawn.next().expect("a million labels"),
+                            };
+                            found_labels.insert(key(*hops), label);
+                            n += 1;
+                        }
+                        row.found.insert(name.to_owned(), n);
+                        continue;
+                    };
                     let target = Target {
                         src: src6,
                         dst: self.topo.host_ipv6(dst),
@@ -184,9 +250,7 @@ impl Job {
                         hop_limits: probed.hop_limits.clone(),
                         expected: probed.paths.len(),
                     };
-                    seed = seed.wrapping_add(0x9E37_79B9);
-                    let found = match discover(&mut prober, &target, &self.pace, &mut labels(seed))
-                    {
+                    let found = match discover(prober, &target, &self.pace, &mut labels(seed)) {
                         Ok(f) => f,
                         Err(e) => {
                             warn!(%e, host = %row.host, "probing failed");
@@ -198,15 +262,7 @@ impl Job {
                     let mut n = 0;
                     for (signature, label) in &found.paths {
                         if let Some(hops) = probed.path_of(&routers, signature) {
-                            found_labels.insert(
-                                EvKey {
-                                    daddr: dst4.octets(),
-                                    next,
-                                    _pad: 0,
-                                    hops: [hops.hop0, hops.hop1],
-                                },
-                                *label,
-                            );
+                            found_labels.insert(key(hops), *label);
                             n += 1;
                         }
                     }
@@ -226,6 +282,7 @@ impl Job {
             generation = self.generation,
             destinations = summary.destinations.len(),
             incomplete = summary.incomplete.len(),
+            source = %self.source,
             "entropy discovery done"
         );
     }

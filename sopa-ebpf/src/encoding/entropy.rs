@@ -3,9 +3,12 @@
 //! takes it, in the flow label of an IPv6 packet, or of an outer IPv6 header around an IPv4 one.
 //! At the destination `xdp_strip` removes the outer header, or zeroes the label, before GRO.
 
-use aya_ebpf::programs::{TcContext, XdpContext};
+use aya_ebpf::{
+    helpers::bpf_get_prandom_u32,
+    programs::{TcContext, XdpContext},
+};
 use sopa_common::{
-    entropy::{LABEL_MASK, NEXT_IPV4, relabel},
+    entropy::{LABEL_MASK, NEXT_IPV4, PER_PACKET, relabel},
     maps::{Encap, EvKey, stamp_reason as stamp, strip_reason as strip},
     srv6::IPV6_HLEN,
     wire::{ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP},
@@ -18,7 +21,8 @@ use crate::{
     tc_stamp::tc_ptr,
 };
 
-/// The flow label whose packets take path `hops` to `daddr` with next header `next`.
+/// The flow label whose packets take path `hops` to `daddr` with next header `next` (a fresh
+/// random one per packet where the agent put [`PER_PACKET`]).
 #[inline(always)]
 fn label(daddr: [u8; 4], next: u8, hops: [u8; 2]) -> Result<u32, u32> {
     let key = EvKey {
@@ -27,10 +31,16 @@ fn label(daddr: [u8; 4], next: u8, hops: [u8; 2]) -> Result<u32, u32> {
         _pad: 0,
         hops,
     };
-    EVS.get_ptr(&key)
-        // SAFETY: a pointer from a successful lookup, read once.
-        .map(|p| unsafe { core::ptr::read_volatile(p) } & LABEL_MASK)
-        .ok_or(stamp::NO_LABEL)
+    // SAFETY: a pointer from a successful lookup, read once.
+    let value = EVS
+        .get_ptr(&key)
+        .map(|p| unsafe { core::ptr::read_volatile(p) })
+        .ok_or(stamp::NO_LABEL)?;
+    if value == PER_PACKET {
+        // SAFETY: a helper without arguments.
+        return Ok(unsafe { bpf_get_prandom_u32() } & LABEL_MASK);
+    }
+    Ok(value & LABEL_MASK)
 }
 
 /// Puts an outer IPv6 header around the IPv4 packet `ip`: from this host's IPv6 address to

@@ -48,6 +48,10 @@ fn main() -> ExitCode {
                     spraying::every_pair_reaches_over_ipv4_and_ipv6,
                 ),
                 (
+                    "entropy_the_baselines_take_their_labels_at_run_time",
+                    spraying::the_baselines_take_their_labels_at_run_time,
+                ),
+                (
                     "entropy_a_core_link_cut_mid_transfer_is_probed_around",
                     spraying::a_core_link_cut_mid_transfer_is_probed_around,
                 ),

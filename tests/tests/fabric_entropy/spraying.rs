@@ -1,41 +1,18 @@
 //! Discovery through hashing routers, and the round robin it makes possible.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sopa_testbed::{
     fabric::{Fabric, wait_for},
     failure::transfer_cut_midway,
     reach::all_pairs_tcp,
+    routers::discovered,
     traffic::{SendOptions, tcp_transfer},
 };
 
 /// Every host's discovery, once done (at most `within`).
 fn summaries(f: &Fabric, within: Duration) -> Vec<(String, serde_json::Value)> {
-    let hosts: Vec<String> = f
-        .topo
-        .graph()
-        .nodes
-        .iter()
-        .filter(|n| !n.kind.is_switch())
-        .map(|n| n.name.clone())
-        .collect();
-    let deadline = Instant::now() + within;
-    hosts
-        .into_iter()
-        .map(|h| {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let e = wait_for(&format!("{h}'s discovery"), left, || {
-                let e = f.host(&h).status().unwrap()["entropy"].clone();
-                if e["done"] == true {
-                    Ok(e)
-                } else {
-                    Err(e.to_string())
-                }
-            })
-            .unwrap();
-            (h, e)
-        })
-        .collect()
+    discovered(f, within).unwrap()
 }
 
 /// Each host finds, for every destination host and next header, as many paths as the
@@ -169,4 +146,43 @@ pub fn a_core_link_cut_mid_transfer_is_probed_around(f: &mut Fabric) {
     f.wait_applied(|down| down == 0, "a0:c0 up").unwrap();
     let (_, row) = h4_as_h0_probed(f, after_cut, Duration::from_secs(30));
     assert_eq!(row["found"]["ipv4"], 4, "mended: {row}");
+}
+
+/// h0's discovery summary once its labels come from `source` (the command returns once they
+/// are all in place).
+fn h0_labels_from(f: &Fabric, source: &str) -> serde_json::Value {
+    sopa_testbed::agent::set_labels(&f.host("h0").node, source).unwrap();
+    let e = f.host("h0").status().unwrap()["entropy"].clone();
+    assert_eq!(e["source"], source, "{e}");
+    assert_eq!(e["done"], true, "{e}");
+    assert_eq!(e["incomplete"], serde_json::json!([]), "{e}");
+    e
+}
+
+/// The baselines, on one host at run time (`sopa-agent labels`): `blind` and `per-packet`
+/// put a label (or the per-packet mark) on every path to every host without a probe; under
+/// `per-packet` a flow still arrives intact and its packets leave by all four cores; back to
+/// `discovered`, h0 probes again and finds every path.
+pub fn the_baselines_take_their_labels_at_run_time(f: &mut Fabric) {
+    summaries(f, Duration::from_secs(60));
+    for source in ["blind", "per-packet"] {
+        let e = h0_labels_from(f, source);
+        for d in e["destinations"].as_array().unwrap() {
+            assert_eq!(d["probes"], 0, "{source}: {d}");
+            for class in ["ipv4", "tcp6", "udp6"] {
+                assert_eq!(d["found"][class], d["expected"], "{source}: {d}");
+            }
+        }
+    }
+    let per = h0_to_h4_per_core(f, 7200);
+    eprintln!("h0 -> h4 with a random label per packet: per core {per:?}");
+    assert!(per.iter().all(|n| *n > 500), "{per:?}");
+    let e = h0_labels_from(f, "discovered");
+    let probes: u64 = e["destinations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["probes"].as_u64().unwrap())
+        .sum();
+    assert!(probes > 0, "discovered again by probing: {e}");
 }

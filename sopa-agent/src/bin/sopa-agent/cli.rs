@@ -5,6 +5,7 @@ use std::{net::SocketAddr, path::PathBuf};
 use clap::{Parser, Subcommand};
 use sopa_agent::{
     datapath::{TcxOrder, tc_hook::AttachMode},
+    entropy::source::LabelSource,
     granularity::Granularity,
     host::XdpAttach,
     switch::usid::UsidMode,
@@ -55,6 +56,15 @@ pub enum Command {
         node: NodeArg,
         /// packet, flowcell:N (N segments per unit) or burst.
         granularity: Granularity,
+    },
+    /// Change where a running agent's entropy labels come from (applied on SIGHUP; until its
+    /// next start, which takes `run --labels`), and wait until its labels are in place.
+    Labels {
+        #[command(flatten)]
+        node: NodeArg,
+        /// discovered, blind or per-packet.
+        #[arg(value_enum)]
+        source: LabelSource,
     },
     /// Turn a running agent's measurement of TCP reordering on or off (until its next start,
     /// which sets what `run --measure-reordering` says).
@@ -166,6 +176,11 @@ pub struct RunArgs {
     /// Entropy encoding: how long to wait for a label's replies after its last probe.
     #[arg(long, env = "SOPA_PROBE_WAIT", default_value = "300ms", value_parser = humantime::parse_duration)]
     pub probe_wait: std::time::Duration,
+    /// Entropy encoding: where the labels come from: `discovered` (one per distinct path, by
+    /// probing), or a baseline to measure it against: `blind` (as many random labels as paths,
+    /// no probing) or `per-packet` (a random label on every packet).
+    #[arg(long, env = "SOPA_LABELS", value_enum, default_value_t = LabelSource::Discovered)]
+    pub labels: LabelSource,
     /// The path meter's period of alternate marking, fixed (0 turns metering off). Without it
     /// the agent runs the controller's period and epoch (from its snapshot; 250 ms until
     /// then): a controller refuses the reports of a host whose period differs from its own.

@@ -6,6 +6,7 @@ mod cli;
 mod detach;
 mod doctor;
 mod granularity;
+mod labels;
 mod run;
 mod switch;
 
@@ -51,6 +52,7 @@ async fn dispatch(command: Command, netns: Option<String>) -> Result<(), Error> 
         Command::Granularity { node, granularity } => {
             granularity::granularity(&node.node, granularity)
         }
+        Command::Labels { node, source } => labels::labels(&node.node, source),
         Command::Detach { node } => detach::detach(&node.node, netns.as_deref()).await,
         Command::Switch(args) => switch::switch(args, netns).await,
         Command::Doctor { json } => doctor::doctor(json).await,

@@ -139,8 +139,24 @@ pub async fn run(mut args: RunArgs, netns: Option<String>) -> Result<(), Error> 
     {
         warn!(%err, "forgetting the granularity set at run time");
     }
-    // SIGHUP: `sopa-agent granularity` recorded a new unit of spraying; apply it.
-    // Without it the agent runs on, refusing run-time changes (its record says so).
+    // The entropy encoding's labels: `--labels` until `sopa-agent labels` asks for another
+    // source (on SIGHUP), which lasts until the next start.
+    if let Err(err) = sopa_agent::entropy::source::clear(&run_dir) {
+        warn!(%err, "forgetting the label source asked for at run time");
+    }
+    let discovery = Arc::new(sopa_agent::entropy::runner::Discovery::new(
+        host.maps(),
+        run_dir.clone(),
+        sopa_agent::entropy::discover::Pace {
+            interval: args.probe_interval,
+            wait: args.probe_wait,
+            patience: 8,
+        },
+        args.labels,
+    ));
+    // SIGHUP: `sopa-agent granularity` recorded a new unit of spraying, or `sopa-agent labels`
+    // a label source; apply them. Without the granularity's control the agent runs on,
+    // refusing run-time changes (its record says so).
     let cells = host
         .granularity_control()
         .inspect_err(|err| warn!(%err, "run-time granularity changes are off"))
@@ -155,6 +171,22 @@ pub async fn run(mut args: RunArgs, netns: Option<String>) -> Result<(), Error> 
                     }
                 }
                 None => warn!("SIGHUP: run-time granularity changes are off"),
+            }
+            // A request is taken once (and the labels drawn or probed again even when the
+            // source stays: its command waits for a new summary).
+            let wanted = sopa_agent::entropy::source::requested(&run_dir).and_then(|w| {
+                sopa_agent::entropy::source::clear(&run_dir)?;
+                Ok(w)
+            });
+            match wanted {
+                Ok(Some(wanted)) => {
+                    info!(labels = %wanted, "SIGHUP: entropy labels from this source");
+                    if !discovery.set_source(wanted) {
+                        info!("no topology yet: the first discovery takes them");
+                    }
+                }
+                Ok(None) => {}
+                Err(err) => warn!(%err, "SIGHUP: label source not changed"),
             }
         }
     };
@@ -233,11 +265,7 @@ pub async fn run(mut args: RunArgs, netns: Option<String>) -> Result<(), Error> 
                 &endpoint,
                 Some(Arc::clone(&meter_clock)),
             )
-            .with_probe_pace(sopa_agent::entropy::discover::Pace {
-                interval: args.probe_interval,
-                wait: args.probe_wait,
-                patience: 8,
-            });
+            .with_discovery(Arc::clone(&discovery));
             // The uplink's LLDP neighbour, for the controller's cabling view and `sopactl
             // fabric discover`: listened to, never sent (a host's word changes nothing).
             let addresses = own_addresses(&args.iface).await.unwrap_or_default();
