@@ -346,11 +346,12 @@ impl Status {
             let probes: u32 = e.destinations.iter().map(|d| d.probes).sum();
             let _ = writeln!(
                 s,
-                "entropy: labels {}, {} destinations probed{} with {probes} probes; fewer paths \
-                 than the topology has: {}",
+                "entropy: labels {}, {} destinations probed{} with {probes} probes ({} again \
+                 for loss); fewer paths than the topology has: {}",
                 e.source,
                 e.destinations.len(),
                 if e.done { "" } else { " so far" },
+                e.reprobed_for_loss,
                 if e.incomplete.is_empty() {
                     "none".to_owned()
                 } else {

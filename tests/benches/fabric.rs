@@ -561,8 +561,10 @@ fn run_one(a: &Args, encoding: Encoding, rate: u32, xdp: &str) -> (Vec<ModeResul
             );
         }
     }
+    let (wire, payload) = full_size(encoding);
     println!(
-        "(throughput as a fraction of the link rate; a flow's ceiling is 1444/1514 = 0.954 with the option;"
+        "(throughput as a fraction of the link rate; a flow's ceiling is {payload:.0}/{wire:.0} = {:.3} with {encoding};",
+        payload / wire
     );
     println!(
         " rounds min-max: the lowest and highest round mean (one seed each, modes interleaved per round);\n Jain: Jain's fairness index over every flow (1 when all are equal);\n drops: packets the links' drop-tail queues dropped, every switch and host;"
@@ -603,7 +605,7 @@ fn discovery(f: &Fabric) -> serde_json::Value {
     let per_rack = f.hosts.len() as f64 / f.topo.racks().len().max(1) as f64;
     let rows_f = rows.max(1) as f64;
     println!(
-        "label discovery: {rows} (host, destination host) pairs, {:.1} probes and {:.0} ms per          destination host (3 next headers), {:.1} probes and {:.0} ms per rack of {per_rack:.0}          hosts; {incomplete} destinations with fewer paths found than the topology has",
+        "label discovery: {rows} (host, destination host) pairs, {:.1} probes and {:.0} ms per destination host (3 next headers), {:.1} probes and {:.0} ms per rack of {per_rack:.0} hosts; {incomplete} destinations with fewer paths found than the topology has",
         probes as f64 / rows_f,
         millis as f64 / rows_f,
         per_rack * probes as f64 / rows_f,

@@ -23,6 +23,7 @@
 //! path the routers that answered make.
 
 pub mod discover;
+pub mod loss;
 pub mod probe;
 pub mod runner;
 pub mod source;

@@ -9,7 +9,7 @@
 //! and schedule.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::{Ipv4Addr, Ipv6Addr},
     path::PathBuf,
     sync::{
@@ -39,15 +39,21 @@ use crate::datapath::maps::MapSet;
 pub const SUMMARY_FILE: &str = "entropy.json";
 
 /// One destination host's discovery, as `status` shows it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Probed1 {
     pub host: String,
+    #[serde(default = "unspecified")]
+    pub address: Ipv4Addr,
     /// Paths the topology has to it.
     pub expected: usize,
     /// Paths found per next header ("ipv4", "tcp6", "udp6").
     pub found: BTreeMap<String, usize>,
     pub probes: u32,
     pub millis: u64,
+}
+
+fn unspecified() -> Ipv4Addr {
+    Ipv4Addr::UNSPECIFIED
 }
 
 /// The discovery of one topology and set of failures.
@@ -61,6 +67,26 @@ pub struct Summary {
     pub destinations: Vec<Probed1>,
     /// Destinations with fewer paths found than the topology has, by name: a named condition.
     pub incomplete: Vec<String>,
+    /// Destinations probed again since, because a connection to them timed out
+    /// (`super::loss`), in this generation.
+    #[serde(default)]
+    pub reprobed_for_loss: u64,
+}
+
+impl Summary {
+    /// Enters `row` (replacing the destination's earlier one) and names it if incomplete.
+    fn record(&mut self, row: Probed1) {
+        match self.destinations.iter_mut().find(|d| d.host == row.host) {
+            Some(d) => *d = row,
+            None => self.destinations.push(row),
+        }
+        self.incomplete = self
+            .destinations
+            .iter()
+            .filter(|d| d.found.values().any(|n| *n < d.expected))
+            .map(|d| d.host.clone())
+            .collect();
+    }
 }
 
 /// The labels held and the discovery that finds them.
@@ -68,11 +94,16 @@ pub struct Discovery {
     table: Arc<Mutex<EntropyTable>>,
     generation: Arc<AtomicU64>,
     maps: Arc<Mutex<MapSet>>,
-    summary: PathBuf,
+    summary: Arc<Mutex<Summary>>,
+    summary_file: PathBuf,
     pace: Pace,
     source: Mutex<LabelSource>,
-    /// What the last discovery ran for, to run again when the source changes.
+    /// What the last discovery ran for, to run again when the source changes, and its
+    /// destination hosts.
     last: Mutex<Option<(Topology, NodeId, PathTable)>>,
+    destinations: Mutex<BTreeSet<Ipv4Addr>>,
+    /// Held while one destination host is probed: discoveries and reprobes take turns.
+    probing: Arc<Mutex<()>>,
 }
 
 /// The next headers probed, with their names.
@@ -81,6 +112,23 @@ const CLASSES: [(u8, &str); 3] = [
     (IPPROTO_TCP, "tcp6"),
     (IPPROTO_UDP, "udp6"),
 ];
+
+/// The hosts of each destination rack of `candidates`, with the rack's index: the switches
+/// hash the destination address, so every host is probed.
+fn destination_hosts(topo: &Topology, candidates: &PathTable) -> Vec<(usize, NodeId)> {
+    let g = topo.graph();
+    candidates
+        .destinations
+        .iter()
+        .enumerate()
+        .flat_map(|(i, d)| {
+            (0..g.nodes.len() as NodeId)
+                .filter(|h| g.node(*h).kind == NodeKind::Host)
+                .filter(move |h| topo.rack_of(*h).is_ok_and(|r| r.tor == d.rack.tor))
+                .map(move |h| (i, h))
+        })
+        .collect()
+}
 
 impl Discovery {
     /// Labels for the datapath of `maps`, its summary in `run_dir`, probing at `pace` when
@@ -99,10 +147,13 @@ impl Discovery {
             })),
             generation: Arc::new(AtomicU64::new(0)),
             maps,
-            summary: run_dir.join(SUMMARY_FILE),
+            summary: Arc::new(Mutex::new(Summary::default())),
+            summary_file: run_dir.join(SUMMARY_FILE),
             pace,
             source: Mutex::new(source),
             last: Mutex::new(None),
+            destinations: Mutex::new(BTreeSet::new()),
+            probing: Arc::new(Mutex::new(())),
         }
     }
 
@@ -113,6 +164,29 @@ impl Discovery {
         t.source = topo.host_ipv6(src);
         t.fabric6 = sopa_topology::srv6::HOST6_PREFIX;
         t.clone()
+    }
+
+    /// The /96 of the fabric's IPv6 host addresses (unspecified before the first topology).
+    pub fn fabric6(&self) -> Ipv6Addr {
+        self.table.lock().expect("labels lock").fabric6
+    }
+
+    /// Whether `host` is a destination host of the last discovery.
+    pub fn is_destination(&self, host: Ipv4Addr) -> bool {
+        self.destinations
+            .lock()
+            .expect("destinations lock")
+            .contains(&host)
+    }
+
+    /// The destination hosts found short of paths.
+    pub fn incomplete(&self) -> Vec<Ipv4Addr> {
+        let s = self.summary.lock().expect("summary lock");
+        s.destinations
+            .iter()
+            .filter(|d| s.incomplete.contains(&d.host))
+            .map(|d| d.address)
+            .collect()
     }
 
     /// The labels' source.
@@ -138,18 +212,50 @@ impl Discovery {
     /// alive); a discovery still running stops at its next destination.
     pub fn restart(&self, topo: &Topology, src: NodeId, candidates: &PathTable) {
         *self.last.lock().expect("last lock") = Some((topo.clone(), src, candidates.clone()));
+        let g = topo.graph();
+        *self.destinations.lock().expect("destinations lock") = destination_hosts(topo, candidates)
+            .into_iter()
+            .filter_map(|(_, h)| g.node(h).addr)
+            .collect();
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
+        self.spawn(generation, None);
+    }
+
+    /// Probes the destination hosts `hosts` of the current discovery again (`for_loss`: because
+    /// a connection to one timed out), each in turn with the discovery still running.
+    pub fn reprobe(&self, hosts: BTreeSet<Ipv4Addr>, for_loss: bool) {
+        if self.source() != LabelSource::Discovered {
+            return;
+        }
+        if for_loss {
+            self.summary.lock().expect("summary lock").reprobed_for_loss += hosts.len() as u64;
+        }
+        info!(
+            hosts = ?hosts,
+            cause = if for_loss { "a connection timed out" } else { "paths missing" },
+            "probing destinations again"
+        );
+        self.spawn(self.generation.load(Ordering::SeqCst), Some(hosts));
+    }
+
+    fn spawn(&self, generation: u64, only: Option<BTreeSet<Ipv4Addr>>) {
+        let Some((topo, src, candidates)) = self.last.lock().expect("last lock").clone() else {
+            return;
+        };
         let job = Job {
-            topo: topo.clone(),
+            topo,
             src,
-            candidates: candidates.clone(),
+            candidates,
             generation,
             current: Arc::clone(&self.generation),
             table: Arc::clone(&self.table),
             maps: Arc::clone(&self.maps),
-            summary: self.summary.clone(),
+            summary: Arc::clone(&self.summary),
+            summary_file: self.summary_file.clone(),
             pace: self.pace,
             source: self.source(),
+            only,
+            probing: Arc::clone(&self.probing),
         };
         std::thread::Builder::new()
             .name("sopa-probe".into())
@@ -157,6 +263,60 @@ impl Discovery {
             .map(drop)
             .unwrap_or_else(|e| warn!(%e, "could not start the entropy discovery"));
     }
+}
+
+fn ev_key(dst4: Ipv4Addr, next: u8, hops: sopa_topology::paths::Hops) -> EvKey {
+    EvKey {
+        daddr: dst4.octets(),
+        next,
+        _pad: 0,
+        hops: [hops.hop0, hops.hop1],
+    }
+}
+
+/// The label of each of `probed`'s paths that `found` found, for next header `next` to `dst4`.
+fn paths_of(
+    found: &super::discover::Found,
+    probed: &Probed,
+    routers: &std::collections::HashMap<Ipv6Addr, NodeId>,
+    dst4: Ipv4Addr,
+    next: u8,
+) -> BTreeMap<EvKey, u32> {
+    found
+        .paths
+        .iter()
+        .filter_map(|(signature, label)| {
+            probed
+                .path_of(routers, signature)
+                .map(|hops| (ev_key(dst4, next, hops), *label))
+        })
+        .collect()
+}
+
+/// `class` with every path of `probed` it lacks (its probes died, or the routers did not
+/// answer) given a found path's label, in turn: the missing path's share of the round robin
+/// goes where packets arrive, not to the switches' own hash. None found: nothing (the class
+/// leaves unlabelled).
+fn shared(
+    mut class: BTreeMap<EvKey, u32>,
+    probed: &Probed,
+    dst4: Ipv4Addr,
+    next: u8,
+) -> BTreeMap<EvKey, u32> {
+    let shares: Vec<u32> = class.values().copied().collect();
+    if shares.is_empty() {
+        return class;
+    }
+    let missing: Vec<EvKey> = probed
+        .paths
+        .iter()
+        .map(|(hops, _)| ev_key(dst4, next, *hops))
+        .filter(|k| !class.contains_key(k))
+        .collect();
+    for (j, k) in missing.into_iter().enumerate() {
+        class.insert(k, shares[j % shares.len()]);
+    }
+    class
 }
 
 struct Job {
@@ -167,9 +327,13 @@ struct Job {
     current: Arc<AtomicU64>,
     table: Arc<Mutex<EntropyTable>>,
     maps: Arc<Mutex<MapSet>>,
-    summary: PathBuf,
+    summary: Arc<Mutex<Summary>>,
+    summary_file: PathBuf,
     pace: Pace,
     source: LabelSource,
+    /// Only these destination hosts (a reprobe), or all (a discovery).
+    only: Option<BTreeSet<Ipv4Addr>>,
+    probing: Arc<Mutex<()>>,
 }
 
 impl Job {
@@ -189,93 +353,117 @@ impl Job {
             },
             LabelSource::Blind | LabelSource::PerPacket => None,
         };
+        if self.only.is_none() {
+            *self.summary.lock().expect("summary lock") = Summary {
+                generation: self.generation,
+                source: self.source,
+                ..Summary::default()
+            };
+        }
         let g = self.topo.graph();
         let routers = sopa_topology::entropy::routers(&self.topo);
         let src6 = self.topo.host_ipv6(self.src);
         let src4 = g.node(self.src).addr.unwrap_or(Ipv4Addr::UNSPECIFIED);
-        let mut summary = Summary {
-            generation: self.generation,
-            source: self.source,
-            ..Summary::default()
-        };
-        let mut seed = self.generation as u32;
-        for (i, d) in self.candidates.destinations.iter().enumerate() {
-            let probed = Probed::of(&self.topo, &self.candidates, i);
-            // Every host of the rack: the switches hash the destination address too.
-            let hosts: Vec<NodeId> = (0..g.nodes.len() as NodeId)
-                .filter(|h| g.node(*h).kind == NodeKind::Host)
-                .filter(|h| self.topo.rack_of(*h).is_ok_and(|r| r.tor == d.rack.tor))
-                .collect();
-            for dst in hosts {
-                if self.stale() {
-                    return;
+        let mut seed = (self.generation as u32) ^ (std::process::id() << 12);
+        let mut probed: Option<(usize, Probed)> = None;
+        for (i, dst) in destination_hosts(&self.topo, &self.candidates) {
+            let dst4 = g.node(dst).addr.unwrap_or(Ipv4Addr::UNSPECIFIED);
+            if self.only.as_ref().is_some_and(|o| !o.contains(&dst4)) {
+                continue;
+            }
+            if probed.as_ref().is_none_or(|(at, _)| *at != i) {
+                probed = Some((i, Probed::of(&self.topo, &self.candidates, i)));
+            }
+            let probed = &probed.as_ref().expect("just set").1;
+            let _turn = self.probing.lock().expect("probing lock");
+            if self.stale() {
+                return;
+            }
+            let mut row = Probed1 {
+                host: g.name(dst).to_owned(),
+                address: dst4,
+                expected: probed.paths.len(),
+                found: BTreeMap::new(),
+                probes: 0,
+                millis: 0,
+            };
+            let target = |next: u8| Target {
+                src: src6,
+                dst: self.topo.host_ipv6(dst),
+                src4,
+                dst4,
+                next,
+                hop_limits: probed.hop_limits.clone(),
+                expected: probed.paths.len(),
+            };
+            // Probing again (a connection losing, or paths missing): first the labels held,
+            // one round of probes each. Those whose probes still come back keep their paths
+            // and take the others' shares at once; the full search follows.
+            if let (Some(prober), Some(_)) = (prober.as_mut(), &self.only) {
+                for (next, _) in CLASSES {
+                    let held: BTreeSet<u32> = self
+                        .table
+                        .lock()
+                        .expect("labels lock")
+                        .labels
+                        .iter()
+                        .filter(|(k, _)| k.daddr == dst4.octets() && k.next == next)
+                        .map(|(_, l)| *l)
+                        .collect();
+                    if let Ok(found) =
+                        discover(prober, &target(next), &self.pace, &mut held.into_iter())
+                    {
+                        row.probes += found.probes;
+                        row.millis += found.took.as_millis() as u64;
+                        let kept = paths_of(&found, probed, &routers, dst4, next);
+                        self.write(shared(kept, probed, dst4, next), dst4, Some(next));
+                    }
                 }
-                let dst4 = g.node(dst).addr.unwrap_or(Ipv4Addr::UNSPECIFIED);
-                let mut row = Probed1 {
-                    host: g.name(dst).to_owned(),
-                    expected: probed.paths.len(),
-                    ..Probed1::default()
-                };
-                let mut found_labels = BTreeMap::new();
-                for (next, name) in CLASSES {
-                    seed = seed.wrapping_add(0x9E37_79B9);
-                    let key = |hops: sopa_topology::paths::Hops| EvKey {
-                        daddr: dst4.octets(),
-                        next,
-                        _pad: 0,
-                        hops: [hops.hop0, hops.hop1],
-                    };
-                    let Some(prober) = prober.as_mut() else {
-                        // A baseline: per path a random label, or the mark of a fresh one per
-                        // packet.
-                        let mut drawn = labels(seed);
-                        let mut n = 0;
-                        for (hops, _) in &probed.paths {
-                            let label = match self.source {
-                                LabelSource::PerPacket => PER_PACKET,
-                                _ => drawn.next().expect("a million labels"),
-                            };
-                            found_labels.insert(key(*hops), label);
-                            n += 1;
-                        }
-                        row.found.insert(name.to_owned(), n);
-                        continue;
-                    };
-                    let target = Target {
-                        src: src6,
-                        dst: self.topo.host_ipv6(dst),
-                        src4,
-                        dst4,
-                        next,
-                        hop_limits: probed.hop_limits.clone(),
-                        expected: probed.paths.len(),
-                    };
-                    let found = match discover(prober, &target, &self.pace, &mut labels(seed)) {
-                        Ok(f) => f,
-                        Err(e) => {
-                            warn!(%e, host = %row.host, "probing failed");
-                            continue;
-                        }
-                    };
-                    row.probes += found.probes;
-                    row.millis += found.took.as_millis() as u64;
+            }
+            let mut found_labels = BTreeMap::new();
+            for (next, name) in CLASSES {
+                seed = seed.wrapping_add(0x9E37_79B9);
+                let Some(prober) = prober.as_mut() else {
+                    // A baseline: per path a random label, or the mark of a fresh one per
+                    // packet.
+                    let mut drawn = labels(seed);
                     let mut n = 0;
-                    for (signature, label) in &found.paths {
-                        if let Some(hops) = probed.path_of(&routers, signature) {
-                            found_labels.insert(key(hops), *label);
-                            n += 1;
-                        }
+                    for (hops, _) in &probed.paths {
+                        let label = match self.source {
+                            LabelSource::PerPacket => PER_PACKET,
+                            _ => drawn.next().expect("a million labels"),
+                        };
+                        found_labels.insert(ev_key(dst4, next, *hops), label);
+                        n += 1;
                     }
                     row.found.insert(name.to_owned(), n);
-                }
-                if row.found.values().any(|n| *n < row.expected) {
-                    summary.incomplete.push(row.host.clone());
-                }
-                self.write(found_labels, dst4);
-                summary.destinations.push(row);
-                self.save(&summary);
+                    continue;
+                };
+                let found = match discover(prober, &target(next), &self.pace, &mut labels(seed)) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        warn!(%e, host = %row.host, "probing failed");
+                        continue;
+                    }
+                };
+                row.probes += found.probes;
+                row.millis += found.took.as_millis() as u64;
+                let class = paths_of(&found, probed, &routers, dst4, next);
+                row.found.insert(name.to_owned(), class.len());
+                found_labels.extend(shared(class, probed, dst4, next));
             }
+            self.write(found_labels, dst4, None);
+            let mut summary = self.summary.lock().expect("summary lock");
+            if summary.generation != self.generation {
+                return;
+            }
+            summary.record(row);
+            self.save(&summary);
         }
+        if self.only.is_some() {
+            return;
+        }
+        let mut summary = self.summary.lock().expect("summary lock");
         summary.done = true;
         self.save(&summary);
         info!(
@@ -287,11 +475,13 @@ impl Job {
         );
     }
 
-    /// Replaces `dst4`'s labels with `found` in the table and the datapath.
-    fn write(&self, found: BTreeMap<EvKey, u32>, dst4: Ipv4Addr) {
+    /// Replaces `dst4`'s labels (of next header `next` only, if given) with `found` in the
+    /// table and the datapath.
+    fn write(&self, found: BTreeMap<EvKey, u32>, dst4: Ipv4Addr, next: Option<u8>) {
         let table = {
             let mut t = self.table.lock().expect("labels lock");
-            t.labels.retain(|k, _| k.daddr != dst4.octets());
+            t.labels
+                .retain(|k, _| k.daddr != dst4.octets() || next.is_some_and(|n| n != k.next));
             t.labels.extend(found);
             t.clone()
         };
@@ -306,8 +496,8 @@ impl Job {
 
     fn save(&self, summary: &Summary) {
         let text = serde_json::to_string_pretty(summary).unwrap_or_default();
-        if let Err(e) = std::fs::write(&self.summary, text) {
-            warn!(%e, path = %self.summary.display(), "writing the discovery summary");
+        if let Err(e) = std::fs::write(&self.summary_file, text) {
+            warn!(%e, path = %self.summary_file.display(), "writing the discovery summary");
         }
     }
 }

@@ -52,6 +52,10 @@ fn main() -> ExitCode {
                     spraying::the_baselines_take_their_labels_at_run_time,
                 ),
                 (
+                    "entropy_a_silent_black_hole_is_probed_around",
+                    spraying::a_silent_black_hole_is_probed_around,
+                ),
+                (
                     "entropy_a_core_link_cut_mid_transfer_is_probed_around",
                     spraying::a_core_link_cut_mid_transfer_is_probed_around,
                 ),

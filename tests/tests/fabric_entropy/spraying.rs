@@ -5,9 +5,10 @@ use std::time::Duration;
 use sopa_testbed::{
     fabric::{Fabric, wait_for},
     failure::transfer_cut_midway,
+    lossy::LossyLink,
     reach::all_pairs_tcp,
     routers::discovered,
-    traffic::{SendOptions, tcp_transfer},
+    traffic::{SendOptions, tcp_counters, tcp_transfer},
 };
 
 /// Every host's discovery, once done (at most `within`).
@@ -185,4 +186,99 @@ pub fn the_baselines_take_their_labels_at_run_time(f: &mut Fabric) {
         .map(|d| d["probes"].as_u64().unwrap())
         .sum();
     assert!(probes > 0, "discovered again by probing: {e}");
+}
+
+/// h0's loss reprobes so far, and its row for h4.
+fn h0_reprobes(f: &Fabric) -> (u64, serde_json::Value) {
+    let e = f.host("h0").status().unwrap()["entropy"].clone();
+    let row = e["destinations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["host"] == "h4")
+        .cloned()
+        .unwrap_or_default();
+    (e["reprobed_for_loss"].as_u64().unwrap_or(0), row)
+}
+
+/// a0 drops everything it sends to c0 while the link stays up: a black hole nobody reports, so
+/// the controller pushes nothing. h0's connection to h4 times out, h0 probes h4 again at once
+/// and finds the 3 paths left, whose labels take the dead path's share of the round robin: the
+/// transfer completes intact, and a flow then leaves pod 0 by c1, c2 and c3 only. Healed and
+/// probed again, all 4.
+pub fn a_silent_black_hole_is_probed_around(f: &mut Fabric) {
+    summaries(f, Duration::from_secs(60));
+    let (before, _) = h0_reprobes(f);
+    let sent = |f: &Fabric| tcp_counters(f.ns("h0")).unwrap()["TcpExt.TCPTimeouts"];
+    let timeouts = sent(f);
+    let mut hole = LossyLink::attach(f.ns("a0"), &f.link_iface("a0", "c0")).unwrap();
+    hole.set_loss(100.0).unwrap();
+    let h4: std::net::Ipv4Addr = "10.1.0.2".parse().unwrap();
+    // The hole's drops sampled meanwhile: when the last one came (a measurement, not a wait).
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let onset = std::time::Instant::now();
+    let (t, last_drop) = std::thread::scope(|scope| {
+        let sampler = scope.spawn(|| {
+            let (mut last, mut at) = (0, Duration::ZERO);
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let (_, dropped) = hole.counts().unwrap();
+                if dropped > last {
+                    (last, at) = (dropped, onset.elapsed());
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            at
+        });
+        let t = tcp_transfer(
+            f.ns("h0"),
+            f.ns("h4"),
+            h4,
+            7500,
+            8 << 20,
+            &SendOptions::default(),
+        );
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        (t, sampler.join().unwrap())
+    });
+    let t = t.expect("h0 -> h4 through the black hole");
+    assert!(t.intact(), "digest differs");
+    let (seen, dropped) = hole.counts().unwrap();
+    eprintln!(
+        "through the black hole: {:.1} Mbit/s, {} RTOs at h0, the hole dropped {dropped} of \
+         {seen}, the last {} ms after the onset",
+        t.mbit_per_s(),
+        sent(f) - timeouts,
+        last_drop.as_millis()
+    );
+    let (reprobes, row) = wait_for(
+        "h0's reprobe of h4 for loss",
+        Duration::from_secs(30),
+        || {
+            let (n, row) = h0_reprobes(f);
+            if n > before && row["found"]["ipv4"] == 3 {
+                Ok((n, row))
+            } else {
+                Err(format!("{n} reprobes, h4: {row}"))
+            }
+        },
+    )
+    .unwrap();
+    eprintln!(
+        "{} reprobes for loss; h4 probed again: {row}",
+        reprobes - before
+    );
+    assert_eq!(row["expected"], 4, "the controller heard of nothing: {row}");
+    let per = h0_to_h4_per_core(f, 7501);
+    eprintln!("around the black hole, per core {per:?}");
+    assert!(per[0] < 8, "the black-holed core link carried {per:?}");
+    drop(hole);
+    let e = h0_labels_from(f, "discovered");
+    let h4_row = e["destinations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["host"] == "h4")
+        .cloned()
+        .unwrap();
+    assert_eq!(h4_row["found"]["ipv4"], 4, "healed: {h4_row}");
 }

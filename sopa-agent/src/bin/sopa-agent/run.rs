@@ -154,6 +154,8 @@ pub async fn run(mut args: RunArgs, netns: Option<String>) -> Result<(), Error> 
         },
         args.labels,
     ));
+    // Connections that time out have their destinations probed again.
+    sopa_agent::entropy::loss::start(&discovery);
     // SIGHUP: `sopa-agent granularity` recorded a new unit of spraying, or `sopa-agent labels`
     // a label source; apply them. Without the granularity's control the agent runs on,
     // refusing run-time changes (its record says so).
