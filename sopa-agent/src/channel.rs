@@ -195,6 +195,9 @@ impl Applier for HostApplier<'_> {
             });
             // The labels found so far; the rest come as discovery finds them.
             table.entropy = Some(d.table_for(topo, src));
+        } else if let Some(d) = &self.discovery {
+            // Another encoding: no label is probed or written from now on.
+            d.stop();
         }
         self.host
             .apply_table(&table)

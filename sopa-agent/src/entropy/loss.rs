@@ -184,6 +184,11 @@ fn watch(discovery: std::sync::Weak<Discovery>, socket: Socket) {
     loop {
         std::thread::sleep(PERIOD);
         let Some(d) = discovery.upgrade() else { return };
+        // Not (yet) in the entropy encoding: nothing to probe, nothing to read.
+        let fabric6 = d.fabric6();
+        if fabric6 == Ipv6Addr::UNSPECIFIED {
+            continue;
+        }
         let now = Instant::now();
         held.retain(|_, until| *until > now);
         let peers = match connections(&socket) {
@@ -199,7 +204,6 @@ fn watch(discovery: std::sync::Weak<Discovery>, socket: Socket) {
                 BTreeSet::new()
             }
         };
-        let fabric6 = d.fabric6();
         let mut again: BTreeSet<Ipv4Addr> = peers
             .into_iter()
             .filter_map(|a| fabric_host(a, fabric6))

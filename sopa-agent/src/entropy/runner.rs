@@ -221,6 +221,18 @@ impl Discovery {
         self.spawn(generation, None);
     }
 
+    /// Stops probing and forgets the labels (the fabric left the entropy encoding): a
+    /// discovery still running stops at its next destination, and nothing is probed again
+    /// until the next [`Discovery::restart`].
+    pub fn stop(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        *self.last.lock().expect("last lock") = None;
+        self.destinations.lock().expect("destinations lock").clear();
+        let mut t = self.table.lock().expect("labels lock");
+        t.labels.clear();
+        t.fabric6 = Ipv6Addr::UNSPECIFIED;
+    }
+
     /// Probes the destination hosts `hosts` of the current discovery again (`for_loss`: because
     /// a connection to one timed out), each in turn with the discovery still running.
     pub fn reprobe(&self, hosts: BTreeSet<Ipv4Addr>, for_loss: bool) {
@@ -485,10 +497,11 @@ impl Job {
             t.labels.extend(found);
             t.clone()
         };
+        // Checked under the maps lock: a newer discovery, or another encoding, writes after.
+        let mut maps = self.maps.lock().expect("maps lock");
         if self.stale() {
             return;
         }
-        let mut maps = self.maps.lock().expect("maps lock");
         if let Err(e) = maps.apply_entropy(Some(&table)) {
             warn!(%e, "writing the entropy labels");
         }
