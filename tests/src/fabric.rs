@@ -846,8 +846,10 @@ impl Fabric {
     pub fn cut_link(&self, a: &str, b: &str) -> Result<std::time::SystemTime> {
         let iface = self.link_iface(a, b);
         let at = self.ns(a).set_up(&iface, false)?;
-        // Switches without agents report nothing: the testbed tells the controller.
+        // Switches without agents report nothing: the routers' routing converges, and the
+        // testbed tells the controller.
         if !crate::routers::switches_have_agents(self) {
+            crate::routers::reroute(self)?;
             self.sopactl(&["link", "down", a, b])?;
         }
         Ok(at)
@@ -858,6 +860,7 @@ impl Fabric {
         let iface = self.link_iface(a, b);
         self.ns(a).set_up(&iface, true)?;
         if !crate::routers::switches_have_agents(self) {
+            crate::routers::reroute(self)?;
             self.sopactl(&["link", "up", a, b])?;
         }
         Ok(())

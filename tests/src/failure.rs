@@ -110,6 +110,7 @@ impl Element {
                 .collect()
         });
         let times = times.into_iter().collect::<Result<Vec<_>>>()?;
+        self.report(f, false)?;
         let now = SystemTime::now();
         let first = times.iter().map(|t| t.0).min().unwrap_or(now);
         let first_done = times.iter().map(|t| t.1).min().unwrap_or(now);
@@ -135,6 +136,31 @@ impl Element {
         }
         for (node, iface) in self.ifaces(f) {
             f.ns(&node).set_up(&iface, true)?;
+        }
+        self.report(f, true)
+    }
+
+    /// Switches without agents (hashing routers) report no port: their routing converges
+    /// and the testbed tells the controller of its links going down or up, as
+    /// `Fabric::cut_link` does.
+    fn report(&self, f: &Fabric, up: bool) -> Result<()> {
+        if crate::routers::switches_have_agents(f) {
+            return Ok(());
+        }
+        crate::routers::reroute(f)?;
+        let g = f.topo.graph();
+        let ends: Vec<(String, String)> = match self {
+            Self::Link(a, b) | Self::Gray(a, b, _) => vec![(a.clone(), b.clone())],
+            Self::Switch(s) => {
+                let n = g.find(s).unwrap_or_else(|| panic!("no switch {s}"));
+                g.ports(n)
+                    .iter()
+                    .map(|(_, peer)| (s.clone(), g.name(*peer).to_owned()))
+                    .collect()
+            }
+        };
+        for (a, b) in ends {
+            f.sopactl(&["link", if up { "up" } else { "down" }, &a, &b])?;
         }
         Ok(())
     }

@@ -6,7 +6,10 @@
 //! socket hash); each router has a hash seed of its own (every namespace shares the boot seed
 //! otherwise, and tiers would choose alike); a next hop whose link is down leaves the group
 //! (`ignore_routes_with_linkdown`). Routers answer probes without an ICMP rate limit
-//! (`net.ipv6.icmp.ratelimit` 0), which the run reports.
+//! (`net.ipv6.icmp.ratelimit` 0), which the run reports. When the testbed takes a link down
+//! or brings it back, every router's routes are recomputed around the links without carrier
+//! ([`reroute`]), as a fabric's routing protocol would converge: without it, the other pods
+//! would go on hashing traffic into a core that can no longer deliver it.
 
 use sopa_topology::{
     forwarding::{self, link_addresses},
@@ -22,7 +25,6 @@ pub const ICMP6_RATELIMIT_MS: u32 = 0;
 /// Makes every switch of `f` a hashing router with the topology's routes.
 pub fn configure(f: &Fabric) -> Result<()> {
     let g = f.topo.graph().clone();
-    let none = Failures::none(&g);
     for (id, node) in g.nodes.iter().enumerate() {
         if !node.kind.is_switch() {
             continue;
@@ -51,38 +53,110 @@ pub fn configure(f: &Fabric) -> Result<()> {
         ] {
             ns.sysctl(key, &value)?;
         }
-        for route in forwarding::routes(&f.topo, id, &none) {
+    }
+    install(f, &Failures::none(&g))
+}
+
+/// Every router's routes as the topology gives them under `failures`, one `ip -batch` per
+/// router: a rack a router can no longer reach loses its route.
+fn install(f: &Fabric, failures: &Failures) -> Result<()> {
+    let g = f.topo.graph();
+    for (id, node) in g.nodes.iter().enumerate() {
+        if !node.kind.is_switch() {
+            continue;
+        }
+        let id = id as u32;
+        let routes = forwarding::routes(&f.topo, id, failures);
+        let mut batch = String::new();
+        for rack in f.topo.racks() {
             // A rack switch's hosts are on their ports' peer addresses already.
-            if route.prefix.len == 32 {
+            if rack.tor == id {
                 continue;
             }
-            let mut v4 = vec![
-                "route".to_owned(),
-                "replace".to_owned(),
-                route.prefix.to_string(),
-            ];
-            let mut v6 = vec![
-                "-6".to_owned(),
-                "route".to_owned(),
-                "replace".to_owned(),
-                rack6(f, route.prefix),
-            ];
+            let Some(route) = routes.iter().find(|r| r.prefix == rack.prefix) else {
+                batch.push_str(&format!("route del {}\n", rack.prefix));
+                batch.push_str(&format!("route del {}\n", rack6(f, rack.prefix)));
+                continue;
+            };
+            let (mut v4, mut v6) = (
+                format!("route replace {}", route.prefix),
+                // The family follows from the prefix: a batch line takes no options.
+                format!("route replace {}", rack6(f, route.prefix)),
+            );
             for link in &route.links {
                 let l = &g.links[*link as usize];
                 let (a, b, _) = link_addresses(&f.topo, *link);
                 let (a6, b6, _) = link_addresses6(&f.topo, *link);
                 let (peer4, peer6) = if l.a == id { (b, b6) } else { (a, a6) };
                 let dev = f.dev(*link, id);
-                v4.extend(["nexthop", "via", &peer4.to_string(), "dev", &dev].map(String::from));
-                v6.extend(["nexthop", "via", &peer6.to_string(), "dev", &dev].map(String::from));
+                v4.push_str(&format!(" nexthop via {peer4} dev {dev}"));
+                v6.push_str(&format!(" nexthop via {peer6} dev {dev}"));
             }
-            for args in [v4, v6] {
-                let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                ns.ip(&args)?;
-            }
+            batch.push_str(&format!("{v4}\n{v6}\n"));
         }
+        batch_ip(f.ns(&node.name).name(), &batch)?;
     }
     Ok(())
+}
+
+/// Runs `ip -force -batch -` in namespace `ns` on `commands` (errors of one line do not stop
+/// the rest; a route already gone is such an error).
+fn batch_ip(ns: &str, commands: &str) -> Result<()> {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new("ip")
+        .args(["-n", ns, "-force", "-batch", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| crate::Error::io("running ip -batch", e))?;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(commands.as_bytes())
+        .map_err(|e| crate::Error::io("writing to ip -batch", e))?;
+    let out = child
+        .wait_with_output()
+        .map_err(|e| crate::Error::io("waiting for ip -batch", e))?;
+    // Deleting a route that is not there is expected; anything else is not.
+    let errors: Vec<&str> = std::str::from_utf8(&out.stderr)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.contains("No such process") && !l.starts_with("Command failed"))
+        .collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(crate::Error::Failed(format!(
+            "ip -batch in {ns}: {}",
+            errors.join("; ")
+        )))
+    }
+}
+
+/// The fabric's routing converging after links went down or came back, as a routing protocol
+/// (BGP with BFD) would: the links whose switch interfaces have no carrier are taken as
+/// failed, and every router's routes recomputed around them. A link that drops packets with its
+/// carrier up is not seen, as a routing protocol whose hellos get through would not see it.
+pub fn reroute(f: &Fabric) -> Result<()> {
+    let g = f.topo.graph();
+    let mut failures = Failures::none(g);
+    for (l, link) in g.links.iter().enumerate() {
+        let end = if g.node(link.a).kind.is_switch() {
+            link.a
+        } else {
+            link.b
+        };
+        let iface = f.dev(l as u32, end);
+        let state = f
+            .ns(g.name(end))
+            .ip(&["-br", "link", "show", "dev", &iface])?;
+        if !state.split_whitespace().nth(1).is_some_and(|s| s == "UP") {
+            failures.set_link(l as u32, true);
+        }
+    }
+    install(f, &failures)
 }
 
 /// A rack's IPv6 prefix, as the topology gives it (its IPv4 prefix embedded in the /96).

@@ -130,6 +130,14 @@ pub fn a_core_link_cut_mid_transfer_is_probed_around(f: &mut Fabric) {
         .expect("the transfer completes across the cut");
     assert!(t.intact(), "digest differs across the cut");
     f.wait_applied(|down| down == 1, "a0:c0 down").unwrap();
+    // The fabric's routing converged (the testbed's stand-in for BGP): the other pods'
+    // aggregation switches no longer send pod 0's traffic to c0, which cannot take it down.
+    let to_e0 = |sw: &str| f.ns(sw).ip(&["route", "show", "10.0.0.0/24"]).unwrap();
+    assert!(
+        !to_e0("a4").contains(&f.link_iface("a4", "c0")),
+        "a4: {}",
+        to_e0("a4")
+    );
     let (after_cut, row) = h4_as_h0_probed(f, generation, Duration::from_secs(30));
     eprintln!("cut at {:.1} Mbit/s; probed again: {row}", t.mbit_per_s());
     assert_eq!(row["expected"], 3, "{row}");
@@ -146,6 +154,11 @@ pub fn a_core_link_cut_mid_transfer_is_probed_around(f: &mut Fabric) {
     assert!(lo > 1000 && hi - lo <= (lo / 100).max(8), "{per:?}");
     f.mend_link("a0", "c0").unwrap();
     f.wait_applied(|down| down == 0, "a0:c0 up").unwrap();
+    assert!(
+        to_e0("a4").contains(&f.link_iface("a4", "c0")),
+        "a4: {}",
+        to_e0("a4")
+    );
     let (_, row) = h4_as_h0_probed(f, after_cut, Duration::from_secs(30));
     assert_eq!(row["found"]["ipv4"], 4, "mended: {row}");
 }
