@@ -152,7 +152,7 @@ pub fn reroute(f: &Fabric) -> Result<()> {
         let state = f
             .ns(g.name(end))
             .ip(&["-br", "link", "show", "dev", &iface])?;
-        if !state.split_whitespace().nth(1).is_some_and(|s| s == "UP") {
+        if state.split_whitespace().nth(1).is_none_or(|s| s != "UP") {
             failures.set_link(l as u32, true);
         }
     }
