@@ -159,6 +159,10 @@ struct Row {
     controller_applied_s: Option<f64>,
     /// Links the path meter drained that had not failed.
     false_drains: Vec<String>,
+    /// A gray link's own drops (its `tc_lossy` counts them): how many, and the last one's
+    /// time after the onset (sampled every 10 ms). Exact where packets carry no path to tell
+    /// the failure's losses from the queues' (`ecmp`, the entropy encoding).
+    element_dropped: Option<(u64, Option<f64>)>,
     /// Goodput of all flows over the link rate, per 100 ms bin from the start (for the figure).
     goodput: Vec<f64>,
     onset_bin: usize,
@@ -258,7 +262,8 @@ fn run_one(f: &Fabric, a: &Args, mode: &str, element: &Element) -> Row {
     let caps = FlowCaptures::start(f, &flows).expect("captures");
     let timeline = Timeline::start(f, &receivers, Duration::from_millis(20)).expect("sampler");
     let start = SystemTime::now();
-    let (onset, down, applied, durations) = std::thread::scope(|s| {
+    let sampling = std::sync::atomic::AtomicBool::new(true);
+    let (onset, down, applied, durations, element_dropped) = std::thread::scope(|s| {
         let handles = spawn_flows(s, f, a, &flows, bytes, 7600);
         // The schedule of the experiment: the element fails this far into the run.
         std::thread::sleep(Duration::from_secs_f64(a.onset));
@@ -270,6 +275,21 @@ fn run_one(f: &Fabric, a: &Args, mode: &str, element: &Element) -> Row {
             }
             None => element.fail_timed(f).expect("failing the element"),
         };
+        // The gray link's own drops, sampled until the flows are done.
+        let sampler = gray.as_ref().map(|(lossy, _)| {
+            let sampling = &sampling;
+            s.spawn(move || {
+                let (mut count, mut last) = (0, None);
+                while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+                    let (_, dropped) = lossy.counts().expect("the gray link's counters");
+                    if dropped > count {
+                        (count, last) = (dropped, Some(ms_after(SystemTime::now(), onset)));
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                (count, last)
+            })
+        });
         let links = element.links(f);
         // A gray link is drained once the path meter convicts it, if it does within the run.
         let within = match gray {
@@ -292,7 +312,9 @@ fn run_one(f: &Fabric, a: &Args, mode: &str, element: &Element) -> Row {
                 t.seconds
             })
             .collect();
-        (onset, down, applied, durations)
+        sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+        let element_dropped = sampler.map(|h| h.join().expect("the drop sampler"));
+        (onset, down, applied, durations, element_dropped)
     });
     // Each neighbour's first repair after the onset, from its log.
     let local: Vec<(f64, f64)> = element
@@ -433,6 +455,7 @@ fn run_one(f: &Fabric, a: &Args, mode: &str, element: &Element) -> Row {
         never_back,
         controller_applied_s: applied,
         false_drains,
+        element_dropped,
         local_repair_ms,
         capture_drops,
         teardown_ms,
@@ -511,6 +534,16 @@ fn main() {
             r.settled_over_before
                 .map_or("-".into(), |x| format!("{x:.2}")),
         );
+    }
+    for r in &rows {
+        if let Some((n, last)) = r.element_dropped {
+            println!(
+                "  {} {}: the gray link itself dropped {n} packets, the last {} ms after the onset",
+                r.mode,
+                r.element,
+                last.map_or("-".into(), |ms| format!("{ms:.0}"))
+            );
+        }
     }
     for r in rows.iter().filter(|r| r.capture_drops > 0) {
         println!(
