@@ -2,7 +2,8 @@
 //! is heard of by no controller, and the labels whose paths cross it lose every packet: with
 //! four paths, a quarter of each flow's. The agent reads its connections' TCP state every
 //! [`PERIOD`] (sock_diag, the interface `ss` uses) and takes a connection to a host of the
-//! fabric as losing when its retransmission timer has fired (`tcpi_backoff`), or when it
+//! fabric as losing when its retransmission timer has fired again (`tcpi_backoff` up since
+//! the last period), or when it
 //! retransmitted at least [`LOSS_SHARE`] of the segments it sent in the period (and at least
 //! [`MIN_RETRANS`]): measured through such a black hole, a flow retransmitted a quarter of its
 //! segments with no timeout at all, recovering each loss by SACK. Its destination host is
@@ -69,7 +70,9 @@ impl Losing {
         let mut losing = BTreeSet::new();
         let mut next = HashMap::with_capacity(now.len());
         for (key, s) in now {
-            let timed_out = s.backoff > 0;
+            // The timer fired again since the last period (a backoff that stays up is a peer
+            // gone or a zero window, asked about once).
+            let timed_out = s.backoff > self.last.get(&key).map_or(0, |was| was.backoff);
             let share = self.last.get(&key).is_some_and(|was| {
                 let retrans = s.total_retrans.wrapping_sub(was.total_retrans);
                 let sent = s.segs_out.wrapping_sub(was.segs_out).max(1);
@@ -86,12 +89,15 @@ impl Losing {
 }
 
 /// Every TCP connection of this thread's network namespace that can have data in flight, with
-/// its `tcp_info`.
-pub fn connections(socket: &Socket) -> io::Result<Vec<(Conn, Sample)>> {
+/// its `tcp_info`. Each dump request carries a sequence number of its own (from `seq`): what is
+/// left on the socket of a dump an error cut short is skipped.
+pub fn connections(socket: &Socket, seq: &mut u32) -> io::Result<Vec<(Conn, Sample)>> {
     let mut out = Vec::new();
     for family in [AF_INET, AF_INET6] {
+        *seq = seq.wrapping_add(1);
         let mut header = NetlinkHeader::default();
         header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+        header.sequence_number = *seq;
         let mut request = NetlinkMessage::new(
             header,
             SockDiagMessage::InetRequest(InetRequest {
@@ -123,6 +129,14 @@ pub fn connections(socket: &Socket) -> io::Result<Vec<(Conn, Sample)>> {
                 let msg = NetlinkMessage::<SockDiagMessage>::deserialize(&rx[at..n])
                     .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
                 let len = msg.header.length as usize;
+                if len == 0 {
+                    break;
+                }
+                // Messages are 4-byte aligned.
+                at += (len + 3) & !3;
+                if msg.header.sequence_number != *seq {
+                    continue;
+                }
                 match msg.payload {
                     NetlinkPayload::Done(_) => break 'dump,
                     NetlinkPayload::Error(e) => {
@@ -147,10 +161,6 @@ pub fn connections(socket: &Socket) -> io::Result<Vec<(Conn, Sample)>> {
                     }
                     _ => {}
                 }
-                if len == 0 {
-                    break;
-                }
-                at += len;
             }
         }
     }
@@ -181,6 +191,7 @@ fn watch(discovery: std::sync::Weak<Discovery>, socket: Socket) {
     let mut held: BTreeMap<Ipv4Addr, Instant> = BTreeMap::new();
     let mut retried = Instant::now();
     let mut failing = false;
+    let mut seq = 0;
     loop {
         std::thread::sleep(PERIOD);
         let Some(d) = discovery.upgrade() else { return };
@@ -191,7 +202,7 @@ fn watch(discovery: std::sync::Weak<Discovery>, socket: Socket) {
         }
         let now = Instant::now();
         held.retain(|_, until| *until > now);
-        let peers = match connections(&socket) {
+        let peers = match connections(&socket, &mut seq) {
             Ok(c) => {
                 failing = false;
                 losing.update(c)
@@ -204,23 +215,24 @@ fn watch(discovery: std::sync::Weak<Discovery>, socket: Socket) {
                 BTreeSet::new()
             }
         };
-        let mut again: BTreeSet<Ipv4Addr> = peers
+        let losing: BTreeSet<Ipv4Addr> = peers
             .into_iter()
             .filter_map(|a| fabric_host(a, fabric6))
             .filter(|h| d.is_destination(*h) && !held.contains_key(h))
             .collect();
-        let for_loss = !again.is_empty();
-        if now.duration_since(retried) >= RETRY_INCOMPLETE {
-            retried = now;
-            again.extend(d.incomplete());
-        }
-        if again.is_empty() {
-            continue;
-        }
-        for h in &again {
+        for h in &losing {
             held.insert(*h, now + HOLD);
         }
-        d.reprobe(again, for_loss);
+        if !losing.is_empty() {
+            d.reprobe(losing, true);
+        }
+        if now.duration_since(retried) >= RETRY_INCOMPLETE {
+            retried = now;
+            let short: BTreeSet<Ipv4Addr> = d.incomplete().into_iter().collect();
+            if !short.is_empty() {
+                d.reprobe(short, false);
+            }
+        }
     }
 }
 
@@ -266,17 +278,26 @@ mod tests {
             ((2, b, 7000), sample(1, 0, 10)),
         ]);
         assert_eq!(first, BTreeSet::from([b]));
-        // a: 30 of 400 sent retransmitted (7.5%); b recovered.
+        // a: 30 of 400 sent retransmitted (7.5%); b's timer still backed off once: not again.
         let second = l.update(vec![
             ((1, a, 7000), sample(0, 80, 1400)),
-            ((2, b, 7000), sample(0, 0, 200)),
+            ((2, b, 7000), sample(1, 0, 10)),
         ]);
         assert_eq!(second, BTreeSet::from([a]));
         // a: 10 of 400 (2.5%, reordering's spurious retransmissions): not losing; nor 3 of 10.
-        let third = l.update(vec![((1, a, 7000), sample(0, 90, 1800))]);
+        let third = l.update(vec![
+            ((1, a, 7000), sample(0, 90, 1800)),
+            ((2, b, 7000), sample(1, 0, 10)),
+        ]);
         assert!(third.is_empty());
-        let fourth = l.update(vec![((1, a, 7000), sample(0, 93, 1810))]);
+        let fourth = l.update(vec![
+            ((1, a, 7000), sample(0, 93, 1810)),
+            ((2, b, 7000), sample(1, 0, 10)),
+        ]);
         assert!(fourth.is_empty(), "under MIN_RETRANS");
+        // b's timer fired again: losing again.
+        let again = l.update(vec![((2, b, 7000), sample(2, 0, 10))]);
+        assert_eq!(again, BTreeSet::from([b]));
     }
 
     #[test]
@@ -303,7 +324,7 @@ mod tests {
         let mut s = Socket::new(NETLINK_SOCK_DIAG).unwrap();
         s.bind_auto().unwrap();
         s.connect(&SocketAddr::new(0, 0)).unwrap();
-        let all = connections(&s).unwrap();
+        let all = connections(&s, &mut 0).unwrap();
         assert!(
             all.iter()
                 .any(|((_, dst, dport), _)| *dport == port && dst.is_loopback()),

@@ -104,6 +104,9 @@ pub struct Discovery {
     destinations: Mutex<BTreeSet<Ipv4Addr>>,
     /// Held while one destination host is probed: discoveries and reprobes take turns.
     probing: Arc<Mutex<()>>,
+    /// Destination hosts a reprobe is under way for: asked again meanwhile, they are not
+    /// queued twice.
+    pending: Arc<Mutex<BTreeSet<Ipv4Addr>>>,
 }
 
 /// The next headers probed, with their names.
@@ -154,6 +157,7 @@ impl Discovery {
             last: Mutex::new(None),
             destinations: Mutex::new(BTreeSet::new()),
             probing: Arc::new(Mutex::new(())),
+            pending: Arc::new(Mutex::new(BTreeSet::new())),
         }
     }
 
@@ -239,6 +243,15 @@ impl Discovery {
         if self.source() != LabelSource::Discovered {
             return;
         }
+        let hosts: BTreeSet<Ipv4Addr> = {
+            let mut pending = self.pending.lock().expect("pending lock");
+            let new: BTreeSet<Ipv4Addr> = hosts.difference(&pending).copied().collect();
+            pending.extend(&new);
+            new
+        };
+        if hosts.is_empty() {
+            return;
+        }
         if for_loss {
             self.summary.lock().expect("summary lock").reprobed_for_loss += hosts.len() as u64;
         }
@@ -268,6 +281,7 @@ impl Discovery {
             source: self.source(),
             only,
             probing: Arc::clone(&self.probing),
+            pending: Arc::clone(&self.pending),
         };
         std::thread::Builder::new()
             .name("sopa-probe".into())
@@ -346,6 +360,19 @@ struct Job {
     /// Only these destination hosts (a reprobe), or all (a discovery).
     only: Option<BTreeSet<Ipv4Addr>>,
     probing: Arc<Mutex<()>>,
+    pending: Arc<Mutex<BTreeSet<Ipv4Addr>>>,
+}
+
+impl Drop for Job {
+    /// A reprobe's hosts may be asked for again once it ends, however it ends.
+    fn drop(&mut self) {
+        if let Some(only) = &self.only {
+            let mut pending = self.pending.lock().expect("pending lock");
+            for h in only {
+                pending.remove(h);
+            }
+        }
+    }
 }
 
 impl Job {
@@ -374,44 +401,29 @@ impl Job {
         }
         let g = self.topo.graph();
         let routers = sopa_topology::entropy::routers(&self.topo);
-        let src6 = self.topo.host_ipv6(self.src);
-        let src4 = g.node(self.src).addr.unwrap_or(Ipv4Addr::UNSPECIFIED);
         let mut seed = (self.generation as u32) ^ (std::process::id() << 12);
-        let mut probed: Option<(usize, Probed)> = None;
-        for (i, dst) in destination_hosts(&self.topo, &self.candidates) {
-            let dst4 = g.node(dst).addr.unwrap_or(Ipv4Addr::UNSPECIFIED);
-            if self.only.as_ref().is_some_and(|o| !o.contains(&dst4)) {
-                continue;
-            }
-            if probed.as_ref().is_none_or(|(at, _)| *at != i) {
-                probed = Some((i, Probed::of(&self.topo, &self.candidates, i)));
-            }
-            let probed = &probed.as_ref().expect("just set").1;
-            let _turn = self.probing.lock().expect("probing lock");
-            if self.stale() {
-                return;
-            }
-            let mut row = Probed1 {
-                host: g.name(dst).to_owned(),
-                address: dst4,
-                expected: probed.paths.len(),
-                found: BTreeMap::new(),
-                probes: 0,
-                millis: 0,
-            };
-            let target = |next: u8| Target {
-                src: src6,
-                dst: self.topo.host_ipv6(dst),
-                src4,
-                dst4,
-                next,
-                hop_limits: probed.hop_limits.clone(),
-                expected: probed.paths.len(),
-            };
-            // Probing again (a connection losing, or paths missing): first the labels held,
-            // one round of probes each. Those whose probes still come back keep their paths
-            // and take the others' shares at once; the full search follows.
-            if let (Some(prober), Some(_)) = (prober.as_mut(), &self.only) {
+        // (rack index, destination host, its IPv4 address) of this job.
+        let hosts: Vec<(usize, NodeId, Ipv4Addr)> = destination_hosts(&self.topo, &self.candidates)
+            .into_iter()
+            .map(|(i, h)| (i, h, g.node(h).addr.unwrap_or(Ipv4Addr::UNSPECIFIED)))
+            .filter(|(_, _, a)| self.only.as_ref().is_none_or(|o| o.contains(a)))
+            .collect();
+        let mut racks: BTreeMap<usize, Probed> = BTreeMap::new();
+        for (i, _, _) in &hosts {
+            racks
+                .entry(*i)
+                .or_insert_with(|| Probed::of(&self.topo, &self.candidates, *i));
+        }
+        // Probing again (a connection losing, or paths missing): first the labels held, one
+        // round of probes each, for every host of the job. Those whose probes still come
+        // back keep their paths and take the others' shares at once; the full searches follow.
+        if let (Some(prober), Some(_)) = (prober.as_mut(), &self.only) {
+            for (i, dst, dst4) in &hosts {
+                let probed = &racks[i];
+                let _turn = self.probing.lock().expect("probing lock");
+                if self.stale() {
+                    return;
+                }
                 for (next, _) in CLASSES {
                     let held: BTreeSet<u32> = self
                         .table
@@ -422,49 +434,70 @@ impl Job {
                         .filter(|(k, _)| k.daddr == dst4.octets() && k.next == next)
                         .map(|(_, l)| *l)
                         .collect();
-                    if let Ok(found) =
-                        discover(prober, &target(next), &self.pace, &mut held.into_iter())
+                    let target = self.target(*dst, next, probed);
+                    if let Ok(found) = discover(prober, &target, &self.pace, &mut held.into_iter())
                     {
-                        row.probes += found.probes;
-                        row.millis += found.took.as_millis() as u64;
-                        let kept = paths_of(&found, probed, &routers, dst4, next);
-                        self.write(shared(kept, probed, dst4, next), dst4, Some(next));
+                        let kept = paths_of(&found, probed, &routers, *dst4, next);
+                        self.write(shared(kept, probed, *dst4, next), *dst4, next);
                     }
                 }
             }
-            let mut found_labels = BTreeMap::new();
+        }
+        for (i, dst, dst4) in &hosts {
+            let probed = &racks[i];
+            let _turn = self.probing.lock().expect("probing lock");
+            if self.stale() {
+                return;
+            }
+            let mut row = Probed1 {
+                host: g.name(*dst).to_owned(),
+                address: *dst4,
+                expected: probed.paths.len(),
+                found: BTreeMap::new(),
+                probes: 0,
+                millis: 0,
+            };
             for (next, name) in CLASSES {
                 seed = seed.wrapping_add(0x9E37_79B9);
                 let Some(prober) = prober.as_mut() else {
                     // A baseline: per path a random label, or the mark of a fresh one per
                     // packet.
                     let mut drawn = labels(seed);
-                    let mut n = 0;
-                    for (hops, _) in &probed.paths {
-                        let label = match self.source {
-                            LabelSource::PerPacket => PER_PACKET,
-                            _ => drawn.next().expect("a million labels"),
-                        };
-                        found_labels.insert(ev_key(dst4, next, *hops), label);
-                        n += 1;
-                    }
-                    row.found.insert(name.to_owned(), n);
+                    let class: BTreeMap<EvKey, u32> = probed
+                        .paths
+                        .iter()
+                        .map(|(hops, _)| {
+                            let label = match self.source {
+                                LabelSource::PerPacket => PER_PACKET,
+                                _ => drawn.next().expect("a million labels"),
+                            };
+                            (ev_key(*dst4, next, *hops), label)
+                        })
+                        .collect();
+                    row.found.insert(name.to_owned(), class.len());
+                    self.write(class, *dst4, next);
                     continue;
                 };
-                let found = match discover(prober, &target(next), &self.pace, &mut labels(seed)) {
+                let target = self.target(*dst, next, probed);
+                let found = match discover(prober, &target, &self.pace, &mut labels(seed)) {
                     Ok(f) => f,
                     Err(e) => {
-                        warn!(%e, host = %row.host, "probing failed");
+                        // The class keeps the labels it has.
+                        warn!(%e, host = %row.host, class = name, "probing failed");
+                        row.found.insert(name.to_owned(), 0);
                         continue;
                     }
                 };
                 row.probes += found.probes;
                 row.millis += found.took.as_millis() as u64;
-                let class = paths_of(&found, probed, &routers, dst4, next);
+                let class = paths_of(&found, probed, &routers, *dst4, next);
                 row.found.insert(name.to_owned(), class.len());
-                found_labels.extend(shared(class, probed, dst4, next));
+                // Nothing answered (replies lost, a router's limit): the class keeps the
+                // labels it has rather than leaving unlabelled.
+                if !class.is_empty() {
+                    self.write(shared(class, probed, *dst4, next), *dst4, next);
+                }
             }
-            self.write(found_labels, dst4, None);
             let mut summary = self.summary.lock().expect("summary lock");
             if summary.generation != self.generation {
                 return;
@@ -487,29 +520,47 @@ impl Job {
         );
     }
 
-    /// Replaces `dst4`'s labels (of next header `next` only, if given) with `found` in the
-    /// table and the datapath.
-    fn write(&self, found: BTreeMap<EvKey, u32>, dst4: Ipv4Addr, next: Option<u8>) {
-        let table = {
-            let mut t = self.table.lock().expect("labels lock");
-            t.labels
-                .retain(|k, _| k.daddr != dst4.octets() || next.is_some_and(|n| n != k.next));
-            t.labels.extend(found);
-            t.clone()
-        };
-        // Checked under the maps lock: a newer discovery, or another encoding, writes after.
+    /// Destination host `dst` as the data of next header `next` to it travels.
+    fn target(&self, dst: NodeId, next: u8, probed: &Probed) -> Target {
+        let g = self.topo.graph();
+        Target {
+            src: self.topo.host_ipv6(self.src),
+            dst: self.topo.host_ipv6(dst),
+            src4: g.node(self.src).addr.unwrap_or(Ipv4Addr::UNSPECIFIED),
+            dst4: g.node(dst).addr.unwrap_or(Ipv4Addr::UNSPECIFIED),
+            next,
+            hop_limits: probed.hop_limits.clone(),
+            expected: probed.paths.len(),
+        }
+    }
+
+    /// Replaces `dst4`'s labels of next header `next` with `found` in the table and the
+    /// datapath; nothing once the job is stale (checked under the maps lock, so a newer
+    /// discovery, or another encoding, writes after and the table is left as it set it).
+    fn write(&self, found: BTreeMap<EvKey, u32>, dst4: Ipv4Addr, next: u8) {
         let mut maps = self.maps.lock().expect("maps lock");
         if self.stale() {
             return;
         }
+        let table = {
+            let mut t = self.table.lock().expect("labels lock");
+            t.labels
+                .retain(|k, _| k.daddr != dst4.octets() || k.next != next);
+            t.labels.extend(found);
+            t.clone()
+        };
         if let Err(e) = maps.apply_entropy(Some(&table)) {
             warn!(%e, "writing the entropy labels");
         }
     }
 
+    /// Writes the summary whole: a reader never sees half of it.
     fn save(&self, summary: &Summary) {
         let text = serde_json::to_string_pretty(summary).unwrap_or_default();
-        if let Err(e) = std::fs::write(&self.summary_file, text) {
+        let tmp = self.summary_file.with_extension("json.tmp");
+        if let Err(e) =
+            std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &self.summary_file))
+        {
             warn!(%e, path = %self.summary_file.display(), "writing the discovery summary");
         }
     }
