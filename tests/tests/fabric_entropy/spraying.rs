@@ -9,7 +9,7 @@ use sopa_testbed::{
     lossy::LossyLink,
     reach::all_pairs_tcp,
     routers::discovered,
-    traffic::{SendOptions, tcp_counters, tcp_transfer, tcp_transfer_to},
+    traffic::{SendOptions, Transfer, tcp_counters, tcp_transfer, tcp_transfer_to},
 };
 
 /// Runs its closure when dropped: what a phase changes on the shared fabric is put back even
@@ -63,20 +63,28 @@ fn per_core(f: &Fabric) -> Vec<u64> {
         .collect()
 }
 
-/// One flow h0 -> h4 of 8 MB on TCP `port`, intact: what left pod 0 by each core meanwhile.
-fn h0_to_h4_per_core(f: &Fabric, port: u16) -> Vec<u64> {
-    let h4: std::net::Ipv4Addr = "10.1.0.2".parse().unwrap();
-    let before = per_core(f);
-    let t = tcp_transfer(
+/// h4's IPv4 address.
+const H4: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 1, 0, 2);
+
+/// One flow h0 -> h4 of 8 MB to `to` on TCP `port`, arrived intact.
+fn h0_to_h4(f: &Fabric, to: std::net::IpAddr, port: u16) -> Transfer {
+    let t = tcp_transfer_to(
         f.ns("h0"),
         f.ns("h4"),
-        h4,
+        to,
         port,
         8 << 20,
         &SendOptions::default(),
     )
     .expect("h0 -> h4");
-    assert!(t.intact());
+    assert!(t.intact(), "h0 -> h4: the digest differs");
+    t
+}
+
+/// One flow h0 -> h4 of 8 MB on TCP `port`, intact: what left pod 0 by each core meanwhile.
+fn h0_to_h4_per_core(f: &Fabric, port: u16) -> Vec<u64> {
+    let before = per_core(f);
+    h0_to_h4(f, H4.into(), port);
     per_core(f)
         .iter()
         .zip(&before)
@@ -135,8 +143,7 @@ pub fn a_core_link_cut_mid_transfer_is_probed_around(f: &mut Fabric) {
     let generation = f.host("h0").status().unwrap()["entropy"]["generation"]
         .as_u64()
         .unwrap();
-    let h4: std::net::Ipv4Addr = "10.1.0.2".parse().unwrap();
-    let (t, _) = transfer_cut_midway(f, ("h0", "h4", h4, 7400), ("a0", "c0"), 600, 16 << 20)
+    let (t, _) = transfer_cut_midway(f, ("h0", "h4", H4, 7400), ("a0", "c0"), 600, 16 << 20)
         .expect("the transfer completes across the cut");
     assert!(t.intact(), "digest differs across the cut");
     f.wait_applied(|down| down == 1, "a0:c0 down").unwrap();
@@ -232,8 +239,8 @@ fn h0_reprobes(f: &Fabric) -> (u64, serde_json::Value) {
 }
 
 /// a0 drops everything it sends to c0 while the link stays up: a black hole nobody reports, so
-/// the controller pushes nothing. h0's connection to h4 times out, h0 probes h4 again at once
-/// and finds the 3 paths left, whose labels take the dead path's share of the round robin: the
+/// the controller pushes nothing. h0's connection to h4 retransmits a quarter of its segments,
+/// h0 probes h4 again at once and finds the 3 paths left, whose labels take the dead path's share of the round robin: the
 /// transfer completes intact, and a flow then leaves pod 0 by c1, c2 and c3 only. Healed and
 /// probed again, all 4.
 pub fn a_silent_black_hole_is_probed_around(f: &mut Fabric) {
@@ -243,7 +250,6 @@ pub fn a_silent_black_hole_is_probed_around(f: &mut Fabric) {
     let timeouts = rtos(f);
     let mut hole = LossyLink::attach(f.ns("a0"), &f.link_iface("a0", "c0")).unwrap();
     hole.set_loss(100.0).unwrap();
-    let h4: std::net::Ipv4Addr = "10.1.0.2".parse().unwrap();
     // The hole's drops sampled meanwhile: when the last one came (a measurement, not a wait).
     let done = std::sync::atomic::AtomicBool::new(false);
     let onset = std::time::Instant::now();
@@ -259,10 +265,11 @@ pub fn a_silent_black_hole_is_probed_around(f: &mut Fabric) {
             }
             at
         });
+        // Not `h0_to_h4`, which panics: the sampler must be told to stop whatever happens.
         let t = tcp_transfer(
             f.ns("h0"),
             f.ns("h4"),
-            h4,
+            H4,
             7500,
             8 << 20,
             &SendOptions::default(),
@@ -357,18 +364,9 @@ fn skbs_per_segment(f: &Fabric, v6: bool, port: u16) -> f64 {
     let to: std::net::IpAddr = if v6 {
         f.topo.host_ipv6(f.topo.graph().find("h4").unwrap()).into()
     } else {
-        "10.1.0.2".parse().unwrap()
+        H4.into()
     };
-    let t = tcp_transfer_to(
-        f.ns("h0"),
-        f.ns("h4"),
-        to,
-        port,
-        8 << 20,
-        &SendOptions::default(),
-    )
-    .expect("h0 -> h4");
-    assert!(t.intact());
+    h0_to_h4(f, to, port);
     let segments = sent(f) - before;
     let got = capture.finish().unwrap();
     assert_eq!(got.dropped, 0, "the capture kept up");

@@ -7,22 +7,17 @@ use sopa_agent::{
     Error,
     changes::{Journal, signal_agent},
     granularity::{Granularity, RuntimeGranularity},
-    host,
 };
 
 /// How long the agent has to apply it (one netlink request and a journal write).
 const APPLIED_WITHIN: Duration = Duration::from_secs(10);
 
 pub fn granularity(node: &str, g: Granularity) -> Result<(), Error> {
-    host::validate_node(node)?;
-    let run_dir = host::run_dir(node);
+    let (run_dir, record) = crate::live_agent(node)?;
     let not_running = || Error::NotRunning {
         node: node.to_owned(),
         dir: run_dir.clone(),
     };
-    let record = Journal::read(&run_dir)?
-        .filter(|r| r.is_live())
-        .ok_or_else(not_running)?;
     if record.granularity == sopa_agent::switch::GRANULARITY {
         // The switch role has no unit of spraying (and no SIGHUP handler).
         return Err(Error::Config(format!(

@@ -10,7 +10,6 @@ use sopa_agent::{
         runner::{SUMMARY_FILE, Summary},
         source::{self, LabelSource},
     },
-    host,
 };
 
 /// How long the agent has to put every label in place: a discovery of every destination host
@@ -23,15 +22,11 @@ fn summary(run_dir: &std::path::Path) -> Option<Summary> {
 }
 
 pub fn labels(node: &str, wanted: LabelSource) -> Result<(), Error> {
-    host::validate_node(node)?;
-    let run_dir = host::run_dir(node);
+    let (run_dir, record) = crate::live_agent(node)?;
     let not_running = || Error::NotRunning {
         node: node.to_owned(),
         dir: run_dir.clone(),
     };
-    let record = Journal::read(&run_dir)?
-        .filter(|r| r.is_live())
-        .ok_or_else(not_running)?;
     let maps = crate::running_maps(node)?;
     if maps.encap()?.encoding != sopa_common::maps::encoding::ENTROPY {
         return Err(Error::Config(format!(

@@ -143,6 +143,20 @@ async fn dispatch(command: Command, netns: Option<String>) -> Result<(), Error> 
 }
 
 /// The maps of node `node`'s running agent, from its pins.
+/// The run folder and journal record of node `node`'s live agent, for a command that changes
+/// it at run time; an error naming the node when none runs.
+fn live_agent(node: &str) -> Result<(std::path::PathBuf, sopa_agent::changes::Record), Error> {
+    host::validate_node(node)?;
+    let run_dir = host::run_dir(node);
+    let record = sopa_agent::changes::Journal::read(&run_dir)?
+        .filter(|r| r.is_live())
+        .ok_or_else(|| Error::NotRunning {
+            node: node.to_owned(),
+            dir: run_dir.clone(),
+        })?;
+    Ok((run_dir, record))
+}
+
 fn running_maps(node: &str) -> Result<sopa_agent::datapath::MapSet, Error> {
     host::validate_node(node)?;
     let pins = host::pin_dir(node);
