@@ -479,7 +479,7 @@ impl Job {
                     continue;
                 };
                 let target = self.target(*dst, next, probed);
-                let found = match discover(prober, &target, &self.pace, &mut labels(seed)) {
+                let mut found = match discover(prober, &target, &self.pace, &mut labels(seed)) {
                     Ok(f) => f,
                     Err(e) => {
                         // The class keeps the labels it has.
@@ -488,6 +488,19 @@ impl Job {
                         continue;
                     }
                 };
+                // Short of paths: once more at once, with other labels. The first replies of
+                // a router can be lost while it resolves its way back (measured at a fabric's
+                // start: one path of two found, every probe of the other unanswered).
+                if !found.complete(&target) {
+                    seed = seed.wrapping_add(0x9E37_79B9);
+                    if let Ok(more) = discover(prober, &target, &self.pace, &mut labels(seed)) {
+                        found.probes += more.probes;
+                        found.took += more.took;
+                        for (signature, label) in more.paths {
+                            found.paths.entry(signature).or_insert(label);
+                        }
+                    }
+                }
                 row.probes += found.probes;
                 row.millis += found.took.as_millis() as u64;
                 let class = paths_of(&found, probed, &routers, *dst4, next);
