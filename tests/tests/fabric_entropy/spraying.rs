@@ -113,6 +113,15 @@ pub fn every_pair_reaches_over_ipv4_and_ipv6(f: &mut Fabric) {
     assert!(failed.is_empty(), "unreachable over IPv6: {failed:?}");
 }
 
+/// The row of destination host `host` in a discovery summary, if it was probed.
+fn row_of(e: &serde_json::Value, host: &str) -> Option<serde_json::Value> {
+    e["destinations"]
+        .as_array()?
+        .iter()
+        .find(|d| d["host"] == host)
+        .cloned()
+}
+
 /// h0's discovery of h4, once a discovery newer than `after` is done (at most `within`): its
 /// generation, expected paths and paths found per next header.
 fn h4_as_h0_probed(f: &Fabric, after: u64, within: Duration) -> (u64, serde_json::Value) {
@@ -123,14 +132,7 @@ fn h4_as_h0_probed(f: &Fabric, after: u64, within: Duration) -> (u64, serde_json
         if generation <= after || e["done"] != true {
             return Err(e.to_string());
         }
-        let row = e["destinations"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|d| d["host"] == "h4")
-            .cloned()
-            .expect("h4 probed");
-        Ok((generation, row))
+        Ok((generation, row_of(&e, "h4").expect("h4 probed")))
     })
     .unwrap()
 }
@@ -228,13 +230,7 @@ pub fn the_baselines_take_their_labels_at_run_time(f: &mut Fabric) {
 /// h0's loss reprobes so far, and its row for h4.
 fn h0_reprobes(f: &Fabric) -> (u64, serde_json::Value) {
     let e = f.host("h0").status().unwrap()["entropy"].clone();
-    let row = e["destinations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["host"] == "h4")
-        .cloned()
-        .unwrap_or_default();
+    let row = row_of(&e, "h4").unwrap_or_default();
     (e["reprobed_for_loss"].as_u64().unwrap_or(0), row)
 }
 
@@ -322,13 +318,7 @@ pub fn a_silent_black_hole_is_probed_around(f: &mut Fabric) {
     );
     drop(hole);
     let e = h0_labels_from(f, "discovered");
-    let h4_row = e["destinations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["host"] == "h4")
-        .cloned()
-        .unwrap();
+    let h4_row = row_of(&e, "h4").expect("h4 probed");
     assert_eq!(h4_row["found"]["ipv4"], 4, "healed: {h4_row}");
 }
 
