@@ -835,17 +835,13 @@ async fn hand_over(node: &str, run_dir: &Path, live: &Record) -> Result<Record> 
         .map_err(|e| Error::io(format!("signalling agent {pid} of node {node}"), e))?;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
-        let mut record = Journal::read(run_dir)?;
-        // Read while the agent was still writing it and judged after it exited: the record it
-        // left is the one to judge.
-        if record
-            .as_ref()
-            .is_some_and(|r| r.pid == pid && !r.kept_attached && !r.is_live())
-        {
-            record = Journal::read(run_dir)?;
-        }
+        // Liveness first, then the record: a record read after the agent was seen gone is the
+        // one it left. (Judged the other way round, an agent that marked its record and exited
+        // between the read and the check looked as if it had crashed.)
+        let running = live.is_live();
+        let record = Journal::read(run_dir)?;
         match record {
-            Some(r) if r.pid == pid && r.is_live() => {}
+            Some(r) if r.pid == pid && running => {}
             Some(r) if r.kept_attached => return Ok(r),
             Some(r) if r.pid == pid => {
                 // It ended some other way (its teardown failed, or it was killed): what it
