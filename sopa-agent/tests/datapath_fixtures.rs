@@ -393,11 +393,12 @@ fn round_robin_is_exact_per_flow() {
 
 #[test]
 fn per_flow_counts_add_up_when_every_cpu_stamps_the_flow_at_once() {
-    // Hedera's elephant detection reads a flow's bytes: every CPU sending the flow at the same
-    // time must count. Each CPU runs tc_stamp on one flow's packet `RUNS` times (test_run runs
-    // the program on the calling CPU), all at once.
+    // Hedera's elephant detection reads a flow's bytes (the pinned mode, the only one that
+    // counts them): every CPU sending the flow at the same time must count. Each CPU runs
+    // tc_stamp on one flow's packet `RUNS` times (test_run runs the program on the calling
+    // CPU), all at once.
     const RUNS: u32 = 200_000;
-    let mut f = Fixture::new(TABLE, mode::SOPA);
+    let mut f = Fixture::new(TABLE, mode::PINNED);
     let allowed = allowed_cpus();
     assert!(
         allowed.len() >= 2,

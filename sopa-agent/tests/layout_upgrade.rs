@@ -13,8 +13,8 @@ use std::{
 use aya::maps::{Map, MapData, PerCpuArray, PerCpuValues};
 use sopa_agent::datapath::{Datapath, layout};
 use sopa_common::maps::{
-    FWD_STATS_MAP, STAMP_STATS_MAP, STRIP_STATS_MAP, forward_reason, meter, stamp_reason,
-    strip_reason, usid_repair,
+    FLOWS_MAP, FWD_STATS_MAP, STAMP_STATS_MAP, STRIP_STATS_MAP, forward_reason, meter,
+    stamp_reason, strip_reason, usid_repair,
 };
 
 /// A pin folder of its own, removed on drop.
@@ -65,9 +65,17 @@ fn counter(map: &PerCpuArray<MapData, u64>, names: &[&str], name: &str) -> u64 {
 /// at `value(old index)` on every CPU, under their old names.
 fn previous_layout(pins: &Path, value: impl Fn(u32) -> u64) {
     drop(Datapath::load(pins).unwrap());
-    // The meter's sent counters of V1 were a hash of the received map's kind: made from it,
-    // the received map made again, this layout's sent map removed.
-    std::fs::rename(pins.join(meter::RECEIVED_MAP), pins.join("SOPA_SENT_V1")).unwrap();
+    // Maps retired since (the meter's shared counter maps, the flow table with one LRU list)
+    // stand in under their old names: maps of this layout renamed, made again by the second
+    // load, and then removed (the previous layout had none of them).
+    for (now, then) in [
+        (meter::RECEIVED_MAPS[0], "SOPA_SENT_V1"),
+        (meter::SENT_MAPS[0], "SOPA_SENT_V2"),
+        (meter::RECEIVED_MAPS[1], "SOPA_RECV_V1"),
+        (FLOWS_MAP, layout::FLOWS_V1),
+    ] {
+        std::fs::rename(pins.join(now), pins.join(then)).unwrap();
+    }
     // A switch's uSID configuration of V1 had no block (an array of one entry either way).
     std::fs::rename(
         pins.join(usid_repair::CONFIG_MAP),
@@ -75,7 +83,10 @@ fn previous_layout(pins: &Path, value: impl Fn(u32) -> u64) {
     )
     .unwrap();
     drop(Datapath::load(pins).unwrap());
-    std::fs::remove_file(pins.join(meter::SENT_MAP)).unwrap();
+    for name in meter::SENT_MAPS.into_iter().chain(meter::RECEIVED_MAPS) {
+        std::fs::remove_file(pins.join(name)).unwrap();
+    }
+    std::fs::remove_file(pins.join(FLOWS_MAP)).unwrap();
     for p in &layout::PREDECESSORS {
         let old = pins.join(p.old);
         std::fs::rename(pins.join(p.new), &old).unwrap();
@@ -138,7 +149,9 @@ fn counters_of_the_previous_layout_are_carried_over_by_name() {
     for name in layout::RETIRED {
         assert!(!pins.0.join(name).exists(), "{name} is unpinned");
     }
-    assert!(pins.0.join(meter::SENT_MAP).exists());
+    for name in meter::SENT_MAPS.into_iter().chain(meter::RECEIVED_MAPS) {
+        assert!(pins.0.join(name).exists());
+    }
     assert_eq!(
         counter(&stamp, &stamp_reason::NAMES, "stamped"),
         (1 + 5 + 7) * n,

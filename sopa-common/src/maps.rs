@@ -208,8 +208,9 @@ impl PathSet {
     };
 }
 
-/// Per-flow state of the sender (LRU hash keyed by [`FlowKey`]).
-pub const FLOWS_MAP: &str = "SOPA_FLOWS_V1";
+/// Per-flow state of the sender (LRU hash keyed by [`FlowKey`], an LRU list per CPU). V1 had one
+/// LRU list, whose lock every CPU's new flow took.
+pub const FLOWS_MAP: &str = "SOPA_FLOWS_V2";
 pub const FLOWS_CAPACITY: u32 = 65_536;
 
 /// A flow's 5-tuple, addresses and ports in network order as they appear in the packet.
@@ -428,26 +429,33 @@ pub mod strip_reason {
 /// Path metering by alternate marking (RFC 9341): time is cut into periods of
 /// [`MeterConfig::period_ns`] on the TAI clock, and every packet stamped in an odd period
 /// carries [`meter::COLOR`] in its first hop byte. The sender counts packets per (peer rack,
-/// path, color) in [`meter::SENT_MAP`], the receiver per (peer rack, path, color) in
-/// [`meter::RECEIVED_MAP`]; half a period after a period ends its color's counters are still
-/// (its packets have arrived, the next period of that color has not begun), so the two ends'
-/// counts of one period compare exactly, with no packet in flight counted as lost.
+/// path) in the map of the period's color of [`meter::SENT_MAPS`], the receiver per (peer
+/// rack, path) in the map of the mark's color of [`meter::RECEIVED_MAPS`]; half a period after
+/// a period ends its color's counters are still (its packets have arrived, the next period of
+/// that color has not begun), so the two ends' counts of one period compare exactly, with no
+/// packet in flight counted as lost. The agent then reads that color's maps and empties them
+/// (one batched lookup-and-delete each): a map holds one period's keys, never more.
 pub mod meter {
     /// The metering configuration, a one-entry array of [`super::MeterConfig`].
     pub const CONFIG_MAP: &str = "SOPA_METER_V1";
-    /// Packets and bytes sent, [`super::MeterSent`] by [`super::MeterKey`] (peer: the
-    /// destination's rack). V1 counted packets only.
-    pub const SENT_MAP: &str = "SOPA_SENT_V2";
-    /// Packets received, by [`super::MeterKey`] (peer: the source's rack).
-    pub const RECEIVED_MAP: &str = "SOPA_RECV_V1";
+    /// Packets and bytes sent in periods of each color, [`super::MeterSent`] by
+    /// [`super::MeterKey`] (peer: the destination's rack), per CPU (each CPU adds to its own
+    /// counter: no atomic, no cache line two CPUs write). Before them, `SOPA_SENT_V1`
+    /// (packets only) and `SOPA_SENT_V2` held both colors in one shared map that nothing
+    /// emptied: it filled for good.
+    pub const SENT_MAPS: [&str; 2] = ["SOPA_SENT_C0_V1", "SOPA_SENT_C1_V1"];
+    /// Packets received in periods of each color (by the mark), by [`super::MeterKey`] (peer:
+    /// the source's rack), per CPU. Before them, `SOPA_RECV_V1`, both colors in one map.
+    pub const RECEIVED_MAPS: [&str; 2] = ["SOPA_RECV_C0_V1", "SOPA_RECV_C1_V1"];
     /// The current period's color (0 or 1), a one-entry array of u32 that the host agent
     /// writes at each period's start on the TAI clock: `tc_stamp` reads it instead of a clock
     /// and a division per packet (two thirds of the meter's cost there). Programs of
     /// earlier layouts read the clock themselves and have no such map.
     pub const COLOR_MAP: &str = "SOPA_COLOR_V1";
-    /// Entries of each counter map: (peer rack, path, color) triples a host has exchanged
-    /// packets with. A packet that finds the map full is counted under `meter_full` and its
-    /// period is not judged.
+    /// Entries of each counter map: the (peer rack, path) pairs a host exchanges packets with
+    /// in one period (the map is emptied after each reading; entries are allocated as they
+    /// come, not in advance, so a host that talks to few racks holds little). A packet that
+    /// finds the map full is counted under `meter_full` and its period is not judged.
     pub const CAPACITY: u32 = 65_536;
     /// The racks a host counts marks from, a hash of [`super::MeterPeer`] by rack (the
     /// source address masked by [`super::MeterConfig::rack_mask`], network order): what the

@@ -25,9 +25,11 @@ mod usid_shift;
 mod xdp_strip;
 
 use aya_ebpf::{
-    bindings::{BPF_F_NO_PREALLOC, TC_ACT_SHOT, TC_ACT_UNSPEC, xdp_action::XDP_PASS},
+    bindings::{
+        BPF_F_NO_COMMON_LRU, BPF_F_NO_PREALLOC, TC_ACT_SHOT, TC_ACT_UNSPEC, xdp_action::XDP_PASS,
+    },
     macros::{cgroup_sockopt, classifier, map, xdp},
-    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap},
     programs::{SockoptContext, TcContext, XdpContext},
 };
 use sopa_common::maps::{
@@ -77,8 +79,11 @@ static SRV6_DESTS_EXACT: HashMap<[u8; 4], Srv6Dest> =
 #[map(name = "SOPA_SRV6S_V1")]
 static SRV6_SEGS: HashMap<SegKey, Segments> = HashMap::pinned(SRV6_SEGS_CAPACITY, 0);
 
-#[map(name = "SOPA_FLOWS_V1")]
-static FLOWS: LruHashMap<FlowKey, FlowState> = LruHashMap::pinned(FLOWS_CAPACITY, 0);
+// An LRU list per CPU (no common lock every CPU's insert takes; a CPU evicts among the flows
+// it created).
+#[map(name = "SOPA_FLOWS_V2")]
+static FLOWS: LruHashMap<FlowKey, FlowState> =
+    LruHashMap::pinned(FLOWS_CAPACITY, BPF_F_NO_COMMON_LRU);
 
 #[map(name = "SOPA_PINS_V1")]
 static PINS: HashMap<FlowKey, Pin> = HashMap::pinned(PINS_CAPACITY, 0);
@@ -123,13 +128,22 @@ static METER_CONFIG: Array<MeterConfig> = Array::pinned(1, 0);
 #[map(name = "SOPA_COLOR_V1")]
 static METER_COLOR: Array<u32> = Array::pinned(1, 0);
 
-#[map(name = "SOPA_SENT_V2")]
-static METER_SENT: HashMap<MeterKey, MeterSent> =
-    HashMap::pinned(sopa_common::maps::meter::CAPACITY, 0);
+// One map per color and direction, per CPU, allocated as keys come (`meter`).
+#[map(name = "SOPA_SENT_C0_V1")]
+static METER_SENT0: PerCpuHashMap<MeterKey, MeterSent> =
+    PerCpuHashMap::pinned(sopa_common::maps::meter::CAPACITY, BPF_F_NO_PREALLOC);
 
-#[map(name = "SOPA_RECV_V1")]
-static METER_RECEIVED: HashMap<MeterKey, u64> =
-    HashMap::pinned(sopa_common::maps::meter::CAPACITY, 0);
+#[map(name = "SOPA_SENT_C1_V1")]
+static METER_SENT1: PerCpuHashMap<MeterKey, MeterSent> =
+    PerCpuHashMap::pinned(sopa_common::maps::meter::CAPACITY, BPF_F_NO_PREALLOC);
+
+#[map(name = "SOPA_RECV_C0_V1")]
+static METER_RECEIVED0: PerCpuHashMap<MeterKey, u64> =
+    PerCpuHashMap::pinned(sopa_common::maps::meter::CAPACITY, BPF_F_NO_PREALLOC);
+
+#[map(name = "SOPA_RECV_C1_V1")]
+static METER_RECEIVED1: PerCpuHashMap<MeterKey, u64> =
+    PerCpuHashMap::pinned(sopa_common::maps::meter::CAPACITY, BPF_F_NO_PREALLOC);
 
 #[map(name = "SOPA_METER_PEERS_V1")]
 static METER_PEERS: HashMap<u32, MeterPeer> =

@@ -1,12 +1,19 @@
 //! The path meter's datapath half: the current period's color (as the agent set it), and the
-//! counters of packets sent and received per (peer rack, path, color)
+//! counters of packets sent and received per (peer rack, path), in a map per color
 //! (`sopa_common::maps::meter`). The option carries the color in its first hop byte, the SRv6
 //! encoding in RFC 9343's mark (`sopa_common::srv6`).
+//!
+//! The counters are per CPU: a packet adds to its own CPU's copy with plain adds (no atomic
+//! instruction, no cache line another CPU writes), and the agent sums the copies when it reads
+//! the color's maps and empties them, half a period after the color's period ended.
 
-use aya_ebpf::{bindings::BPF_NOEXIST, maps::HashMap};
+use aya_ebpf::{bindings::BPF_NOEXIST, maps::PerCpuHashMap};
 use sopa_common::maps::{MeterKey, meter, strip_reason as reason};
 
-use crate::{METER_COLOR, METER_CONFIG, METER_PEERS, METER_RECEIVED, METER_SENT};
+use crate::{
+    METER_COLOR, METER_CONFIG, METER_PEERS, METER_RECEIVED0, METER_RECEIVED1, METER_SENT0,
+    METER_SENT1,
+};
 
 /// Metering as configured now: the period's color and the rack mask.
 #[derive(Clone, Copy)]
@@ -46,13 +53,20 @@ impl Meter {
     /// table is full.
     #[inline(always)]
     pub fn sent(&self, daddr: [u8; 4], hops: [u8; 2], n: u64, bytes: u64) -> bool {
-        let Some(counter) = counter(&METER_SENT, self.key(daddr, hops, self.color)) else {
+        let key = self.key(daddr, hops, self.color);
+        // Each color's map at a call site of its own (the verifier sees one map per call).
+        let counter = if self.color == 0 {
+            counter(&METER_SENT0, key)
+        } else {
+            counter(&METER_SENT1, key)
+        };
+        let Some(counter) = counter else {
             return false;
         };
-        // SAFETY: a pointer from a successful lookup, valid for this run, u64-aligned fields.
+        // SAFETY: a pointer from a successful lookup of this CPU's copy, valid for this run.
         unsafe {
-            xadd(&raw mut (*counter).packets, n);
-            xadd(&raw mut (*counter).bytes, bytes);
+            (*counter).packets += n;
+            (*counter).bytes += bytes;
         }
         true
     }
@@ -89,11 +103,16 @@ impl Meter {
             color: color & 1,
             _pad: 0,
         };
-        let Some(counter) = counter(&METER_RECEIVED, key) else {
+        let counter = if key.color == 0 {
+            counter(&METER_RECEIVED0, key)
+        } else {
+            counter(&METER_RECEIVED1, key)
+        };
+        let Some(counter) = counter else {
             return Err(reason::METER_FULL);
         };
         // SAFETY: as in `sent`.
-        unsafe { xadd(counter, n) };
+        unsafe { *counter += n };
         Ok(())
     }
 
@@ -108,26 +127,15 @@ impl Meter {
     }
 }
 
-/// The counter of `key`, created at zero first; `None` when the map is full.
+/// This CPU's counter of `key`, created at zero first; `None` when the map is full.
 #[inline(always)]
-fn counter<V: Default>(map: &HashMap<MeterKey, V>, key: MeterKey) -> Option<*mut V> {
-    // One lookup for a counter that exists (every packet but a path's first).
+fn counter<V: Default>(map: &PerCpuHashMap<MeterKey, V>, key: MeterKey) -> Option<*mut V> {
+    // One lookup for a counter that exists (every packet but a path's first in the period).
     if let Some(c) = map.get_ptr_mut(&key) {
         return Some(c);
     }
-    // Another CPU may create it at the same moment: NOEXIST lets one win, both add.
+    // Another CPU may create it at the same moment: NOEXIST lets one win, and each CPU finds
+    // its own copy of the winner's entry.
     let _ = map.insert(&key, &V::default(), u64::from(BPF_NOEXIST));
     map.get_ptr_mut(&key)
-}
-
-/// Adds `n` to a counter two CPUs may add to at once (one peer's path, see
-/// `tc_stamp::account`).
-///
-/// # Safety
-/// `counter` points to a live, u64-aligned map value.
-#[inline(always)]
-unsafe fn xadd(counter: *mut u64, n: u64) {
-    use core::intrinsics::{AtomicOrdering::Relaxed, atomic_xadd};
-    // SAFETY: the caller's.
-    unsafe { atomic_xadd::<u64, u64, { Relaxed }>(counter, n) };
 }

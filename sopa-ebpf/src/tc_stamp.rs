@@ -278,7 +278,7 @@ fn choose(ctx: &TcContext, ip: &Ipv4, forged: bool, extra: u16, l4: usize) -> Re
                 // flow at once may both read one `next`: a rare repeat, never a wrong path.
                 let next = unsafe { (*state).next };
                 unsafe { (*state).next = next.wrapping_add(1) };
-                account(state, ctx);
+                // No per-flow bytes here: only the pinned (Hedera) mode reads them.
                 next % n
             }
             None => {
@@ -371,7 +371,9 @@ fn flow_state(key: &sopa_common::maps::FlowKey, seed: u32) -> Option<*mut FlowSt
 }
 
 /// Adds this skb to its flow's packets and bytes, atomically (BPF_ATOMIC add): two CPUs
-/// sending the same flow at once both count (Hedera's elephant detection reads the bytes).
+/// sending the same flow at once both count. Only in the pinned mode, whose elephant detection
+/// (Hedera) reads the bytes: every other mode leaves the flow's cache line unwritten but for
+/// its round-robin position.
 /// (`core::sync::atomic` offers no read-modify-write on this target, which has no
 /// compare-and-swap before BPF v3; the add itself is an instruction of every version.)
 #[inline(always)]

@@ -51,7 +51,7 @@ fn create(map_type: u32, inner: Option<&OwnedFd>) -> std::io::Result<OwnedFd> {
     if let Some(inner) = inner {
         attr.0[5] = inner.as_raw_fd() as u32;
     }
-    bpf(BPF_MAP_CREATE, &attr).map(owned)
+    bpf(BPF_MAP_CREATE, &mut attr).map(owned)
 }
 
 impl Grace {
@@ -86,7 +86,7 @@ impl Grace {
         attr.0[0] = outer.as_raw_fd() as u32;
         attr.set_u64(2, &key as *const u32 as u64);
         attr.set_u64(4, &value as *const u32 as u64);
-        bpf(BPF_MAP_UPDATE_ELEM, &attr)
+        bpf(BPF_MAP_UPDATE_ELEM, &mut attr)
             .map(drop)
             .map_err(|e| Error::io("waiting for an RCU grace period", e))
     }

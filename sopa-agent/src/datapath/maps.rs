@@ -2,7 +2,6 @@
 
 use std::{
     collections::{BTreeMap, HashMap as StdHashMap},
-    os::fd::AsFd as _,
     path::Path,
     sync::Arc,
 };
@@ -14,16 +13,17 @@ use aya::{
 use sopa_common::maps::{
     CONFIG_MAP, Config, ENCAP_MAP, EV_MAP, Encap, EvKey, FLOWS_MAP, FWD_MAP, FWD_STATS_MAP,
     FWD_UPLINK_STATS_MAP, FlowKey, FlowState, FwdEntry, HOP_STATS_MAP, LOOKUP_MAP, MAX_PATHS,
-    MAX_UPLINKS, MEASURE_MAP, MeterConfig, MeterKey, MeterPeer, MeterSent, PATHS_EXACT_MAP,
-    PATHS_MAP, PINS_MAP, PathSet, Pin, SRV6_DESTS_EXACT_MAP, SRV6_DESTS_MAP, SRV6_SEGS_CAPACITY,
-    SRV6_SEGS_MAP, STAMP_STATS_MAP, START_MAP, STRIP_STATS_MAP, SegKey, Segments, Srv6Dest,
-    TRUST_MAP, UsidRepairConfig, UsidRule, UsidRuleKey, encoding, forward_reason, lookup, measure,
-    meter, stamp_reason, strip_reason, usid_repair,
+    MAX_UPLINKS, MEASURE_MAP, PATHS_EXACT_MAP, PATHS_MAP, PINS_MAP, PathSet, Pin,
+    SRV6_DESTS_EXACT_MAP, SRV6_DESTS_MAP, SRV6_SEGS_CAPACITY, SRV6_SEGS_MAP, STAMP_STATS_MAP,
+    START_MAP, STRIP_STATS_MAP, SegKey, Segments, Srv6Dest, TRUST_MAP, UsidRepairConfig, UsidRule,
+    UsidRuleKey, encoding, forward_reason, lookup, measure, meter, stamp_reason, strip_reason,
+    usid_repair,
 };
 
 use super::{
     grace::{Grace, Guarded},
     lookup::Lookup,
+    meter_maps::MeterMaps,
 };
 use crate::{
     error::{Error, Result},
@@ -90,68 +90,6 @@ impl Srv6Maps {
     }
 }
 
-/// The path meter's maps (absent in the pins of a datapath an older agent left).
-pub struct MeterMaps {
-    config: Array<MapData, MeterConfig>,
-    sent: HashMap<MapData, MeterKey, MeterSent>,
-    received: HashMap<MapData, MeterKey, u64>,
-    /// The period's color, an array of one u32 (absent where the programs read the clock
-    /// themselves).
-    color: Option<MapData>,
-    /// The racks marks are counted from (absent in the pins of an older datapath, which counts
-    /// every mark).
-    peers: Option<Guarded<u32, MeterPeer>>,
-}
-
-impl MeterMaps {
-    fn from_maps(
-        config: Map,
-        sent: Map,
-        received: Map,
-        color: Option<Map>,
-        peers: Option<Map>,
-        grace: &Arc<Grace>,
-    ) -> Result<Self> {
-        Ok(Self {
-            peers: peers
-                .map(|m| {
-                    m.try_into()
-                        .map_err(map_err(meter::PEERS_MAP))
-                        .map(|m| Guarded::new(m, meter::PEERS_MAP, Arc::clone(grace)))
-                })
-                .transpose()?,
-            config: config.try_into().map_err(map_err(meter::CONFIG_MAP))?,
-            sent: sent.try_into().map_err(map_err(meter::SENT_MAP))?,
-            received: received.try_into().map_err(map_err(meter::RECEIVED_MAP))?,
-            color: match color {
-                Some(Map::Array(data)) => Some(data),
-                Some(_) => {
-                    return Err(Error::map(meter::COLOR_MAP)(MapError::InvalidName {
-                        name: format!("{} is not an array", meter::COLOR_MAP),
-                    }));
-                }
-                None => None,
-            },
-        })
-    }
-}
-
-/// The path meter's color, on a handle of its own: the agent turns it at every period's start,
-/// on time whatever holds the [`MapSet`].
-pub struct MeterColor(Array<MapData, u32>);
-
-impl MeterColor {
-    /// Sets the color `tc_stamp` marks and counts packets with from now on.
-    pub fn set(&mut self, color: u8) -> Result<()> {
-        self.0
-            .set(0, u32::from(color & 1), 0)
-            .map_err(map_err(meter::COLOR_MAP))
-    }
-}
-
-/// The path meter's counters of one color, cumulative: (sent, received).
-pub type MeterCounts = (Vec<(MeterKey, MeterSent)>, Vec<(MeterKey, u64)>);
-
 pub struct MapSet {
     config: Array<MapData, Config>,
     /// Absent in the pins of a datapath an older agent left (it starts flows at their hash).
@@ -171,13 +109,13 @@ pub struct MapSet {
     pub(super) srv6: Option<Srv6Maps>,
     /// The entropy encoding's labels (absent in the pins of a datapath an older agent left).
     pub(super) evs: Option<Guarded<EvKey, u32>>,
-    meter: Option<MeterMaps>,
+    pub(super) meter: Option<MeterMaps>,
     lookup: Option<Lookup>,
     /// How the writers wait for the programs that may hold a value they free.
     pub(super) grace: Arc<Grace>,
 }
 
-fn map_err(name: &'static str) -> impl Fn(MapError) -> Error {
+pub(super) fn map_err(name: &'static str) -> impl Fn(MapError) -> Error {
     Error::map(name)
 }
 
@@ -236,8 +174,11 @@ impl MapSet {
         ));
         set.meter = Some(MeterMaps::from_maps(
             take(meter::CONFIG_MAP)?,
-            take(meter::SENT_MAP)?,
-            take(meter::RECEIVED_MAP)?,
+            [take(meter::SENT_MAPS[0])?, take(meter::SENT_MAPS[1])?],
+            [
+                take(meter::RECEIVED_MAPS[0])?,
+                take(meter::RECEIVED_MAPS[1])?,
+            ],
             Some(take(meter::COLOR_MAP)?),
             Some(take(meter::PEERS_MAP)?),
             &set.grace,
@@ -275,7 +216,8 @@ impl MapSet {
             stamp,
             open(HOP_STATS_MAP)?,
             strip,
-            open(FLOWS_MAP)?,
+            // The flow table of the layout before (one LRU list), where an older agent runs.
+            open(FLOWS_MAP).or_else(|_| open(super::layout::FLOWS_V1))?,
             open(PINS_MAP)?,
         )?;
         set.stamp_names = stamp_names;
@@ -300,15 +242,18 @@ impl MapSet {
             )),
             Err(_) => None,
         };
+        // An older datapath's meter (one map of both colors, never emptied) is not read.
         set.meter = match (
             open(meter::CONFIG_MAP),
-            open(meter::SENT_MAP),
-            open(meter::RECEIVED_MAP),
+            open(meter::SENT_MAPS[0]),
+            open(meter::SENT_MAPS[1]),
+            open(meter::RECEIVED_MAPS[0]),
+            open(meter::RECEIVED_MAPS[1]),
         ) {
-            (Ok(c), Ok(s), Ok(r)) => Some(MeterMaps::from_maps(
+            (Ok(c), Ok(s0), Ok(s1), Ok(r0), Ok(r1)) => Some(MeterMaps::from_maps(
                 c,
-                s,
-                r,
+                [s0, s1],
+                [r0, r1],
                 open(meter::COLOR_MAP).ok(),
                 open(meter::PEERS_MAP).ok(),
                 &set.grace,
@@ -358,120 +303,6 @@ impl MapSet {
             lookup: None,
             grace,
         })
-    }
-
-    /// The path meter's configuration (off where the datapath has no meter).
-    pub fn meter_config(&self) -> Result<MeterConfig> {
-        match &self.meter {
-            Some(m) => m.config.get(&0, 0).map_err(map_err(meter::CONFIG_MAP)),
-            None => Ok(MeterConfig::default()),
-        }
-    }
-
-    /// Sets the meter's period (0: off), keeping its rack mask.
-    pub fn set_meter_period(&mut self, period_ns: u64) -> Result<()> {
-        let Some(m) = self.meter.as_mut() else {
-            return Ok(());
-        };
-        let mut config = m.config.get(&0, 0).map_err(map_err(meter::CONFIG_MAP))?;
-        config.period_ns = period_ns;
-        m.config
-            .set(0, config, 0)
-            .map_err(map_err(meter::CONFIG_MAP))
-    }
-
-    /// Sets the meter's rack mask from a path table: the longest of its prefixes, so no two
-    /// racks share a counter (an address under a shorter prefix is counted by several keys,
-    /// which the agent adds up again).
-    fn set_meter_mask(&mut self, table: &PathTable) -> Result<()> {
-        let Some(m) = self.meter.as_mut() else {
-            return Ok(());
-        };
-        let len = table.destinations.keys().map(|p| p.len).max().unwrap_or(32);
-        let mask = u32::from(sopa_topology::prefix::mask(
-            std::net::Ipv4Addr::BROADCAST,
-            len,
-        ));
-        let mut config = m.config.get(&0, 0).map_err(map_err(meter::CONFIG_MAP))?;
-        // Network order, as the packet holds the address.
-        config.rack_mask = u32::from_ne_bytes(mask.to_be_bytes());
-        m.config
-            .set(0, config, 0)
-            .map_err(map_err(meter::CONFIG_MAP))
-    }
-
-    /// Sets the racks the meter counts marks from: each rack's prefix, as the rack mask cuts
-    /// it (a rack under a shorter prefix than the mask is one entry per masked prefix, as its
-    /// counters are), with the hop limits of its paths here. Entries of racks no longer given
-    /// are removed after the new ones are in (a packet finds its rack's entry throughout), and
-    /// a changed entry is replaced whole ([`super::grace`]).
-    pub fn set_meter_peers(&mut self, peers: &[(Prefix, MeterPeer)]) -> Result<()> {
-        let Some(m) = self.meter.as_mut() else {
-            return Ok(());
-        };
-        let config = m.config.get(&0, 0).map_err(map_err(meter::CONFIG_MAP))?;
-        let Some(map) = m.peers.as_mut() else {
-            return Ok(());
-        };
-        let mask_len = u32::from_be_bytes(config.rack_mask.to_ne_bytes()).leading_ones() as u8;
-        let mut want = StdHashMap::new();
-        for (prefix, peer) in peers {
-            let base = u32::from(prefix.addr);
-            let extra = mask_len.saturating_sub(prefix.len);
-            if extra > 12 {
-                return Err(Error::Config(format!(
-                    "rack {prefix} is 2^{extra} meter keys under the /{mask_len} rack mask: give the fabric's racks prefixes of one length"
-                )));
-            }
-            for i in 0..(1u32 << extra) {
-                let addr = base | (i << (32 - u32::from(mask_len)));
-                want.insert(u32::from_ne_bytes(addr.to_be_bytes()), *peer);
-            }
-        }
-        map.sync_in_place(&want)
-    }
-
-    /// Whether this datapath meters paths (the pins of an older agent's do not).
-    pub fn has_meter(&self) -> bool {
-        self.meter.is_some()
-    }
-
-    /// A handle of its own on the meter's color, where the programs take the color from the
-    /// agent (`None`: no meter, or programs that read the clock themselves).
-    pub fn meter_color(&self) -> Result<Option<MeterColor>> {
-        let Some(color) = self.meter.as_ref().and_then(|m| m.color.as_ref()) else {
-            return Ok(None);
-        };
-        let fd = color
-            .fd()
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(|e| Error::io(format!("duplicating the fd of {}", meter::COLOR_MAP), e))?;
-        let data = MapData::from_fd(fd).map_err(map_err(meter::COLOR_MAP))?;
-        let map = Array::try_from(Map::Array(data)).map_err(map_err(meter::COLOR_MAP))?;
-        Ok(Some(MeterColor(map)))
-    }
-
-    /// The meter's cumulative counters of `color`: (sent, received).
-    pub fn meter_counts(&self, color: u8) -> Result<MeterCounts> {
-        let Some(m) = &self.meter else {
-            return Ok((Vec::new(), Vec::new()));
-        };
-        fn read<V: aya::Pod>(
-            map: &HashMap<MapData, MeterKey, V>,
-            name: &'static str,
-            color: u8,
-        ) -> Result<Vec<(MeterKey, V)>> {
-            map.iter()
-                .filter(|e| !matches!(e, Err(MapError::KeyNotFound)))
-                .filter(|e| !matches!(e, Ok((k, _)) if k.color != color))
-                .collect::<std::result::Result<Vec<_>, _>>()
-                .map_err(map_err(name))
-        }
-        Ok((
-            read(&m.sent, meter::SENT_MAP, color)?,
-            read(&m.received, meter::RECEIVED_MAP, color)?,
-        ))
     }
 
     /// Every flow the sender's datapath tracks, with its packet and byte counts.

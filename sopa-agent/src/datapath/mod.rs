@@ -7,6 +7,7 @@ pub mod labels;
 pub mod layout;
 pub mod lookup;
 pub mod maps;
+pub mod meter_maps;
 mod syscall;
 pub mod tc_hook;
 
@@ -125,7 +126,7 @@ pub enum Hook {
 
 /// Every map of this datapath layout, as pinned: a `SOPA_*` pin not in this list belongs to
 /// another layout (see [`layout`]).
-pub const MAP_NAMES: [&str; 29] = {
+pub const MAP_NAMES: [&str; 31] = {
     use sopa_common::maps::*;
     [
         CONFIG_MAP,
@@ -153,8 +154,10 @@ pub const MAP_NAMES: [&str; 29] = {
         usid_repair::CONFIG_MAP,
         usid_repair::RULES_MAP,
         meter::CONFIG_MAP,
-        meter::SENT_MAP,
-        meter::RECEIVED_MAP,
+        meter::SENT_MAPS[0],
+        meter::SENT_MAPS[1],
+        meter::RECEIVED_MAPS[0],
+        meter::RECEIVED_MAPS[1],
         meter::COLOR_MAP,
         meter::PEERS_MAP,
     ]

@@ -1,5 +1,6 @@
 //! The few `bpf(2)` commands aya does not offer for what the agent needs (a map-in-map to wait
-//! for grace periods with, a cgroup link it can pin), as raw system calls.
+//! for grace periods with, a cgroup link it can pin, a map read and emptied in batches), as raw
+//! system calls.
 
 use std::os::fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd};
 
@@ -7,6 +8,7 @@ use std::os::fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd};
 pub const BPF_MAP_CREATE: libc::c_long = 0;
 pub const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 pub const BPF_OBJ_PIN: libc::c_long = 6;
+pub const BPF_MAP_LOOKUP_AND_DELETE_BATCH: libc::c_long = 25;
 pub const BPF_LINK_CREATE: libc::c_long = 28;
 
 /// `union bpf_attr`, as large as any command here needs; the kernel takes the unused tail
@@ -26,13 +28,14 @@ impl Attr {
     }
 }
 
-pub fn bpf(cmd: libc::c_long, attr: &Attr) -> std::io::Result<libc::c_long> {
-    // SAFETY: `attr` is a valid, fully initialised bpf_attr of the size given.
+pub fn bpf(cmd: libc::c_long, attr: &mut Attr) -> std::io::Result<libc::c_long> {
+    // SAFETY: `attr` is a valid, fully initialised bpf_attr of the size given, which the
+    // kernel may write back into (batch commands return their count there).
     let r = unsafe {
         libc::syscall(
             libc::SYS_bpf,
             cmd,
-            attr as *const Attr,
+            attr as *mut Attr,
             std::mem::size_of::<Attr>() as u32,
         )
     };
@@ -60,7 +63,7 @@ pub fn link_create(
     attr.0[0] = prog.as_raw_fd() as u32;
     attr.0[1] = target.as_raw_fd() as u32;
     attr.0[2] = attach_type;
-    bpf(BPF_LINK_CREATE, &attr).map(owned)
+    bpf(BPF_LINK_CREATE, &mut attr).map(owned)
 }
 
 /// `BPF_OBJ_PIN` of `fd` at `path` (on bpffs).
@@ -71,5 +74,62 @@ pub fn pin(fd: BorrowedFd<'_>, path: &std::path::Path) -> std::io::Result<()> {
     // pathname (u64 pointer), bpf_fd, file_flags.
     attr.set_u64(0, path.as_ptr() as u64);
     attr.0[2] = fd.as_raw_fd() as u32;
-    bpf(BPF_OBJ_PIN, &attr).map(drop)
+    bpf(BPF_OBJ_PIN, &mut attr).map(drop)
+}
+
+/// Keys read per `BPF_MAP_LOOKUP_AND_DELETE_BATCH` call (more where one hash bucket holds more).
+const BATCH: u32 = 4096;
+
+/// Every entry of the hash map `map` (keys of `key_size` bytes, values of `value_size`: a per-CPU
+/// map's values for every possible CPU, each rounded up to 8 bytes), read and deleted in
+/// batches: (keys, values), each entry's bytes one after the other.
+pub fn lookup_and_delete_batch(
+    map: BorrowedFd<'_>,
+    key_size: usize,
+    value_size: usize,
+) -> std::io::Result<(Vec<u8>, Vec<u8>)> {
+    let (mut keys, mut values) = (Vec::new(), Vec::new());
+    // The kernel's cursor (a hash bucket's index): in from the last call, out from this one.
+    let (mut cursor_in, mut cursor_out) = (0u64, 0u64);
+    let mut first = true;
+    let mut batch = BATCH;
+    loop {
+        let n = batch as usize;
+        let (k, v) = (keys.len(), values.len());
+        keys.resize(k + n * key_size, 0);
+        values.resize(v + n * value_size, 0);
+        let mut attr = Attr::zeroed();
+        // in_batch, out_batch, keys, values (u64 pointers), count, map_fd, elem_flags, flags.
+        attr.set_u64(
+            0,
+            if first {
+                0
+            } else {
+                &raw const cursor_in as u64
+            },
+        );
+        attr.set_u64(2, &raw mut cursor_out as u64);
+        attr.set_u64(4, keys[k..].as_mut_ptr() as u64);
+        attr.set_u64(6, values[v..].as_mut_ptr() as u64);
+        attr.0[8] = batch;
+        attr.0[9] = map.as_raw_fd() as u32;
+        let result = bpf(BPF_MAP_LOOKUP_AND_DELETE_BATCH, &mut attr);
+        // The kernel writes back how many entries it returned, error or not.
+        let got = (attr.0[8] as usize).min(n);
+        keys.truncate(k + got * key_size);
+        values.truncate(v + got * value_size);
+        match result {
+            Ok(_) => {}
+            // Past the last bucket: done.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok((keys, values)),
+            // One bucket holds more keys than the batch: again with a larger one.
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && got == 0 => {
+                batch = batch.saturating_mul(2);
+                continue;
+            }
+            Err(e) => return Err(e),
+        }
+        cursor_in = cursor_out;
+        first = false;
+    }
 }

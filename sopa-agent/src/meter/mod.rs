@@ -1,8 +1,8 @@
-//! The host agent's path meter: reads the datapath's per (peer rack, path, color) counters
-//! half a period after each period of alternate marking ends (its color's counters are still
-//! then: its packets have arrived and the next period of that color has not begun), and
-//! reports what the period sent and received to the controller, which compares the two ends
-//! of every path (`sopa_common::maps::meter`).
+//! The host agent's path meter: reads and empties the datapath's per (peer rack, path)
+//! counters of a color half a period after each period of alternate marking ends (its color's
+//! counters are still then: its packets have arrived and the next period of that color has
+//! not begun), and reports what the period sent and received to the controller, which compares
+//! the two ends of every path (`sopa_common::maps::meter`).
 //!
 //! Periods are cut on the TAI clock, counted from the epoch and of the length the controller's
 //! snapshot gives (`clock`), so every host of the fabric agrees on them as closely as its clock
@@ -12,12 +12,12 @@
 //! of a period makes the reading of the period it ends late, and no report is made of it or of
 //! the next of its color (the hosts' counts of that color would not end at the same moment).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use sopa_channel::proto::{PathReport, PeerPaths};
 use sopa_common::maps::{MeterKey, MeterSent};
 
-use crate::datapath::maps::MeterCounts;
+use crate::datapath::meter_maps::MeterCounts;
 
 mod clock;
 pub mod peers;
@@ -29,18 +29,13 @@ pub use clock::{
 };
 pub use reader::{MeterStats, Outcome, report_loop};
 
-/// One color's counters as last read, and the period they closed.
-struct Reading {
-    period: u64,
-    sent: HashMap<MeterKey, MeterSent>,
-    received: HashMap<MeterKey, MeterSent>,
-}
-
-/// Turns successive readings of the cumulative counters into each period's packets.
+/// Turns each reading of a color's counters (emptied as they are read) into its period's
+/// report, when the reading holds that period's packets and only them.
 pub struct PeriodMeter {
     clock: Clock,
-    last: [Option<Reading>; 2],
-    /// A reading of this color was late: the next one's baseline is not clean either.
+    /// Per color: the period of its last reading.
+    last: [Option<u64>; 2],
+    /// A reading of this color was late: the next one holds packets of two periods.
     dirty: [bool; 2],
     /// The datapath's `meter_full` counters at the last reading.
     full: u64,
@@ -65,14 +60,15 @@ impl PeriodMeter {
         }
     }
 
-    /// Takes the counters of period `period`'s color read after it closed; `late`: the reading
-    /// ended after the next period of that color began (some of its packets may be in it);
-    /// `spraying`: the datapath is in `sopa` mode now. A period in which it may not have
-    /// sprayed every flow evenly over its paths is reported incomplete: where a flow keeps to
-    /// one path (ecmp, pinned, single) or picks at random (rps), a congested path loses more
-    /// than its siblings, as a gray link's would.
-    /// Returns the period's report, or `None` when this reading cannot give an exact one (the
-    /// first of its color, after a missed or late one).
+    /// Takes the counters of period `period`'s color, read and emptied after it closed;
+    /// `late`: the reading ended after the next period of that color began (some of its
+    /// packets may be in it); `spraying`: the datapath is in `sopa` mode now. A period in which
+    /// it may not have sprayed every flow evenly over its paths is reported incomplete: where a
+    /// flow keeps to one path (ecmp, pinned, single) or picks at random (rps), a congested path
+    /// loses more than its siblings, as a gray link's would.
+    /// Returns the period's report, or `None` when this reading cannot give an exact one: the
+    /// first of its color (it holds whatever was counted since the maps were last emptied, by
+    /// an agent before this one or since its start), one after a missed or late one.
     pub fn sample(
         &mut self,
         period: u64,
@@ -83,60 +79,37 @@ impl PeriodMeter {
     ) -> Option<PathReport> {
         let color = (period & 1) as usize;
         let (sent, received) = counts;
-        let now = Reading {
-            period,
-            sent: sent
-                .into_iter()
-                .map(|(mut k, v)| (clear(&mut k), v))
-                .collect(),
-            received: received
-                .into_iter()
-                .map(|(mut k, packets)| (clear(&mut k), MeterSent { packets, bytes: 0 }))
-                .collect(),
-        };
         let incomplete = full != self.full || !spraying || !self.spraying;
         self.full = full;
         self.spraying = spraying;
-        let exact = !late
-            && !self.dirty[color]
-            && matches!(&self.last[color], Some(r) if r.period + 2 == period);
+        let exact = !late && !self.dirty[color] && self.last[color] == Some(period.wrapping_sub(2));
         self.dirty[color] = late;
-        let before = self.last[color].replace(now);
+        self.last[color] = Some(period);
         if !exact {
             return None;
         }
-        let (before, now) = (before?, self.last[color].as_ref()?);
+        let received = received
+            .into_iter()
+            .map(|(k, packets)| (k, MeterSent { packets, bytes: 0 }))
+            .collect();
         Some(PathReport {
             period,
             period_ms: (self.clock.period_ns / 1_000_000) as u32,
             epoch_ns: self.clock.epoch_ns,
-            sent: deltas(&before.sent, &now.sent, true),
-            received: deltas(&before.received, &now.received, false),
+            sent: by_rack(sent, true),
+            received: by_rack(received, false),
             incomplete,
         })
     }
 }
 
-/// The key without its color (readings are kept per color already).
-fn clear(k: &mut MeterKey) -> MeterKey {
-    k.color = 0;
-    *k
-}
-
-/// What each key counted since `before`, grouped by peer rack, with the bytes when `bytes`;
-/// keys that did not move are left out.
-fn deltas(
-    before: &HashMap<MeterKey, MeterSent>,
-    now: &HashMap<MeterKey, MeterSent>,
-    bytes: bool,
-) -> Vec<PeerPaths> {
+/// A period's counts grouped by peer rack, with the bytes when `bytes`; keys that counted
+/// nothing are left out.
+fn by_rack(mut counts: Vec<(MeterKey, MeterSent)>, bytes: bool) -> Vec<PeerPaths> {
     let mut racks: BTreeMap<u32, PeerPaths> = BTreeMap::new();
-    let mut keys: Vec<_> = now.iter().collect();
-    keys.sort_by_key(|(k, _)| **k);
-    for (k, v) in keys {
-        let was = before.get(k).copied().unwrap_or_default();
-        let d = v.packets.saturating_sub(was.packets);
-        if d == 0 {
+    counts.sort_by_key(|(k, _)| *k);
+    for (k, v) in counts {
+        if v.packets == 0 {
             continue;
         }
         // The key holds the address as the packet does (network order).
@@ -147,9 +120,9 @@ fn deltas(
         });
         e.hops
             .push(u32::from(k.hops[0]) | (u32::from(k.hops[1]) << 8));
-        e.packets.push(d);
+        e.packets.push(v.packets);
         if bytes {
-            e.bytes.push(v.bytes.saturating_sub(was.bytes));
+            e.bytes.push(v.bytes);
         }
     }
     racks.into_values().collect()
@@ -177,21 +150,21 @@ mod tests {
     }
 
     #[test]
-    fn a_period_is_the_difference_of_two_readings_of_its_color() {
+    fn a_period_is_what_its_reading_counted_after_a_reading_of_the_period_before_of_its_color() {
         let mut m = PeriodMeter::new(Clock::default());
         let a = key([10, 2, 0, 0], [1, 0], 1);
         let b = key([10, 2, 0, 0], [0, 1], 1);
-        // First reading of color 1: no baseline yet.
+        // First reading of color 1: it holds whatever was counted before it.
         assert!(
             m.sample(7, (vec![(a, out(10))], vec![]), 0, false, true)
                 .is_none()
         );
-        // Period 8 (color 0) does not disturb color 1's baseline.
+        // Period 8 (color 0) does not disturb color 1.
         assert!(m.sample(8, (vec![], vec![]), 0, false, true).is_none());
         let r = m
             .sample(
                 9,
-                (vec![(a, out(25)), (b, out(4))], vec![(a, 3)]),
+                (vec![(a, out(15)), (b, out(4))], vec![(a, 3)]),
                 0,
                 false,
                 true,
@@ -212,48 +185,53 @@ mod tests {
     }
 
     #[test]
-    fn a_missed_or_late_reading_gives_no_report_until_the_baseline_is_clean() {
+    fn a_missed_or_late_reading_gives_no_report_until_a_reading_holds_one_period() {
         let mut m = PeriodMeter::new(Clock::default());
         let a = key([10, 2, 0, 0], [1, 0], 0);
         assert!(
             m.sample(2, (vec![(a, out(1))], vec![]), 0, false, true)
                 .is_none()
         );
-        // Period 4 missed: 6 is two periods after nothing.
+        // Period 4 missed: 6's reading holds two periods.
         assert!(
-            m.sample(6, (vec![(a, out(5))], vec![]), 0, false, true)
+            m.sample(6, (vec![(a, out(4))], vec![]), 0, false, true)
                 .is_none()
         );
-        // Late: no report, and the next one's baseline is tainted too.
+        // Late: no report, and the next one holds packets of the period after too.
         assert!(
-            m.sample(8, (vec![(a, out(9))], vec![]), 0, true, true)
+            m.sample(8, (vec![(a, out(4))], vec![]), 0, true, true)
                 .is_none()
         );
         assert!(
-            m.sample(10, (vec![(a, out(12))], vec![]), 0, false, true)
+            m.sample(10, (vec![(a, out(3))], vec![]), 0, false, true)
                 .is_none()
         );
         let r = m
-            .sample(12, (vec![(a, out(20))], vec![]), 0, false, true)
+            .sample(12, (vec![(a, out(8))], vec![]), 0, false, true)
             .expect("clean again");
         assert_eq!(r.sent[0].packets, vec![8]);
         // A full table since the last reading marks the report incomplete.
         let r = m
-            .sample(14, (vec![(a, out(21))], vec![]), 3, false, true)
+            .sample(14, (vec![(a, out(1))], vec![]), 3, false, true)
             .expect("a report");
         assert!(r.incomplete);
         let r = m
-            .sample(16, (vec![(a, out(22))], vec![]), 3, false, true)
+            .sample(16, (vec![(a, out(1))], vec![]), 3, false, true)
             .expect("a report");
         assert!(!r.incomplete);
         // Not spraying now, or at the reading before: incomplete (congestion would look gray).
         let r = m
-            .sample(18, (vec![(a, out(23))], vec![]), 3, false, false)
+            .sample(18, (vec![(a, out(1))], vec![]), 3, false, false)
             .expect("a report");
         assert!(r.incomplete);
         let r = m
-            .sample(20, (vec![(a, out(24))], vec![]), 3, false, true)
+            .sample(20, (vec![(a, out(1))], vec![]), 3, false, true)
             .expect("a report");
         assert!(r.incomplete);
+        // A key that counted nothing is left out of the report.
+        let r = m
+            .sample(22, (vec![(a, out(0))], vec![]), 3, false, true)
+            .expect("a report");
+        assert!(r.sent.is_empty());
     }
 }

@@ -1,5 +1,5 @@
 //! The meter's reader: half a period after each period ends, the counters of its color are
-//! read and the period's report is sent to the controller; and what became of each reading,
+//! read and emptied and the period's report is sent to the controller; and what became of each reading,
 //! for the agent's metrics.
 
 use std::{
@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::{MeterClock, PeriodMeter, Turns, reading_late, tai_ns};
-use crate::datapath::MapSet;
+use crate::datapath::{MapSet, meter_maps::MeterCounters};
 
 /// What became of a period's reading.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,9 +90,18 @@ pub async fn report_loop(
     turns: Turns,
     stats: Arc<MeterStats>,
 ) {
-    if clock.get().period_ns == 0 || !maps.lock().expect("maps lock").has_meter() {
+    if clock.get().period_ns == 0 {
         return;
     }
+    // Handles of the reader's own: reading and emptying a full table holds no lock.
+    let counters = match maps.lock().expect("maps lock").meter_counters() {
+        Ok(Some(counters)) => counters,
+        Ok(None) => return,
+        Err(err) => {
+            warn!(%err, "the path meter's counters cannot be opened; no path reports");
+            return;
+        }
+    };
     let mut c = clock.get();
     let mut meter = PeriodMeter::new(c);
     let mut last_closed: Option<u64> = None;
@@ -123,35 +132,35 @@ pub async fn report_loop(
         }
         last_closed = Some(closed);
         let late = reading_late(*turns.lock().expect("turns lock"), closed);
-        let outcome = read_and_report(&maps, &reports, &mut meter, closed, late, &clock);
+        let outcome = read_and_report(&maps, &counters, &reports, &mut meter, closed, late, &clock);
         stats.count(outcome, 1);
     }
 }
 
-/// Reads the counters of period `closed`'s color and sends the period's report, if exact.
+/// Reads and empties the counters of period `closed`'s color and sends the period's report,
+/// if exact.
 fn read_and_report(
     maps: &Mutex<MapSet>,
+    counters: &MeterCounters,
     reports: &mpsc::Sender<Kind>,
     meter: &mut PeriodMeter,
     closed: u64,
     late: bool,
     clock: &MeterClock,
 ) -> Outcome {
-    let read = {
+    let read = counters.take((closed & 1) as u8).and_then(|c| {
+        // The map set's lock only for two counter reads and the mode.
         let maps = maps.lock().expect("maps lock");
-        let full = |m: &MapSet| -> crate::error::Result<u64> {
-            let stamp = m.stamp_counters()?;
-            let strip = m.strip_counters()?;
-            Ok(stamp[stamp_reason::METER_FULL as usize] + strip[strip_reason::METER_FULL as usize])
-        };
-        maps.meter_counts((closed & 1) as u8).and_then(|c| {
-            Ok((
-                c,
-                full(&maps)?,
-                maps.config()?.mode == sopa_common::maps::mode::SOPA,
-            ))
-        })
-    };
+        let stamp = maps.stamp_counters()?;
+        let strip = maps.strip_counters()?;
+        let full =
+            stamp[stamp_reason::METER_FULL as usize] + strip[strip_reason::METER_FULL as usize];
+        Ok((
+            c,
+            full,
+            maps.config()?.mode == sopa_common::maps::mode::SOPA,
+        ))
+    });
     let (counts, full, spraying) = match read {
         Ok(r) => r,
         Err(err) => {

@@ -62,34 +62,45 @@ fn hex(bytes: &[u8]) -> Vec<String> {
     bytes.iter().map(|b| format!("0x{b:02x}")).collect()
 }
 
-/// Adds `extra` packets (of 1,500 bytes) to every counter of `host`'s pinned sent map whose
-/// key is one of `keys`, as root on the host could with bpftool. Returns the counters changed.
+/// Adds about `extra` packets (of 1,500 bytes) to every counter of `host`'s pinned sent maps
+/// (both colors) whose key is one of `keys`, as root on the host could with bpftool (which
+/// writes one value to every CPU's copy: each gets its share of the total). Returns the
+/// counters changed.
 fn inflate(f: &Fabric, host: &str, keys: &[[u8; 6]], extra: u64) -> usize {
-    let pin = pin_dir(&f.host(host).node).join(sopa_common::maps::meter::SENT_MAP);
-    let pin = pin.to_str().unwrap();
-    let dump: serde_json::Value =
-        serde_json::from_str(&bpftool(&["-j", "map", "dump", "pinned", pin])).unwrap();
-    let byte = |v: &serde_json::Value| {
-        let s = v.as_str().unwrap();
-        u8::from_str_radix(s.trim_start_matches("0x"), 16).unwrap()
-    };
     let mut changed = 0;
-    for e in dump.as_array().unwrap() {
-        let key: Vec<u8> = e["key"].as_array().unwrap().iter().map(byte).collect();
-        if !keys.iter().any(|k| key[..6] == k[..]) {
-            continue;
+    for map in sopa_common::maps::meter::SENT_MAPS {
+        let pin = pin_dir(&f.host(host).node).join(map);
+        let pin = pin.to_str().unwrap();
+        let dump: serde_json::Value =
+            serde_json::from_str(&bpftool(&["-j", "map", "dump", "pinned", pin])).unwrap();
+        let byte = |v: &serde_json::Value| {
+            let s = v.as_str().unwrap();
+            u8::from_str_radix(s.trim_start_matches("0x"), 16).unwrap()
+        };
+        for e in dump.as_array().unwrap() {
+            let key: Vec<u8> = e["key"].as_array().unwrap().iter().map(byte).collect();
+            if !keys.iter().any(|k| key[..6] == k[..]) {
+                continue;
+            }
+            let per_cpu = e["values"].as_array().unwrap();
+            let (mut packets, mut bytes) = (0, 0);
+            for cpu in per_cpu {
+                let value: Vec<u8> = cpu["value"].as_array().unwrap().iter().map(byte).collect();
+                packets += u64::from_le_bytes(value[..8].try_into().unwrap());
+                bytes += u64::from_le_bytes(value[8..16].try_into().unwrap());
+            }
+            let n = per_cpu.len() as u64;
+            let packets = (packets + extra * n).div_ceil(n);
+            let bytes = (bytes + extra * n * 1500).div_ceil(n);
+            let value = [packets.to_le_bytes(), bytes.to_le_bytes()].concat();
+            let mut args = vec!["map", "update", "pinned", pin, "key", "hex"];
+            let (k, v) = (hex(&key), hex(&value));
+            args.extend(k.iter().map(String::as_str));
+            args.extend(["value", "hex"]);
+            args.extend(v.iter().map(String::as_str));
+            bpftool(&args);
+            changed += 1;
         }
-        let value: Vec<u8> = e["value"].as_array().unwrap().iter().map(byte).collect();
-        let packets = u64::from_le_bytes(value[..8].try_into().unwrap()) + extra;
-        let bytes = u64::from_le_bytes(value[8..16].try_into().unwrap()) + extra * 1500;
-        let value = [packets.to_le_bytes(), bytes.to_le_bytes()].concat();
-        let mut args = vec!["map", "update", "pinned", pin, "key", "hex"];
-        let (k, v) = (hex(&key), hex(&value));
-        args.extend(k.iter().map(String::as_str));
-        args.extend(["value", "hex"]);
-        args.extend(v.iter().map(String::as_str));
-        bpftool(&args);
-        changed += 1;
     }
     changed
 }

@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use sopa_common::maps::meter::RECEIVED_MAP;
+use sopa_common::maps::meter::RECEIVED_MAPS;
 use sopa_testbed::{
     fabric::Fabric,
     forge::{mac, marked_frame, send_frames},
@@ -19,18 +19,23 @@ use sopa_topology::srv6::{Usids, receive_address};
 /// Forged frames sent.
 const FORGED: usize = 40_000;
 
-/// Entries of h0's pinned received-counter map.
+/// Entries of h0's pinned received-counter maps (both colors).
 fn received_entries(f: &Fabric) -> usize {
-    let pin = pin_dir(&f.host("h0").node).join(RECEIVED_MAP);
-    let out = sopa_testbed::bpftool::run(&[
-        "-j".as_ref(),
-        "map".as_ref(),
-        "dump".as_ref(),
-        "pinned".as_ref(),
-        pin.as_os_str(),
-    ]);
-    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
-    v.as_array().unwrap().len()
+    RECEIVED_MAPS
+        .iter()
+        .map(|map| {
+            let pin = pin_dir(&f.host("h0").node).join(map);
+            let out = sopa_testbed::bpftool::run(&[
+                "-j".as_ref(),
+                "map".as_ref(),
+                "dump".as_ref(),
+                "pinned".as_ref(),
+                pin.as_os_str(),
+            ]);
+            let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+            v.as_array().unwrap().len()
+        })
+        .sum()
 }
 
 /// h0's agent's counter `name` (with its labels), from its metrics.
