@@ -13,8 +13,8 @@ use std::{
 use aya::maps::{Map, MapData, PerCpuArray, PerCpuValues};
 use sopa_agent::datapath::{Datapath, layout};
 use sopa_common::maps::{
-    FLOWS_MAP, FWD_STATS_MAP, STAMP_STATS_MAP, STRIP_STATS_MAP, forward_reason, meter,
-    stamp_reason, strip_reason, usid_repair,
+    FWD_STATS_MAP, STAMP_STATS_MAP, STRIP_STATS_MAP, forward_reason, meter, stamp_reason,
+    strip_reason, usid_repair,
 };
 
 /// A pin folder of its own, removed on drop.
@@ -65,14 +65,13 @@ fn counter(map: &PerCpuArray<MapData, u64>, names: &[&str], name: &str) -> u64 {
 /// at `value(old index)` on every CPU, under their old names.
 fn previous_layout(pins: &Path, value: impl Fn(u32) -> u64) {
     drop(Datapath::load(pins).unwrap());
-    // Maps retired since (the meter's shared counter maps, the flow table with one LRU list)
-    // stand in under their old names: maps of this layout renamed, made again by the second
-    // load, and then removed (the previous layout had none of them).
+    // Maps retired since (the meter's counter maps of both colors) stand in under their old
+    // names: maps of this layout renamed, made again by the second load, and then removed (the
+    // previous layout had none of them).
     for (now, then) in [
         (meter::RECEIVED_MAPS[0], "SOPA_SENT_V1"),
         (meter::SENT_MAPS[0], "SOPA_SENT_V2"),
         (meter::RECEIVED_MAPS[1], "SOPA_RECV_V1"),
-        (FLOWS_MAP, layout::FLOWS_V1),
     ] {
         std::fs::rename(pins.join(now), pins.join(then)).unwrap();
     }
@@ -86,7 +85,6 @@ fn previous_layout(pins: &Path, value: impl Fn(u32) -> u64) {
     for name in meter::SENT_MAPS.into_iter().chain(meter::RECEIVED_MAPS) {
         std::fs::remove_file(pins.join(name)).unwrap();
     }
-    std::fs::remove_file(pins.join(FLOWS_MAP)).unwrap();
     for p in &layout::PREDECESSORS {
         let old = pins.join(p.old);
         std::fs::rename(pins.join(p.new), &old).unwrap();

@@ -208,9 +208,8 @@ impl PathSet {
     };
 }
 
-/// Per-flow state of the sender (LRU hash keyed by [`FlowKey`], an LRU list per CPU). V1 had one
-/// LRU list, whose lock every CPU's new flow took.
-pub const FLOWS_MAP: &str = "SOPA_FLOWS_V2";
+/// Per-flow state of the sender (LRU hash keyed by [`FlowKey`]).
+pub const FLOWS_MAP: &str = "SOPA_FLOWS_V1";
 pub const FLOWS_CAPACITY: u32 = 65_536;
 
 /// A flow's 5-tuple, addresses and ports in network order as they appear in the packet.

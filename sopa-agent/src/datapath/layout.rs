@@ -88,23 +88,18 @@ pub const PREDECESSORS: [Predecessor; 3] = [
     },
 ];
 
-/// The flow table before it had an LRU list per CPU.
-pub const FLOWS_V1: &str = "SOPA_FLOWS_V1";
-
 /// Maps of an older layout this agent replaces without carrying their content over: the path
 /// meter's counters before they counted bytes (`SOPA_SENT_V1`) and before each color had maps
 /// of its own, per CPU, emptied after each reading (`SOPA_SENT_V2`, `SOPA_RECV_V1`), whose
 /// periods start anew with every agent (its first readings are baselines, not reports), so
-/// nothing in them is lost; the flow table with one LRU list (its flows start their round
-/// robin again at their hash, as after an eviction); the
+/// nothing in them is lost; the
 /// encoding as an array written in place (V1), which the agent writes again from its table;
 /// a switch's uSID configuration without the block (V1), which the switch agent writes again
 /// from its plan. Their pins are removed once this agent's programs replaced the old ones.
-pub const RETIRED: [&str; 6] = [
+pub const RETIRED: [&str; 5] = [
     "SOPA_SENT_V1",
     "SOPA_SENT_V2",
     "SOPA_RECV_V1",
-    FLOWS_V1,
     "SOPA_ENCAP_V1",
     "SOPA_USIDC_V1",
 ];

@@ -216,8 +216,7 @@ impl MapSet {
             stamp,
             open(HOP_STATS_MAP)?,
             strip,
-            // The flow table of the layout before (one LRU list), where an older agent runs.
-            open(FLOWS_MAP).or_else(|_| open(super::layout::FLOWS_V1))?,
+            open(FLOWS_MAP)?,
             open(PINS_MAP)?,
         )?;
         set.stamp_names = stamp_names;
