@@ -31,6 +31,21 @@ pub fn tc_room(ctx: TcContext) -> i32 {
     TC_ACT_UNSPEC
 }
 
+/// The floor of the SRv6 encoding: `bpf_skb_adjust_room` making room for an outer IPv6 header
+/// and the path meter's mark before the packet, as `encoding::outer` does, and nothing else.
+#[classifier]
+pub fn tc_room6(ctx: TcContext) -> i32 {
+    use aya_ebpf::bindings::{
+        BPF_F_ADJ_ROOM_ENCAP_L3_IPV6, BPF_F_ADJ_ROOM_FIXED_GSO, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC,
+    };
+    let _ = ctx.adjust_room(
+        (crate::encoding::outer::OUTER_LEN as usize + sopa_common::srv6::MARK_LEN) as i32,
+        BPF_ADJ_ROOM_MAC,
+        u64::from(BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 | BPF_F_ADJ_ROOM_FIXED_GSO),
+    );
+    TC_ACT_UNSPEC
+}
+
 /// The floor of removing them at the receiver: `bpf_xdp_adjust_head` alone.
 #[xdp]
 pub fn xdp_head(ctx: XdpContext) -> u32 {

@@ -126,22 +126,22 @@ static METER_CONFIG: Array<MeterConfig> = Array::pinned(1, 0);
 #[map(name = "SOPA_COLOR_V1")]
 static METER_COLOR: Array<u32> = Array::pinned(1, 0);
 
-// One map per color and direction, per CPU, allocated as keys come (`meter`).
+// One map per color and direction, per CPU, preallocated (`meter`).
 #[map(name = "SOPA_SENT_C0_V1")]
 static METER_SENT0: PerCpuHashMap<MeterKey, MeterSent> =
-    PerCpuHashMap::pinned(sopa_common::maps::meter::CAPACITY, BPF_F_NO_PREALLOC);
+    PerCpuHashMap::pinned(sopa_common::maps::meter::CAPACITY, 0);
 
 #[map(name = "SOPA_SENT_C1_V1")]
 static METER_SENT1: PerCpuHashMap<MeterKey, MeterSent> =
-    PerCpuHashMap::pinned(sopa_common::maps::meter::CAPACITY, BPF_F_NO_PREALLOC);
+    PerCpuHashMap::pinned(sopa_common::maps::meter::CAPACITY, 0);
 
 #[map(name = "SOPA_RECV_C0_V1")]
 static METER_RECEIVED0: PerCpuHashMap<MeterKey, u64> =
-    PerCpuHashMap::pinned(sopa_common::maps::meter::CAPACITY, BPF_F_NO_PREALLOC);
+    PerCpuHashMap::pinned(sopa_common::maps::meter::CAPACITY, 0);
 
 #[map(name = "SOPA_RECV_C1_V1")]
 static METER_RECEIVED1: PerCpuHashMap<MeterKey, u64> =
-    PerCpuHashMap::pinned(sopa_common::maps::meter::CAPACITY, BPF_F_NO_PREALLOC);
+    PerCpuHashMap::pinned(sopa_common::maps::meter::CAPACITY, 0);
 
 #[map(name = "SOPA_METER_PEERS_V1")]
 static METER_PEERS: HashMap<u32, MeterPeer> =

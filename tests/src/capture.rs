@@ -132,6 +132,30 @@ pub fn cycle_breaks(stamped: &[(u16, u8, usize)], paths: u8) -> (usize, Vec<(Sen
     (pairs, breaks)
 }
 
+/// The TCP payload length of a data frame to `port` as a receiving stack sees it (after
+/// `xdp_strip` and GRO): a plain IPv4 or IPv6 packet, its length the merged skb's (`None`:
+/// another frame, or one without data).
+pub fn tcp_data_to(frame: &[u8], port: u16) -> Option<usize> {
+    let (ip_len, l4, total) = match frame.get(12..14)? {
+        [0x08, 0x00] => {
+            let ihl = usize::from(frame.get(14)? & 0x0F) * 4;
+            let tot = usize::from(u16::from_be_bytes([*frame.get(16)?, *frame.get(17)?]));
+            (ihl, 14 + ihl, tot)
+        }
+        [0x86, 0xDD] => {
+            let plen = usize::from(u16::from_be_bytes([*frame.get(18)?, *frame.get(19)?]));
+            (40, 54, 40 + plen)
+        }
+        _ => return None,
+    };
+    let tcp = frame.get(l4..l4 + 20)?;
+    if u16::from_be_bytes([tcp[2], tcp[3]]) != port {
+        return None;
+    }
+    let data = total.checked_sub(ip_len + usize::from(tcp[12] >> 4) * 4)?;
+    (data > 0).then_some(data)
+}
+
 /// Bytes kept of every frame: Ethernet, IPv4 with options, TCP with options.
 pub const SNAPLEN: u32 = 128;
 

@@ -9,7 +9,7 @@
 //! the host talks to over its life.
 
 use std::{
-    collections::{BTreeMap, HashMap as StdHashMap},
+    collections::HashMap as StdHashMap,
     os::fd::{AsFd as _, BorrowedFd},
     sync::Arc,
 };
@@ -196,22 +196,24 @@ fn take<V: aya::Pod + Default + Copy>(
     let (keys, values) =
         syscall::lookup_and_delete_batch(map_fd(map), size_of::<MeterKey>(), stride * cpus)
             .map_err(|e| Error::io(format!("reading and emptying {name}"), e))?;
-    let mut out: BTreeMap<MeterKey, V> = BTreeMap::new();
-    for (key, per_cpu) in keys
+    // A hash map returns each key once.
+    Ok(keys
         .chunks_exact(size_of::<MeterKey>())
         .zip(values.chunks_exact(stride * cpus))
-    {
-        // SAFETY: MeterKey and V are plain integers (Pod); the chunks are exactly their sizes
-        // (read unaligned: the buffers are bytes).
-        let key: MeterKey = unsafe { std::ptr::read_unaligned(key.as_ptr().cast()) };
-        let sum = out.entry(key).or_default();
-        for cpu in per_cpu.chunks_exact(stride) {
-            add(sum, unsafe {
-                std::ptr::read_unaligned(cpu.as_ptr().cast())
-            });
-        }
-    }
-    Ok(out.into_iter().collect())
+        .map(|(key, per_cpu)| {
+            // SAFETY: MeterKey and V are plain integers (Pod); the chunks are their sizes
+            // (read unaligned: the buffers are bytes).
+            let key: MeterKey = unsafe { std::ptr::read_unaligned(key.as_ptr().cast()) };
+            let mut sum = V::default();
+            for cpu in per_cpu.chunks_exact(stride) {
+                // SAFETY: as above.
+                add(&mut sum, unsafe {
+                    std::ptr::read_unaligned(cpu.as_ptr().cast())
+                });
+            }
+            (key, sum)
+        })
+        .collect())
 }
 
 impl MapSet {

@@ -322,29 +322,6 @@ pub fn a_silent_black_hole_is_probed_around(f: &mut Fabric) {
     assert_eq!(h4_row["found"]["ipv4"], 4, "healed: {h4_row}");
 }
 
-/// The TCP payload of a data frame to `port` as h4 received it (after `xdp_strip` and GRO): a
-/// plain IPv4 or IPv6 packet, its length the merged skb's.
-fn payload_to(frame: &[u8], port: u16) -> Option<usize> {
-    let (ip_len, l4, total) = match frame.get(12..14)? {
-        [0x08, 0x00] => {
-            let ihl = usize::from(frame.get(14)? & 0x0F) * 4;
-            let tot = usize::from(u16::from_be_bytes([*frame.get(16)?, *frame.get(17)?]));
-            (ihl, 14 + ihl, tot)
-        }
-        [0x86, 0xDD] => {
-            let plen = usize::from(u16::from_be_bytes([*frame.get(18)?, *frame.get(19)?]));
-            (40, 54, 40 + plen)
-        }
-        _ => return None,
-    };
-    let tcp = frame.get(l4..l4 + 20)?;
-    if u16::from_be_bytes([tcp[2], tcp[3]]) != port {
-        return None;
-    }
-    let data = total.checked_sub(ip_len + usize::from(tcp[12] >> 4) * 4)?;
-    (data > 0).then_some(data)
-}
-
 /// One transfer h0 -> h4 of 8 MB on `port` (IPv6 when `v6`): the skbs with data h4's stack
 /// received per segment h0 sent (1 when GRO merged nothing).
 fn skbs_per_segment(f: &Fabric, v6: bool, port: u16) -> f64 {
@@ -363,7 +340,7 @@ fn skbs_per_segment(f: &Fabric, v6: bool, port: u16) -> f64 {
     let skbs = got
         .frames
         .iter()
-        .filter(|fr| payload_to(fr, port).is_some())
+        .filter(|fr| sopa_testbed::capture::tcp_data_to(fr, port).is_some())
         .count();
     skbs as f64 / segments as f64
 }
@@ -405,13 +382,19 @@ pub fn the_receiver_merges_as_without_sopa(f: &mut Fabric) {
         rows.push((name, by_mode[0], by_mode[1]));
     }
     eprintln!("skbs per segment at h4 (without SOPA, with): {rows:?}");
+    // h0 sends flowcells of 4 segments in both modes (the agent's granularity), and h4 merges
+    // at least each flowcell's segments: 0.25 skbs per segment. Across flowcells it merges
+    // sometimes, without SOPA as with it (0.217-0.262 in four runs each way): the bound is 1.1
+    // times the larger of the two, so that luck across flowcells decides nothing. GRO lost
+    // would be about 1 skb per segment.
+    const FLOWCELL: f64 = 0.25;
     for (name, off, sopa) in rows {
         assert!(
             off < 0.9,
             "{name}: GRO merged little even without SOPA ({off:.3})"
         );
         assert!(
-            sopa <= 1.1 * off,
+            sopa <= 1.1 * off.max(FLOWCELL),
             "{name}: {sopa:.3} skbs per segment with SOPA, {off:.3} without"
         );
     }

@@ -1,71 +1,13 @@
-//! `cargo xtask bench datapath`: the cost of the datapath, measured side by side in one run.
-//!
-//! 1. ns per packet of `tc_stamp` and `xdp_strip` against programs that do nothing, through
-//!    BPF_PROG_TEST_RUN, runs interleaved so both see the same machine: the IPv4 option and the
-//!    SRv6 encoding (a second datapath, encapsulating) side by side; `xdp_strip` as agents run
-//!    it (reordering not measured) and measuring reordering; and the floors, the kernel helper
-//!    that makes or removes the option's room alone (`tc_room`, `xdp_head`), which no encoding
-//!    that inserts bytes can go below.
-//! 2. Single-stream TCP throughput A -> R -> B (iperf3, cubic) without agents and with agents
-//!    at both granularities, rounds interleaved; medians and ratios.
-
-use std::{process::Command, time::Duration};
+//! The one-CPU table: `tc_stamp` and `xdp_strip` against empty programs and their floors.
 
 use aya::{
     EbpfLoader,
     programs::{SchedClassifier, TestRun as _, TestRunOptions, Xdp},
 };
-use sopa_agent::{
-    datapath::{self, Datapath, MapSet},
-    path_table::PathTable,
-};
-use sopa_common::maps::{Config, lookup, mode};
-use sopa_testbed::{Process, arb::Arb};
+use sopa_agent::datapath;
+use sopa_common::maps::lookup;
 
-struct Args {
-    runs: u32,
-    iperf_seconds: u32,
-    rounds: u32,
-}
-
-fn parse_args() -> Args {
-    let mut args = Args {
-        runs: 1_000_000,
-        iperf_seconds: 5,
-        rounds: 3,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        let mut value = |name: &str| -> u32 {
-            it.next()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("{name} takes a number"))
-        };
-        match a.as_str() {
-            "--runs" => args.runs = value("--runs"),
-            "--iperf-seconds" => args.iperf_seconds = value("--iperf-seconds"),
-            // 0: the test_run table alone.
-            "--rounds" => args.rounds = value("--rounds"),
-            "--bench" => {}
-            other => {
-                panic!(
-                    "unknown argument {other}; use --runs N, --iperf-seconds S, --rounds R (0: no iperf3)"
-                )
-            }
-        }
-    }
-    args
-}
-
-fn frame(dst: [u8; 4], payload: usize) -> Vec<u8> {
-    let builder = etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
-        .ipv4([10, 101, 1, 2], dst, 64)
-        .tcp(40000, 5201, 1, 65535)
-        .ack(1);
-    let mut out = Vec::new();
-    builder.write(&mut out, &vec![0x5a; payload]).unwrap();
-    out
-}
+use crate::{Args, METER_PERIOD_NS, frame, loaded, prog_ref};
 
 /// The bench's datapaths.
 #[derive(Clone, Copy)]
@@ -80,8 +22,10 @@ enum Dp {
     SixTrie,
 }
 
-/// The path meter's period as agents run it by default (`--meter-period-ms 250`).
-const METER_PERIOD_NS: u64 = 250_000_000;
+/// The floors' rows.
+const OPTION_FLOOR: &str = "tc: adjust_room +4 alone (option floor)";
+const SRV6_FLOOR: &str = "tc: adjust_room +48 alone (SRv6 floor)";
+const STRIP_FLOOR: &str = "xdp: adjust_head +4 alone (floor)";
 
 /// What a row runs.
 #[derive(Clone, Copy)]
@@ -132,6 +76,17 @@ impl<'a> Row<'a> {
         }
     }
 
+    /// The floor of the work the row's program does on its input: the helper that makes or
+    /// removes the room alone (`None`: a row that passes its packet on unchanged).
+    fn floor(&self) -> Option<&'static str> {
+        match self.prog {
+            Prog::Stamp(Dp::Main | Dp::Trie) if self.name.contains("stamped") => Some(OPTION_FLOOR),
+            Prog::Stamp(Dp::Six | Dp::SixTrie) => Some(SRV6_FLOOR),
+            Prog::Strip(_) if !self.name.contains("passed") => Some(STRIP_FLOOR),
+            _ => None,
+        }
+    }
+
     fn reordering(self) -> Self {
         Self {
             reordering: true,
@@ -140,15 +95,9 @@ impl<'a> Row<'a> {
     }
 }
 
-fn main() {
-    let args = parse_args();
-    test_run_table(&args);
-    if args.rounds > 0 {
-        throughput_table(&args);
-    }
-}
-
-fn test_run_table(args: &Args) {
+/// The one-CPU table: each program's ns per packet against the empty program of its hook and
+/// against its floor.
+pub fn table(args: &Args) {
     // A rack prefix per edge switch of a k=48 Fat-Tree (1,152 /24s), the benchmark's
     // destination among them: the trie's walk is as deep as in such a fabric.
     let racks: String = (0..48u32)
@@ -204,9 +153,11 @@ fn test_run_table(args: &Args) {
         .try_into()
         .unwrap();
     xdp_pass.load().unwrap();
-    prog_ref::<SchedClassifier>(&mut baseline, "tc_room")
-        .load()
-        .unwrap();
+    for floor in ["tc_room", "tc_room6"] {
+        prog_ref::<SchedClassifier>(&mut baseline, floor)
+            .load()
+            .unwrap();
+    }
     let xdp_head: &mut Xdp = baseline
         .program_mut("xdp_head")
         .unwrap()
@@ -265,6 +216,11 @@ fn test_run_table(args: &Args) {
         output(prog_ref(&mut baseline, "tc_room"), &fabric).len(),
         fabric.len() + 4,
         "tc_room makes the option's room"
+    );
+    assert_eq!(
+        output(prog_ref(&mut baseline, "tc_room6"), &fabric).len(),
+        fabric.len() + 48,
+        "tc_room6 makes an outer header's and a mark's room"
     );
     let mut head_out = vec![0u8; 2048];
     let head = prog_ref::<Xdp>(&mut baseline, "xdp_head")
@@ -341,11 +297,8 @@ fn test_run_table(args: &Args) {
             Prog::Stamp(Dp::SixTrie),
             &fabric,
         ),
-        Row::new(
-            "tc: adjust_room +4 alone (floor)",
-            Prog::Baseline("tc_room"),
-            &fabric,
-        ),
+        Row::new(OPTION_FLOOR, Prog::Baseline("tc_room"), &fabric),
+        Row::new(SRV6_FLOOR, Prog::Baseline("tc_room6"), &fabric),
         Row::new("xdp: XDP_PASS (baseline)", Prog::XdpPass, &fabric),
         Row::new(
             "xdp_strip, stamped TCP (stripped)",
@@ -374,11 +327,7 @@ fn test_run_table(args: &Args) {
             Prog::Strip(Dp::Six),
             &encapsulated,
         ),
-        Row::new(
-            "xdp: adjust_head +4 alone (floor)",
-            Prog::Baseline("xdp_head"),
-            &fabric,
-        ),
+        Row::new(STRIP_FLOOR, Prog::Baseline("xdp_head"), &fabric),
     ];
     let mut totals = vec![(0u128, 0u64); rows.len()];
     let batch = 10_000u32.min(args.runs);
@@ -434,19 +383,24 @@ fn test_run_table(args: &Args) {
          path meter on, as agents run by default, unless a row says off)"
     );
     println!(
-        "{:<42} {:>10} {:>14} {:>8}",
-        "program", "ns/packet", "over baseline", "ratio"
+        "{:<42} {:>10} {:>14} {:>8} {:>10}",
+        "program", "ns/packet", "over baseline", "ratio", "vs floor"
     );
     for row in &rows {
         let ns = mean(row.name);
-        // Each program against the empty program of its hook.
+        // Each program against the empty program of its hook, and against the floor of the
+        // work it does, where it does some.
         let base = mean(if row.prog.is_xdp() {
             "xdp: XDP_PASS (baseline)"
         } else {
             "tc: empty program (baseline)"
         });
+        let floor = row
+            .floor()
+            .map(|f| format!("{:.2}", ns / mean(f)))
+            .unwrap_or_default();
         println!(
-            "{:<42} {:>10.1} {:>+14.1} {:>8.2}",
+            "{:<42} {:>10.1} {:>+14.1} {:>8.2} {floor:>10}",
             row.name,
             ns,
             ns - base,
@@ -482,6 +436,13 @@ fn test_run_table(args: &Args) {
         over(six, "tc_stamp, SRv6, two lengths (tries)")
     );
     println!(
+        "targets: tc_stamp (option, meter on) {:.2}x its floor (at most 1.3), SRv6 encapsulated \
+         {:.2}x its floor (at most 1.3), xdp_strip {:.2}x its floor (at most 1.2)",
+        mean(stamped_row) / mean(OPTION_FLOOR),
+        mean(six) / mean(SRV6_FLOOR),
+        mean(stripped_row) / mean(STRIP_FLOOR)
+    );
+    println!(
         "the path meter: stamped {:+.1} ns/packet, stripped {:+.1}",
         over(stamped_row, "tc_stamp, stamped, meter off"),
         over(stripped_row, "xdp_strip, stripped, meter off")
@@ -494,175 +455,10 @@ fn test_run_table(args: &Args) {
     let _ = std::fs::remove_dir_all(&pins6_trie);
 }
 
-/// A datapath of its own (pins under `sopa-bench-{tag}PID`) in `sopa` mode, given `table`.
-fn loaded(tag: &str, table: &str) -> (Datapath, MapSet, std::path::PathBuf) {
-    let pins = std::path::PathBuf::from(format!(
-        "/sys/fs/bpf/sopa-bench-{tag}{}",
-        std::process::id()
-    ));
-    let mut dp = Datapath::load(&pins).expect("load the datapath");
-    let mut maps = dp.take_maps().unwrap();
-    maps.set_config(Config {
-        mode: mode::SOPA,
-        hash_seed: 1,
-    })
-    .unwrap();
-    let table = PathTable::parse(table).unwrap();
-    maps.apply_paths(&table).unwrap();
-    maps.apply_srv6(table.srv6.as_ref()).unwrap();
-    maps.set_meter_period(METER_PERIOD_NS).unwrap();
-    (dp, maps, pins)
-}
-
-fn prog_ref<'a, P>(ebpf: &'a mut aya::Ebpf, name: &str) -> &'a mut P
-where
-    &'a mut P: TryFrom<&'a mut aya::programs::Program>,
-    <&'a mut P as TryFrom<&'a mut aya::programs::Program>>::Error: std::fmt::Debug,
-{
-    ebpf.program_mut(name).unwrap().try_into().unwrap()
-}
-
 fn tc_pass_ref(ebpf: &mut aya::Ebpf) -> &mut SchedClassifier {
     ebpf.program_mut("tc_pass").unwrap().try_into().unwrap()
 }
 
 fn xdp_pass_ref(ebpf: &mut aya::Ebpf) -> &mut Xdp {
     ebpf.program_mut("xdp_pass").unwrap().try_into().unwrap()
-}
-
-/// Runs one iperf3 client from A to B and returns the receiver's Gbit/s.
-fn iperf(arb: &Arb, seconds: u32) -> f64 {
-    let out = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            arb.a.name(),
-            "iperf3",
-            "-c",
-            "10.101.2.2",
-            "-p",
-            "5299",
-            "-C",
-            "cubic",
-            "-J",
-            // Client on CPU 0, server on CPU 1: unpinned, single runs flipped between two
-            // modes (both on one CPU or not), 8 and 27 Gbit/s without agents in one run.
-            "-A",
-            "0,1",
-        ])
-        .args(["-t", &seconds.to_string()])
-        .output()
-        .expect("run iperf3");
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|err| {
-        panic!(
-            "iperf3 output is not JSON ({err}): {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    report["end"]["sum_received"]["bits_per_second"]
-        .as_f64()
-        .unwrap_or_else(|| panic!("iperf3 failed: {}", report["error"]))
-        / 1e9
-}
-
-fn throughput_table(args: &Args) {
-    let arb = Arb::new("bench").expect("build A - R - B");
-    let log = std::env::temp_dir().join(format!("{}-iperf3.log", arb.b.name()));
-    let _server = Process::spawn(
-        Some(&arb.b),
-        std::path::Path::new("iperf3"),
-        &["-s", "-p", "5299"],
-        &log,
-    )
-    .expect("iperf3 server");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !arb.b.tcp_listening(5299).unwrap_or(false) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the iperf3 server does not listen (log {})",
-            log.display()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    // (name, agent granularity, gso_max_segs set by hand without agents). Per-packet spraying
-    // costs mostly segmentation, so it is compared with gso_max_segs 1 without agents too.
-    let configs: [(&str, Option<&str>, Option<&str>); 4] = [
-        ("no agent", None, None),
-        ("agents, granularity burst (GSO)", Some("burst"), None),
-        ("no agent, gso_max_segs 1", None, Some("1")),
-        ("agents, granularity packet", Some("packet"), None),
-    ];
-    let mut results: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
-    eprintln!(
-        "iperf3: {} rounds of {} configurations, {} s each",
-        args.rounds,
-        configs.len(),
-        args.iperf_seconds
-    );
-    for _ in 0..args.rounds {
-        for (i, (_, granularity, segs)) in configs.iter().enumerate() {
-            let set_segs = |v: &str| {
-                arb.a
-                    .ip(&["link", "set", &arb.a_if, "gso_max_segs", v])
-                    .unwrap();
-                arb.b
-                    .ip(&["link", "set", &arb.b_if, "gso_max_segs", v])
-                    .unwrap();
-            };
-            if let Some(v) = segs {
-                set_segs(v);
-            }
-            let agents = granularity.map(|g| {
-                arb.start_agents(4, &["--granularity", g, "--no-metrics"])
-                    .unwrap()
-            });
-            results[i].push(iperf(&arb, args.iperf_seconds));
-            if segs.is_some() {
-                set_segs("65535");
-            }
-            if let Some((a, b)) = agents {
-                let stamped = a.status().unwrap()["stamp"]["stamped"]
-                    .as_u64()
-                    .unwrap_or(0);
-                assert!(stamped > 0, "the agent stamped nothing");
-                a.stop();
-                b.stop();
-            }
-        }
-    }
-    let median = |v: &[f64]| {
-        let mut v = v.to_vec();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
-    let (base_median, base_best) = (median(&results[0]), best(&results[0]));
-    let (segs_median, segs_best) = (median(&results[2]), best(&results[2]));
-    println!();
-    println!(
-        "single-stream TCP A -> R -> B (iperf3, cubic, client on CPU 0, server on CPU 1, {} s, {} rounds)",
-        args.iperf_seconds, args.rounds
-    );
-    println!(
-        "{:<34} {:>8} {:>6} {:>8} {:>6} {:>12}   runs",
-        "configuration", "median", "ratio", "best", "ratio", "vs segs=1"
-    );
-    for (i, ((name, _, _), runs)) in configs.iter().zip(&results).enumerate() {
-        let (m, b) = (median(runs), best(runs));
-        let vs = if i == 3 {
-            format!("{:.2}/{:.2}", m / segs_median, b / segs_best)
-        } else {
-            String::new()
-        };
-        let runs: Vec<String> = runs.iter().map(|r| format!("{r:.2}")).collect();
-        println!(
-            "{name:<34} {m:>8.2} {:>6.2} {b:>8.2} {:>6.2} {vs:>12}   {}",
-            m / base_median,
-            b / base_best,
-            runs.join(" ")
-        );
-    }
-    println!(
-        "(Gbit/s; on 2 cores single runs flip between two modes, so read best-of-N beside the median)"
-    );
 }
