@@ -8,9 +8,9 @@
 //! sender's, the router's and the receiver's work together), as ratios to no agent and to per
 //! packet.
 
-use std::{process::Command, time::Duration};
+use std::process::Command;
 
-use sopa_testbed::{agent::set_granularity, arb::Arb, experiment::cpu, process::Process};
+use sopa_testbed::{agent::set_granularity, arb::Arb, experiment::cpu};
 
 struct Args {
     mbit: u32,
@@ -102,23 +102,7 @@ fn median(v: &[f64]) -> f64 {
 fn main() {
     let a = args();
     let arb = Arb::new("cost").expect("build A - R - B");
-    let log = std::env::temp_dir().join(format!("{}-iperf3.log", arb.b.name()));
-    let _server = Process::spawn(
-        Some(&arb.b),
-        std::path::Path::new("iperf3"),
-        &["-s", "-p", &PORT.to_string()],
-        &log,
-    )
-    .expect("iperf3 server");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !arb.b.tcp_listening(PORT).unwrap_or(false) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the iperf3 server does not listen (log {})",
-            log.display()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let _server = arb.iperf3_server(PORT).expect("iperf3 server");
     // [streams][configuration] -> runs of (Gbit/s, CPU s/GB).
     let mut runs = vec![vec![Vec::<(f64, f64)>::new(); GRANULARITIES.len()]; a.streams.len()];
     eprintln!(

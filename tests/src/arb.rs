@@ -190,6 +190,29 @@ impl Arb {
         Ok((a, b))
     }
 
+    /// An iperf3 server on B at `port`, listening when this returns (its log in the temporary
+    /// folder); it ends when the returned process is dropped.
+    pub fn iperf3_server(&self, port: u16) -> Result<crate::Process> {
+        let log = std::env::temp_dir().join(format!("{}-iperf3.log", self.b.name()));
+        let server = crate::Process::spawn(
+            Some(&self.b),
+            std::path::Path::new("iperf3"),
+            &["-s", "-p", &port.to_string()],
+            &log,
+        )?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !self.b.tcp_listening(port).unwrap_or(false) {
+            if std::time::Instant::now() > deadline {
+                return Err(crate::Error::Failed(format!(
+                    "the iperf3 server does not listen on {port} (log {})",
+                    log.display()
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        Ok(server)
+    }
+
     /// A path table with `paths` single-decision paths towards `prefix`.
     pub fn path_table(prefix: &str, paths: u8) -> String {
         let hops: Vec<String> = (0..paths).map(|h| format!("[{h}]")).collect();

@@ -7,7 +7,7 @@ use aya::{
 use sopa_agent::datapath;
 use sopa_common::maps::lookup;
 
-use crate::{Args, METER_PERIOD_NS, frame, loaded, prog_ref};
+use crate::{Args, METER_PERIOD_NS, frame, loaded, output, prog_ref};
 
 /// The bench's datapaths.
 #[derive(Clone, Copy)]
@@ -176,19 +176,6 @@ pub fn table(args: &Args) {
             data_out: Some(out),
             ..Default::default()
         })
-    };
-    // What a program makes of `input`.
-    let output = |prog: &mut SchedClassifier, input: &[u8]| {
-        let mut out = vec![0u8; 2048];
-        let r = prog
-            .test_run(TestRunOptions {
-                data_in: Some(input),
-                data_out: Some(&mut out),
-                ..Default::default()
-            })
-            .unwrap();
-        out.truncate(r.data_size_out as usize);
-        out
     };
     let stamped = output(dp.stamp_program(), &fabric);
     assert_eq!(

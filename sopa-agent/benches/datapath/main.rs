@@ -110,6 +110,21 @@ pub fn frame(dst: [u8; 4], payload: usize) -> Vec<u8> {
 /// The path meter's period as agents run it by default (`--meter-period-ms 250`).
 pub const METER_PERIOD_NS: u64 = 250_000_000;
 
+/// What a TC program makes of `input` (one test run).
+pub fn output(prog: &aya::programs::SchedClassifier, input: &[u8]) -> Vec<u8> {
+    use aya::programs::TestRun as _;
+    let mut out = vec![0u8; input.len() + 128];
+    let r = prog
+        .test_run(aya::programs::TestRunOptions {
+            data_in: Some(input),
+            data_out: Some(&mut out),
+            ..Default::default()
+        })
+        .expect("test_run");
+    out.truncate(r.data_size_out as usize);
+    out
+}
+
 /// A datapath of its own (pins under `sopa-bench-{tag}PID`) in `sopa` mode, given `table`.
 pub fn loaded(tag: &str, table: &str) -> (Datapath, MapSet, std::path::PathBuf) {
     let pins = std::path::PathBuf::from(format!(

@@ -158,20 +158,15 @@ pub fn table(args: &Args) {
             ""
         );
     }
-    println!(
-        "{:<44} {:>10} {:>10} {:>10.2}",
-        format!("batched, the last period's {} keys", keys[n - 1]),
-        "",
-        "",
-        ms(takes[n - 1])
-    );
-    println!(
-        "{:<44} {:>10} {:>10} {:>10.2}",
-        format!("key-by-key, the last period's {} keys", keys[n - 1]),
-        "",
-        "",
-        ms(walks[n - 1])
-    );
+    for (name, last) in [("batched", takes[n - 1]), ("key-by-key", walks[n - 1])] {
+        println!(
+            "{:<44} {:>10} {:>10} {:>10.2}",
+            format!("{name}, the last period's {} keys", keys[n - 1]),
+            "",
+            "",
+            ms(last)
+        );
+    }
     println!(
         "(per-CPU counters: a reading copies {} CPUs' values of each key; target: at most 10 ms \
          a period; a table holds {} keys a period)",

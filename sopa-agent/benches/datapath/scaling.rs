@@ -141,16 +141,7 @@ pub fn table(args: &Args) {
     let a_flow_each: Vec<Vec<u8>> = (0..n).map(|i| frame(40000 + i as u16)).collect();
     // The same packets as they arrive at the destination, stamped.
     let stamp = |dp: &mut Datapath, input: &[u8]| {
-        let mut out = vec![0u8; input.len() + 128];
-        let r = dp
-            .stamp_program()
-            .test_run(TestRunOptions {
-                data_in: Some(input),
-                data_out: Some(&mut out),
-                ..Default::default()
-            })
-            .unwrap();
-        out.truncate(r.data_size_out as usize);
+        let out = crate::output(dp.stamp_program(), input);
         assert_eq!(out.len(), input.len() + 4, "the packet is stamped");
         out
     };

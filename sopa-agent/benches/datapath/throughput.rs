@@ -1,9 +1,9 @@
 //! Single-stream TCP A -> R -> B with and without agents (iperf3): the throughput, and the
 //! skbs B's stack receives per segment A sent (GRO kept or lost at the receiver).
 
-use std::{process::Command, time::Duration};
+use std::process::Command;
 
-use sopa_testbed::{Process, arb::Arb, capture::Capture, traffic::tcp_counters};
+use sopa_testbed::{arb::Arb, capture::Capture, traffic::tcp_counters};
 
 use crate::Args;
 
@@ -55,23 +55,7 @@ fn iperf_with(arb: &Arb, extra: &[&str]) -> f64 {
 /// receiver's skbs per segment.
 pub fn table(args: &Args) {
     let arb = Arb::new("bench").expect("build A - R - B");
-    let log = std::env::temp_dir().join(format!("{}-iperf3.log", arb.b.name()));
-    let _server = Process::spawn(
-        Some(&arb.b),
-        std::path::Path::new("iperf3"),
-        &["-s", "-p", &PORT.to_string()],
-        &log,
-    )
-    .expect("iperf3 server");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !arb.b.tcp_listening(PORT).unwrap_or(false) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the iperf3 server does not listen (log {})",
-            log.display()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let _server = arb.iperf3_server(PORT).expect("iperf3 server");
     // (name, agent granularity, gso_max_segs set by hand without agents). Per-packet spraying
     // costs mostly segmentation, so it is compared with gso_max_segs 1 without agents too.
     let configs: [(&str, Option<&str>, Option<&str>); 4] = [
