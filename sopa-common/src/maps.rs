@@ -232,7 +232,8 @@ pub struct FlowState {
     /// its 5-tuple hash ([`crate::hash::flow_hash`] with the configured seed).
     pub next: u32,
     pub _pad: u32,
-    /// Packets (GSO segments) and bytes sent by the flow.
+    /// Packets (GSO segments) and bytes sent by the flow, counted in the pinned mode only
+    /// (Hedera's elephant detection reads them; other modes leave them at 0).
     pub packets: u64,
     pub bytes: u64,
 }

@@ -135,7 +135,23 @@ fn counter<V: Default>(map: &PerCpuHashMap<MeterKey, V>, key: MeterKey) -> Optio
         return Some(c);
     }
     // Another CPU may create it at the same moment: NOEXIST lets one win, and each CPU finds
-    // its own copy of the winner's entry.
-    let _ = map.insert(&key, &V::default(), u64::from(BPF_NOEXIST));
-    map.get_ptr_mut(&key)
+    // its own copy of the winner's entry. Only E2BIG says the map is full: a packet arriving
+    // late, while the agent empties its color, may see its new entry deleted before it looks
+    // it up, and creates it again.
+    let mut tries = 0;
+    while tries < 2 {
+        if let Err(e) = map.insert(&key, &V::default(), u64::from(BPF_NOEXIST))
+            && e == -E2BIG
+        {
+            return None;
+        }
+        if let Some(c) = map.get_ptr_mut(&key) {
+            return Some(c);
+        }
+        tries += 1;
+    }
+    None
 }
+
+/// `E2BIG` (linux/errno.h): what a map update returns when the map is full.
+const E2BIG: i32 = 7;

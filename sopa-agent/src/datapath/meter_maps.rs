@@ -193,27 +193,36 @@ fn take<V: aya::Pod + Default + Copy>(
     add: impl Fn(&mut V, V),
 ) -> Result<Vec<(MeterKey, V)>> {
     let stride = size_of::<V>().next_multiple_of(8);
-    let (keys, values) =
-        syscall::lookup_and_delete_batch(map_fd(map), size_of::<MeterKey>(), stride * cpus)
-            .map_err(|e| Error::io(format!("reading and emptying {name}"), e))?;
-    // A hash map returns each key once.
-    Ok(keys
-        .chunks_exact(size_of::<MeterKey>())
-        .zip(values.chunks_exact(stride * cpus))
-        .map(|(key, per_cpu)| {
-            // SAFETY: MeterKey and V are plain integers (Pod); the chunks are their sizes
-            // (read unaligned: the buffers are bytes).
-            let key: MeterKey = unsafe { std::ptr::read_unaligned(key.as_ptr().cast()) };
-            let mut sum = V::default();
-            for cpu in per_cpu.chunks_exact(stride) {
-                // SAFETY: as above.
-                add(&mut sum, unsafe {
-                    std::ptr::read_unaligned(cpu.as_ptr().cast())
-                });
-            }
-            (key, sum)
-        })
-        .collect())
+    let mut out = Vec::new();
+    syscall::lookup_and_delete_batch(
+        map_fd(map),
+        size_of::<MeterKey>(),
+        stride * cpus,
+        |keys, values| {
+            // A hash map returns each key once: each batch's values are summed over the CPUs
+            // as it comes, in the one buffer the batches reuse.
+            out.extend(
+                keys.chunks_exact(size_of::<MeterKey>())
+                    .zip(values.chunks_exact(stride * cpus))
+                    .map(|(key, per_cpu)| {
+                        // SAFETY: MeterKey and V are plain integers (Pod); the chunks are
+                        // their sizes (read unaligned: the buffers are bytes).
+                        let key: MeterKey =
+                            unsafe { std::ptr::read_unaligned(key.as_ptr().cast()) };
+                        let mut sum = V::default();
+                        for cpu in per_cpu.chunks_exact(stride) {
+                            // SAFETY: as above.
+                            add(&mut sum, unsafe {
+                                std::ptr::read_unaligned(cpu.as_ptr().cast())
+                            });
+                        }
+                        (key, sum)
+                    }),
+            )
+        },
+    )
+    .map_err(|e| Error::io(format!("reading and emptying {name}"), e))?;
+    Ok(out)
 }
 
 impl MapSet {

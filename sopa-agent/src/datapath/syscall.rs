@@ -82,22 +82,23 @@ const BATCH: u32 = 4096;
 
 /// Every entry of the hash map `map` (keys of `key_size` bytes, values of `value_size`: a per-CPU
 /// map's values for every possible CPU, each rounded up to 8 bytes), read and deleted in
-/// batches: (keys, values), each entry's bytes one after the other.
+/// batches, each handed to `each` as (keys, values), the entries' bytes one after the other,
+/// in buffers of one batch reused for the next.
 pub fn lookup_and_delete_batch(
     map: BorrowedFd<'_>,
     key_size: usize,
     value_size: usize,
-) -> std::io::Result<(Vec<u8>, Vec<u8>)> {
-    let (mut keys, mut values) = (Vec::new(), Vec::new());
+    mut each: impl FnMut(&[u8], &[u8]),
+) -> std::io::Result<()> {
     // The kernel's cursor (a hash bucket's index): in from the last call, out from this one.
     let (mut cursor_in, mut cursor_out) = (0u64, 0u64);
     let mut first = true;
     let mut batch = BATCH;
+    let (mut keys, mut values) = (Vec::new(), Vec::new());
     loop {
         let n = batch as usize;
-        let (k, v) = (keys.len(), values.len());
-        keys.resize(k + n * key_size, 0);
-        values.resize(v + n * value_size, 0);
+        keys.resize(n * key_size, 0);
+        values.resize(n * value_size, 0);
         let mut attr = Attr::zeroed();
         // in_batch, out_batch, keys, values (u64 pointers), count, map_fd, elem_flags, flags.
         attr.set_u64(
@@ -109,19 +110,20 @@ pub fn lookup_and_delete_batch(
             },
         );
         attr.set_u64(2, &raw mut cursor_out as u64);
-        attr.set_u64(4, keys[k..].as_mut_ptr() as u64);
-        attr.set_u64(6, values[v..].as_mut_ptr() as u64);
+        attr.set_u64(4, keys.as_mut_ptr() as u64);
+        attr.set_u64(6, values.as_mut_ptr() as u64);
         attr.0[8] = batch;
         attr.0[9] = map.as_raw_fd() as u32;
         let result = bpf(BPF_MAP_LOOKUP_AND_DELETE_BATCH, &mut attr);
         // The kernel writes back how many entries it returned, error or not.
         let got = (attr.0[8] as usize).min(n);
-        keys.truncate(k + got * key_size);
-        values.truncate(v + got * value_size);
+        if got > 0 {
+            each(&keys[..got * key_size], &values[..got * value_size]);
+        }
         match result {
             Ok(_) => {}
             // Past the last bucket: done.
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok((keys, values)),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
             // One bucket holds more keys than the batch: again with a larger one.
             Err(e) if e.raw_os_error() == Some(libc::ENOSPC) && got == 0 => {
                 batch = batch.saturating_mul(2);

@@ -37,8 +37,9 @@ pub struct PeriodMeter {
     last: [Option<u64>; 2],
     /// A reading of this color was late: the next one holds packets of two periods.
     dirty: [bool; 2],
-    /// The datapath's `meter_full` counters at the last reading.
-    full: u64,
+    /// The datapath's `meter_full` counters at the last reading of each color: one reading of
+    /// a color and the next span the whole period between, so a packet refused in it is seen.
+    full: [u64; 2],
     /// Whether the datapath sprayed (`sopa` mode) at the last reading.
     spraying: bool,
 }
@@ -55,7 +56,7 @@ impl PeriodMeter {
             clock,
             last: [None, None],
             dirty: [false, false],
-            full: 0,
+            full: [0, 0],
             spraying: false,
         }
     }
@@ -79,8 +80,8 @@ impl PeriodMeter {
     ) -> Option<PathReport> {
         let color = (period & 1) as usize;
         let (sent, received) = counts;
-        let incomplete = full != self.full || !spraying || !self.spraying;
-        self.full = full;
+        let incomplete = full != self.full[color] || !spraying || !self.spraying;
+        self.full[color] = full;
         self.spraying = spraying;
         let exact = !late && !self.dirty[color] && self.last[color] == Some(period.wrapping_sub(2));
         self.dirty[color] = late;
@@ -233,5 +234,29 @@ mod tests {
             .sample(22, (vec![(a, out(0))], vec![]), 3, false, true)
             .expect("a report");
         assert!(r.sent.is_empty());
+    }
+
+    #[test]
+    fn a_packet_refused_early_in_a_period_marks_its_report_though_the_other_color_saw_it_first() {
+        let mut m = PeriodMeter::new(Clock::default());
+        let a = key([10, 2, 0, 0], [1, 0], 0);
+        for p in 0..4 {
+            let _ = m.sample(p, (vec![(a, out(1))], vec![]), 0, false, true);
+        }
+        // A packet of period 5 refused in its first half: the reading of period 4, half a
+        // period into 5, is the first to see the count grow; 5's own reading must not take
+        // that reading's count as its baseline.
+        let r = m
+            .sample(4, (vec![(a, out(1))], vec![]), 1, false, true)
+            .expect("a report");
+        assert!(r.incomplete, "4 may have lost it too");
+        let r = m
+            .sample(5, (vec![(a, out(1))], vec![]), 1, false, true)
+            .expect("a report");
+        assert!(r.incomplete, "5 lost it");
+        let r = m
+            .sample(6, (vec![(a, out(1))], vec![]), 1, false, true)
+            .expect("a report");
+        assert!(!r.incomplete, "6 lost nothing");
     }
 }

@@ -81,11 +81,13 @@ impl MeterStats {
     }
 }
 
-/// Reads the meter half a period after each period ends and sends its report; `turns`: the
-/// color's turns ([`start_turning`]); `stats` counts each period's outcome.
+/// Reads and empties the meter half a period after each period ends and sends its report to
+/// `reports` (`None`, no controller: the counters are only emptied, so the tables never fill);
+/// `turns`: the color's turns ([`start_turning`]); `stats` counts each reported period's
+/// outcome.
 pub async fn report_loop(
     maps: Arc<Mutex<MapSet>>,
-    reports: mpsc::Sender<Kind>,
+    reports: Option<mpsc::Sender<Kind>>,
     clock: Arc<MeterClock>,
     turns: Turns,
     stats: Arc<MeterStats>,
@@ -132,7 +134,13 @@ pub async fn report_loop(
         }
         last_closed = Some(closed);
         let late = reading_late(*turns.lock().expect("turns lock"), closed);
-        let outcome = read_and_report(&maps, &counters, &reports, &mut meter, closed, late, &clock);
+        let Some(reports) = &reports else {
+            if let Err(err) = counters.take((closed & 1) as u8) {
+                warn!(%err, "emptying the path meter's counters");
+            }
+            continue;
+        };
+        let outcome = read_and_report(&maps, &counters, reports, &mut meter, closed, late, &clock);
         stats.count(outcome, 1);
     }
 }
@@ -148,7 +156,11 @@ fn read_and_report(
     late: bool,
     clock: &MeterClock,
 ) -> Outcome {
+    let mut read_at = 0;
     let read = counters.take((closed & 1) as u8).and_then(|c| {
+        // On time or not as the counters were read: waiting for the map set's lock (a table
+        // push holds it) after that changes nothing the counters hold.
+        read_at = tai_ns();
         // The map set's lock only for two counter reads and the mode.
         let maps = maps.lock().expect("maps lock");
         let stamp = maps.stamp_counters()?;
@@ -170,7 +182,7 @@ fn read_and_report(
     };
     // Done before the next period of this color began (by the clock the meter counts)?
     let c = clock.get();
-    let late = late || c != meter.clock() || c.period_at(tai_ns()) != closed + 1;
+    let late = late || c != meter.clock() || c.period_at(read_at) != closed + 1;
     let Some(report) = meter.sample(closed, counts, full, late, spraying) else {
         debug!(
             period = closed,

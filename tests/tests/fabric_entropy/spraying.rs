@@ -347,7 +347,8 @@ fn skbs_per_segment(f: &Fabric, v6: bool, port: u16) -> f64 {
 
 /// GRO kept: h4's stack receives as many skbs per segment with h0 spraying over four labels
 /// (IPv6 relabelled, IPv4 in an outer header) as with h0 changing nothing (mode off), at most
-/// 1.1 times, because `xdp_strip` zeroes the label and removes the outer header before GRO.
+/// 1.1 times that or a flowcell's share (see below), because `xdp_strip` zeroes the label and
+/// removes the outer header before GRO.
 /// veth hands GRO one segment per poll here unless its flush waits (`gro_flush_timeout`, as
 /// a NIC's interrupt moderation batches): h4's interface holds GRO for 2 ms, so merging is
 /// there to lose.

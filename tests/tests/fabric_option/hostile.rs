@@ -90,8 +90,8 @@ fn inflate(f: &Fabric, host: &str, keys: &[[u8; 6]], extra: u64) -> usize {
                 bytes += u64::from_le_bytes(value[8..16].try_into().unwrap());
             }
             let n = per_cpu.len() as u64;
-            let packets = (packets + extra * n).div_ceil(n);
-            let bytes = (bytes + extra * n * 1500).div_ceil(n);
+            let packets = (packets + extra).div_ceil(n);
+            let bytes = (bytes + extra * 1500).div_ceil(n);
             let value = [packets.to_le_bytes(), bytes.to_le_bytes()].concat();
             let mut args = vec!["map", "update", "pinned", pin, "key", "hex"];
             let (k, v) = (hex(&key), hex(&value));

@@ -232,9 +232,23 @@ pub async fn run(mut args: RunArgs, netns: Option<String>) -> Result<(), Error> 
     match channel {
         None => {
             info!("running; SIGINT or SIGTERM detaches and restores");
+            // No controller takes the reports, but the counters are still emptied each period
+            // (peers' packets keep arriving marked): the tables must not fill.
+            let meter = turns.clone().map(|turns| {
+                tokio::spawn(sopa_agent::meter::report_loop(
+                    host.maps(),
+                    None,
+                    Arc::clone(&meter_clock),
+                    turns,
+                    host.meter_stats(),
+                ))
+            });
             tokio::select! {
                 _ = signal => {}
                 _ = reload => {}
+            }
+            if let Some(meter) = meter {
+                meter.abort();
             }
         }
         Some(mut cfg) => {
@@ -255,7 +269,7 @@ pub async fn run(mut args: RunArgs, netns: Option<String>) -> Result<(), Error> 
             let meter = turns.clone().map(|turns| {
                 tokio::spawn(sopa_agent::meter::report_loop(
                     host.maps(),
-                    reports,
+                    Some(reports),
                     Arc::clone(&meter_clock),
                     turns,
                     host.meter_stats(),
