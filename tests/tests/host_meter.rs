@@ -13,18 +13,7 @@ use sopa_testbed::{
 fn sent_entries(node: &str) -> usize {
     sopa_common::maps::meter::SENT_MAPS
         .iter()
-        .map(|map| {
-            let pin = pin_dir(node).join(map);
-            let out = sopa_testbed::bpftool::run(&[
-                "-j".as_ref(),
-                "map".as_ref(),
-                "dump".as_ref(),
-                "pinned".as_ref(),
-                pin.as_os_str(),
-            ]);
-            let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
-            v.as_array().unwrap().len()
-        })
+        .map(|map| sopa_testbed::bpftool::entries(&pin_dir(node).join(map)))
         .sum()
 }
 

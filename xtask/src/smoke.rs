@@ -22,6 +22,20 @@ pub type Benches = HashMap<String, (PathBuf, PathBuf)>;
 /// The fabric modes the smoke pass runs, every baseline and every ablation.
 const FABRIC_MODES: &str =
     "sopa,rps,ecmp,hedera,single,mptcp,ideal,sopa+r3,sopa+norack,sopa+burst,sopa+first0";
+/// `bench datapath` at its smallest: every table, a few runs each.
+const DATAPATH_SMOKE: [&str; 10] = [
+    "--runs",
+    "2000",
+    "--scaling-runs",
+    "2000",
+    "--meter-periods",
+    "3",
+    "--iperf-seconds",
+    "1",
+    "--rounds",
+    "1",
+];
+
 /// Every experiment of `bench fabric`, with the topology it runs on.
 const EXPERIMENTS: [(&str, &str); 6] = [
     ("sec4.2", "fat-tree:4"),
@@ -40,23 +54,7 @@ pub fn fast(benches: &Benches, timeout: Duration) -> Result<Vec<Outcome>> {
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let out_s = out.display().to_string();
     let mut rows = vec![
-        bench(
-            benches,
-            "datapath",
-            &[
-                "--runs",
-                "2000",
-                "--scaling-runs",
-                "2000",
-                "--meter-periods",
-                "3",
-                "--iperf-seconds",
-                "1",
-                "--rounds",
-                "1",
-            ],
-            timeout,
-        ),
+        bench(benches, "datapath", &DATAPATH_SMOKE, timeout),
         bench(benches, "topology", &["--smoke"], timeout),
         bench(benches, "channel", &["--rounds", "1", "--smoke"], timeout),
         bench(benches, "meter", &["--smoke"], timeout),
@@ -125,23 +123,7 @@ pub fn full(timeout: Duration) -> Result<Vec<Outcome>> {
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let out_s = out.display().to_string();
     let mut rows = vec![
-        bench(
-            &benches,
-            "datapath",
-            &[
-                "--runs",
-                "2000",
-                "--scaling-runs",
-                "2000",
-                "--meter-periods",
-                "3",
-                "--iperf-seconds",
-                "1",
-                "--rounds",
-                "1",
-            ],
-            timeout,
-        ),
+        bench(&benches, "datapath", &DATAPATH_SMOKE, timeout),
         bench(&benches, "topology", &["--smoke"], timeout),
         bench(&benches, "channel", &["--rounds", "1", "--smoke"], timeout),
         bench(&benches, "meter", &["--smoke"], timeout),

@@ -23,18 +23,7 @@ const FORGED: usize = 40_000;
 fn received_entries(f: &Fabric) -> usize {
     RECEIVED_MAPS
         .iter()
-        .map(|map| {
-            let pin = pin_dir(&f.host("h0").node).join(map);
-            let out = sopa_testbed::bpftool::run(&[
-                "-j".as_ref(),
-                "map".as_ref(),
-                "dump".as_ref(),
-                "pinned".as_ref(),
-                pin.as_os_str(),
-            ]);
-            let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
-            v.as_array().unwrap().len()
-        })
+        .map(|map| sopa_testbed::bpftool::entries(&pin_dir(&f.host("h0").node).join(map)))
         .sum()
 }
 
