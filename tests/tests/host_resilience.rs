@@ -964,12 +964,23 @@ fn segments_per_stamp(arb: &Arb, a: &Agent, port: u16) -> f64 {
 }
 
 /// Segments per stamped unit while `bytes` more leave A (a transfer running meanwhile).
+///
+/// The stamp counter and the interface's bytes cannot be read at one instant while the
+/// transfer runs, and each read is a process of its own: the bytes are read before and after
+/// each stamp reading, and the reading is taken to fall midway (on a busy machine one side's
+/// reads took long enough to move a window of 8 MiB by 11%).
 fn segments_per_stamp_while(arb: &Arb, a: &Agent, bytes: u64) -> f64 {
     let stamped = |a: &Agent| a.status().unwrap()["stamp"]["stamped"].as_u64().unwrap();
-    let (s0, p0) = (stamped(a), arb.a.tx_bytes(&arb.a_if).unwrap());
+    let sent = || arb.a.tx_bytes(&arb.a_if).unwrap();
+    let at = || {
+        let before = sent();
+        let s = stamped(a);
+        (s, (before + sent()) as f64 / 2.0)
+    };
+    let (s0, p0) = at();
     wait_sent(arb, bytes);
-    let (s1, p1) = (stamped(a), arb.a.tx_bytes(&arb.a_if).unwrap());
-    (p1 - p0) as f64 / (s1 - s0).max(1) as f64 / 1518.0
+    let (s1, p1) = at();
+    (p1 - p0) / (s1 - s0).max(1) as f64 / 1518.0
 }
 
 /// A connection established before the change takes the new granularity: TCP sizes its bursts
@@ -997,11 +1008,11 @@ fn a_granularity_change_reaches_a_connection_established_before_it() {
             tcp_transfer(&arb.a, &arb.b, arb.b_addr, 7120, 1 << 40, &opts)
         });
         wait_sent(&arb, 4 * MIB);
-        let before = segments_per_stamp_while(&arb, &a, 8 * MIB);
+        let before = segments_per_stamp_while(&arb, &a, 24 * MIB);
         set_granularity(&node, "packet").unwrap();
         // The bursts already queued leave first.
         wait_sent(&arb, MIB);
-        let after = segments_per_stamp_while(&arb, &a, 8 * MIB);
+        let after = segments_per_stamp_while(&arb, &a, 24 * MIB);
         drop(stop_on_unwind);
         (t.join().unwrap(), before, after)
     });
