@@ -245,6 +245,14 @@ impl Collector for DatapathCollector {
             None,
             counter.metric_type(),
         )?)?;
+        let counter = ConstCounter::new(stamp[stamp_reason::SOCKET_FLOWS_CREATED as usize]);
+        counter.encode(encoder.encode_descriptor(
+            "sopa_socket_flows_created",
+            "TCP connections of this host's sockets whose round robin the socket holds, not the \
+             flow table",
+            None,
+            counter.metric_type(),
+        )?)?;
 
         let mut family = encoder.encode_descriptor(
             "sopa_strip_packets",

@@ -130,6 +130,9 @@ pub struct FlowTable {
     pub capacity: u64,
     pub created: u64,
     pub evictions: u64,
+    /// TCP connections of this host's own sockets whose round robin their socket holds
+    /// instead (`SOCKET_FLOWS_MAP`): never in the table, never evicted.
+    pub socket_flows_created: u64,
 }
 
 fn hop_label(v: usize) -> String {
@@ -195,6 +198,7 @@ pub fn read(node: &str, run_dir: &Path, pin_dir: &Path) -> Result<Status> {
         capacity: u64::from(sopa_common::maps::FLOWS_CAPACITY),
         created,
         evictions: created.saturating_sub(entries),
+        socket_flows_created: stamp[stamp_reason::SOCKET_FLOWS_CREATED as usize],
     };
     let (guard_attached, guard_refused) = crate::datapath::guard::guard_status(pin_dir);
     Ok(Status {
@@ -388,8 +392,9 @@ impl Status {
         let ft = &self.flow_table;
         let _ = writeln!(
             s,
-            "flow table: {} of {} entries, {} flows created, {} evicted",
-            ft.entries, ft.capacity, ft.created, ft.evictions
+            "flow table: {} of {} entries, {} flows created, {} evicted; {} TCP connections \
+             of this host's sockets held by the sockets",
+            ft.entries, ft.capacity, ft.created, ft.evictions, ft.socket_flows_created
         );
         let _ = writeln!(
             s,

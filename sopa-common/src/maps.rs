@@ -212,6 +212,13 @@ impl PathSet {
 pub const FLOWS_MAP: &str = "SOPA_FLOWS_V1";
 pub const FLOWS_CAPACITY: u32 = 65_536;
 
+/// Per-flow state of a TCP connection this host's own socket sends, in the socket's storage
+/// (`bpf_sk_storage_get`): no table to fill or evict, freed with the socket, and a lookup that
+/// costs a fifth of the flow table's (`cargo xtask bench datapath`). Not pinned: an agent
+/// that takes over starts the round robin of the connections already open at their hash
+/// again. Forwarded packets, UDP and sockets of other kinds keep [`FLOWS_MAP`].
+pub const SOCKET_FLOWS_MAP: &str = "SOPA_FLOWSK_V1";
+
 /// A flow's 5-tuple, addresses and ports in network order as they appear in the packet.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -333,7 +340,10 @@ pub mod stamp_reason {
     pub const NO_LABEL: u32 = 20;
     /// Passed as it is: one of this host's entropy probes (`entropy::PROBE_MARK`).
     pub const PROBE: u32 = 21;
-    pub const COUNT: u32 = 22;
+    /// Not a verdict: TCP connections of this host's sockets whose round robin began in the
+    /// socket's storage ([`super::SOCKET_FLOWS_MAP`]), not in the flow table.
+    pub const SOCKET_FLOWS_CREATED: u32 = 22;
+    pub const COUNT: u32 = 23;
     const _: () = assert!(COUNT <= super::REASON_SLOTS);
     /// Names in index order, for status and metrics.
     pub const NAMES: [&str; COUNT as usize] = [
@@ -359,6 +369,7 @@ pub mod stamp_reason {
         "meter_full",
         "no_label",
         "probe",
+        "socket_flows_created",
     ];
     /// Whether counter `i` is a verdict: every packet is counted under exactly one verdict.
     pub const fn is_verdict(i: u32) -> bool {

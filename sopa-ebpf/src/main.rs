@@ -16,6 +16,7 @@ mod encoding;
 mod lossy;
 mod meter;
 mod packet;
+mod parts;
 mod prefix;
 mod sockopt_guard;
 mod tc_forward;
@@ -26,7 +27,8 @@ mod xdp_strip;
 
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, TC_ACT_SHOT, TC_ACT_UNSPEC, xdp_action::XDP_PASS},
-    macros::{cgroup_sockopt, classifier, map, xdp},
+    btf_maps::SkStorage,
+    macros::{btf_map, cgroup_sockopt, classifier, map, xdp},
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap},
     programs::{SockoptContext, TcContext, XdpContext},
 };
@@ -82,6 +84,11 @@ static SRV6_SEGS: HashMap<SegKey, Segments> = HashMap::pinned(SRV6_SEGS_CAPACITY
 // share (measured: 34,016 of 65,536 entries on 2 CPUs).
 #[map(name = "SOPA_FLOWS_V1")]
 static FLOWS: LruHashMap<FlowKey, FlowState> = LruHashMap::pinned(FLOWS_CAPACITY, 0);
+
+// In each socket of the host's own TCP connections (`tc_stamp::socket_state`): a BTF map, as
+// the kernel requires of socket storage.
+#[btf_map(name = "SOPA_FLOWSK_V1")]
+static SOCKET_FLOWS: SkStorage<FlowState> = SkStorage::new();
 
 #[map(name = "SOPA_PINS_V1")]
 static PINS: HashMap<FlowKey, Pin> = HashMap::pinned(PINS_CAPACITY, 0);

@@ -12,12 +12,17 @@
 //! bytes are replaced with our own choice, or, where we would stamp nothing, it is dropped.
 
 use aya_ebpf::{
-    bindings::{BPF_NOEXIST, bpf_check_mtu_ret::BPF_MTU_CHK_RET_FRAG_NEEDED},
-    helpers::{bpf_check_mtu, bpf_get_prandom_u32, bpf_ktime_get_ns},
+    bindings::{
+        BPF_NOEXIST, BPF_SK_STORAGE_GET_F_CREATE, bpf_check_mtu_ret::BPF_MTU_CHK_RET_FRAG_NEEDED,
+    },
+    helpers::{
+        bpf_check_mtu, bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_sk_fullsock,
+        generated::bpf_sk_storage_get,
+    },
     programs::TcContext,
 };
 use sopa_common::{
-    maps::{FlowState, MAX_PATHS, lookup, mode, stamp_reason as reason},
+    maps::{FlowKey, FlowState, MAX_PATHS, lookup, mode, stamp_reason as reason},
     srv6::{ETH_P_IPV6, IPV6_HLEN, MAX_OVERHEAD},
     wire::{
         ETH_HLEN, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP, IPV4_BASE_LEN, IPV4_STAMPED_LEN, OPTION_LEN,
@@ -272,7 +277,9 @@ fn choose(ctx: &TcContext, ip: &Ipv4, forged: bool, extra: u16, l4: usize) -> Re
     let mut fallback = false;
     let mut pin: Option<[u8; 2]> = None;
     let choice = match config.mode {
-        mode::SOPA => match flow_state(&key, config.hash_seed) {
+        mode::SOPA => match socket_state(ctx, ip.proto, &key, config.hash_seed)
+            .or_else(|| flow_state(&key, config.hash_seed))
+        {
             Some(state) => {
                 // SAFETY: a pointer from a successful map lookup. Two CPUs sending the same
                 // flow at once may both read one `next`: a rare repeat, never a wrong path.
@@ -329,7 +336,7 @@ fn choose(ctx: &TcContext, ip: &Ipv4, forged: bool, extra: u16, l4: usize) -> Re
 /// MTU): such a packet, stamped, would be dropped. A GSO packet is checked once stamped
 /// (`crate::encoding::option`) or, with an outer header, before (`crate::encoding::outer`).
 #[inline(always)]
-fn fits_with(ctx: &TcContext, extra: u16) -> bool {
+pub(crate) fn fits_with(ctx: &TcContext, extra: u16) -> bool {
     if is_gso(ctx) {
         return true;
     }
@@ -351,24 +358,82 @@ pub(crate) fn is_gso(ctx: &TcContext) -> bool {
 /// path, and a flow evicted from the table would go back to it. (`START` set to
 /// `first_path::ZERO` starts at 0, as the paper does, for comparison.)
 #[inline(always)]
-fn flow_state(key: &sopa_common::maps::FlowKey, seed: u32) -> Option<*mut FlowState> {
+fn flow_state(key: &FlowKey, seed: u32) -> Option<*mut FlowState> {
     if let Some(state) = FLOWS.get_ptr_mut(key) {
         return Some(state);
     }
-    let next = match crate::START.get(0) {
-        Some(&sopa_common::maps::first_path::ZERO) => 0,
-        _ => flow_hash(key, seed),
-    };
-    let fresh = FlowState {
-        next,
-        ..FlowState::default()
-    };
+    let fresh = first_state(key, seed);
     // EEXIST (another CPU won the race) is fine: the lookup below finds its entry.
     if FLOWS.insert(key, &fresh, u64::from(BPF_NOEXIST)).is_ok() {
         count(&crate::STAMP_STATS, reason::FLOWS_CREATED, 1);
     }
     FLOWS.get_ptr_mut(key)
 }
+
+/// A new flow's state: its round robin at its first path.
+#[inline(always)]
+fn first_state(key: &FlowKey, seed: u32) -> FlowState {
+    let next = match crate::START.get(0) {
+        Some(&sopa_common::maps::first_path::ZERO) => 0,
+        _ => flow_hash(key, seed),
+    };
+    FlowState {
+        next,
+        ..FlowState::default()
+    }
+}
+
+/// The state of a TCP connection this host's own socket sends, held by the socket
+/// (`SOCKET_FLOWS_MAP`): found without hashing the 5-tuple, never evicted, freed with the
+/// socket. `None` for anything else (a forwarded packet has no socket; a SYN-ACK or a reset
+/// has a request or time-wait socket; a raw socket's packets are not one flow), which takes the
+/// flow table.
+#[inline(always)]
+fn socket_state(ctx: &TcContext, proto: u8, key: &FlowKey, seed: u32) -> Option<*mut FlowState> {
+    if proto != IPPROTO_TCP {
+        return None;
+    }
+    // SAFETY: reading a field of the context the kernel handed us.
+    let sk = unsafe { (*ctx.skb.skb).__bindgen_anon_2.sk };
+    if sk.is_null() {
+        return None;
+    }
+    // SAFETY: a helper given the skb's socket, checked non-null.
+    let full = unsafe { bpf_sk_fullsock(sk) };
+    if full.is_null() {
+        return None;
+    }
+    // SAFETY: a full socket the helper returned, valid for this run.
+    if unsafe { (*full).type_ != SOCK_STREAM || (*full).protocol != u32::from(IPPROTO_TCP) } {
+        return None;
+    }
+    let map = core::ptr::from_ref(&crate::SOCKET_FLOWS).cast_mut().cast();
+    // SAFETY: our socket-storage map and a full socket; no value, no creation.
+    let state = unsafe { bpf_sk_storage_get(map, full.cast(), core::ptr::null_mut(), 0) };
+    if !state.is_null() {
+        return Some(state.cast());
+    }
+    // The connection's first packet here (its SYN, or the first since this datapath loaded).
+    let mut fresh = first_state(key, seed);
+    // SAFETY: as above; the helper copies `fresh` into the storage it creates.
+    let state = unsafe {
+        bpf_sk_storage_get(
+            map,
+            full.cast(),
+            core::ptr::addr_of_mut!(fresh).cast(),
+            u64::from(BPF_SK_STORAGE_GET_F_CREATE),
+        )
+    };
+    if state.is_null() {
+        // No memory for it: the flow table.
+        return None;
+    }
+    count(&crate::STAMP_STATS, reason::SOCKET_FLOWS_CREATED, 1);
+    Some(state.cast())
+}
+
+/// `SOCK_STREAM` (linux/net.h).
+const SOCK_STREAM: u32 = 1;
 
 /// Adds this skb to its flow's packets and bytes, atomically (BPF_ATOMIC add): two CPUs
 /// sending the same flow at once both count. Only in the pinned mode, whose elephant detection

@@ -175,6 +175,15 @@ fn option_on_the_wire_at_r_gone_at_b_transfer_intact() {
         "one flow, round-robin: per-hop counts within one packet: {hop0:?}"
     );
     assert!(a["stamp"]["stamped"].as_u64().unwrap() >= stamped.len() as u64);
+    // The connection's round robin, cycling above, lived in its socket's storage.
+    eprintln!(
+        "A's flows: {} in sockets, {}",
+        a["stamp"]["socket_flows_created"], a["flow_table"]
+    );
+    assert_eq!(
+        a["stamp"]["socket_flows_created"], 1,
+        "A's one connection began its round robin in its socket"
+    );
     assert_eq!(
         a["stamp"]["too_big"], 0,
         "with the lowered route MTU every segment fits once stamped"

@@ -153,7 +153,10 @@ pub fn table(args: &Args) {
         .try_into()
         .unwrap();
     xdp_pass.load().unwrap();
-    for floor in ["tc_room", "tc_room6"] {
+    for floor in ["tc_room", "tc_room6"]
+        .into_iter()
+        .chain(PARTS.map(|(_, p)| p))
+    {
         prog_ref::<SchedClassifier>(&mut baseline, floor)
             .load()
             .unwrap();
@@ -315,7 +318,10 @@ pub fn table(args: &Args) {
             &encapsulated,
         ),
         Row::new(STRIP_FLOOR, Prog::Baseline("xdp_head"), &fabric),
-    ];
+    ]
+    .into_iter()
+    .chain(PARTS.map(|(name, prog)| Row::new(name, Prog::Baseline(prog), &fabric)))
+    .collect::<Vec<_>>();
     let mut totals = vec![(0u128, 0u64); rows.len()];
     let batch = 10_000u32.min(args.runs);
     let batches = args.runs.div_ceil(batch);
@@ -373,7 +379,7 @@ pub fn table(args: &Args) {
         "{:<42} {:>10} {:>14} {:>8} {:>10}",
         "program", "ns/packet", "over baseline", "ratio", "vs floor"
     );
-    for row in &rows {
+    for row in rows.iter().filter(|r| !is_part(r.prog)) {
         let ns = mean(row.name);
         // Each program against the empty program of its hook, and against the floor of the
         // work it does, where it does some.
@@ -434,12 +440,97 @@ pub fn table(args: &Args) {
         over(stamped_row, "tc_stamp, stamped, meter off"),
         over(stripped_row, "xdp_strip, stripped, meter off")
     );
+    parts(&mean);
     drop(baseline);
     drop(dps);
     let _ = std::fs::remove_dir_all(&pins);
     let _ = std::fs::remove_dir_all(&pins6);
     let _ = std::fs::remove_dir_all(&pins_trie);
     let _ = std::fs::remove_dir_all(&pins6_trie);
+}
+
+/// `tc_stamp`'s work in parts (`sopa-ebpf/src/parts.rs`), each alone on the option's
+/// exact-match datapath's maps: (row, program).
+const PARTS: [(&str, &str); 9] = [
+    ("part: configuration, 7 array reads", "part_config"),
+    ("part: the encoding, a one-entry hash", "part_encap"),
+    ("part: path set, exact match", "part_paths"),
+    ("part: flow state, LRU table", "part_flow_lru"),
+    ("part: flow state, socket storage created", "part_flow_sk"),
+    (
+        "part: socket storage created, found 8 times",
+        "part_flow_sk_found",
+    ),
+    ("part: path meter count", "part_meter"),
+    ("part: bpf_check_mtu", "part_mtu"),
+    ("part: counters (3)", "part_counts"),
+];
+
+/// Lookups of an existing socket storage in `part_flow_sk_found` (`parts::FOUND`).
+const SK_FOUND: f64 = 8.0;
+
+fn is_part(prog: Prog) -> bool {
+    matches!(prog, Prog::Baseline(name) if name.starts_with("part_"))
+}
+
+/// Where `tc_stamp`'s time over its floor goes: each part's cost over the empty program, their
+/// sum beside what `tc_stamp` adds over the floor, and the flow's state in the socket's storage
+/// instead of the flow table.
+fn parts(mean: &dyn Fn(&str) -> f64) {
+    let tc = mean("tc: empty program (baseline)");
+    let over = |row: &str| mean(row) - tc;
+    let row = |prog: &str| PARTS.iter().find(|p| p.1 == prog).expect("a part").0;
+    println!();
+    println!(
+        "where tc_stamp's time goes (option, stamped): each part alone on the same maps, ns over \
+         the empty program"
+    );
+    let mut sum = 0.0;
+    for (name, prog) in PARTS {
+        let ns = match prog {
+            // The socket's storage exists for every packet of a flow but its first: what a
+            // second lookup adds is what each later packet pays.
+            "part_flow_sk_found" => (mean(name) - mean(row("part_flow_sk"))) / SK_FOUND,
+            _ => over(name),
+        };
+        let name = if prog == "part_flow_sk_found" {
+            "part: flow state, socket storage found"
+        } else {
+            name
+        };
+        // The table's parts, as tc_stamp does them: one flow-state row counts.
+        if !prog.starts_with("part_flow_sk") {
+            sum += ns;
+        }
+        println!("{name:<42} {ns:>+10.1}");
+    }
+    let stamp = over("tc_stamp, fabric TCP (stamped)");
+    let floor = over(OPTION_FLOOR);
+    println!(
+        "the parts sum to {sum:+.1} ns and the floor adds {floor:+.1}: {:+.1} of tc_stamp's \
+         {stamp:+.1} over the empty program; the rest ({:+.1}) is its parsing, branches and the \
+         option's bytes",
+        sum + floor,
+        stamp - sum - floor
+    );
+    let lru = over(row("part_flow_lru"));
+    let found = (mean(row("part_flow_sk_found")) - mean(row("part_flow_sk"))) / SK_FOUND;
+    println!(
+        "the flow's round robin in its socket's storage instead of the flow table: {:+.1} \
+         ns/packet ({found:.1} against {lru:.1}; the first packet of a socket {:+.1} more to \
+         create it)",
+        found - lru,
+        over(row("part_flow_sk")) - found
+    );
+    // A test run's socket is a new one of no kind each run, so the stamped row takes the flow
+    // table, as forwarded packets and UDP do; a TCP connection of the host's own takes its
+    // socket's storage.
+    let own = mean("tc_stamp, fabric TCP (stamped)") - lru + found;
+    println!(
+        "tc_stamp for a TCP connection of this host's own (computed: the stamped row with the \
+         socket's storage for the flow table's lookup): {own:.1} ns/packet, {:.2}x its floor",
+        own / mean(OPTION_FLOOR)
+    );
 }
 
 fn tc_pass_ref(ebpf: &mut aya::Ebpf) -> &mut SchedClassifier {
