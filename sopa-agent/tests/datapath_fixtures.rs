@@ -1095,8 +1095,8 @@ fn one_path_table(entries: &[(&str, u8)]) -> PathTable {
 
 #[test]
 fn prefixes_of_one_length_are_matched_exactly_and_the_trie_finds_the_longest_otherwise() {
-    use aya::maps::{Array, LpmTrie, MapData, lpm_trie::Key};
-    use sopa_common::maps::{LOOKUP_MAP, PATHS_MAP, PathSet, lookup};
+    use aya::maps::{LpmTrie, MapData, lpm_trie::Key};
+    use sopa_common::maps::{PATHS_MAP, PathSet, lookup};
 
     let mut f = Fixture::new(TABLE, mode::SINGLE);
     assert_eq!(
@@ -1123,8 +1123,7 @@ fn prefixes_of_one_length_are_matched_exactly_and_the_trie_finds_the_longest_oth
         stamped(&a, 1, HOP_NONE),
         "found by the exact match"
     );
-    let mut mask: Array<MapData, u32> = f.pinned(LOOKUP_MAP).try_into().unwrap();
-    mask.set(lookup::PATHS, 0, 0).unwrap();
+    f.set_host(|h| h.lookup[lookup::PATHS as usize] = 0);
     assert_eq!(f.stamp(&a), a, "the trie alone no longer has it");
 
     // Nothing outside the prefix that covers the table is looked up.
@@ -1132,18 +1131,16 @@ fn prefixes_of_one_length_are_matched_exactly_and_the_trie_finds_the_longest_oth
         f.maps.fabric_cover().unwrap(),
         Some("10.3.0.0/22".parse().unwrap())
     );
-    mask.set(lookup::PATHS, u32::MAX << 8, 0).unwrap();
-    mask.set(lookup::FABRIC, u32::from_be_bytes([10, 4, 0, 0]), 0)
-        .unwrap();
+    f.set_host(|h| h.lookup[lookup::PATHS as usize] = u32::MAX << 8);
+    f.set_host(|h| h.lookup[lookup::FABRIC as usize] = u32::from_be_bytes([10, 4, 0, 0]));
     assert_eq!(f.stamp(&b), b, "outside the cover: not the fabric's");
-    // A mask of 0 covers everything whatever the network says (the agent's first step when
-    // it changes the cover).
-    let cover_mask = mask.get(&lookup::FABRIC_MASK, 0).unwrap();
-    mask.set(lookup::FABRIC_MASK, 0, 0).unwrap();
+    // A mask of 0 covers everything whatever the network says (a fresh datapath's).
+    let mut cover_mask = 0;
+    f.set_host(|h| cover_mask = h.lookup[lookup::FABRIC_MASK as usize]);
+    f.set_host(|h| h.lookup[lookup::FABRIC_MASK as usize] = 0);
     assert_eq!(f.stamp(&b), stamped(&b, 2, HOP_NONE), "mask 0: covered");
-    mask.set(lookup::FABRIC_MASK, cover_mask, 0).unwrap();
-    mask.set(lookup::FABRIC, u32::from_be_bytes([10, 3, 0, 0]), 0)
-        .unwrap();
+    f.set_host(|h| h.lookup[lookup::FABRIC_MASK as usize] = cover_mask);
+    f.set_host(|h| h.lookup[lookup::FABRIC as usize] = u32::from_be_bytes([10, 3, 0, 0]));
     assert_eq!(f.stamp(&b), stamped(&b, 2, HOP_NONE));
 
     // A prefix gone from a table of the same length is gone from the exact table too.

@@ -13,8 +13,8 @@ use std::{
 use aya::maps::{Map, MapData, PerCpuArray, PerCpuValues};
 use sopa_agent::datapath::{Datapath, layout};
 use sopa_common::maps::{
-    FWD_STATS_MAP, STAMP_STATS_MAP, STRIP_STATS_MAP, forward_reason, meter, stamp_reason,
-    strip_reason, usid_repair,
+    FWD_STATS_MAP, HOST_INDEX_MAP, HOST_MAP, STAMP_STATS_MAP, STRIP_STATS_MAP, forward_reason,
+    meter, stamp_reason, strip_reason, usid_repair,
 };
 
 /// A pin folder of its own, removed on drop.
@@ -68,10 +68,14 @@ fn previous_layout(pins: &Path, value: impl Fn(u32) -> u64) {
     // Maps retired since (the meter's counter maps of both colors) stand in under their old
     // names: maps of this layout renamed, made again by the second load, and then removed (the
     // previous layout had none of them).
+    // So do the settings' maps before one snapshot held them (the encoding, the lookup slots,
+    // the meter's configuration).
     for (now, then) in [
         (meter::RECEIVED_MAPS[0], "SOPA_SENT_V1"),
         (meter::SENT_MAPS[0], "SOPA_SENT_V2"),
         (meter::RECEIVED_MAPS[1], "SOPA_RECV_V1"),
+        (HOST_MAP, "SOPA_LOOKUP_V1"),
+        (HOST_INDEX_MAP, "SOPA_METER_V1"),
     ] {
         std::fs::rename(pins.join(now), pins.join(then)).unwrap();
     }
@@ -82,7 +86,12 @@ fn previous_layout(pins: &Path, value: impl Fn(u32) -> u64) {
     )
     .unwrap();
     drop(Datapath::load(pins).unwrap());
-    for name in meter::SENT_MAPS.into_iter().chain(meter::RECEIVED_MAPS) {
+    std::fs::rename(pins.join(HOST_MAP), pins.join("SOPA_ENCAP_V2")).unwrap();
+    for name in meter::SENT_MAPS
+        .into_iter()
+        .chain(meter::RECEIVED_MAPS)
+        .chain([HOST_INDEX_MAP])
+    {
         std::fs::remove_file(pins.join(name)).unwrap();
     }
     for p in &layout::PREDECESSORS {

@@ -162,3 +162,41 @@ fn a_pinned_flow_never_takes_another_flows_pin_while_pins_are_rewritten() {
     );
     assert!(writes > 10, "the pins were rewritten {writes} times only");
 }
+
+/// A packet reads the agent's settings from one snapshot (`sopa_agent::datapath::host_config`):
+/// while the table alternates between a /24 and the /16 around it, the prefix that covers the
+/// table (a network and a mask, written together) narrows and widens under the packets, and a
+/// packet that paired one table's network with the other's mask would leave unstamped (outside
+/// the cover), where either table stamps it.
+#[test]
+fn a_packet_never_reads_half_of_a_settings_change() {
+    let toml = |n: u64| {
+        if n.is_multiple_of(2) {
+            "[[destination]]\nprefix = \"10.3.1.0/24\"\npaths = [[1, 0]]\n"
+        } else {
+            "[[destination]]\nprefix = \"10.3.0.0/16\"\npaths = [[2, 0]]\n"
+        }
+    };
+    let mut f = Fixture::new(toml(0), mode::SOPA);
+    let packet = tcp([10, 3, 1, 2], 41000);
+    let writes = race(&mut f, &packet, |maps, n| {
+        maps.apply_paths(&PathTable::parse(toml(n + 1)).unwrap())
+            .unwrap();
+    });
+    let hops = f.maps.hop_counters().unwrap();
+    let runs = u64::from(RUNS) * allowed_cpus().len() as u64;
+    assert_eq!(
+        hops[1] + hops[2],
+        runs,
+        "runs stamped on either table's path ({} and {}) of {runs}, against {writes} table writes",
+        hops[1],
+        hops[2]
+    );
+    assert!(
+        hops[1] > 0 && hops[2] > 0,
+        "both tables were read: {} and {}",
+        hops[1],
+        hops[2]
+    );
+    assert!(writes > 10, "the table was rewritten {writes} times only");
+}

@@ -53,11 +53,30 @@ pub mod first_path {
     pub const NAMES: [&str; 2] = ["hash", "zero"];
 }
 
-/// How the chosen path travels, and this host's SRv6 addresses: a hash of one entry (key 0), so
-/// that the agent replaces the value whole under the packets that read it (V1 was an array,
-/// written in place). A map of its own, so a datapath of an older layout reads the default
-/// ([`encoding::IPV4_OPTION`], also what no entry means) from a fresh one.
-pub const ENCAP_MAP: &str = "SOPA_ENCAP_V2";
+/// The settings the agent alone writes and every packet reads: the encoding and this host's
+/// addresses in it, how destinations are looked up, the path meter's period and rack mask
+/// ([`HostConfig`]). An array of two slots, of which [`HOST_INDEX_MAP`] names the current one:
+/// the agent writes the other slot whole, then names it, and writes the first again only after
+/// an RCU grace period (when no program can still be reading it). A program reads every
+/// setting from one slot, so never half of a change, with two array reads the verifier inlines
+/// (they replace `SOPA_ENCAP_V2`, a one-entry hash, `SOPA_LOOKUP_V1` and `SOPA_METER_V1`: eight
+/// reads a packet, one of them a hash). All zero in a fresh datapath: the IPv4 option, the
+/// tries for every destination, the meter off.
+pub const HOST_MAP: &str = "SOPA_HOST_V1";
+/// The current slot of [`HOST_MAP`], a one-entry array of u32 (0 or 1).
+pub const HOST_INDEX_MAP: &str = "SOPA_HOSTI_V1";
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostConfig {
+    /// How the chosen path travels, with this host's addresses.
+    pub encap: Encap,
+    /// How destinations are looked up, by [`lookup`] slot (host order).
+    pub lookup: [u32; lookup::SLOTS as usize],
+    /// The path meter's period and rack mask.
+    pub meter: MeterConfig,
+}
+const _: () = assert!(size_of::<HostConfig>() == 88);
 
 /// Values of [`Encap::encoding`].
 pub mod encoding {
@@ -164,15 +183,13 @@ pub const PATHS_MAP: &str = "SOPA_PATHS_V1";
 pub const PATHS_CAPACITY: u32 = 16_384;
 /// The same path sets keyed by the prefix's network address alone (hash, network order),
 /// looked up with one exact match instead of the trie's walk when every prefix of the table has
-/// one length ([`LOOKUP_MAP`]). Allocated as entries come (a path set is 2 KB).
+/// one length ([`HostConfig::lookup`]). Allocated as entries come (a path set is 2 KB).
 pub const PATHS_EXACT_MAP: &str = "SOPA_PATHX_V1";
-/// How `tc_stamp` looks destinations up, an array of [`lookup`] slots (host order), all 0 in a
-/// fresh datapath: the tries, for every destination.
-pub const LOOKUP_MAP: &str = "SOPA_LOOKUP_V1";
 /// [`SRV6_DESTS_MAP`]'s entries keyed by network address, as [`PATHS_EXACT_MAP`]'s are.
 pub const SRV6_DESTS_EXACT_MAP: &str = "SOPA_SRV6DX_V1";
 
-/// The slots of [`LOOKUP_MAP`].
+/// How `tc_stamp` looks destinations up: the slots of [`HostConfig::lookup`], all 0 in a
+/// fresh datapath (the tries, for every destination).
 pub mod lookup {
     /// The netmask every prefix of [`super::PATHS_EXACT_MAP`] has, or 0 (prefixes of several
     /// lengths, or the exact table being rewritten): the trie, which always holds the whole
@@ -447,8 +464,6 @@ pub mod strip_reason {
 /// packet in flight counted as lost. The agent then reads that color's maps and empties them
 /// (one batched lookup-and-delete each): a map holds one period's keys, never more.
 pub mod meter {
-    /// The metering configuration, a one-entry array of [`super::MeterConfig`].
-    pub const CONFIG_MAP: &str = "SOPA_METER_V1";
     /// Packets and bytes sent in periods of each color, [`super::MeterSent`] by
     /// [`super::MeterKey`] (peer: the destination's rack), per CPU (each CPU adds to its own
     /// counter: no atomic, no cache line two CPUs write). Before them, `SOPA_SENT_V1`
@@ -556,6 +571,7 @@ mod pod {
     unsafe impl aya::Pod for ReorderState {}
     unsafe impl aya::Pod for Pin {}
     unsafe impl aya::Pod for Encap {}
+    unsafe impl aya::Pod for HostConfig {}
     unsafe impl aya::Pod for Srv6Dest {}
     unsafe impl aya::Pod for SegKey {}
     unsafe impl aya::Pod for Segments {}

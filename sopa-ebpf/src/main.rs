@@ -13,6 +13,7 @@
 
 mod baseline;
 mod encoding;
+mod host_config;
 mod lossy;
 mod meter;
 mod packet;
@@ -33,8 +34,8 @@ use aya_ebpf::{
     programs::{SockoptContext, TcContext, XdpContext},
 };
 use sopa_common::maps::{
-    Config, EV_CAPACITY, Encap, EvKey, FLOWS_CAPACITY, FWD_CAPACITY, FlowKey, FlowState, FwdEntry,
-    HOP_STATS_LEN, MAX_UPLINKS, MeterConfig, MeterKey, MeterPeer, MeterSent, PATHS_CAPACITY,
+    Config, EV_CAPACITY, EvKey, FLOWS_CAPACITY, FWD_CAPACITY, FlowKey, FlowState, FwdEntry,
+    HOP_STATS_LEN, HostConfig, MAX_UPLINKS, MeterKey, MeterPeer, MeterSent, PATHS_CAPACITY,
     PINS_CAPACITY, PathSet, Pin, REASON_SLOTS, REORDER_CAPACITY, ReorderState, SRV6_SEGS_CAPACITY,
     SegKey, Segments, Srv6Dest, TRUST_CAPACITY, UsidRepairConfig, UsidRule, UsidRuleKey,
 };
@@ -52,19 +53,12 @@ static PATHS: LpmTrie<[u8; 4], PathSet> = LpmTrie::pinned(PATHS_CAPACITY, 0);
 #[map(name = "SOPA_PATHX_V1")]
 static PATHS_EXACT: HashMap<[u8; 4], PathSet> = HashMap::pinned(PATHS_CAPACITY, BPF_F_NO_PREALLOC);
 
-#[map(name = "SOPA_LOOKUP_V1")]
-static LOOKUP: Array<u32> = Array::pinned(sopa_common::maps::lookup::SLOTS, 0);
+// The agent's settings in two slots, and which one is current (`host_config`).
+#[map(name = "SOPA_HOST_V1")]
+static HOST: Array<HostConfig> = Array::pinned(2, 0);
 
-#[map(name = "SOPA_ENCAP_V2")]
-static ENCAP: HashMap<u32, Encap> = HashMap::pinned(1, 0);
-
-/// The encoding and this host's SRv6 addresses (none: the option). One value, replaced whole by
-/// the agent, never written under a packet that reads it.
-#[inline(always)]
-fn encap() -> Option<&'static Encap> {
-    // SAFETY: a value the agent only ever replaces whole, and frees only after a grace period.
-    unsafe { ENCAP.get(&0) }
-}
+#[map(name = "SOPA_HOSTI_V1")]
+static HOST_INDEX: Array<u32> = Array::pinned(1, 0);
 
 #[map(name = "SOPA_EV_V1")]
 static EVS: HashMap<EvKey, u32> = HashMap::pinned(EV_CAPACITY, BPF_F_NO_PREALLOC);
@@ -126,9 +120,6 @@ static USID_CONFIG: Array<UsidRepairConfig> = Array::pinned(1, 0);
 #[map(name = "SOPA_USIDR_V1")]
 static USID_RULES: HashMap<UsidRuleKey, UsidRule> =
     HashMap::pinned(sopa_common::maps::usid_repair::CAPACITY, 0);
-
-#[map(name = "SOPA_METER_V1")]
-static METER_CONFIG: Array<MeterConfig> = Array::pinned(1, 0);
 
 #[map(name = "SOPA_COLOR_V1")]
 static METER_COLOR: Array<u32> = Array::pinned(1, 0);

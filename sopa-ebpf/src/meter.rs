@@ -8,12 +8,9 @@
 //! the color's maps and empties them, half a period after the color's period ended.
 
 use aya_ebpf::{bindings::BPF_NOEXIST, maps::PerCpuHashMap};
-use sopa_common::maps::{MeterKey, meter, strip_reason as reason};
+use sopa_common::maps::{HostConfig, MeterKey, meter, strip_reason as reason};
 
-use crate::{
-    METER_COLOR, METER_CONFIG, METER_PEERS, METER_RECEIVED0, METER_RECEIVED1, METER_SENT0,
-    METER_SENT1,
-};
+use crate::{METER_COLOR, METER_PEERS, METER_RECEIVED0, METER_RECEIVED1, METER_SENT0, METER_SENT1};
 
 /// Metering as configured now: the period's color and the rack mask.
 #[derive(Clone, Copy)]
@@ -23,10 +20,10 @@ pub struct Meter {
 }
 
 impl Meter {
-    /// The meter, when it is on.
+    /// The meter, when the host's settings have it on.
     #[inline(always)]
-    pub fn now() -> Option<Self> {
-        let config = METER_CONFIG.get(0)?;
+    pub fn now(host: &HostConfig) -> Option<Self> {
+        let config = &host.meter;
         if config.period_ns == 0 {
             return None;
         }
@@ -77,10 +74,14 @@ impl Meter {
     /// the packet under when it is not counted: `METER_FOREIGN`, or `METER_FULL` (the table
     /// is full).
     #[inline(always)]
-    pub fn received(saddr: [u8; 4], hops: [u8; 2], color: u8, n: u64) -> Result<(), u32> {
-        let Some(config) = METER_CONFIG.get(0) else {
-            return Ok(());
-        };
+    pub fn received(
+        host: &HostConfig,
+        saddr: [u8; 4],
+        hops: [u8; 2],
+        color: u8,
+        n: u64,
+    ) -> Result<(), u32> {
+        let config = &host.meter;
         if config.period_ns == 0 {
             return Ok(());
         }

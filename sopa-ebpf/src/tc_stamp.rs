@@ -22,7 +22,9 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use sopa_common::{
-    maps::{FlowKey, FlowState, MAX_PATHS, lookup, mode, stamp_reason as reason},
+    maps::{
+        FlowKey, FlowState, HostConfig, MAX_PATHS, PathSet, lookup, mode, stamp_reason as reason,
+    },
     srv6::{ETH_P_IPV6, IPV6_HLEN, MAX_OVERHEAD},
     wire::{
         ETH_HLEN, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP, IPV4_BASE_LEN, IPV4_STAMPED_LEN, OPTION_LEN,
@@ -55,11 +57,14 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
     if unsafe { (*ctx.skb.skb).mark } == sopa_common::entropy::PROBE_MARK {
         return Err(reason::PROBE);
     }
+    // Every setting this packet needs of the agent's, in one snapshot (never missing in
+    // practice: the maps are the datapath's own).
+    let host = crate::host_config::current().ok_or(reason::MODE_OFF)?;
     let ether_type: *const [u8; 2] = tc_ptr(ctx, 12).ok_or(reason::TOO_SHORT)?;
     // SAFETY: bounds checked by tc_ptr.
     let ether_type = u16::from_be_bytes(unsafe { *ether_type });
     if ether_type == ETH_P_IPV6 {
-        return stamp_ipv6(ctx);
+        return stamp_ipv6(ctx, host);
     }
     if ether_type != ETH_P_IP {
         return Err(reason::NOT_IPV4);
@@ -78,7 +83,7 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
         // SAFETY: bounds checked by tc_ptr.
         unsafe { *option == [OPTION_TYPE, OPTION_LEN] }
     };
-    let enc = Encoding::of_host();
+    let enc = Encoding::of(host);
     let option = matches!(enc, Encoding::Option);
     // In the other encodings no switch reads the option: one a sender set itself is left in
     // place like any other.
@@ -89,7 +94,7 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
     // (SRv6: in a Destination Options header after the outer one). SRv6 needs it before the
     // path is chosen (the mark's bytes must fit); the option only for a packet it stamps.
     let early_meter = if !option && enc.metered() {
-        Meter::now()
+        Meter::now(host)
     } else {
         None
     };
@@ -99,14 +104,18 @@ pub fn try_stamp(ctx: &TcContext) -> Result<u32, u32> {
     } else {
         ETH_HLEN + IPV4_BASE_LEN
     };
-    let choice = match choose(ctx, &ip, forged, extra, l4) {
+    let choice = match choose(ctx, host, &ip, forged, extra, l4) {
         Ok(choice) => choice,
         Err(_) if forged => return Err(reason::FORGED_DROPPED),
         Err(why) => return Err(why),
     };
     // Before stamping: growing a GSO packet's header resets its segment count.
     let segs = segments(ctx);
-    let meter = if option { Meter::now() } else { early_meter };
+    let meter = if option {
+        Meter::now(host)
+    } else {
+        early_meter
+    };
     if forged {
         // Only the option's encoding gets here with a forged option.
         option::restamp(ctx, option::wire(choice.hops, meter))
@@ -148,8 +157,8 @@ fn metered(
 /// IPv6 in the SRv6 and entropy encodings: a TCP or UDP packet without extension headers to
 /// the fabric's /96 takes the paths of the IPv4 address its destination embeds.
 #[inline(always)]
-fn stamp_ipv6(ctx: &TcContext) -> Result<u32, u32> {
-    let enc = Encoding::of_host();
+fn stamp_ipv6(ctx: &TcContext, host: &'static HostConfig) -> Result<u32, u32> {
+    let enc = Encoding::of(host);
     let Some(encap) = enc.ipv6() else {
         return Err(reason::NOT_IPV4);
     };
@@ -194,9 +203,13 @@ fn stamp_ipv6(ctx: &TcContext) -> Result<u32, u32> {
     if ip6.payload_len == 0 || ip6.payload_len > u16::MAX - (IPV6_HLEN + MAX_OVERHEAD) as u16 {
         return Err(reason::TOO_BIG);
     }
-    let meter = if enc.metered() { Meter::now() } else { None };
+    let meter = if enc.metered() {
+        Meter::now(host)
+    } else {
+        None
+    };
     let extra = enc.extra_ipv6(meter.is_some());
-    let choice = choose(ctx, &ip, false, extra, ETH_HLEN + IPV6_HLEN)?;
+    let choice = choose(ctx, host, &ip, false, extra, ETH_HLEN + IPV6_HLEN)?;
     let segs = segments(ctx);
     enc.carry_ipv6(ctx, &ip, ip6.next, choice.hops, meter)?;
     let headers = ETH_HLEN + IPV6_HLEN + usize::from(extra);
@@ -231,7 +244,14 @@ struct Choice {
 /// The path for a stampable packet, with the flow's state updated; `extra` is what the
 /// encoding adds to the packet, `l4` where its ports are.
 #[inline(always)]
-fn choose(ctx: &TcContext, ip: &Ipv4, forged: bool, extra: u16, l4: usize) -> Result<Choice, u32> {
+fn choose(
+    ctx: &TcContext,
+    host: &HostConfig,
+    ip: &Ipv4,
+    forged: bool,
+    extra: u16,
+    l4: usize,
+) -> Result<Choice, u32> {
     if ip.is_fragment() {
         return Err(reason::FRAGMENT);
     }
@@ -245,11 +265,11 @@ fn choose(ctx: &TcContext, ip: &Ipv4, forged: bool, extra: u16, l4: usize) -> Re
     if config.mode == mode::OFF || config.mode >= mode::COUNT {
         return Err(reason::MODE_OFF);
     }
-    if !crate::prefix::in_fabric(ip.daddr) {
+    if !crate::prefix::in_fabric(host, ip.daddr) {
         return Err(reason::NOT_FABRIC);
     }
     let paths = crate::prefix::find(
-        lookup::PATHS,
+        host.lookup[lookup::PATHS as usize],
         &crate::PATHS_EXACT,
         crate::prefix::paths_trie,
         ip.daddr,
@@ -277,9 +297,11 @@ fn choose(ctx: &TcContext, ip: &Ipv4, forged: bool, extra: u16, l4: usize) -> Re
     let mut fallback = false;
     let mut pin: Option<[u8; 2]> = None;
     let choice = match config.mode {
-        mode::SOPA => match socket_state(ctx, ip.proto, &key, config.hash_seed)
-            .or_else(|| flow_state(&key, config.hash_seed))
-        {
+        mode::SOPA => match match socket_state(ctx, ip.proto, &key, config.hash_seed, l4) {
+            Holder::Socket(state) => Some(state),
+            Holder::None(start) => return Ok(self::choice(paths, start % n, false, None)),
+            Holder::Table => flow_state(&key, config.hash_seed),
+        } {
             Some(state) => {
                 // SAFETY: a pointer from a successful map lookup. Two CPUs sending the same
                 // flow at once may both read one `next`: a rare repeat, never a wrong path.
@@ -320,14 +342,20 @@ fn choose(ctx: &TcContext, ip: &Ipv4, forged: bool, extra: u16, l4: usize) -> Re
         mode::SINGLE => 0,
         _ => flow_hash(&key, config.hash_seed) % n,
     };
-    // `choice < n <= MAX_PATHS`, but the verifier does not follow `%` and LLVM drops a check it
+    Ok(self::choice(paths, choice, fallback, pin))
+}
+
+/// Path `index` of `paths` (or the pin), as chosen.
+#[inline(always)]
+fn choice(paths: &PathSet, index: u32, stateless: bool, pin: Option<[u8; 2]>) -> Choice {
+    // `index < n <= MAX_PATHS`, but the verifier does not follow `%` and LLVM drops a check it
     // can prove redundant: mask behind an opaque value so the bound survives to the verifier.
-    let index = core::hint::black_box(choice) as usize & (MAX_PATHS - 1);
-    Ok(Choice {
+    let index = core::hint::black_box(index) as usize & (MAX_PATHS - 1);
+    Choice {
         hops: pin.unwrap_or(paths.hops[index]),
         pinned: pin.is_some(),
-        stateless: fallback,
-    })
+        stateless,
+    }
 }
 
 /// Whether a packet sent as it is (not GSO) still fits the interface's MTU with `extra` bytes
@@ -383,57 +411,84 @@ fn first_state(key: &FlowKey, seed: u32) -> FlowState {
     }
 }
 
-/// The state of a TCP connection this host's own socket sends, held by the socket
-/// (`SOCKET_FLOWS_MAP`): found without hashing the 5-tuple, never evicted, freed with the
-/// socket. `None` for anything else (a forwarded packet has no socket; a SYN-ACK or a reset
-/// has a request or time-wait socket; a raw socket's packets are not one flow), which takes the
-/// flow table.
+/// Where a packet's round robin is kept.
+enum Holder {
+    /// In the socket of the TCP connection that sends it.
+    Socket(*mut FlowState),
+    /// Nowhere: a TCP packet of a socket that is not the connection's own (a SYN-ACK's request
+    /// socket, a time-wait socket's last ACK, a listener's reset), a few packets a connection
+    /// at most, which take the flow's first path (this one) and enter no table.
+    None(u32),
+    /// In the flow table: packets without a socket (forwarded), UDP, raw sockets.
+    Table,
+}
+
+/// Where the round robin of a packet of `proto` is kept: a TCP connection this host's own
+/// socket sends keeps it in the socket (`SOCKET_FLOWS_MAP`), found without hashing the
+/// 5-tuple, never evicted, freed with the socket. `l4`: where the TCP header begins.
 #[inline(always)]
-fn socket_state(ctx: &TcContext, proto: u8, key: &FlowKey, seed: u32) -> Option<*mut FlowState> {
+fn socket_state(ctx: &TcContext, proto: u8, key: &FlowKey, seed: u32, l4: usize) -> Holder {
     if proto != IPPROTO_TCP {
-        return None;
+        return Holder::Table;
     }
     // SAFETY: reading a field of the context the kernel handed us.
     let sk = unsafe { (*ctx.skb.skb).__bindgen_anon_2.sk };
     if sk.is_null() {
-        return None;
+        return Holder::Table;
     }
     // SAFETY: a helper given the skb's socket, checked non-null.
     let full = unsafe { bpf_sk_fullsock(sk) };
     if full.is_null() {
-        return None;
+        return Holder::None(first_state(key, seed).next);
     }
     // SAFETY: a full socket the helper returned, valid for this run.
-    if unsafe { (*full).type_ != SOCK_STREAM || (*full).protocol != u32::from(IPPROTO_TCP) } {
-        return None;
+    let (kind, protocol, state) = unsafe { ((*full).type_, (*full).protocol, (*full).state) };
+    if kind != SOCK_STREAM || protocol != u32::from(IPPROTO_TCP) {
+        return Holder::Table;
+    }
+    if state == TCP_LISTEN {
+        return Holder::None(first_state(key, seed).next);
     }
     let map = core::ptr::from_ref(&crate::SOCKET_FLOWS).cast_mut().cast();
-    // SAFETY: our socket-storage map and a full socket; no value, no creation.
-    let state = unsafe { bpf_sk_storage_get(map, full.cast(), core::ptr::null_mut(), 0) };
-    if !state.is_null() {
-        return Some(state.cast());
-    }
-    // The connection's first packet here (its SYN, or the first since this datapath loaded).
-    let mut fresh = first_state(key, seed);
-    // SAFETY: as above; the helper copies `fresh` into the storage it creates.
-    let state = unsafe {
-        bpf_sk_storage_get(
-            map,
-            full.cast(),
-            core::ptr::addr_of_mut!(fresh).cast(),
-            u64::from(BPF_SK_STORAGE_GET_F_CREATE),
-        )
+    let get = |value: *mut FlowState, flags: u32| {
+        // SAFETY: our socket-storage map and a full socket; the helper copies `value` (or
+        // zeroes) into the storage it creates.
+        unsafe { bpf_sk_storage_get(map, full.cast(), value.cast(), u64::from(flags)) }
+            .cast::<FlowState>()
     };
-    if state.is_null() {
-        // No memory for it: the flow table.
-        return None;
+    let state = get(core::ptr::null_mut(), 0);
+    if !state.is_null() {
+        return Holder::Socket(state);
     }
-    count(&crate::STAMP_STATS, reason::SOCKET_FLOWS_CREATED, 1);
-    Some(state.cast())
+    // The connection's first packet here. A SYN takes the flow's first path; anything else
+    // (an accepted connection, whose SYN-ACK its request socket sent on the first path, or a
+    // connection open before this datapath loaded) the one after it.
+    let mut fresh = first_state(key, seed);
+    let flags: Option<*mut u8> = tc_ptr(ctx, l4 + 13);
+    // SAFETY: bounds checked by tc_ptr.
+    let syn = flags.is_some_and(|f| unsafe { *f } & (TCP_SYN | TCP_ACK) == TCP_SYN);
+    if !syn {
+        fresh.next = fresh.next.wrapping_add(1);
+    }
+    let state = get(&mut fresh, BPF_SK_STORAGE_GET_F_CREATE);
+    if !state.is_null() {
+        count(&crate::STAMP_STATS, reason::SOCKET_FLOWS_CREATED, 1);
+        return Holder::Socket(state);
+    }
+    // Another CPU created it first, or no memory (the flow table then).
+    let state = get(core::ptr::null_mut(), 0);
+    if state.is_null() {
+        Holder::Table
+    } else {
+        Holder::Socket(state)
+    }
 }
 
-/// `SOCK_STREAM` (linux/net.h).
+/// `SOCK_STREAM` (linux/net.h), `TCP_LISTEN` (net/tcp_states.h), the TCP flags' bits.
 const SOCK_STREAM: u32 = 1;
+const TCP_LISTEN: u32 = 10;
+const TCP_SYN: u8 = 0x02;
+const TCP_ACK: u8 = 0x10;
 
 /// Adds this skb to its flow's packets and bytes, atomically (BPF_ATOMIC add): two CPUs
 /// sending the same flow at once both count. Only in the pinned mode, whose elephant detection

@@ -37,10 +37,12 @@ pub fn try_strip(ctx: &XdpContext) -> Result<u32, u32> {
         ptr_at(ctx.data(), ctx.data_end(), 12).ok_or(reason::TOO_SHORT)?;
     // SAFETY: bounds checked by ptr_at.
     let ether_type = u16::from_be_bytes(unsafe { *ether_type });
+    // Never missing in practice: the maps are the datapath's own.
+    let host = crate::host_config::current().ok_or(reason::NOT_IPV4)?;
     if ether_type == ETH_P_IPV6 {
-        let inner = match Encoding::of_host() {
-            Encoding::Srv6(e) => srv6::decapsulate(ctx, e)?,
-            Encoding::Entropy(e) => match entropy::receive(ctx, e)? {
+        let inner = match Encoding::of(host) {
+            Encoding::Srv6(h) => srv6::decapsulate(ctx, h)?,
+            Encoding::Entropy(h) => match entropy::receive(ctx, h)? {
                 Arrival::Decapsulated(inner) => inner,
                 Arrival::Relabelled => return Ok(reason::LABEL_CLEARED),
             },
@@ -93,9 +95,8 @@ pub fn try_strip(ctx: &XdpContext) -> Result<u32, u32> {
     // option (in an SRv6 fabric, no host of the fabric sends one).
     let [hop0, hop1] = w[E + 11].to_ne_bytes();
     let color = u8::from(hop0 & meter::COLOR != 0);
-    let option_fabric = crate::encap().is_none_or(|e| e.encoding == encoding::IPV4_OPTION);
-    let counted = if option_fabric {
-        Meter::received(ip.saddr, [hop0, hop1], color, 1)
+    let counted = if host.encap.encoding == encoding::IPV4_OPTION {
+        Meter::received(host, ip.saddr, [hop0, hop1], color, 1)
     } else {
         Err(reason::METER_FOREIGN)
     };

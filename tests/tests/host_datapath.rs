@@ -55,6 +55,8 @@ fn option_on_the_wire_at_r_gone_at_b_transfer_intact() {
     );
 
     let at_r = Capture::start(&arb.r, &arb.r_a_if).unwrap();
+    // What B sends, as R receives it.
+    let from_b_at_r = Capture::start(&arb.r, &arb.r_b_if).unwrap();
     let at_b = Capture::start(&arb.b, &arb.b_if).unwrap();
     let transfer = tcp_transfer(
         &arb.a,
@@ -71,6 +73,7 @@ fn option_on_the_wire_at_r_gone_at_b_transfer_intact() {
     )
     .expect("50 MiB from A to B");
     let at_r = at_r.finish().unwrap();
+    let from_b_at_r = from_b_at_r.finish().unwrap();
     let at_b = at_b.finish().unwrap();
     assert!(transfer.intact(), "digest differs");
     eprintln!(
@@ -146,6 +149,26 @@ fn option_on_the_wire_at_r_gone_at_b_transfer_intact() {
         at_r.dropped
     );
 
+    // B's first two packets, its SYN-ACK (from its request socket) and its first ACK (from the
+    // accepted one), take consecutive paths: the accepted socket's round robin begins after
+    // the path its SYN-ACK took.
+    let from_b: Vec<u8> = from_b_at_r
+        .frames
+        .iter()
+        .filter_map(|f| tcp_from(f, arb.b_addr))
+        .filter(|(options, _)| options.len() == 4)
+        .map(|(options, _)| options[2])
+        .take(2)
+        .collect();
+    assert_eq!(from_b.len(), 2, "B's SYN-ACK and first ACK at R");
+    assert_eq!(
+        (from_b[1] + PATHS - from_b[0]) % PATHS,
+        1,
+        "B's SYN-ACK on path {}, its first ACK on {}",
+        from_b[0],
+        from_b[1]
+    );
+
     // At B's stack (the capture runs after generic XDP): no option left.
     let seen_at_b: Vec<usize> = at_b
         .frames
@@ -183,6 +206,21 @@ fn option_on_the_wire_at_r_gone_at_b_transfer_intact() {
     assert_eq!(
         a["stamp"]["socket_flows_created"], 1,
         "A's one connection began its round robin in its socket"
+    );
+    // B accepted it: its SYN-ACK left from B's request socket on the flow's first path, its
+    // ACKs from the accepted socket from the path after, one cycle throughout.
+    let b_hop0: Vec<u64> = (0..PATHS)
+        .map(|h| b["hop0"][h.to_string()].as_u64().unwrap_or(0))
+        .collect();
+    eprintln!(
+        "B's flows: {} in sockets, {}; per hop {b_hop0:?}",
+        b["stamp"]["socket_flows_created"], b["flow_table"]
+    );
+    assert_eq!(b["stamp"]["socket_flows_created"], 1);
+    assert!(
+        b_hop0.iter().max().unwrap() - b_hop0.iter().min().unwrap() <= 1,
+        "B's acknowledgements, round-robin from its SYN-ACK on: per-hop counts within one \
+         packet: {b_hop0:?}"
     );
     assert_eq!(
         a["stamp"]["too_big"], 0,

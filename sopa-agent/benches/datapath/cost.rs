@@ -449,21 +449,22 @@ pub fn table(args: &Args) {
     let _ = std::fs::remove_dir_all(&pins6_trie);
 }
 
-/// `tc_stamp`'s work in parts (`sopa-ebpf/src/parts.rs`), each alone on the option's
-/// exact-match datapath's maps: (row, program).
-const PARTS: [(&str, &str); 9] = [
-    ("part: configuration, 7 array reads", "part_config"),
-    ("part: the encoding, a one-entry hash", "part_encap"),
-    ("part: path set, exact match", "part_paths"),
-    ("part: flow state, LRU table", "part_flow_lru"),
-    ("part: flow state, socket storage created", "part_flow_sk"),
+/// `tc_stamp`'s work in parts (`sopa-ebpf/src/parts.rs`), each on the option's exact-match
+/// datapath's maps after the work all of them build on (`part_base`): (row, program).
+const PARTS: [(&str, &str); 10] = [
+    ("part: base (headers parsed, settings read)", "part_base"),
+    ("part: + the mode and seed", "part_config"),
+    ("part: + the path set, exact match", "part_paths"),
+    ("part: + round robin in the flow table", "part_flow_lru"),
+    ("part: + the socket's checks", "part_flow_sk_checks"),
+    ("part: + socket storage created", "part_flow_sk"),
     (
-        "part: socket storage created, found 8 times",
+        "part: + socket storage created, found 8x",
         "part_flow_sk_found",
     ),
-    ("part: path meter count", "part_meter"),
-    ("part: bpf_check_mtu", "part_mtu"),
-    ("part: counters (3)", "part_counts"),
+    ("part: + the path meter (color, count)", "part_meter"),
+    ("part: + bpf_check_mtu", "part_mtu"),
+    ("part: + counters (reason, two hops)", "part_counts"),
 ];
 
 /// Lookups of an existing socket storage in `part_flow_sk_found` (`parts::FOUND`).
@@ -473,62 +474,70 @@ fn is_part(prog: Prog) -> bool {
     matches!(prog, Prog::Baseline(name) if name.starts_with("part_"))
 }
 
-/// Where `tc_stamp`'s time over its floor goes: each part's cost over the empty program, their
-/// sum beside what `tc_stamp` adds over the floor, and the flow's state in the socket's storage
-/// instead of the flow table.
+/// Where `tc_stamp`'s time over the empty program goes: the base every part builds on, each
+/// part's cost over that base, their sum beside what `tc_stamp` adds, and the flow's round
+/// robin in the socket's storage against the flow table.
 fn parts(mean: &dyn Fn(&str) -> f64) {
     let tc = mean("tc: empty program (baseline)");
-    let over = |row: &str| mean(row) - tc;
     let row = |prog: &str| PARTS.iter().find(|p| p.1 == prog).expect("a part").0;
+    let base = mean(row("part_base"));
+    // Each part over the base: its own work only.
+    let part = |prog: &str| mean(row(prog)) - base;
+    // The socket's storage exists for every packet of a connection but its first: one more
+    // lookup's share of several is what each later packet pays.
+    let found = (mean(row("part_flow_sk_found")) - mean(row("part_flow_sk"))) / SK_FOUND;
+    let checks = part("part_flow_sk_checks");
+    let created = part("part_flow_sk") - checks;
     println!();
     println!(
-        "where tc_stamp's time goes (option, stamped): each part alone on the same maps, ns over \
-         the empty program"
+        "where tc_stamp's time goes (option, stamped, the flow table's round robin): ns a packet"
     );
+    let rows = [
+        (
+            "base: headers parsed, the agent's settings read (over the empty program)",
+            base - tc,
+        ),
+        ("the mode and seed (CONFIG)", part("part_config")),
+        ("the path set, exact match", part("part_paths")),
+        (
+            "the round robin, flow table (key, LRU lookup, position)",
+            part("part_flow_lru"),
+        ),
+        ("the path meter (color, count)", part("part_meter")),
+        ("bpf_check_mtu", part("part_mtu")),
+        ("counters (reason, two hops)", part("part_counts")),
+        ("the socket's checks (not a TCP connection's here)", checks),
+    ];
     let mut sum = 0.0;
-    for (name, prog) in PARTS {
-        let ns = match prog {
-            // The socket's storage exists for every packet of a flow but its first: what a
-            // second lookup adds is what each later packet pays.
-            "part_flow_sk_found" => (mean(name) - mean(row("part_flow_sk"))) / SK_FOUND,
-            _ => over(name),
-        };
-        let name = if prog == "part_flow_sk_found" {
-            "part: flow state, socket storage found"
-        } else {
-            name
-        };
-        // The table's parts, as tc_stamp does them: one flow-state row counts.
-        if !prog.starts_with("part_flow_sk") {
-            sum += ns;
-        }
-        println!("{name:<42} {ns:>+10.1}");
+    for (name, ns) in rows {
+        sum += ns;
+        println!("  {name:<72} {ns:>+7.1}");
     }
-    let stamp = over("tc_stamp, fabric TCP (stamped)");
-    let floor = over(OPTION_FLOOR);
+    let stamp = mean("tc_stamp, fabric TCP (stamped)") - tc;
+    let floor = mean(OPTION_FLOOR) - tc;
     println!(
-        "the parts sum to {sum:+.1} ns and the floor adds {floor:+.1}: {:+.1} of tc_stamp's \
-         {stamp:+.1} over the empty program; the rest ({:+.1}) is its parsing, branches and the \
-         option's bytes",
+        "  {:<72} {floor:>+7.1}",
+        "the floor's helper (adjust_room +4, over the empty program)"
+    );
+    println!(
+        "the parts and the floor sum to {:+.1} ns of tc_stamp's {stamp:+.1} over the empty \
+         program; the rest ({:+.1}) is its branches and writing the option's bytes",
         sum + floor,
         stamp - sum - floor
     );
-    let lru = over(row("part_flow_lru"));
-    let found = (mean(row("part_flow_sk_found")) - mean(row("part_flow_sk"))) / SK_FOUND;
+    let lru = part("part_flow_lru");
     println!(
-        "the flow's round robin in its socket's storage instead of the flow table: {:+.1} \
-         ns/packet ({found:.1} against {lru:.1}; the first packet of a socket {:+.1} more to \
-         create it)",
-        found - lru,
-        over(row("part_flow_sk")) - found
+        "a TCP connection's round robin in its socket's storage: found {found:.1} ns against the \
+         flow table's {lru:.1} ({:+.1} a packet); created on its first packet, {created:+.1}",
+        found - lru
     );
     // A test run's socket is a new one of no kind each run, so the stamped row takes the flow
-    // table, as forwarded packets and UDP do; a TCP connection of the host's own takes its
-    // socket's storage.
+    // table after the socket's checks, as forwarded packets, UDP and raw sockets do; a TCP
+    // connection of the host's own takes its socket's storage after the same checks.
     let own = mean("tc_stamp, fabric TCP (stamped)") - lru + found;
     println!(
         "tc_stamp for a TCP connection of this host's own (computed: the stamped row with the \
-         socket's storage for the flow table's lookup): {own:.1} ns/packet, {:.2}x its floor",
+         socket's storage for the flow table): {own:.1} ns/packet, {:.2}x its floor",
         own / mean(OPTION_FLOOR)
     );
 }

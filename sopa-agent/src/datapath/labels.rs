@@ -3,7 +3,7 @@
 
 use std::collections::HashMap as StdHashMap;
 
-use sopa_common::maps::{ENCAP_MAP, EV_MAP, Encap, EvKey, encoding};
+use sopa_common::maps::{EV_MAP, Encap, EvKey, HOST_MAP, encoding};
 
 use super::maps::MapSet;
 use crate::{
@@ -36,7 +36,7 @@ impl MapSet {
                 return Ok(());
             }
             return Err(Error::Config(format!(
-                "this datapath was left by an older agent and has no {EV_MAP} or {ENCAP_MAP}: \
+                "this datapath was left by an older agent and has no {EV_MAP} or {HOST_MAP}: \
                  start this agent version on the node first"
             )));
         };

@@ -94,13 +94,19 @@ pub const PREDECESSORS: [Predecessor; 3] = [
 /// periods start anew with every agent (its first readings are baselines, not reports), so
 /// nothing in them is lost; the
 /// encoding as an array written in place (V1), which the agent writes again from its table;
-/// a switch's uSID configuration without the block (V1), which the switch agent writes again
-/// from its plan. Their pins are removed once this agent's programs replaced the old ones.
-pub const RETIRED: [&str; 5] = [
+/// the encoding as a one-entry hash (V2), the lookup slots and the meter's configuration, now
+/// one snapshot of settings (`SOPA_HOST_V1`) the agent writes again from its table and its
+/// options; a switch's uSID configuration without the block (V1), which the switch agent
+/// writes again from its plan. Their pins are removed once this agent's programs replaced the
+/// old ones.
+pub const RETIRED: [&str; 8] = [
     "SOPA_SENT_V1",
     "SOPA_SENT_V2",
     "SOPA_RECV_V1",
     "SOPA_ENCAP_V1",
+    "SOPA_ENCAP_V2",
+    "SOPA_LOOKUP_V1",
+    "SOPA_METER_V1",
     "SOPA_USIDC_V1",
 ];
 

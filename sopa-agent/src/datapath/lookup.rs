@@ -1,4 +1,5 @@
-//! How `tc_stamp` looks destinations up ([`LOOKUP_MAP`]): not at all outside the prefix that
+//! How `tc_stamp` looks destinations up (the host's settings' [`lookup`] slots,
+//! [`super::host_config`]): not at all outside the prefix that
 //! covers the path table's, with one hash match in the exact tables (the path sets and SRv6
 //! destinations keyed by network address) while every prefix of the table has one length (a
 //! Fat-Tree's or MODRIC's rack prefixes), in the tries otherwise. The tries always hold the
@@ -20,13 +21,14 @@ use std::{
     sync::Arc,
 };
 
-use aya::maps::{Array, Map, MapData};
-use sopa_common::maps::{
-    LOOKUP_MAP, PATHS_EXACT_MAP, PathSet, SRV6_DESTS_EXACT_MAP, Srv6Dest, lookup,
-};
+use aya::maps::Map;
+use sopa_common::maps::{PATHS_EXACT_MAP, PathSet, SRV6_DESTS_EXACT_MAP, Srv6Dest, lookup};
 use sopa_topology::prefix::{cover, netmask, one_length};
 
-use super::grace::{Grace, Guarded};
+use super::{
+    grace::{Grace, Guarded},
+    host_config::SharedHost,
+};
 use crate::{
     error::{Error, Result},
     path_table::Prefix,
@@ -35,7 +37,7 @@ use crate::{
 /// The lookup's settings and the exact tables (absent in the pins of a datapath an older agent
 /// left: its programs look up the tries alone).
 pub struct Lookup {
-    slots: Array<MapData, u32>,
+    host: SharedHost,
     paths: Guarded<[u8; 4], PathSet>,
     srv6_dests: Guarded<[u8; 4], Srv6Dest>,
 }
@@ -50,9 +52,14 @@ fn mask_of<'a>(prefixes: impl IntoIterator<Item = &'a Prefix>) -> u32 {
 }
 
 impl Lookup {
-    pub fn from_maps(slots: Map, paths: Map, srv6_dests: Map, grace: Arc<Grace>) -> Result<Self> {
+    pub fn from_maps(
+        host: SharedHost,
+        paths: Map,
+        srv6_dests: Map,
+        grace: Arc<Grace>,
+    ) -> Result<Self> {
         Ok(Self {
-            slots: slots.try_into().map_err(Error::map(LOOKUP_MAP))?,
+            host,
             paths: Guarded::new(
                 paths.try_into().map_err(Error::map(PATHS_EXACT_MAP))?,
                 PATHS_EXACT_MAP,
@@ -69,13 +76,11 @@ impl Lookup {
     }
 
     fn get(&self, slot: u32) -> Result<u32> {
-        self.slots.get(&slot, 0).map_err(Error::map(LOOKUP_MAP))
+        Ok(self.host.get()?.lookup[slot as usize])
     }
 
     fn set(&mut self, slot: u32, value: u32) -> Result<()> {
-        self.slots
-            .set(slot, value, 0)
-            .map_err(Error::map(LOOKUP_MAP))
+        self.host.update(|h| h.lookup[slot as usize] = value)
     }
 
     /// The prefix length table `slot` ([`lookup::PATHS`], [`lookup::SRV6_DESTS`]) is matched
@@ -98,15 +103,11 @@ impl Lookup {
 
     fn set_fabric(&mut self, p: Prefix) -> Result<()> {
         let (network, mask) = (u32::from(p.addr), netmask(p.len));
-        if (self.get(lookup::FABRIC)?, self.get(lookup::FABRIC_MASK)?) == (network, mask) {
-            return Ok(());
-        }
-        // The two slots cannot change at once: the mask goes to 0 first (everything covered),
-        // then the network, then the new mask. A failure in between leaves everything covered.
-        // The program reads the mask before and after the network (`prefix::in_fabric`).
-        self.set(lookup::FABRIC_MASK, 0)?;
-        self.set(lookup::FABRIC, network)?;
-        self.set(lookup::FABRIC_MASK, mask)
+        // Both at once: a program reads them from one snapshot of the settings.
+        self.host.update(|h| {
+            h.lookup[lookup::FABRIC as usize] = network;
+            h.lookup[lookup::FABRIC_MASK as usize] = mask;
+        })
     }
 
     /// Widens the cover to hold `prefix` too.

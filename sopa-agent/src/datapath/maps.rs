@@ -11,9 +11,9 @@ use aya::{
     maps::{Array, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray, lpm_trie::Key},
 };
 use sopa_common::maps::{
-    CONFIG_MAP, Config, ENCAP_MAP, EV_MAP, Encap, EvKey, FLOWS_MAP, FWD_MAP, FWD_STATS_MAP,
-    FWD_UPLINK_STATS_MAP, FlowKey, FlowState, FwdEntry, HOP_STATS_MAP, LOOKUP_MAP, MAX_PATHS,
-    MAX_UPLINKS, MEASURE_MAP, PATHS_EXACT_MAP, PATHS_MAP, PINS_MAP, PathSet, Pin,
+    CONFIG_MAP, Config, EV_MAP, Encap, EvKey, FLOWS_MAP, FWD_MAP, FWD_STATS_MAP,
+    FWD_UPLINK_STATS_MAP, FlowKey, FlowState, FwdEntry, HOP_STATS_MAP, HOST_INDEX_MAP, HOST_MAP,
+    MAX_PATHS, MAX_UPLINKS, MEASURE_MAP, PATHS_EXACT_MAP, PATHS_MAP, PINS_MAP, PathSet, Pin,
     SRV6_DESTS_EXACT_MAP, SRV6_DESTS_MAP, SRV6_SEGS_CAPACITY, SRV6_SEGS_MAP, STAMP_STATS_MAP,
     START_MAP, STRIP_STATS_MAP, SegKey, Segments, Srv6Dest, TRUST_MAP, UsidRepairConfig, UsidRule,
     UsidRuleKey, encoding, forward_reason, lookup, measure, meter, stamp_reason, strip_reason,
@@ -22,6 +22,7 @@ use sopa_common::maps::{
 
 use super::{
     grace::{Grace, Guarded},
+    host_config::SharedHost,
     lookup::Lookup,
     meter_maps::MeterMaps,
 };
@@ -31,11 +32,10 @@ use crate::{
     srv6::{Compiled, Groups, Srv6Table},
 };
 
-/// The SRv6 encoding's maps (absent in the pins of a datapath an older agent left).
+/// The SRv6 encoding's maps (absent in the pins of a datapath an older agent left), and the
+/// settings that name the encoding.
 pub struct Srv6Maps {
-    /// One entry, key 0: a hash, so that a new value replaces the old one whole under the
-    /// packets that read it ([`super::grace`]).
-    encap: Guarded<u32, Encap>,
+    host: SharedHost,
     dests: LpmTrie<MapData, [u8; 4], Srv6Dest>,
     segs: Guarded<SegKey, Segments>,
 }
@@ -56,13 +56,9 @@ impl Srv6Maps {
         Ok(groups)
     }
 
-    fn from_maps(encap: Map, dests: Map, segs: Map, grace: &Arc<Grace>) -> Result<Self> {
+    fn from_maps(host: SharedHost, dests: Map, segs: Map, grace: &Arc<Grace>) -> Result<Self> {
         Ok(Self {
-            encap: Guarded::new(
-                encap.try_into().map_err(map_err(ENCAP_MAP))?,
-                ENCAP_MAP,
-                Arc::clone(grace),
-            ),
+            host,
             dests: dests.try_into().map_err(map_err(SRV6_DESTS_MAP))?,
             segs: Guarded::new(
                 segs.try_into().map_err(map_err(SRV6_SEGS_MAP))?,
@@ -74,19 +70,12 @@ impl Srv6Maps {
 
     /// The encoding and this host's SRv6 addresses (the option where none was written).
     pub(super) fn encap(&self) -> Result<Encap> {
-        match self.encap.map().get(&0, 0) {
-            Ok(e) => Ok(e),
-            Err(MapError::KeyNotFound) => Ok(Encap::default()),
-            Err(e) => Err(map_err(ENCAP_MAP)(e)),
-        }
+        Ok(self.host.get()?.encap)
     }
 
     /// Sets the encoding and addresses, where they change.
     pub(super) fn set_encap(&mut self, encap: Encap) -> Result<()> {
-        if self.encap()? != encap {
-            self.encap.set(&0, &encap)?;
-        }
-        Ok(())
+        self.host.update(|h| h.encap = encap)
     }
 }
 
@@ -150,6 +139,7 @@ impl MapSet {
         };
         let start = take(START_MAP)?;
         let measure = take(MEASURE_MAP)?;
+        let (slots, index) = (take(HOST_MAP)?, take(HOST_INDEX_MAP)?);
         let mut set = Self::from_maps(
             take(CONFIG_MAP)?,
             take(PATHS_MAP)?,
@@ -161,8 +151,9 @@ impl MapSet {
         )?;
         set.start = Some(start.try_into().map_err(map_err(START_MAP))?);
         set.measure = Some(measure.try_into().map_err(map_err(MEASURE_MAP))?);
+        let host = SharedHost::from_maps(slots, index, Arc::clone(&set.grace))?;
         set.srv6 = Some(Srv6Maps::from_maps(
-            take(ENCAP_MAP)?,
+            host.clone(),
             take(SRV6_DESTS_MAP)?,
             take(SRV6_SEGS_MAP)?,
             &set.grace,
@@ -173,7 +164,7 @@ impl MapSet {
             Arc::clone(&set.grace),
         ));
         set.meter = Some(MeterMaps::from_maps(
-            take(meter::CONFIG_MAP)?,
+            host.clone(),
             [take(meter::SENT_MAPS[0])?, take(meter::SENT_MAPS[1])?],
             [
                 take(meter::RECEIVED_MAPS[0])?,
@@ -184,7 +175,7 @@ impl MapSet {
             &set.grace,
         )?);
         set.lookup = Some(Lookup::from_maps(
-            take(LOOKUP_MAP)?,
+            host,
             take(PATHS_EXACT_MAP)?,
             take(SRV6_DESTS_EXACT_MAP)?,
             Arc::clone(&set.grace),
@@ -229,8 +220,14 @@ impl MapSet {
             Ok(m) => Some(m.try_into().map_err(map_err(MEASURE_MAP))?),
             Err(_) => None,
         };
-        set.srv6 = match (open(ENCAP_MAP), open(SRV6_DESTS_MAP), open(SRV6_SEGS_MAP)) {
-            (Ok(e), Ok(d), Ok(s)) => Some(Srv6Maps::from_maps(e, d, s, &set.grace)?),
+        // The settings of a datapath an older agent left (separate maps then) are not read:
+        // its encoding, lookups and meter read as absent.
+        let host = match (open(HOST_MAP), open(HOST_INDEX_MAP)) {
+            (Ok(s), Ok(i)) => Some(SharedHost::from_maps(s, i, Arc::clone(&set.grace))?),
+            _ => None,
+        };
+        set.srv6 = match (host.clone(), open(SRV6_DESTS_MAP), open(SRV6_SEGS_MAP)) {
+            (Some(h), Ok(d), Ok(s)) => Some(Srv6Maps::from_maps(h, d, s, &set.grace)?),
             _ => None,
         };
         set.evs = match open(EV_MAP) {
@@ -243,14 +240,14 @@ impl MapSet {
         };
         // An older datapath's meter (one map of both colors, never emptied) is not read.
         set.meter = match (
-            open(meter::CONFIG_MAP),
+            host.clone(),
             open(meter::SENT_MAPS[0]),
             open(meter::SENT_MAPS[1]),
             open(meter::RECEIVED_MAPS[0]),
             open(meter::RECEIVED_MAPS[1]),
         ) {
-            (Ok(c), Ok(s0), Ok(s1), Ok(r0), Ok(r1)) => Some(MeterMaps::from_maps(
-                c,
+            (Some(h), Ok(s0), Ok(s1), Ok(r0), Ok(r1)) => Some(MeterMaps::from_maps(
+                h,
                 [s0, s1],
                 [r0, r1],
                 open(meter::COLOR_MAP).ok(),
@@ -259,12 +256,8 @@ impl MapSet {
             )?),
             _ => None,
         };
-        set.lookup = match (
-            open(LOOKUP_MAP),
-            open(PATHS_EXACT_MAP),
-            open(SRV6_DESTS_EXACT_MAP),
-        ) {
-            (Ok(m), Ok(p), Ok(d)) => Some(Lookup::from_maps(m, p, d, Arc::clone(&set.grace))?),
+        set.lookup = match (host, open(PATHS_EXACT_MAP), open(SRV6_DESTS_EXACT_MAP)) {
+            (Some(h), Ok(p), Ok(d)) => Some(Lookup::from_maps(h, p, d, Arc::clone(&set.grace))?),
             _ => None,
         };
         Ok(set)
@@ -538,7 +531,7 @@ impl MapSet {
                 return Ok(());
             }
             return Err(Error::Config(format!(
-                "this datapath was left by an older agent and has no {ENCAP_MAP}: start this \
+                "this datapath was left by an older agent and has no {HOST_MAP}: start this \
                  agent version on the node first"
             )));
         };

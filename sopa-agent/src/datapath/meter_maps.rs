@@ -19,6 +19,7 @@ use sopa_common::maps::{MeterConfig, MeterKey, MeterPeer, MeterSent, meter};
 
 use super::{
     grace::{Grace, Guarded},
+    host_config::SharedHost,
     maps::{MapSet, map_err},
     syscall,
 };
@@ -32,7 +33,8 @@ pub type MeterCounts = (Vec<(MeterKey, MeterSent)>, Vec<(MeterKey, u64)>);
 
 /// The path meter's maps (absent in the pins of a datapath an older agent left).
 pub struct MeterMaps {
-    config: Array<MapData, MeterConfig>,
+    /// The settings that hold the meter's configuration.
+    host: SharedHost,
     counters: MeterCounters,
     /// The period's color, an array of one u32 (absent where the programs read the clock
     /// themselves).
@@ -45,7 +47,7 @@ pub struct MeterMaps {
 impl MeterMaps {
     /// `sent` and `received`: each color's map, in color order.
     pub(super) fn from_maps(
-        config: Map,
+        host: SharedHost,
         sent: [Map; 2],
         received: [Map; 2],
         color: Option<Map>,
@@ -60,7 +62,7 @@ impl MeterMaps {
                         .map(|m| Guarded::new(m, meter::PEERS_MAP, Arc::clone(grace)))
                 })
                 .transpose()?,
-            config: config.try_into().map_err(map_err(meter::CONFIG_MAP))?,
+            host,
             counters: MeterCounters::from_maps(sent, received)?,
             color: match color {
                 Some(Map::Array(data)) => Some(data),
@@ -233,7 +235,7 @@ impl MapSet {
     /// The path meter's configuration (off where the datapath has no meter).
     pub fn meter_config(&self) -> Result<MeterConfig> {
         match self.meter_maps() {
-            Some(m) => m.config.get(&0, 0).map_err(map_err(meter::CONFIG_MAP)),
+            Some(m) => Ok(m.host.get()?.meter),
             None => Ok(MeterConfig::default()),
         }
     }
@@ -243,11 +245,7 @@ impl MapSet {
         let Some(m) = self.meter.as_mut() else {
             return Ok(());
         };
-        let mut config = m.config.get(&0, 0).map_err(map_err(meter::CONFIG_MAP))?;
-        config.period_ns = period_ns;
-        m.config
-            .set(0, config, 0)
-            .map_err(map_err(meter::CONFIG_MAP))
+        m.host.update(|h| h.meter.period_ns = period_ns)
     }
 
     /// Sets the meter's rack mask from a path table: the longest of its prefixes, so no two
@@ -262,12 +260,9 @@ impl MapSet {
             std::net::Ipv4Addr::BROADCAST,
             len,
         ));
-        let mut config = m.config.get(&0, 0).map_err(map_err(meter::CONFIG_MAP))?;
         // Network order, as the packet holds the address.
-        config.rack_mask = u32::from_ne_bytes(mask.to_be_bytes());
-        m.config
-            .set(0, config, 0)
-            .map_err(map_err(meter::CONFIG_MAP))
+        m.host
+            .update(|h| h.meter.rack_mask = u32::from_ne_bytes(mask.to_be_bytes()))
     }
 
     /// Sets the racks the meter counts marks from: each rack's prefix, as the rack mask cuts
@@ -279,7 +274,7 @@ impl MapSet {
         let Some(m) = self.meter.as_mut() else {
             return Ok(());
         };
-        let config = m.config.get(&0, 0).map_err(map_err(meter::CONFIG_MAP))?;
+        let config = m.host.get()?.meter;
         let Some(map) = m.peers.as_mut() else {
             return Ok(());
         };

@@ -3,6 +3,7 @@
 
 pub mod grace;
 pub mod guard;
+pub mod host_config;
 pub mod labels;
 pub mod layout;
 pub mod lookup;
@@ -126,7 +127,7 @@ pub enum Hook {
 
 /// Every map of this datapath layout, as pinned: a `SOPA_*` pin not in this list belongs to
 /// another layout (see [`layout`]).
-pub const MAP_NAMES: [&str; 31] = {
+pub const MAP_NAMES: [&str; 30] = {
     use sopa_common::maps::*;
     [
         CONFIG_MAP,
@@ -134,8 +135,8 @@ pub const MAP_NAMES: [&str; 31] = {
         MEASURE_MAP,
         PATHS_MAP,
         PATHS_EXACT_MAP,
-        LOOKUP_MAP,
-        ENCAP_MAP,
+        HOST_MAP,
+        HOST_INDEX_MAP,
         SRV6_DESTS_MAP,
         SRV6_DESTS_EXACT_MAP,
         SRV6_SEGS_MAP,
@@ -153,7 +154,6 @@ pub const MAP_NAMES: [&str; 31] = {
         TRUST_MAP,
         usid_repair::CONFIG_MAP,
         usid_repair::RULES_MAP,
-        meter::CONFIG_MAP,
         meter::SENT_MAPS[0],
         meter::SENT_MAPS[1],
         meter::RECEIVED_MAPS[0],

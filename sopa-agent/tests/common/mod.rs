@@ -76,6 +76,20 @@ impl Fixture {
             .unwrap()
     }
 
+    /// Changes the datapath's current settings (`HOST_MAP`'s current slot) in place, which no
+    /// agent does (it writes the other slot and names it): a fixture's packets run one at a
+    /// time, never under the write.
+    pub fn set_host(&self, change: impl FnOnce(&mut sopa_common::maps::HostConfig)) {
+        use aya::maps::{Array, MapData};
+        use sopa_common::maps::{HOST_INDEX_MAP, HOST_MAP, HostConfig};
+        let index: Array<MapData, u32> = self.pinned(HOST_INDEX_MAP).try_into().unwrap();
+        let current = index.get(&0, 0).unwrap() & 1;
+        let mut slots: Array<MapData, HostConfig> = self.pinned(HOST_MAP).try_into().unwrap();
+        let mut host = slots.get(&current, 0).unwrap();
+        change(&mut host);
+        slots.set(current, host, 0).unwrap();
+    }
+
     pub fn stamp(&mut self, packet: &[u8]) -> Vec<u8> {
         let (action, out) = self.stamp_with(packet, None);
         assert_eq!(action, TC_ACT_UNSPEC, "tc_stamp passes this packet on");

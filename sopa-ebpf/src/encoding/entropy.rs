@@ -9,7 +9,7 @@ use aya_ebpf::{
 };
 use sopa_common::{
     entropy::{LABEL_MASK, NEXT_IPV4, PER_PACKET, relabel},
-    maps::{Encap, EvKey, stamp_reason as stamp, strip_reason as strip},
+    maps::{Encap, EvKey, HostConfig, stamp_reason as stamp, strip_reason as strip},
     srv6::IPV6_HLEN,
     wire::{ETH_HLEN, IPPROTO_TCP, IPPROTO_UDP},
 };
@@ -88,7 +88,8 @@ pub enum Arrival {
 /// outer header sent to this host's address is removed; the flow label of a TCP or UDP packet
 /// from the fabric is zeroed.
 #[inline(always)]
-pub fn receive(ctx: &XdpContext, encap: &Encap) -> Result<Arrival, u32> {
+pub fn receive(ctx: &XdpContext, host: &HostConfig) -> Result<Arrival, u32> {
+    let encap = &host.encap;
     let head: *mut [u8; ETH_HLEN + IPV6_HLEN] =
         ptr_at(ctx.data(), ctx.data_end(), 0).ok_or(strip::NOT_IPV4)?;
     // SAFETY: bounds checked by ptr_at.
@@ -96,7 +97,7 @@ pub fn receive(ctx: &XdpContext, encap: &Encap) -> Result<Arrival, u32> {
     let o = ETH_HLEN;
     let next = f[o + 6];
     if next != IPPROTO_TCP && next != IPPROTO_UDP {
-        return outer::decapsulate(ctx, encap, |_| strip::NOT_IPV4).map(Arrival::Decapsulated);
+        return outer::decapsulate(ctx, host, |_| strip::NOT_IPV4).map(Arrival::Decapsulated);
     }
     let mut fabric = encap.fabric6 != [0; 12];
     let mut i = 0;

@@ -14,7 +14,7 @@ pub mod srv6;
 
 use aya_ebpf::programs::TcContext;
 use sopa_common::{
-    maps::{Encap, encoding, stamp_reason as stamp},
+    maps::{Encap, HostConfig, encoding, stamp_reason as stamp},
     srv6::MARK_LEN,
     wire::OPTION_LEN,
 };
@@ -22,21 +22,22 @@ use sopa_common::{
 use crate::{meter::Meter, packet::Ipv4};
 use outer::{Inner, OUTER_LEN};
 
-/// The host's encoding, with its addresses where it has them.
+/// The host's encoding, with the host's settings (its addresses, its lookups) where it needs
+/// them.
 #[derive(Clone, Copy)]
 pub enum Encoding {
     Option,
-    Srv6(&'static Encap),
-    Entropy(&'static Encap),
+    Srv6(&'static HostConfig),
+    Entropy(&'static HostConfig),
 }
 
 impl Encoding {
     /// What the agent set (the option where it set nothing).
     #[inline(always)]
-    pub fn of_host() -> Self {
-        match crate::encap() {
-            Some(e) if e.encoding == encoding::SRV6 => Self::Srv6(e),
-            Some(e) if e.encoding == encoding::ENTROPY => Self::Entropy(e),
+    pub fn of(host: &'static HostConfig) -> Self {
+        match host.encap.encoding {
+            encoding::SRV6 => Self::Srv6(host),
+            encoding::ENTROPY => Self::Entropy(host),
             _ => Self::Option,
         }
     }
@@ -46,7 +47,7 @@ impl Encoding {
     pub fn ipv6(self) -> Option<&'static Encap> {
         match self {
             Self::Option => None,
-            Self::Srv6(e) | Self::Entropy(e) => Some(e),
+            Self::Srv6(h) | Self::Entropy(h) => Some(&h.encap),
         }
     }
 
@@ -87,10 +88,10 @@ impl Encoding {
     ) -> Result<(), u32> {
         match self {
             Self::Option => option::stamp(ctx, ip, option::wire(hops, meter)),
-            Self::Srv6(e) => {
-                srv6::encapsulate(ctx, ip, e, hops, Inner::Ipv4, meter.map(|m| m.color))
+            Self::Srv6(h) => {
+                srv6::encapsulate(ctx, ip, h, hops, Inner::Ipv4, meter.map(|m| m.color))
             }
-            Self::Entropy(e) => entropy::encapsulate(ctx, ip, e, hops),
+            Self::Entropy(h) => entropy::encapsulate(ctx, ip, &h.encap, hops),
         }
     }
 
@@ -107,8 +108,8 @@ impl Encoding {
     ) -> Result<(), u32> {
         match self {
             Self::Option => Err(stamp::NOT_IPV4),
-            Self::Srv6(e) => {
-                srv6::encapsulate(ctx, ip, e, hops, Inner::Ipv6, meter.map(|m| m.color))
+            Self::Srv6(h) => {
+                srv6::encapsulate(ctx, ip, h, hops, Inner::Ipv6, meter.map(|m| m.color))
             }
             Self::Entropy(_) => entropy::relabel_ipv6(ctx, ip, next, hops),
         }

@@ -10,7 +10,7 @@ use aya_ebpf::{
     programs::{TcContext, XdpContext},
 };
 use sopa_common::{
-    maps::{Encap, stamp_reason as stamp, strip_reason as strip},
+    maps::{HostConfig, stamp_reason as stamp, strip_reason as strip},
     srv6::{
         ETH_P_IPV6, IPV6_HLEN, MARK_LEN, NEXTHDR_DEST, NEXTHDR_IPV4, NEXTHDR_IPV6,
         decapsulated_ecn, mark_header, outer_header, read_mark,
@@ -129,13 +129,13 @@ pub enum Inner {
     Ipv6,
 }
 
-/// Removes the outer header of an IPv6 frame sent to `encap.receive`, this host's address of
+/// Removes the outer header of an IPv6 frame sent to `host.encap.receive`, this host's address of
 /// the encoding. Anything else is left alone: `Err` says why, `foreign(destination)` for a
 /// frame to another address.
 #[inline(always)]
 pub fn decapsulate(
     ctx: &XdpContext,
-    encap: &Encap,
+    host: &HostConfig,
     foreign: impl Fn(&[u8; 16]) -> u32,
 ) -> Result<Inner, u32> {
     let head: *mut [u8; ETH_HLEN + IPV6_HLEN] =
@@ -150,7 +150,7 @@ pub fn decapsulate(
         i += 1;
     }
     // One comparison of the whole address (a byte-by-byte one branches the verifier 16 times).
-    let ours = u128::from_ne_bytes(da) == u128::from_ne_bytes(encap.receive);
+    let ours = u128::from_ne_bytes(da) == u128::from_ne_bytes(host.encap.receive);
     if !ours {
         return Err(foreign(&da));
     }
@@ -185,7 +185,7 @@ pub fn decapsulate(
         };
         let source = source.ok_or(strip::TOO_SHORT)?;
         // SAFETY: bounds checked by ptr_at.
-        if let Err(why) = Meter::received(unsafe { *source }, hops, color, 1) {
+        if let Err(why) = Meter::received(host, unsafe { *source }, hops, color, 1) {
             count(&STRIP_STATS, why, 1);
         }
         slide::<{ IPV6_HLEN + MARK_LEN }>(ctx, ether_type)?;

@@ -7,7 +7,10 @@ use aya_ebpf::{
     programs::{TcContext, XdpContext},
 };
 use sopa_common::{
-    maps::{Encap, MAX_CHOSEN, MAX_TAIL, SegKey, stamp_reason as stamp, strip_reason as strip},
+    maps::{
+        HostConfig, MAX_CHOSEN, MAX_TAIL, SegKey, lookup, stamp_reason as stamp,
+        strip_reason as strip,
+    },
     srv6::{LIB_BASE, MAX_HOST_OFFSET, USID_SLOTS, flow_label},
 };
 
@@ -24,9 +27,9 @@ fn push(acc: &mut (u64, u64), word: u16) {
 /// The outer destination of path `hops` to `ip.daddr`: the fabric's block (that of the address
 /// this host receives on), the chosen switches' uSIDs, the destination's tail, its local uSID.
 #[inline(always)]
-fn path_address(ip: &Ipv4, encap: &Encap, hops: [u8; 2]) -> Result<[u8; 16], u32> {
+fn path_address(ip: &Ipv4, host: &HostConfig, hops: [u8; 2]) -> Result<[u8; 16], u32> {
     let dest = crate::prefix::find(
-        sopa_common::maps::lookup::SRV6_DESTS,
+        host.lookup[lookup::SRV6_DESTS as usize],
         &crate::SRV6_DESTS_EXACT,
         crate::prefix::srv6_dests_trie,
         ip.daddr,
@@ -51,7 +54,7 @@ fn path_address(ip: &Ipv4, encap: &Encap, hops: [u8; 2]) -> Result<[u8; 16], u32
         return Err(stamp::NO_SEGMENTS);
     }
     let mut acc = (0u64, 0u64);
-    let block = &encap.receive;
+    let block = &host.encap.receive;
     push(&mut acc, u16::from_be_bytes([block[0], block[1]]));
     push(&mut acc, u16::from_be_bytes([block[2], block[3]]));
     let mut words = 2;
@@ -93,24 +96,24 @@ fn path_address(ip: &Ipv4, encap: &Encap, hops: [u8; 2]) -> Result<[u8; 16], u32
 pub fn encapsulate(
     ctx: &TcContext,
     ip: &Ipv4,
-    encap: &Encap,
+    host: &HostConfig,
     hops: [u8; 2],
     inner: Inner,
     color: Option<u8>,
 ) -> Result<(), u32> {
-    let dst = path_address(ip, encap, hops)?;
+    let dst = path_address(ip, host, hops)?;
     // The inner flow's hash (the socket's, for local TCP), read before the packet changes.
     // SAFETY: the helper reads and may set the skb's hash.
     let label = flow_label(unsafe { bpf_get_hash_recalc(ctx.skb.skb) });
-    outer::encapsulate(ctx, ip, &encap.source, &dst, label, hops, inner, color)
+    outer::encapsulate(ctx, ip, &host.encap.source, &dst, label, hops, inner, color)
 }
 
 /// Removes the outer header of a frame sent to this host's SRv6 address; one to another
 /// address of the fabric's uSID block is counted foreign.
 #[inline(always)]
-pub fn decapsulate(ctx: &XdpContext, encap: &Encap) -> Result<Inner, u32> {
-    outer::decapsulate(ctx, encap, |da| {
-        let r = &encap.receive;
+pub fn decapsulate(ctx: &XdpContext, host: &HostConfig) -> Result<Inner, u32> {
+    outer::decapsulate(ctx, host, |da| {
+        let r = &host.encap.receive;
         let in_block = u32::from_ne_bytes([da[0], da[1], da[2], da[3]])
             == u32::from_ne_bytes([r[0], r[1], r[2], r[3]]);
         if in_block {
