@@ -3,7 +3,8 @@
 //! not know is refused with its name.
 //!
 //! The previous layout's maps are made from this layout's own pins, renamed: a per-CPU array
-//! of u64 under the old name, with values written by the old layout's indices.
+//! of u64 under the old name, with values written by the old layout's indices. Its settings'
+//! maps, of shapes no map of this layout has, are made with `bpftool`.
 
 use std::{
     path::{Path, PathBuf},
@@ -13,8 +14,8 @@ use std::{
 use aya::maps::{Map, MapData, PerCpuArray, PerCpuValues};
 use sopa_agent::datapath::{Datapath, layout};
 use sopa_common::maps::{
-    FWD_STATS_MAP, HOST_INDEX_MAP, HOST_MAP, STAMP_STATS_MAP, STRIP_STATS_MAP, forward_reason,
-    meter, stamp_reason, strip_reason, usid_repair,
+    FWD_STATS_MAP, HOST_INDEX_MAP, HOST_MAP, HostConfig, STAMP_STATS_MAP, STRIP_STATS_MAP,
+    encoding, forward_reason, lookup, meter, stamp_reason, strip_reason, usid_repair,
 };
 
 /// A pin folder of its own, removed on drop.
@@ -68,14 +69,10 @@ fn previous_layout(pins: &Path, value: impl Fn(u32) -> u64) {
     // Maps retired since (the meter's counter maps of both colors) stand in under their old
     // names: maps of this layout renamed, made again by the second load, and then removed (the
     // previous layout had none of them).
-    // So do the settings' maps before one snapshot held them (the encoding, the lookup slots,
-    // the meter's configuration).
     for (now, then) in [
         (meter::RECEIVED_MAPS[0], "SOPA_SENT_V1"),
         (meter::SENT_MAPS[0], "SOPA_SENT_V2"),
         (meter::RECEIVED_MAPS[1], "SOPA_RECV_V1"),
-        (HOST_MAP, "SOPA_LOOKUP_V1"),
-        (HOST_INDEX_MAP, "SOPA_METER_V1"),
     ] {
         std::fs::rename(pins.join(now), pins.join(then)).unwrap();
     }
@@ -86,14 +83,27 @@ fn previous_layout(pins: &Path, value: impl Fn(u32) -> u64) {
     )
     .unwrap();
     drop(Datapath::load(pins).unwrap());
-    std::fs::rename(pins.join(HOST_MAP), pins.join("SOPA_ENCAP_V2")).unwrap();
+    // The settings were in maps of their own: the encoding a one-entry hash, the lookup slots
+    // and the meter's configuration arrays.
     for name in meter::SENT_MAPS
         .into_iter()
         .chain(meter::RECEIVED_MAPS)
-        .chain([HOST_INDEX_MAP])
+        .chain([HOST_MAP, HOST_INDEX_MAP])
     {
         std::fs::remove_file(pins.join(name)).unwrap();
     }
+    let s = previous_settings_written();
+    let bytes = |v: &[u8]| v.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>();
+    for (name, kind, value, entries) in [
+        ("SOPA_ENCAP_V2", "hash", bytes(as_bytes(&s.encap)), 1),
+        ("SOPA_METER_V1", "array", bytes(as_bytes(&s.meter)), 1),
+    ] {
+        bpftool_map(pins, name, kind, value.len(), entries, &[(0, value)]);
+    }
+    let slots: Vec<(u32, Vec<String>)> = (0..4)
+        .map(|i| (i, bytes(&s.lookup[i as usize].to_ne_bytes())))
+        .collect();
+    bpftool_map(pins, "SOPA_LOOKUP_V1", "array", 4, 4, &slots);
     for p in &layout::PREDECESSORS {
         let old = pins.join(p.old);
         std::fs::rename(pins.join(p.new), &old).unwrap();
@@ -109,6 +119,86 @@ fn previous_layout(pins: &Path, value: impl Fn(u32) -> u64) {
                 },
             );
         }
+    }
+}
+
+/// The settings the previous layout's maps hold in these tests: SRv6 with this host's
+/// addresses, prefixes of one length (/24) under a /16 cover, the meter every 250 ms by /24.
+fn previous_settings_written() -> HostConfig {
+    let mut s = HostConfig::default();
+    s.encap.encoding = encoding::SRV6;
+    s.encap.source = "fd00:5a::a01:2"
+        .parse::<std::net::Ipv6Addr>()
+        .unwrap()
+        .octets();
+    s.encap.receive = "fcbb:bb00:9:e102::"
+        .parse::<std::net::Ipv6Addr>()
+        .unwrap()
+        .octets();
+    s.lookup[lookup::PATHS as usize] = u32::MAX << 8;
+    s.lookup[lookup::FABRIC as usize] = u32::from_be_bytes([10, 3, 0, 0]);
+    s.lookup[lookup::FABRIC_MASK as usize] = u32::MAX << 16;
+    s.meter.period_ns = 250_000_000;
+    s.meter.rack_mask = u32::from_ne_bytes([255, 255, 255, 0]);
+    s
+}
+
+fn as_bytes<T: Copy>(v: &T) -> &[u8] {
+    // SAFETY: the settings' parts are repr(C) structs of integers with explicit padding.
+    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }
+}
+
+/// Makes and pins map `name` of `kind` (u32 keys, `value_size`-byte values) with `values`.
+fn bpftool_map(
+    pins: &Path,
+    name: &str,
+    kind: &str,
+    value_size: usize,
+    entries: u32,
+    values: &[(u32, Vec<String>)],
+) {
+    let pin = pins.join(name);
+    let run = |args: &[String]| {
+        let out = std::process::Command::new("bpftool")
+            .args(args)
+            .output()
+            .expect("bpftool");
+        assert!(
+            out.status.success(),
+            "bpftool {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let s = |v: &str| v.to_owned();
+    run(&[
+        s("map"),
+        s("create"),
+        pin.display().to_string(),
+        s("type"),
+        s(kind),
+        s("key"),
+        s("4"),
+        s("value"),
+        value_size.to_string(),
+        s("entries"),
+        entries.to_string(),
+        s("name"),
+        s(name),
+    ]);
+    for (key, value) in values {
+        let mut args = vec![
+            s("map"),
+            s("update"),
+            s("pinned"),
+            pin.display().to_string(),
+        ];
+        args.push(s("key"));
+        args.push(s("hex"));
+        args.extend(key.to_ne_bytes().iter().map(|b| format!("{b:02x}")));
+        args.push(s("value"));
+        args.push(s("hex"));
+        args.extend(value.iter().cloned());
+        run(&args);
     }
 }
 
@@ -135,6 +225,16 @@ fn counters_of_the_previous_layout_are_carried_over_by_name() {
         .unwrap();
     assert_eq!(old[stamp_reason::PINNED as usize], 13 * n, "V1 index 12");
     assert_eq!(old[stamp_reason::TOO_BIG as usize], 0, "not a V1 counter");
+    // And its settings, from the maps it kept them in.
+    let old = sopa_agent::datapath::MapSet::from_pins(&pins.0).unwrap();
+    let want = previous_settings_written();
+    assert_eq!(old.encap().unwrap(), want.encap);
+    assert_eq!(old.exact_length().unwrap(), Some(24));
+    assert_eq!(
+        old.fabric_cover().unwrap(),
+        Some("10.3.0.0/16".parse().unwrap())
+    );
+    drop(old);
 
     // Loaded, not attached yet: nothing counts into this layout's maps.
     let datapath = Datapath::load(&pins.0).unwrap();
@@ -147,6 +247,21 @@ fn counters_of_the_previous_layout_are_carried_over_by_name() {
     add(&mut stamp, &stamp_reason::NAMES, "stamped", 7);
     add(&mut stamp, &stamp_reason::NAMES, "too_big", 3);
     drop(v1_stamp);
+
+    // The settings are in this layout's snapshot before its programs run.
+    let new = sopa_agent::datapath::MapSet::from_pins(&pins.0).unwrap();
+    assert_eq!(
+        new.encap().unwrap(),
+        want.encap,
+        "the encoding carried over"
+    );
+    assert_eq!(new.meter_config().unwrap(), want.meter);
+    assert_eq!(new.exact_length().unwrap(), Some(24));
+    assert_eq!(
+        new.fabric_cover().unwrap(),
+        Some("10.3.0.0/16".parse().unwrap())
+    );
+    drop(new);
 
     let carried = carry.finish().unwrap();
     assert_eq!(carried, ["SOPA_STAMP_V1", "SOPA_STRIP_V1", "SOPA_FWDST_V1"]);

@@ -232,8 +232,8 @@ pub const FLOWS_CAPACITY: u32 = 65_536;
 /// Per-flow state of a TCP connection this host's own socket sends, in the socket's storage
 /// (`bpf_sk_storage_get`): no table to fill or evict, freed with the socket, and a lookup that
 /// costs a fifth of the flow table's (`cargo xtask bench datapath`). Not pinned: an agent
-/// that takes over starts the round robin of the connections already open at their hash
-/// again. Forwarded packets, UDP and sockets of other kinds keep [`FLOWS_MAP`].
+/// that takes over starts the round robin of the connections already open again, one past
+/// their first path. Forwarded packets, UDP and sockets of other kinds keep [`FLOWS_MAP`].
 pub const SOCKET_FLOWS_MAP: &str = "SOPA_FLOWSK_V1";
 
 /// A flow's 5-tuple, addresses and ports in network order as they appear in the packet.

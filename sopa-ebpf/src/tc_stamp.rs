@@ -416,10 +416,12 @@ enum Holder {
     /// In the socket of the TCP connection that sends it.
     Socket(*mut FlowState),
     /// Nowhere: a TCP packet of a socket that is not the connection's own (a SYN-ACK's request
-    /// socket, a time-wait socket's last ACK, a listener's reset), a few packets a connection
-    /// at most, which take the flow's first path (this one) and enter no table.
+    /// socket, a time-wait socket's last ACK, a listener's reset: since Linux 6.12, which
+    /// sends them with their socket), a few packets a connection at most, which take the
+    /// flow's first path (this one) and enter no table.
     None(u32),
-    /// In the flow table: packets without a socket (forwarded), UDP, raw sockets.
+    /// In the flow table: packets without a socket (forwarded; a SYN-ACK under SYN cookies),
+    /// UDP, raw sockets (the kernel's own sends resets and time-wait ACKs before 6.12).
     Table,
 }
 

@@ -443,10 +443,7 @@ pub fn table(args: &Args) {
     parts(&mean);
     drop(baseline);
     drop(dps);
-    let _ = std::fs::remove_dir_all(&pins);
-    let _ = std::fs::remove_dir_all(&pins6);
-    let _ = std::fs::remove_dir_all(&pins_trie);
-    let _ = std::fs::remove_dir_all(&pins6_trie);
+    drop((pins, pins6, pins_trie, pins6_trie));
 }
 
 /// `tc_stamp`'s work in parts (`sopa-ebpf/src/parts.rs`), each on the option's exact-match

@@ -126,12 +126,36 @@ pub fn output(prog: &aya::programs::SchedClassifier, input: &[u8]) -> Vec<u8> {
 }
 
 /// A datapath of its own (pins under `sopa-bench-{tag}PID`) in `sopa` mode, given `table`.
-pub fn loaded(tag: &str, table: &str) -> (Datapath, MapSet, std::path::PathBuf) {
-    let pins = std::path::PathBuf::from(format!(
-        "/sys/fs/bpf/sopa-bench-{tag}{}",
-        std::process::id()
-    ));
-    let mut dp = Datapath::load(&pins).expect("load the datapath");
+/// A pin folder of the bench's own, removed when dropped, a panic's unwinding included: the
+/// maps pinned there (preallocated, per CPU) must not outlive the bench.
+pub struct Pins(std::path::PathBuf);
+
+impl Pins {
+    pub fn new(tag: &str) -> Self {
+        let dir = std::path::PathBuf::from(format!(
+            "/sys/fs/bpf/sopa-bench-{tag}{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        Self(dir)
+    }
+}
+
+impl AsRef<std::path::Path> for Pins {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for Pins {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn loaded(tag: &str, table: &str) -> (Datapath, MapSet, Pins) {
+    let pins = Pins::new(tag);
+    let mut dp = Datapath::load(pins.as_ref()).expect("load the datapath");
     let mut maps = dp.take_maps().unwrap();
     maps.set_config(Config {
         mode: mode::SOPA,

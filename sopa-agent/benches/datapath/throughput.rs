@@ -191,7 +191,10 @@ fn receiver_table(arb: &Arb, args: &Args) {
         ),
         ("agents, xdp_strip native", Some("native"), false),
     ];
+    // Its maps pinned in a folder of its own, gone with it (not aya's default, bpffs' root).
+    let pins = crate::Pins::new("rx-");
     let mut empty = aya::EbpfLoader::new()
+        .default_map_pin_directory(&pins)
         .load(sopa_agent::datapath::OBJECT)
         .expect("load the baselines");
     let xdp_pass: &mut aya::programs::Xdp = empty

@@ -6,9 +6,10 @@
 
 use std::path::Path;
 
-use aya::maps::{Map, MapData, PerCpuArray, PerCpuValues};
+use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuValues};
 use sopa_common::maps::{
-    FWD_STATS_MAP, STAMP_STATS_MAP, STRIP_STATS_MAP, forward_reason, stamp_reason, strip_reason,
+    Encap, FWD_STATS_MAP, HostConfig, MeterConfig, STAMP_STATS_MAP, STRIP_STATS_MAP,
+    forward_reason, lookup, stamp_reason, strip_reason,
 };
 use tracing::{info, warn};
 
@@ -110,6 +111,55 @@ pub const RETIRED: [&str; 8] = [
     "SOPA_USIDC_V1",
 ];
 
+/// The previous layout's maps of the settings `SOPA_HOST_V1` now holds in one snapshot.
+const PREVIOUS_ENCAP: &str = "SOPA_ENCAP_V2";
+const PREVIOUS_LOOKUP: &str = "SOPA_LOOKUP_V1";
+const PREVIOUS_METER: &str = "SOPA_METER_V1";
+
+/// The settings a datapath of the previous layout holds in maps of their own (the encoding, a
+/// one-entry hash; the lookup slots; the meter's configuration), as one snapshot; `None` where
+/// its pins hold none of them.
+pub fn previous_settings(pins: &Path) -> Result<Option<HostConfig>> {
+    let [encap, slots, meter] =
+        [PREVIOUS_ENCAP, PREVIOUS_LOOKUP, PREVIOUS_METER].map(|name| pins.join(name));
+    if !encap.exists() && !slots.exists() && !meter.exists() {
+        return Ok(None);
+    }
+    let open = |pin: &Path, name: &'static str| {
+        MapData::from_pin(pin)
+            .and_then(Map::from_map_data)
+            .map_err(Error::map(name))
+    };
+    let mut settings = HostConfig::default();
+    if encap.exists() {
+        let map: HashMap<MapData, u32, Encap> = open(&encap, PREVIOUS_ENCAP)?
+            .try_into()
+            .map_err(Error::map(PREVIOUS_ENCAP))?;
+        match map.get(&0, 0) {
+            Ok(e) => settings.encap = e,
+            // No entry: the IPv4 option, as a fresh snapshot says.
+            Err(MapError::KeyNotFound) => {}
+            Err(e) => return Err(Error::map(PREVIOUS_ENCAP)(e)),
+        }
+    }
+    if slots.exists() {
+        let map: Array<MapData, u32> = open(&slots, PREVIOUS_LOOKUP)?
+            .try_into()
+            .map_err(Error::map(PREVIOUS_LOOKUP))?;
+        for slot in 0..lookup::SLOTS {
+            settings.lookup[slot as usize] =
+                map.get(&slot, 0).map_err(Error::map(PREVIOUS_LOOKUP))?;
+        }
+    }
+    if meter.exists() {
+        let map: Array<MapData, MeterConfig> = open(&meter, PREVIOUS_METER)?
+            .try_into()
+            .map_err(Error::map(PREVIOUS_METER))?;
+        settings.meter = map.get(&0, 0).map_err(Error::map(PREVIOUS_METER))?;
+    }
+    Ok(Some(settings))
+}
+
 /// Refuses pins of an unknown layout in the node's pin folder: a map of another `_Vn` would be
 /// ignored by this agent while the old programs kept using it. Maps of a predecessor layout
 /// are accepted (see [`Carry`]).
@@ -154,6 +204,24 @@ pub struct Carry {
 
 impl Carry {
     pub fn start(pins: &Path) -> Result<Self> {
+        // The previous layout's settings, into this layout's fresh snapshot: until this agent
+        // writes its own (at once from its table, or from the controller's first push when it
+        // adopts a datapath), its programs carry paths as the old ones did.
+        // Not fatal, as counters are not: this agent writes its own settings anyway.
+        match previous_settings(pins).and_then(|s| {
+            s.map_or(Ok(None), |s| {
+                super::host_config::seed(pins, s).map(|w| w.then_some(s))
+            })
+        }) {
+            Ok(Some(settings)) => info!(
+                encoding = settings.encap.encoding,
+                "the settings of the older datapath layout carried over"
+            ),
+            Ok(None) => {}
+            Err(err) => {
+                warn!(%err, "the settings of an older datapath layout could not be carried over")
+            }
+        }
         let mut copied = Vec::new();
         for p in &PREDECESSORS {
             let old_pin = pins.join(p.old);

@@ -94,10 +94,11 @@ impl Lookup {
 
     /// The prefix outside which no destination is looked up.
     pub fn fabric(&self) -> Result<Prefix> {
-        let mask = self.get(lookup::FABRIC_MASK)?;
+        // Both from one snapshot.
+        let slots = self.host.get()?.lookup;
         Ok(Prefix::of(
-            Ipv4Addr::from(self.get(lookup::FABRIC)?),
-            mask.count_ones() as u8,
+            Ipv4Addr::from(slots[lookup::FABRIC as usize]),
+            slots[lookup::FABRIC_MASK as usize].count_ones() as u8,
         ))
     }
 

@@ -220,11 +220,11 @@ impl MapSet {
             Ok(m) => Some(m.try_into().map_err(map_err(MEASURE_MAP))?),
             Err(_) => None,
         };
-        // The settings of a datapath an older agent left (separate maps then) are not read:
-        // its encoding, lookups and meter read as absent.
+        // A datapath of the previous layout held its settings in maps of their own: read as a
+        // snapshot this reader cannot change.
         let host = match (open(HOST_MAP), open(HOST_INDEX_MAP)) {
             (Ok(s), Ok(i)) => Some(SharedHost::from_maps(s, i, Arc::clone(&set.grace))?),
-            _ => None,
+            _ => super::layout::previous_settings(dir)?.map(SharedHost::previous),
         };
         set.srv6 = match (host.clone(), open(SRV6_DESTS_MAP), open(SRV6_SEGS_MAP)) {
             (Some(h), Ok(d), Ok(s)) => Some(Srv6Maps::from_maps(h, d, s, &set.grace)?),
