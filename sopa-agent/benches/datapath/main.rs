@@ -137,6 +137,7 @@ impl Pins {
             std::process::id()
         ));
         let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a pin folder on bpffs");
         Self(dir)
     }
 }
