@@ -143,6 +143,20 @@ fn previous_settings_written() -> HostConfig {
     s
 }
 
+/// The encoding and the lookups `status` reads from the datapath pinned in `pins` are the
+/// previous layout's (its meter, counted in maps this layout retired, is not read from it).
+fn settings_are_the_previous_layouts(pins: &Path, what: &str) {
+    let maps = sopa_agent::datapath::MapSet::from_pins(pins).unwrap();
+    let want = previous_settings_written();
+    assert_eq!(maps.encap().unwrap(), want.encap, "the encoding {what}");
+    assert_eq!(maps.exact_length().unwrap(), Some(24), "{what}");
+    assert_eq!(
+        maps.fabric_cover().unwrap(),
+        Some("10.3.0.0/16".parse().unwrap()),
+        "{what}"
+    );
+}
+
 fn as_bytes<T: Copy>(v: &T) -> &[u8] {
     // SAFETY: the settings' parts are repr(C) structs of integers with explicit padding.
     unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }
@@ -158,17 +172,7 @@ fn bpftool_map(
     values: &[(u32, Vec<String>)],
 ) {
     let pin = pins.join(name);
-    let run = |args: &[String]| {
-        let out = std::process::Command::new("bpftool")
-            .args(args)
-            .output()
-            .expect("bpftool");
-        assert!(
-            out.status.success(),
-            "bpftool {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
+    let run = |args: &[String]| drop(sopa_testbed::bpftool::run(args));
     let s = |v: &str| v.to_owned();
     run(&[
         s("map"),
@@ -226,15 +230,7 @@ fn counters_of_the_previous_layout_are_carried_over_by_name() {
     assert_eq!(old[stamp_reason::PINNED as usize], 13 * n, "V1 index 12");
     assert_eq!(old[stamp_reason::TOO_BIG as usize], 0, "not a V1 counter");
     // And its settings, from the maps it kept them in.
-    let old = sopa_agent::datapath::MapSet::from_pins(&pins.0).unwrap();
-    let want = previous_settings_written();
-    assert_eq!(old.encap().unwrap(), want.encap);
-    assert_eq!(old.exact_length().unwrap(), Some(24));
-    assert_eq!(
-        old.fabric_cover().unwrap(),
-        Some("10.3.0.0/16".parse().unwrap())
-    );
-    drop(old);
+    settings_are_the_previous_layouts(&pins.0, "read from the older datapath");
 
     // Loaded, not attached yet: nothing counts into this layout's maps.
     let datapath = Datapath::load(&pins.0).unwrap();
@@ -249,19 +245,16 @@ fn counters_of_the_previous_layout_are_carried_over_by_name() {
     drop(v1_stamp);
 
     // The settings are in this layout's snapshot before its programs run.
-    let new = sopa_agent::datapath::MapSet::from_pins(&pins.0).unwrap();
+    settings_are_the_previous_layouts(&pins.0, "carried over");
+    let meter = sopa_agent::datapath::MapSet::from_pins(&pins.0)
+        .unwrap()
+        .meter_config()
+        .unwrap();
     assert_eq!(
-        new.encap().unwrap(),
-        want.encap,
-        "the encoding carried over"
+        meter,
+        previous_settings_written().meter,
+        "the meter carried over"
     );
-    assert_eq!(new.meter_config().unwrap(), want.meter);
-    assert_eq!(new.exact_length().unwrap(), Some(24));
-    assert_eq!(
-        new.fabric_cover().unwrap(),
-        Some("10.3.0.0/16".parse().unwrap())
-    );
-    drop(new);
 
     let carried = carry.finish().unwrap();
     assert_eq!(carried, ["SOPA_STAMP_V1", "SOPA_STRIP_V1", "SOPA_FWDST_V1"]);
