@@ -59,8 +59,8 @@ pub mod first_path {
 /// the agent writes the other slot whole, then names it, and writes the first again only after
 /// an RCU grace period (when no program can still be reading it). A program reads every
 /// setting from one slot, so never half of a change, with two array reads the verifier inlines
-/// (they replace `SOPA_ENCAP_V2`, a one-entry hash, `SOPA_LOOKUP_V1` and `SOPA_METER_V1`: eight
-/// reads a packet, one of them a hash). All zero in a fresh datapath: the IPv4 option, the
+/// (they replace `SOPA_ENCAP_V2`, a one-entry hash, `SOPA_LOOKUP_V1` and `SOPA_METER_V1`: six
+/// reads a stamped packet, one of them a hash; seven in SRv6). All zero in a fresh datapath: the IPv4 option, the
 /// tries for every destination, the meter off.
 pub const HOST_MAP: &str = "SOPA_HOST_V1";
 /// The current slot of [`HOST_MAP`], a one-entry array of u32 (0 or 1).
