@@ -45,6 +45,12 @@ fn main() -> anyhow::Result<()> {
         "cargo:rerun-if-changed={}",
         root.join("sopa-common/src").display()
     );
+    // aya-build hands every line the inner cargo writes to stderr to the outer one as a
+    // `cargo:warning`: about forty `warning: sopa-agent@…: Compiling …` lines on a first build.
+    // Quiet, the inner cargo writes only what goes wrong (its compiler messages still come
+    // through), and the outer build shows its one progress line.
+    // SAFETY: a build script is one thread; the inner cargo inherits the variable.
+    unsafe { std::env::set_var("CARGO_TERM_QUIET", "true") };
     aya_build::build_ebpf(
         [aya_build::Package {
             name: "sopa-ebpf",

@@ -53,7 +53,7 @@ pub struct DemoArgs {
 /// Builds the agent, the controller, sopactl and sopa-traffic in release and points the
 /// testbed at them.
 pub fn build_release() -> Result<()> {
-    setup::build_bins(true)
+    setup::build_bins(true).map(drop)
 }
 
 fn step(msg: &str) {

@@ -83,7 +83,9 @@ fn status(cmd: &mut Command) -> Result<()> {
 
 /// Builds every binary the testbed starts (the agent, the controller, sopactl, sopa-traffic)
 /// in the release or the debug profile, and points the testbed at them (`SOPA_*_BIN`).
-pub fn build_bins(release: bool) -> Result<()> {
+/// Returns how many lines build scripts wrote as warnings (the eBPF build's, through
+/// aya-build): a quiet build writes none.
+pub fn build_bins(release: bool) -> Result<usize> {
     let mut args = vec!["build"];
     if release {
         args.push("--release");
@@ -97,9 +99,44 @@ pub fn build_bins(release: bool) -> Result<()> {
         "sopa-testbed",
         "--bins",
     ]);
-    cargo(&args)?;
+    let warnings = cargo_counting_script_warnings(&args)?;
     point_bins(release);
-    Ok(())
+    Ok(warnings)
+}
+
+/// Runs cargo with `args` in the workspace root, its stderr passed through line by line, and
+/// counts the lines a build script of the workspace wrote as warnings
+/// (`warning: sopa-agent@0.1.0: …`).
+fn cargo_counting_script_warnings(args: &[&str]) -> Result<usize> {
+    use std::io::BufRead as _;
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut child = Command::new(cargo)
+        .args(args)
+        .current_dir(workspace_root())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running cargo {}", args.join(" ")))?;
+    let mut warnings = 0;
+    let stderr = child.stderr.take().expect("stderr is piped");
+    for line in std::io::BufReader::new(stderr).lines() {
+        let line = line.context("reading cargo's output")?;
+        if is_script_warning(&line) {
+            warnings += 1;
+        }
+        eprintln!("{line}");
+    }
+    let st = child.wait().context("waiting for cargo")?;
+    if !st.success() {
+        bail!("cargo {} failed ({st})", args.join(" "));
+    }
+    Ok(warnings)
+}
+
+/// `warning: sopa-agent@0.1.0: …`: a line a build script of the workspace wrote as a warning.
+fn is_script_warning(line: &str) -> bool {
+    line.strip_prefix("warning: sopa-")
+        .and_then(|rest| rest.split_once(": "))
+        .is_some_and(|(package, _)| package.contains('@'))
 }
 
 /// Points the testbed at the binaries of the release or the debug profile (`SOPA_*_BIN`).

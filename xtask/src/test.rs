@@ -87,7 +87,8 @@ pub fn run(args: &TestArgs) -> Result<()> {
     forward_signals();
     report_leftovers(sopa_testbed::leftovers::clean()?);
     // The namespace suites start the binaries; build them first, in the test profile's folder.
-    setup::build_bins(false)?;
+    // The build is not a suite: its time is outside the tier's budget.
+    let build = build_outcome(setup::build_bins(false)?);
     let (suites, benches) = build_suites()?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
     let busy = Busy::start(args.busy_cores);
@@ -105,6 +106,9 @@ pub fn run(args: &TestArgs) -> Result<()> {
                     .unwrap_or_else(|e| Outcome::error(&s.name, &e))
             })
             .collect();
+        if round == 1 && !filtered {
+            outcomes.push(build.clone());
+        }
         // A filtered run is someone iterating on a few tests: no smoke pass, no fuzzing then.
         // Both run once, with the first round: `--repeat` is about the suites.
         if !filtered && !args.no_bench_smoke && round == 1 {
@@ -181,6 +185,23 @@ pub fn run(args: &TestArgs) -> Result<()> {
         std::process::exit(1);
     }
     Ok(())
+}
+
+/// The build step as a check: a first build (a clean clone, or the eBPF crate changed) shows
+/// the eBPF build as cargo's one progress line, with no warning lines from build scripts
+/// (aya-build used to pass on every line of its inner cargo: about forty).
+fn build_outcome(warnings: usize) -> Outcome {
+    let mut o = Outcome::new("build (quiet: no build-script warnings)", 0.0);
+    if warnings == 0 {
+        o.passed = 1;
+    } else {
+        o.failed = 1;
+        o.note = Some(format!(
+            "the build wrote {warnings} build-script warning lines (`warning: sopa-…@…:`); \
+             a first build must write none"
+        ));
+    }
+    o
 }
 
 /// The three slowest of `outcomes`, with their seconds.

@@ -10,6 +10,7 @@ use anyhow::{Context as _, Result};
 pub const TIER_BUDGET_S: f64 = 15.0 * 60.0;
 
 /// What one run of a suite (a test executable, a smoke step, a fuzz target) counted.
+#[derive(Clone)]
 pub struct Outcome {
     pub name: String,
     pub passed: u64,
