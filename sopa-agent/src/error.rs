@@ -1,5 +1,6 @@
-//! The agent's errors. Configuration errors (bad input from a file or a flag) exit with 64,
-//! missing privileges with 77 (sysexits' EX_USAGE/EX_CONFIG family and EX_NOPERM).
+//! The agent's errors, each with its exit code (`sopa_ops::exit`): configuration (bad input
+//! from a file or a flag, or the node's state refuses it) 78, a kernel feature the
+//! configuration needs and this kernel lacks 69, missing privileges 77, anything else 1.
 
 use std::{io, path::PathBuf};
 
@@ -15,6 +16,10 @@ pub enum Error {
 
     #[error("invalid configuration: {0}")]
     Config(String),
+
+    /// The configuration asks for a kernel feature this kernel lacks.
+    #[error("{0}")]
+    Kernel(String),
 
     #[error(
         "another agent for node {node:?} is running (pid {pid}); stop it, choose another --node, or take over from it in place with --takeover"
@@ -82,10 +87,11 @@ impl Error {
             | Self::UnknownInterface(_)
             | Self::Config(_)
             | Self::AlreadyRunning { .. }
-            | Self::NotRunning { .. } => 64,
-            Self::Privileges(_) => 77,
+            | Self::NotRunning { .. } => sopa_ops::exit::CONFIG,
+            Self::Kernel(_) | Self::NoBpffs => sopa_ops::exit::KERNEL,
+            Self::Privileges(_) => sopa_ops::exit::PRIVILEGES,
             Self::TakeoverRefused { source, .. } => source.exit_code(),
-            _ => 1,
+            _ => sopa_ops::exit::FAILURE,
         }
     }
 

@@ -45,6 +45,10 @@ pub struct HostOptions {
     pub xdp: XdpAttach,
     pub tcp_reordering: u32,
     pub metrics_addr: Option<SocketAddr>,
+    /// Who may reach the metrics address besides loopback (`--metrics-allow`).
+    pub metrics_allow: sopa_ops::allow::AllowList,
+    /// This node's certificate (`--certs DIR/node.pem`), whose expiry the metrics show.
+    pub certificate: Option<PathBuf>,
     pub hash_seed: u32,
     /// Lower the fabric routes' MTU by the option's 4 bytes (a plain `mtu`: DF stays on).
     pub lower_route_mtu: bool,
@@ -71,6 +75,23 @@ pub struct HostOptions {
     pub measure_reordering: bool,
     /// Where the socket-option guard goes (`--guard-cgroup`).
     pub guard_cgroup: crate::datapath::guard::GuardCgroup,
+}
+
+/// `/readyz`: the endpoints serve once the datapath is attached; with a controller, the agent
+/// is ready once its datapath holds the controller's topology (before, it forwards by an
+/// adopted datapath's paths or by none).
+fn readiness(gauges: metrics::AgentGauges, from_controller: bool) -> sopa_ops::http::Readiness {
+    Arc::new(move || {
+        if from_controller && gauges.version.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            Err(
+                "the datapath is attached; waiting for the controller's first topology \
+                 (`sopa-agent status` shows the channel)"
+                    .into(),
+            )
+        } else {
+            Ok(())
+        }
+    })
 }
 
 /// Bytes the table's encoding adds to every IPv4 packet it carries a path in.
@@ -256,11 +277,11 @@ impl Host {
         // handed over and let go of it.
         let mut metrics_listener = None;
         if let (Some(addr), false) = (opts.metrics_addr, opts.takeover) {
-            metrics_listener = Some(metrics::bind(addr).await?);
+            metrics_listener = Some(metrics::bind(addr, &opts.metrics_allow).await?);
         }
         let (previous, mut preloaded) = leftovers(opts, &run_dir, &link, &netlink).await?;
         if let (Some(addr), true) = (opts.metrics_addr, opts.takeover) {
-            metrics_listener = Some(metrics::bind(addr).await?);
+            metrics_listener = Some(metrics::bind(addr, &opts.metrics_allow).await?);
         }
         let adopted_from = previous.clone();
 
@@ -472,7 +493,15 @@ impl Host {
         }
 
         let registry = match metrics_listener {
-            Some(listener) => Some((listener, metrics::registry(&pins, gauges.clone())?)),
+            Some(listener) => Some((
+                listener,
+                metrics::registry(
+                    &pins,
+                    gauges.clone(),
+                    &opts.node,
+                    opts.certificate.as_deref(),
+                )?,
+            )),
             None => None,
         };
 
@@ -533,7 +562,14 @@ impl Host {
             }
         }
         let maps = Arc::new(Mutex::new(maps));
-        let metrics = registry.map(|(listener, registry)| metrics::serve(listener, registry));
+        let metrics = registry.map(|(listener, registry)| {
+            metrics::serve(
+                listener,
+                registry,
+                readiness(gauges.clone(), opts.paths_from_controller),
+                opts.metrics_allow.clone(),
+            )
+        });
         // Our programs run now: what the old ones counted meanwhile is carried over too.
         if let Some(carry) = carry
             && let Err(err) = carry.finish()

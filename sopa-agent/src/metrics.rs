@@ -24,6 +24,7 @@ use sopa_common::{
     maps::{mode, stamp_reason, strip_reason},
     wire::HOP_NONE,
 };
+use sopa_ops::allow::AllowList;
 use tokio::net::TcpListener;
 use tracing::warn;
 
@@ -397,16 +398,35 @@ impl Collector for DatapathCollector {
 }
 
 /// The registry with the datapath's collector, which reads the maps pinned under `pins`
-/// through handles of its own.
-pub fn registry(pins: &Path, gauges: AgentGauges) -> Result<Registry> {
+/// through handles of its own, and `sopa_build_info` for `node`.
+pub fn registry(
+    pins: &Path,
+    gauges: AgentGauges,
+    node: &str,
+    certificate: Option<&Path>,
+) -> Result<Registry> {
     let maps = MapSet::from_pins(pins)?;
     let mut registry = Registry::default();
+    sopa_ops::build_info::register(&mut registry, "agent", node);
+    if let Some(cert) = certificate {
+        register_cert_expiry(&mut registry, "agent", cert);
+    }
     registry.register_collector(Box::new(DatapathCollector {
         maps: Mutex::new(maps),
         gauges,
         slow: Mutex::new(None),
     }));
     Ok(registry)
+}
+
+/// `sopa_certificate_expiry_timestamp_seconds{role}` of the certificate at `cert`.
+pub fn register_cert_expiry(registry: &mut Registry, role: &'static str, cert: &Path) {
+    sopa_ops::cert_expiry::register(
+        registry,
+        role,
+        cert.to_owned(),
+        Arc::new(sopa_channel::identity::not_after),
+    );
 }
 
 /// Renders the registry in the Prometheus text format.
@@ -417,28 +437,34 @@ pub fn render(registry: &Registry) -> String {
 }
 
 /// Binds the metrics address: done before the agent changes anything, so an address in use
-/// fails a start (or an upgrade) with nothing to undo.
-pub async fn bind(addr: SocketAddr) -> Result<TcpListener> {
-    if !addr.ip().is_loopback() {
-        return Err(Error::Config(format!(
-            "--metrics-addr {addr} is not a loopback address; metrics are served on loopback only"
-        )));
-    }
-    TcpListener::bind(addr).await.map_err(|err| {
-        if err.kind() == std::io::ErrorKind::AddrInUse {
-            Error::Config(format!(
-                "--metrics-addr {addr} is in use by another process; choose another address \
-                 or --no-metrics"
-            ))
-        } else {
-            Error::io(format!("binding the metrics address {addr}"), err)
-        }
-    })
+/// (or one off loopback without an allow-list) fails a start, or an upgrade, with nothing to
+/// undo.
+pub async fn bind(addr: SocketAddr, allow: &AllowList) -> Result<TcpListener> {
+    sopa_ops::http::bind(addr, allow)
+        .await
+        .map_err(|err| match err {
+            sopa_ops::http::BindError::Io { addr, source } => {
+                Error::io(format!("binding the metrics address {addr}"), source)
+            }
+            refused => Error::Config(refused.to_string()),
+        })
 }
 
-/// Serves `GET /metrics` on `listener`, each scrape rendered on a blocking thread, one at a
-/// time.
-pub fn serve(listener: TcpListener, registry: Registry) -> tokio::task::JoinHandle<()> {
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` to the clients `allow` lets in,
+/// each scrape rendered on a blocking thread, one at a time.
+pub fn serve(
+    listener: TcpListener,
+    registry: Registry,
+    ready: sopa_ops::http::Readiness,
+    allow: AllowList,
+) -> tokio::task::JoinHandle<()> {
     let registry = Arc::new(registry);
-    sopa_channel::metrics_http::serve(listener, Arc::new(move || render(&registry)))
+    sopa_ops::http::serve(
+        listener,
+        sopa_ops::http::Endpoints {
+            render: Arc::new(move || render(&registry)),
+            ready,
+            allow,
+        },
+    )
 }

@@ -457,7 +457,7 @@ mod tests {
             e.to_string().contains("/nonexistent/sopa-paths.toml"),
             "{e}"
         );
-        assert_eq!(e.exit_code(), 64);
+        assert_eq!(e.exit_code(), sopa_ops::exit::CONFIG);
     }
 
     #[test]

@@ -1,8 +1,23 @@
 //! The per-network-namespace sysctls the agent reads and sets.
 
-use std::path::PathBuf;
+use std::{
+    path::{Path, PathBuf},
+    sync::OnceLock,
+};
 
 use crate::error::{Error, Result};
+
+static PROC_ROOT: OnceLock<PathBuf> = OnceLock::new();
+
+/// Reads and writes sysctls under `root` (`--proc-root`: where a container mounts the host's
+/// /proc) instead of /proc; set once, before the first sysctl is read.
+pub fn set_proc_root(root: &Path) {
+    let _ = PROC_ROOT.set(root.to_owned());
+}
+
+fn proc_root() -> &'static Path {
+    PROC_ROOT.get().map_or(Path::new("/proc"), PathBuf::as_path)
+}
 
 /// `net.ipv4.tcp_reordering`: the duplicate-ACK count that triggers a fast retransmit.
 pub const TCP_REORDERING: &str = "net.ipv4.tcp_reordering";
@@ -22,7 +37,7 @@ fn path(key: &str) -> PathBuf {
             c => c,
         })
         .collect();
-    PathBuf::from("/proc/sys").join(swapped)
+    proc_root().join("sys").join(swapped)
 }
 
 /// The key of `setting` for interface `name` in `family`'s `conf` (`net.ipv6.conf.NAME.SETTING`).

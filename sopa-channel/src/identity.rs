@@ -133,6 +133,15 @@ pub fn serial_hex(bytes: &[u8]) -> String {
     if t.is_empty() { "0".into() } else { t.into() }
 }
 
+/// The end of a certificate's validity (`notAfter`), in Unix seconds, from the first
+/// certificate of the PEM file `path`; `None` where it cannot be read.
+pub fn not_after(path: &std::path::Path) -> Option<i64> {
+    use tokio_rustls::rustls::pki_types::{CertificateDer, pem::PemObject as _};
+    let der = CertificateDer::pem_file_iter(path).ok()?.next()?.ok()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).ok()?;
+    Some(cert.validity().not_after.timestamp())
+}
+
 /// Reads the identity and serial of a certificate (DER): its one `sopa://ROLE/NODE` URI
 /// subject alternative name.
 pub fn certificate_identity(der: &[u8]) -> Result<(Identity, String), String> {

@@ -13,7 +13,7 @@ use prometheus_client::{
 
 use sopa_channel::proto::LinkLoss;
 
-use crate::server::Controller;
+use crate::server::{Controller, Replica};
 
 #[derive(Debug)]
 struct ControllerCollector(Arc<Controller>);
@@ -214,19 +214,64 @@ pub fn registry(controller: Arc<Controller>) -> Registry {
     registry
 }
 
+/// `sopa_controller_leader`, and the controller's metrics once this replica leads.
+#[derive(Debug)]
+struct ReplicaCollector(Replica);
+
+impl Collector for ReplicaCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let leading = self.0.get();
+        gauge(
+            &mut encoder,
+            "sopa_controller_leader",
+            "1 on the replica that leads and serves the agents, 0 on a standby",
+            i64::from(leading.is_some()),
+        )?;
+        match leading {
+            Some(c) => ControllerCollector(Arc::clone(c)).encode(encoder),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` for `replica` on `listener` from the moment it
+/// starts, standby included: ready once it leads.
+pub fn serve_replica(
+    listener: tokio::net::TcpListener,
+    replica: Replica,
+    node: &str,
+    certificate: Option<std::path::PathBuf>,
+    allow: sopa_ops::allow::AllowList,
+) -> tokio::task::JoinHandle<()> {
+    let mut registry = Registry::default();
+    sopa_ops::build_info::register(&mut registry, "controller", node);
+    if let Some(cert) = certificate {
+        sopa_ops::cert_expiry::register(
+            &mut registry,
+            "controller",
+            cert,
+            Arc::new(sopa_channel::identity::not_after),
+        );
+    }
+    registry.register_collector(Box::new(ReplicaCollector(Arc::clone(&replica))));
+    let registry = Arc::new(registry);
+    sopa_ops::http::serve(
+        listener,
+        sopa_ops::http::Endpoints {
+            render: Arc::new(move || render(&registry)),
+            ready: Arc::new(move || match replica.get() {
+                Some(_) => Ok(()),
+                None => Err("standby: waiting for the leadership".into()),
+            }),
+            allow,
+        },
+    )
+}
+
 /// The OpenMetrics text of `registry`.
 pub fn render(registry: &Registry) -> String {
     let mut out = String::new();
     // Writing to a String cannot fail.
     let _ = prometheus_client::encoding::text::encode(&mut out, registry);
     out
-}
-
-/// Serves `GET /metrics` on `listener`.
-pub fn serve(
-    listener: tokio::net::TcpListener,
-    controller: Arc<Controller>,
-) -> tokio::task::JoinHandle<()> {
-    let registry = Arc::new(registry(controller));
-    sopa_channel::metrics_http::serve(listener, Arc::new(move || render(&registry)))
 }

@@ -56,6 +56,21 @@ impl Agent {
         controller: &str,
         args: &[&str],
     ) -> Result<Self> {
+        let mut agent = Self::launch_with_controller(ns, node, host, iface, controller, args)?;
+        agent.wait_up()?;
+        Ok(agent)
+    }
+
+    /// Like [`Agent::start_with_controller`], without waiting for anything (its controller may
+    /// not run yet).
+    pub fn launch_with_controller(
+        ns: &NetNs,
+        node: &str,
+        host: &str,
+        iface: &str,
+        controller: &str,
+        args: &[&str],
+    ) -> Result<Self> {
         let dir = Self::dir(node)?;
         let mut source = vec![
             "--controller",
@@ -67,7 +82,7 @@ impl Agent {
             "200",
         ];
         source.extend_from_slice(args);
-        Self::spawn(ns, node, iface, &source, dir)
+        Self::launch_with(ns, node, iface, &source, dir)
     }
 
     /// A directory of this launch's own (its path table, its log): two agents of one node
@@ -81,18 +96,6 @@ impl Agent {
         std::fs::create_dir_all(&dir)
             .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
         Ok(dir)
-    }
-
-    fn spawn(
-        ns: &NetNs,
-        node: &str,
-        iface: &str,
-        source: &[&str],
-        dir: std::path::PathBuf,
-    ) -> Result<Self> {
-        let mut agent = Self::launch_with(ns, node, iface, source, dir)?;
-        agent.wait_up()?;
-        Ok(agent)
     }
 
     fn launch_with(

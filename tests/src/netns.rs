@@ -225,6 +225,32 @@ impl NetNs {
         })
     }
 
+    /// `GET path` from `addr` in this namespace (a process's metrics and health endpoints):
+    /// the status code and the body.
+    pub fn http_get(&self, addr: &str, path: &str) -> Result<(u16, String)> {
+        use std::io::{Read as _, Write as _};
+        let addr: std::net::SocketAddr = addr
+            .parse()
+            .map_err(|e| Error::Failed(format!("{addr:?}: {e}")))?;
+        self.run(|| {
+            let mut conn =
+                std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(2))
+                    .map_err(|e| Error::io(format!("connecting to {addr}"), e))?;
+            write!(conn, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n")
+                .map_err(|e| Error::io(format!("asking {addr}"), e))?;
+            let mut out = String::new();
+            conn.read_to_string(&mut out)
+                .map_err(|e| Error::io(format!("reading {addr}'s answer"), e))?;
+            let code = out
+                .split_ascii_whitespace()
+                .nth(1)
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0);
+            let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+            Ok((code, body))
+        })?
+    }
+
     /// Like [`NetNs::run`], on a detached thread (for servers and captures).
     pub fn spawn<T: Send + 'static>(
         &self,

@@ -114,9 +114,21 @@ fn pushed_failures_change_exactly_the_affected_paths() {
     let f = fabric();
     let tmp = sopa_testbed::temp_dir(&format!("ctl-{}", f.c.name()));
     let dir = tmp.path().to_path_buf();
-    let _controller = spawn_controller(&f, &dir, "controller.log");
     let url = "http://10.200.0.2:7470";
-    let agent_a = Agent::start_with_controller(&f.a, f.a.name(), "h0", &f.a_if, url, &[]).unwrap();
+    // A before its controller: attached, alive, not ready until the controller's topology is
+    // in its datapath.
+    let mut agent_a =
+        Agent::launch_with_controller(&f.a, f.a.name(), "h0", &f.a_if, url, &[]).unwrap();
+    agent_a.wait_up().unwrap();
+    let get = |path: &str| f.a.http_get("127.0.0.1:9470", path).unwrap();
+    assert_eq!(get("/healthz"), (200, "ok\n".into()));
+    let (code, why) = get("/readyz");
+    assert_eq!(code, 503, "{why}");
+    assert!(
+        why.contains("waiting for the controller's first topology"),
+        "{why}"
+    );
+    let _controller = spawn_controller(&f, &dir, "controller.log");
     let agent_b =
         Agent::start_with_controller(&f.b, f.b.name(), "h4", &f.b_if, url, &["--no-metrics"])
             .unwrap();
@@ -125,6 +137,26 @@ fn pushed_failures_change_exactly_the_affected_paths() {
     wait_for("A's paths from the controller", || {
         paths_to(&agent_a, "10.1.0.0/24") == all
     });
+    assert_eq!(get("/readyz"), (200, "ready\n".into()));
+    let (code, m) = get("/metrics");
+    assert_eq!(code, 200);
+    assert!(
+        m.contains(&format!(
+            "sopa_build_info{{role=\"agent\",version=\"{}\",node=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION"),
+            f.a.name()
+        )),
+        "{m}"
+    );
+    // The controller (one, on a file store: it leads) is ready, and says it leads.
+    let (code, m) = f.c.http_get("127.0.0.1:9471", "/metrics").unwrap();
+    assert_eq!(code, 200);
+    assert!(m.contains("sopa_controller_leader 1"), "{m}");
+    assert!(m.contains("sopa_build_info{role=\"controller\""), "{m}");
+    assert_eq!(
+        f.c.http_get("127.0.0.1:9471", "/readyz").unwrap(),
+        (200, "ready\n".into())
+    );
     let status = agent_a.status().unwrap();
     assert_eq!(status["prefixes"], 7, "k=4: every rack but its own");
     assert_eq!(
@@ -254,6 +286,8 @@ fn spawn_controller(f: &Fabric, dir: &std::path::Path, log: &str) -> Process {
             &format!("file:{}", dir.join("controller-state.json").display()),
             "--heartbeat-ms",
             "200",
+            "--metrics-addr",
+            "127.0.0.1:9471",
         ],
         &dir.join(log),
     )

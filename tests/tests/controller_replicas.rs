@@ -20,6 +20,11 @@ fn address(i: usize) -> String {
     format!("10.200.0.2:{}", 7471 + i)
 }
 
+/// Replica `i`'s metrics and health endpoints (in the controllers' namespace).
+fn metrics_address(i: usize) -> String {
+    format!("127.0.0.1:{}", 9481 + i)
+}
+
 fn all_addresses() -> String {
     (0..REPLICAS)
         .map(|i| format!("http://{}", address(i)))
@@ -63,6 +68,7 @@ impl<'a> Replicas<'a> {
         let spec = self.dir.join("topology.toml");
         let name = format!("r{i}");
         let listen = address(i);
+        let metrics = metrics_address(i);
         let p = Process::spawn(
             Some(&self.f.c),
             &bins::sopa_controller(),
@@ -82,6 +88,8 @@ impl<'a> Replicas<'a> {
                 "200",
                 "--flap-limit",
                 "0",
+                "--metrics-addr",
+                &metrics,
             ],
             &log,
         )
@@ -248,6 +256,33 @@ fn replicas_on_etcd_never_lose_an_acknowledged_change() {
     let mut etcd = EtcdCluster::start(&f.c, &dir, 3).expect("a three-member etcd cluster");
     let mut replicas = Replicas::start_all(&f, &dir, etcd.store_flag());
     let first = replicas.leader();
+    // Every replica answers on its endpoints, the standbys included: alive, ready only where
+    // it leads (once it serves, just after its election), and the leader gauge tells which.
+    wait_for("the leader ready", Duration::from_secs(30), || {
+        f.c.http_get(&metrics_address(first), "/readyz")
+            .is_ok_and(|(code, _)| code == 200)
+    });
+    for i in 0..REPLICAS {
+        let get = |path: &str| f.c.http_get(&metrics_address(i), path).unwrap();
+        assert_eq!(get("/healthz"), (200, "ok\n".into()), "replica {i}");
+        let (code, metrics) = get("/metrics");
+        assert_eq!(code, 200, "replica {i}");
+        assert!(metrics.contains(&format!("node=\"r{i}\"")), "{metrics}");
+        if i == first {
+            assert_eq!(get("/readyz"), (200, "ready\n".into()));
+            assert!(metrics.contains("sopa_controller_leader 1"), "{metrics}");
+        } else {
+            assert_eq!(
+                get("/readyz"),
+                (
+                    503,
+                    "not ready: standby: waiting for the leadership\n".into()
+                )
+            );
+            assert!(metrics.contains("sopa_controller_leader 0"), "{metrics}");
+            assert!(!metrics.contains("sopa_fabric_version"), "{metrics}");
+        }
+    }
     let list = all_addresses();
     let agent_a =
         Agent::start_with_controller(&f.a, f.a.name(), "h0", &f.a_if, &list, &["--no-metrics"])
@@ -428,7 +463,12 @@ fn replicas_on_etcd_never_lose_an_acknowledged_change() {
         .unwrap()
         .stop_with(0, Duration::from_secs(10))
         .expect("the ex-leader stops serving by itself");
-    assert!(!status.success(), "{}", replicas.log(paused));
+    assert_eq!(
+        status.code(),
+        Some(75),
+        "a replica that lost the leadership exits 75 (its supervisor restarts it)\n{}",
+        replicas.log(paused)
+    );
     let log = replicas.log(paused);
     assert!(
         log.contains("no longer the leader") || log.contains("lost the leadership"),

@@ -237,7 +237,30 @@ pub fn run() -> Result<()> {
     nightly_rust_src()?;
     bpf_linker()?;
     debian_packages()?;
+    python_packages()?;
     bpffs()?;
+    Ok(())
+}
+
+/// Python packages the tests use, each with the module that proves it is present.
+const PYTHON_PACKAGES: &[(&str, &str)] = &[
+    // The Kubernetes schemas every manifest in deploy/kubernetes is validated against.
+    ("kubernetes-validate==1.37.0", "kubernetes_validate"),
+];
+
+fn python_packages() -> Result<()> {
+    for (package, module) in PYTHON_PACKAGES {
+        let present = Command::new("python3")
+            .args(["-c", &format!("import {module}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if present {
+            continue;
+        }
+        say(&format!("installing {package} from PyPI"));
+        status(Command::new("python3").args(["-m", "pip", "install", "--quiet", package]))
+            .with_context(|| format!("installing {package} (python3 -m pip install {package})"))?;
+    }
     Ok(())
 }
 

@@ -712,7 +712,7 @@ mod tests {
             let got = require_min(v);
             assert_eq!(got.is_ok(), ok, "{v}: {got:?}");
             if let Err(e) = got {
-                assert_eq!(e.exit_code(), 64);
+                assert_eq!(e.exit_code(), sopa_ops::exit::CONFIG);
                 let text = e.to_string();
                 assert!(
                     text.contains(&v.to_string()) && text.contains("5.15"),

@@ -61,7 +61,7 @@ pub fn choose(mode: AttachMode) -> Result<(TcHook, Option<String>)> {
     let v = probe::kernel_version()?;
     let tcx = probe::tcx(v);
     match (mode, tcx) {
-        (AttachMode::Tcx, false) => Err(Error::Config(format!(
+        (AttachMode::Tcx, false) => Err(Error::Kernel(format!(
             "--attach tcx: Linux {v} has no TCX (Linux {}.{}); run with --attach auto or tc, \
              where the programs attach as cls_bpf filters on a clsact qdisc",
             probe::TCX_SINCE.0,

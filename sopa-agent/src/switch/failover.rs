@@ -49,6 +49,8 @@ pub(crate) struct Repair {
     plan: Option<Installed>,
     /// Ports (ifindex) whose carrier is down.
     down: BTreeSet<u32>,
+    /// How many, for the metrics (read without this lock).
+    down_count: std::sync::Arc<std::sync::atomic::AtomicU64>,
     written: BTreeMap<Prefix, FwdEntry>,
     /// The uSID rules written (SRv6), and the uSID and block they were written for.
     usid_written: BTreeMap<UsidRuleKey, UsidRule>,
@@ -81,6 +83,7 @@ impl Repair {
             maps,
             plan: None,
             down: BTreeSet::new(),
+            down_count: Default::default(),
             written,
             usid_written,
             // Not a uSID of any switch: the first write sets the configuration whatever an
@@ -89,6 +92,11 @@ impl Repair {
             usid_shift,
             last: Reaction::default(),
         })
+    }
+
+    /// The count of ports without carrier, kept current for the metrics.
+    pub fn down_count(&self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+        std::sync::Arc::clone(&self.down_count)
     }
 
     pub fn maps(&mut self) -> &mut ForwardMaps {
@@ -143,6 +151,8 @@ impl Repair {
         if !changed {
             return Ok(None);
         }
+        self.down_count
+            .store(self.down.len() as u64, std::sync::atomic::Ordering::Relaxed);
         self.write().map(Some)
     }
 

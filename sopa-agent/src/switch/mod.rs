@@ -12,6 +12,7 @@
 mod applier;
 pub mod cabling;
 mod failover;
+pub mod metrics;
 mod ports;
 mod routes;
 pub mod usid;
@@ -101,6 +102,8 @@ pub struct Switch {
     lldp_interval: std::time::Duration,
     /// The interfaces of the plan's ports, where LLDP speaks.
     lldp_ports: Vec<String>,
+    /// What the metrics show beyond the maps.
+    gauges: metrics::SwitchGauges,
     /// LLDP, once a plan says where (and the mode says whether).
     cabling: Option<cabling::Cabling>,
 }
@@ -272,6 +275,10 @@ impl Switch {
         };
         match setup.await {
             Ok((datapath, repair, carry)) => Ok(Self {
+                gauges: metrics::SwitchGauges {
+                    dead_ports: repair.down_count(),
+                    ..Default::default()
+                },
                 datapath,
                 repair: Arc::new(Mutex::new(repair)),
                 journal: Some(journal),
@@ -571,9 +578,19 @@ impl Switch {
     }
 
     pub fn set_controller_state(&mut self, state: ControllerState) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.gauges
+            .connected
+            .store(i64::from(state.connected), Relaxed);
+        self.gauges.version.store(state.version, Relaxed);
         if let Some(j) = self.journal.as_mut() {
             let _ = j.set_controller(state);
         }
+    }
+
+    /// What the switch's metrics read beyond its maps.
+    pub fn gauges(&self) -> metrics::SwitchGauges {
+        self.gauges.clone()
     }
 
     pub fn forward_counters(&self) -> Result<Vec<u64>> {

@@ -47,7 +47,7 @@ pub async fn choose(mode: UsidMode, netlink: &Netlink) -> Result<(UsidEnd, Optio
     let has = probe::seg6local(netlink).await?;
     let chosen = match (mode, has) {
         (UsidMode::Kernel, false) => {
-            return Err(Error::Config(
+            return Err(Error::Kernel(
                 "--usid kernel: this kernel has no seg6local End (CONFIG_IPV6_SEG6_LWTUNNEL is \
                  not set); run with --usid auto or ebpf, where tc_forward consumes the switch's \
                  uSID itself"

@@ -71,6 +71,10 @@ pub struct AgentRecord {
     session: u64,
 }
 
+/// A replica: a standby until it is elected, then the controller it serves (its metrics
+/// and readiness follow it).
+pub type Replica = Arc<std::sync::OnceLock<Arc<Controller>>>;
+
 pub struct Controller {
     fabric: Mutex<Fabric>,
     updates: broadcast::Sender<Arc<Delta>>,
@@ -106,6 +110,9 @@ pub struct Controller {
     /// Set once this controller must stop serving (a replica whose store refused it as the
     /// leader), with the reason.
     stepped_down: tokio::sync::watch::Sender<Option<String>>,
+    /// It stepped down because the store says another replica leads (or may): a restart
+    /// waits for the leadership again.
+    lost_leadership: std::sync::atomic::AtomicBool,
     /// Switches' port reports, damped.
     damper: Mutex<Damper>,
     /// What every agent's LLDP hears (`crate::cabling`).
@@ -266,6 +273,7 @@ impl Controller {
             store,
             writer: tokio::sync::Mutex::new(()),
             stepped_down: tokio::sync::watch::channel(None).0,
+            lost_leadership: std::sync::atomic::AtomicBool::new(false),
             damper: Mutex::new(Damper::new(damping)),
             cabling: Mutex::default(),
             unstored: std::sync::atomic::AtomicU64::new(0),
@@ -520,6 +528,8 @@ impl Controller {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             undo();
             if e.ends_leadership() {
+                self.lost_leadership
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
                 self.step_down(e.to_string());
             }
             return Err(FabricError::NotDurable(e.to_string()));
@@ -545,6 +555,13 @@ impl Controller {
                 false
             }
         });
+    }
+
+    /// Whether it stepped down because it lost (or may have lost) the leadership, rather than
+    /// for a state it refuses to serve.
+    pub fn lost_leadership(&self) -> bool {
+        self.lost_leadership
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Resolves with the reason once this controller stepped down.
@@ -810,7 +827,17 @@ pub async fn serve(
     })
     .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
     .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
+    // grpc.health.v1: SERVING for the server ("") and each service while this replica leads
+    // (a standby binds nothing; it answers on its metrics address, GET /readyz).
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<proto::channel::channel_server::ChannelServer<ChannelService>>()
+        .await;
+    health
+        .set_serving::<proto::control::control_server::ControlServer<ControlService>>()
+        .await;
     builder
+        .add_service(health_service)
         .add_service(channel)
         .add_service(control)
         .serve_with_incoming_shutdown(incoming, shutdown)

@@ -71,11 +71,33 @@ pub fn restart_and_upgrade_in_place_without_losing_a_packet(f: &mut Fabric) {
     }
     let window_end = probe.mark();
     let r = probe.finish();
-    let through_a0 = redirected(&f.switch_status("a0").unwrap()) - redirected(&before);
+    let status_now = f.switch_status("a0").unwrap();
+    let through_a0 = redirected(&status_now) - redirected(&before);
     assert!(
         through_a0 > 1_000,
         "a0 redirected {through_a0} packets in the window: the probe crossed it"
     );
+    // The switch's endpoints: alive, ready (its forwarding holds the topology), and its
+    // forwarding counters as `status` counts them (read after it: never fewer).
+    let get = |path: &str| f.ns("a0").http_get("127.0.0.1:9472", path).unwrap();
+    assert_eq!(get("/healthz"), (200, "ok\n".into()));
+    assert_eq!(get("/readyz"), (200, "ready\n".into()));
+    let (code, metrics) = get("/metrics");
+    assert_eq!(code, 200);
+    let scraped: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("sopa_switch_forward_packets_total{reason=\"redirected\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no redirected counter in a0's metrics:\n{metrics}"));
+    assert!(
+        scraped >= redirected(&status_now),
+        "{scraped} < {status_now:#}"
+    );
+    assert!(
+        metrics.contains("sopa_build_info{role=\"switch\""),
+        "{metrics}"
+    );
+    assert!(metrics.contains("sopa_controller_connected 1"), "{metrics}");
     let lost = r.lost_in(window_start..window_end);
     eprintln!(
         "probe h0 -> h4: {} in the window of two restarts of a0's agent, {lost} lost",

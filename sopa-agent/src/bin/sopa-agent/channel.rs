@@ -22,10 +22,13 @@ pub struct ChannelArgs<'a> {
 pub fn channel_config(args: &ChannelArgs, url: &str) -> Result<ClientConfig, Error> {
     let mut cfg = ClientConfig::new(url, args.node, args.role);
     cfg.topology_name = args.topology_name.map(str::to_owned);
-    if args.flags.heartbeat_ms == 0 {
-        return Err(Error::Config("--heartbeat-ms must be at least 1".into()));
+    if args.flags.heartbeat.0 < Duration::from_millis(1) {
+        return Err(Error::Config(format!(
+            "--heartbeat {}: give at least 1ms",
+            args.flags.heartbeat
+        )));
     }
-    cfg.heartbeat = Duration::from_millis(args.flags.heartbeat_ms);
+    cfg.heartbeat = args.flags.heartbeat.into();
     let list = sopa_channel::client::endpoints(url);
     if list.is_empty() {
         return Err(Error::Config(format!(

@@ -2,7 +2,7 @@
 
 use std::{net::SocketAddr, path::PathBuf};
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 use sopa_agent::{
     datapath::{TcxOrder, tc_hook::AttachMode},
     entropy::source::LabelSource,
@@ -10,16 +10,24 @@ use sopa_agent::{
     host::XdpAttach,
     switch::usid::UsidMode,
 };
+use sopa_ops::{allow::AllowList, duration::Dur};
 
 /// SOPA host agent: spreads every TCP/UDP flow over all equal-cost fabric paths in strict
-/// round-robin, written into a 4-byte IPv4 source-route option.
+/// round-robin, carrying the chosen path in the packet (the IPv4 option, SRv6 or a learned flow
+/// label); as `switch`, a fabric switch's agent.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(version, about, after_help = sopa_ops::exit::help())]
 pub struct Cli {
+    #[command(flatten)]
+    pub log: sopa_ops::logging::LogArgs,
     /// Enter this network namespace (a name under /run/netns, or a path) first. Unlike
     /// `ip netns exec`, this keeps the mount namespace, so the bpffs pins stay shared.
     #[arg(long, global = true, env = "SOPA_NETNS")]
     pub netns: Option<String>,
+    /// Where the agent reads and writes sysctls: PROC_ROOT/sys/net/… A container that may not
+    /// write its own /proc/sys mounts the host's /proc elsewhere (e.g. /hostproc) and names it.
+    #[arg(long, global = true, env = "SOPA_PROC_ROOT", default_value = "/proc")]
+    pub proc_root: PathBuf,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -29,7 +37,7 @@ pub enum Command {
     /// Attach the datapath to the fabric interface and run until SIGINT/SIGTERM.
     Run(Box<RunArgs>),
     /// The switch role: forward by the controller's topology until SIGINT/SIGTERM.
-    Switch(SwitchArgs),
+    Switch(Box<SwitchArgs>),
     /// Show a running agent's mode, path table and counters.
     Status {
         #[command(flatten)]
@@ -42,12 +50,13 @@ pub enum Command {
     Mode {
         #[command(flatten)]
         node: NodeArg,
-        /// sopa, rps, ecmp, pinned, single or off.
-        mode: String,
+        /// The path selection.
+        #[arg(value_enum)]
+        mode: Mode,
         /// Where new flows start their round robin: `hash` (the default, which every start
         /// of the agent restores) or `zero` (path 0, the paper's algorithm, for comparisons).
-        #[arg(long, value_parser = ["hash", "zero"])]
-        first_path: Option<String>,
+        #[arg(long, value_enum)]
+        first_path: Option<FirstPath>,
     },
     /// Change a running agent's unit of spraying (it applies it on SIGHUP, journaled like
     /// every host change and restored at exit); kept across restarts.
@@ -71,9 +80,9 @@ pub enum Command {
     Reordering {
         #[command(flatten)]
         node: NodeArg,
-        /// on or off.
-        #[arg(value_parser = ["on", "off"])]
-        state: String,
+        /// Measure it, or not.
+        #[arg(value_enum)]
+        state: OnOff,
     },
     /// Remove a datapath left attached (`run --keep-attached`, or after a crash): detach the
     /// programs, unpin the maps and restore every host setting the agent changed.
@@ -129,12 +138,10 @@ pub struct RunArgs {
     /// defaults to --node.
     #[arg(long, env = "SOPA_HOST")]
     pub host: Option<String>,
-    /// Path selection: sopa (per-flow round-robin), rps (random per packet), ecmp (5-tuple
-    /// hash), pinned (Hedera: controller pins, else the hash), single (the first path), off.
-    /// Without it, a mode set at run time with `sopa-agent mode` is kept across restarts;
-    /// otherwise sopa.
-    #[arg(long, env = "SOPA_MODE")]
-    pub mode: Option<String>,
+    /// Path selection. Without it, a mode set at run time with `sopa-agent mode` is kept
+    /// across restarts; otherwise sopa.
+    #[arg(long, env = "SOPA_MODE", value_enum)]
+    pub mode: Option<Mode>,
     /// The unit of spraying: packet (gso_max_segs 1), flowcell:N (at most N segments per
     /// unit: gso_max_segs N) or burst (GSO super-packets as the interface makes them). Without
     /// it, one set at run time with `sopa-agent granularity` is kept across restarts;
@@ -147,12 +154,8 @@ pub struct RunArgs {
     /// net.ipv4.tcp_reordering while the agent runs (restored on exit).
     #[arg(long, env = "SOPA_TCP_REORDERING", default_value_t = 10)]
     pub tcp_reordering: u32,
-    /// Loopback address of the Prometheus metrics endpoint (GET /metrics).
-    #[arg(long, env = "SOPA_METRICS_ADDR", default_value = "127.0.0.1:9470")]
-    pub metrics_addr: SocketAddr,
-    /// Serve no metrics.
-    #[arg(long, env = "SOPA_NO_METRICS")]
-    pub no_metrics: bool,
+    #[command(flatten)]
+    pub metrics: MetricsFlags,
     /// Leave the fabric routes' MTU alone (for fabrics whose links carry MTU + 4 bytes).
     /// Otherwise the agent lowers it by 4 (a plain `mtu`, DF kept), so full-size packets fit
     /// stamped; every other attribute of the route is kept.
@@ -165,9 +168,10 @@ pub struct RunArgs {
     /// interface's link speed.
     #[arg(long, env = "SOPA_NIC_RATE_MBIT")]
     pub nic_rate_mbit: Option<u64>,
-    /// How often pinned mode reports elephants to the controller.
-    #[arg(long, env = "SOPA_REPORT_INTERVAL_MS", default_value_t = 1000)]
-    pub report_interval_ms: u64,
+    /// How often pinned mode reports elephants to the controller (500ms, 2s; a bare number is
+    /// milliseconds).
+    #[arg(long, env = "SOPA_REPORT_INTERVAL", alias = "report-interval-ms", default_value_t = Dur::ms(1000))]
+    pub report_interval: Dur,
     /// Entropy encoding: the time between two probes. A router answers each prober at a
     /// limited rate (Linux's `net.ipv6.icmp.ratelimit`, 100 ms after a burst of 6, allows
     /// about 10 replies a second): probes past it go unanswered and cost the labels they tried.
@@ -181,11 +185,12 @@ pub struct RunArgs {
     /// no probing) or `per-packet` (a random label on every packet).
     #[arg(long, env = "SOPA_LABELS", value_enum, default_value_t = LabelSource::Discovered)]
     pub labels: LabelSource,
-    /// The path meter's period of alternate marking, fixed (0 turns metering off). Without it
-    /// the agent runs the controller's period and epoch (from its snapshot; 250 ms until
-    /// then): a controller refuses the reports of a host whose period differs from its own.
-    #[arg(long, env = "SOPA_METER_PERIOD_MS")]
-    pub meter_period_ms: Option<u64>,
+    /// The path meter's period of alternate marking, fixed (250ms; 0 turns metering off).
+    /// Without it the agent runs the controller's period and epoch (from its snapshot; 250 ms
+    /// until then): a controller refuses the reports of a host whose period differs from its
+    /// own.
+    #[arg(long, env = "SOPA_METER_PERIOD", alias = "meter-period-ms")]
+    pub meter_period: Option<Dur>,
     /// Measure the reordering of arriving TCP flows (`status`, `sopa_tcp_reordered_packets`):
     /// a flow-table lookup per data packet, about half of xdp_strip's cost, so off unless
     /// asked for. Every start sets what this says; `sopa-agent reordering` changes it at run
@@ -261,9 +266,91 @@ pub struct SwitchArgs {
     /// the agent would send a second frame per port).
     #[arg(long, env = "SOPA_LLDP", value_enum, default_value_t = sopa_agent::switch::cabling::LldpMode::Auto)]
     pub lldp: sopa_agent::switch::cabling::LldpMode,
-    /// How often LLDP frames go out on each port (neighbours are kept four times as long).
-    #[arg(long, env = "SOPA_LLDP_INTERVAL_MS", default_value_t = 5000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
-    pub lldp_interval_ms: u64,
+    /// How often LLDP frames go out on each port (neighbours are kept four times as long):
+    /// 100ms to 1h.
+    #[arg(long, env = "SOPA_LLDP_INTERVAL", alias = "lldp-interval-ms", default_value_t = Dur::ms(5000))]
+    pub lldp_interval: Dur,
+    #[command(flatten)]
+    pub metrics: MetricsFlags,
+}
+
+/// The metrics and health endpoints (GET /metrics, /healthz, /readyz).
+#[derive(clap::Args)]
+pub struct MetricsFlags {
+    /// Address of the metrics and health endpoints (GET /metrics, /healthz, /readyz). Off
+    /// loopback (e.g. 0.0.0.0:9470) it needs --metrics-allow.
+    #[arg(long, env = "SOPA_METRICS_ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
+    /// Who may reach the endpoints besides loopback: networks, comma-separated
+    /// (10.0.0.0/8,2001:db8::/32). Others are answered 403.
+    #[arg(long, env = "SOPA_METRICS_ALLOW", default_value = "")]
+    pub metrics_allow: AllowList,
+    /// Serve no metrics and no health endpoints.
+    #[arg(long, env = "SOPA_NO_METRICS", conflicts_with = "metrics_addr")]
+    pub no_metrics: bool,
+}
+
+impl MetricsFlags {
+    /// The address to serve on: --metrics-addr, else `default`, unless --no-metrics.
+    pub fn addr(&self, default: SocketAddr) -> Option<SocketAddr> {
+        (!self.no_metrics).then_some(self.metrics_addr.unwrap_or(default))
+    }
+}
+
+/// Path selection (the `sopa-agent mode` and `run --mode` values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// Per-flow round robin over every path (SOPA).
+    Sopa,
+    /// A random path per packet (random packet spraying).
+    Rps,
+    /// A path by the 5-tuple's hash.
+    Ecmp,
+    /// Hedera: the controller's pins for elephants, the hash otherwise.
+    Pinned,
+    /// The first path only.
+    Single,
+    /// No path in the packet: the fabric routes it.
+    Off,
+}
+
+impl Mode {
+    /// The datapath's mode number.
+    pub fn code(self) -> u32 {
+        use sopa_common::maps::mode;
+        match self {
+            Self::Sopa => mode::SOPA,
+            Self::Rps => mode::RPS,
+            Self::Ecmp => mode::ECMP,
+            Self::Pinned => mode::PINNED,
+            Self::Single => mode::SINGLE,
+            Self::Off => mode::OFF,
+        }
+    }
+}
+
+/// Where new flows start their round robin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FirstPath {
+    /// At the flow's hash (the default; every start of the agent restores it).
+    Hash,
+    /// At path 0, the paper's algorithm, for comparisons.
+    Zero,
+}
+
+impl FirstPath {
+    pub fn code(self) -> u32 {
+        match self {
+            Self::Hash => sopa_common::maps::first_path::HASH,
+            Self::Zero => sopa_common::maps::first_path::ZERO,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
 }
 
 /// How to talk to the controller, for either role.
@@ -283,13 +370,61 @@ pub struct ChannelFlags {
     /// This agent's heartbeat interval on the channel: the controller counts it gone after
     /// three silent ones (or three of its own, if longer), and it counts the controller gone
     /// after three of the longer of this and the controller's, which the controller's first
-    /// heartbeat states.
-    #[arg(long, env = "SOPA_HEARTBEAT_MS", default_value_t = 1000)]
-    pub heartbeat_ms: u64,
+    /// heartbeat states (500ms, 1s; a bare number is milliseconds).
+    #[arg(long, env = "SOPA_HEARTBEAT", alias = "heartbeat-ms", default_value_t = Dur::ms(1000))]
+    pub heartbeat: Dur,
 }
 
 fn default_node() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_else(|_| "localhost".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent_and_every_flag_has_help() {
+        Cli::command().debug_assert();
+        assert_eq!(
+            sopa_ops::cli::undocumented(&Cli::command()),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn modes_are_named_as_the_datapath_names_them() {
+        for mode in Mode::value_variants() {
+            let name = mode.to_possible_value().unwrap().get_name().to_owned();
+            assert_eq!(name, sopa_agent::status::mode_name(mode.code()));
+        }
+        assert_eq!(
+            Mode::value_variants().len(),
+            sopa_common::maps::mode::COUNT as usize
+        );
+    }
+
+    #[test]
+    fn durations_take_units_and_the_old_flags_milliseconds() {
+        let cli = Cli::try_parse_from([
+            "sopa-agent",
+            "switch",
+            "--controller",
+            "unix:/x",
+            "--heartbeat-ms",
+            "250",
+            "--lldp-interval",
+            "2s",
+        ])
+        .unwrap();
+        let Command::Switch(s) = cli.command else {
+            panic!()
+        };
+        assert_eq!(s.channel.heartbeat, Dur::ms(250));
+        assert_eq!(s.lldp_interval, Dur::ms(2000));
+    }
 }

@@ -15,17 +15,25 @@ use std::process::ExitCode;
 use clap::Parser as _;
 use cli::{Cli, Command};
 use sopa_agent::{Error, host, path_table::PathTable, status};
-use tracing_subscriber::EnvFilter;
+
+/// The `SOPA_*_MS` variables of the flags that became durations, read under their new names.
+const RENAMED_VARIABLES: [(&str, &str); 4] = [
+    ("SOPA_HEARTBEAT_MS", "SOPA_HEARTBEAT"),
+    ("SOPA_REPORT_INTERVAL_MS", "SOPA_REPORT_INTERVAL"),
+    ("SOPA_METER_PERIOD_MS", "SOPA_METER_PERIOD"),
+    ("SOPA_LLDP_INTERVAL_MS", "SOPA_LLDP_INTERVAL"),
+];
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_env("SOPA_LOG")
-                .unwrap_or_else(|_| EnvFilter::new("info,netlink_packet_route=error")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    sopa_ops::duration::env_aliases(&RENAMED_VARIABLES);
     let cli = Cli::parse();
+    sopa_ops::logging::init(cli.log.log_format, "info,netlink_packet_route=error");
+    match &cli.command {
+        Command::Run(_) => sopa_ops::logging::starting("sopa-agent", "agent"),
+        Command::Switch(_) => sopa_ops::logging::starting("sopa-agent", "switch"),
+        _ => {}
+    }
+    sopa_agent::sysctl::set_proc_root(&cli.proc_root);
     // Before any thread exists: threads inherit the namespace of the one that spawns them.
     if let Some(netns) = &cli.netns
         && let Err(err) = host::enter_netns(netns)
@@ -54,7 +62,7 @@ async fn dispatch(command: Command, netns: Option<String>) -> Result<(), Error> 
         }
         Command::Labels { node, source } => labels::labels(&node.node, source),
         Command::Detach { node } => detach::detach(&node.node, netns.as_deref()).await,
-        Command::Switch(args) => switch::switch(args, netns).await,
+        Command::Switch(args) => switch::switch(*args, netns).await,
         Command::Doctor { json } => doctor::doctor(json).await,
         Command::Status { node, json } => {
             host::validate_node(&node.node)?;
@@ -78,16 +86,9 @@ async fn dispatch(command: Command, netns: Option<String>) -> Result<(), Error> 
             mode,
             first_path,
         } => {
-            // A bad node name is reported before a bad mode (running_maps checks it again).
-            host::validate_node(&node.node)?;
-            let mode = status::parse_mode(&mode)?;
+            let mode = mode.code();
             let mut maps = running_maps(&node.node)?;
-            let first = first_path.map(|f| {
-                sopa_common::maps::first_path::NAMES
-                    .iter()
-                    .position(|n| *n == f)
-                    .expect("clap checked the value") as u32
-            });
+            let first = first_path.map(cli::FirstPath::code);
             // Refused before anything changes: a datapath an older agent left has no such
             // setting (and starts flows at their hash already).
             if let Some(f) = first
@@ -118,15 +119,12 @@ async fn dispatch(command: Command, netns: Option<String>) -> Result<(), Error> 
         }
         Command::Reordering { node, state } => {
             let mut maps = running_maps(&node.node)?;
-            maps.set_reordering_measured(state == "on")?;
+            let on = state == cli::OnOff::On;
+            maps.set_reordering_measured(on)?;
             println!(
                 "node {}: reordering {} (until the agent's next start, which sets what --measure-reordering says)",
                 node.node,
-                if state == "on" {
-                    "measured"
-                } else {
-                    "not measured"
-                }
+                if on { "measured" } else { "not measured" }
             );
             Ok(())
         }

@@ -9,7 +9,6 @@ use sopa_agent::{
     host::{Host, HostOptions},
     path_table::PathTable,
     runtime::RuntimeMode,
-    status,
 };
 use sopa_channel::proto::Role;
 use tracing::{info, warn};
@@ -18,6 +17,10 @@ use crate::{
     channel::{ChannelArgs, channel_config},
     cli::RunArgs,
 };
+
+/// Where the host role serves its metrics and health endpoints without --metrics-addr.
+pub const DEFAULT_METRICS_ADDR: std::net::SocketAddr =
+    std::net::SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9470);
 
 /// How long teardown may take before the agent gives up on it.
 const GRACE: Duration = Duration::from_secs(10);
@@ -55,7 +58,7 @@ pub async fn run(mut args: RunArgs, netns: Option<String>) -> Result<(), Error> 
         None => RuntimeMode::load(&run_dir)?,
     };
     let mode = match (&args.mode, &runtime_mode) {
-        (Some(name), _) => status::parse_mode(name)?,
+        (Some(mode), _) => mode.code(),
         (None, Some(kept)) => {
             warn!(
                 mode = %kept.mode,
@@ -83,10 +86,9 @@ pub async fn run(mut args: RunArgs, netns: Option<String>) -> Result<(), Error> 
     };
     // Fixed by the flag, or the controller's once its snapshot comes (the default until then).
     let meter_period = args
-        .meter_period_ms
-        .map_or(sopa_agent::meter::DEFAULT_PERIOD, Duration::from_millis);
-    let meter_clock =
-        sopa_agent::meter::MeterClock::new(meter_period, args.meter_period_ms.is_some());
+        .meter_period
+        .map_or(sopa_agent::meter::DEFAULT_PERIOD, Duration::from);
+    let meter_clock = sopa_agent::meter::MeterClock::new(meter_period, args.meter_period.is_some());
     let opts = HostOptions {
         mode,
         paths,
@@ -96,7 +98,9 @@ pub async fn run(mut args: RunArgs, netns: Option<String>) -> Result<(), Error> 
         granularity,
         xdp: args.xdp_mode,
         tcp_reordering: args.tcp_reordering,
-        metrics_addr: (!args.no_metrics).then_some(args.metrics_addr),
+        metrics_addr: args.metrics.addr(DEFAULT_METRICS_ADDR),
+        metrics_allow: args.metrics.metrics_allow.clone(),
+        certificate: args.channel.certs.as_ref().map(|d| d.join("node.pem")),
         hash_seed: args.hash_seed,
         lower_route_mtu: !args.keep_route_mtu,
         paths_from_controller: args.controller.is_some(),
@@ -110,17 +114,17 @@ pub async fn run(mut args: RunArgs, netns: Option<String>) -> Result<(), Error> 
         measure_reordering: args.measure_reordering,
         guard_cgroup: args.guard_cgroup.clone(),
     };
-    if let Some(ms) = args.meter_period_ms
-        && ms != 0
-        && !(10..=60_000).contains(&ms)
+    if let Some(period) = args.meter_period
+        && !period.0.is_zero()
+        && !(Duration::from_millis(10)..=Duration::from_secs(60)).contains(&period.0)
     {
         return Err(Error::Config(format!(
-            "--meter-period-ms {ms}: give 10 to 60000 ms, or 0 to turn the path meter off (or leave it out: the controller's)"
+            "--meter-period {period}: give 10ms to 60s, or 0 to turn the path meter off (or leave it out: the controller's)"
         )));
     }
-    if args.report_interval_ms == 0 || args.nic_rate_mbit == Some(0) {
+    if args.report_interval.0.is_zero() || args.nic_rate_mbit == Some(0) {
         return Err(Error::Config(
-            "--report-interval-ms and --nic-rate-mbit must be positive".into(),
+            "--report-interval and --nic-rate-mbit must be positive".into(),
         ));
     }
     // Every handler before anything changes: a signal during the start is taken once it is
@@ -166,6 +170,7 @@ pub async fn run(mut args: RunArgs, netns: Option<String>) -> Result<(), Error> 
     let reload = async {
         loop {
             hup.recv().await;
+            sopa_ops::notify::reloading();
             match &cells {
                 Some(cells) => {
                     if let Err(err) = cells.reload().await {
@@ -190,6 +195,7 @@ pub async fn run(mut args: RunArgs, netns: Option<String>) -> Result<(), Error> 
                 Ok(None) => {}
                 Err(err) => warn!(%err, "SIGHUP: label source not changed"),
             }
+            sopa_ops::notify::ready("running (reloaded on SIGHUP)");
         }
     };
     let handed_over = std::sync::atomic::AtomicBool::new(false);
@@ -232,6 +238,7 @@ pub async fn run(mut args: RunArgs, netns: Option<String>) -> Result<(), Error> 
     match channel {
         None => {
             info!("running; SIGINT or SIGTERM detaches and restores");
+            sopa_ops::notify::ready("running with the path table of --paths");
             // No controller takes the reports, but the counters are still emptied each period
             // (peers' packets keep arriving marked): the tables must not fill.
             let meter = turns.clone().map(|turns| {
@@ -254,6 +261,7 @@ pub async fn run(mut args: RunArgs, netns: Option<String>) -> Result<(), Error> 
         Some(mut cfg) => {
             cfg.fallbacks = host.fallbacks();
             info!(controller = %cfg.endpoint, node = %cfg.node, "running with paths from the controller");
+            sopa_ops::notify::ready("running; paths from the controller");
             let endpoint = cfg.endpoint.clone();
             let (_stop, stopped) = tokio::sync::watch::channel(false);
             let fabric_host = args.host.clone().unwrap_or_else(|| opts.node.clone());
@@ -262,7 +270,7 @@ pub async fn run(mut args: RunArgs, netns: Option<String>) -> Result<(), Error> 
             let reporter = tokio::spawn(sopa_agent::hedera::report_loop(
                 host.maps(),
                 reports.clone(),
-                std::time::Duration::from_millis(args.report_interval_ms),
+                args.report_interval.into(),
                 nic_bps,
             ));
             // Reports only while the color turns (a host that counts nothing must not report).
@@ -314,6 +322,7 @@ pub async fn run(mut args: RunArgs, netns: Option<String>) -> Result<(), Error> 
             drop(cabling);
         }
     }
+    sopa_ops::notify::stopping();
     let keep = args.keep_attached || handed_over.load(std::sync::atomic::Ordering::Relaxed);
     match tokio::time::timeout(GRACE, host.stop(keep)).await {
         Ok(errors) if errors.is_empty() => {

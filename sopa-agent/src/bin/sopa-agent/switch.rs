@@ -1,5 +1,7 @@
 //! `sopa-agent switch`: the switch role until SIGINT/SIGTERM.
 
+use std::time::Duration;
+
 use sopa_agent::Error;
 use sopa_channel::proto::Role;
 use tracing::info;
@@ -9,7 +11,17 @@ use crate::{
     cli::SwitchArgs,
 };
 
+/// Where the switch role serves its metrics and health endpoints without --metrics-addr.
+const DEFAULT_METRICS_ADDR: std::net::SocketAddr =
+    std::net::SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9472);
+
 pub async fn switch(args: SwitchArgs, netns: Option<String>) -> Result<(), Error> {
+    if !(Duration::from_millis(100)..=Duration::from_secs(3600)).contains(&args.lldp_interval.0) {
+        return Err(Error::Config(format!(
+            "--lldp-interval {}: give 100ms to 1h",
+            args.lldp_interval
+        )));
+    }
     let mut cfg = channel_config(
         &ChannelArgs {
             node: &args.node.node,
@@ -31,6 +43,11 @@ pub async fn switch(args: SwitchArgs, netns: Option<String>) -> Result<(), Error
         .map_err(|err| Error::io("installing the SIGINT handler", err))?;
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|err| Error::io("installing the SIGTERM handler", err))?;
+    // Bound before anything changes: an address in use fails with nothing to undo.
+    let metrics = match args.metrics.addr(DEFAULT_METRICS_ADDR) {
+        Some(addr) => Some(sopa_agent::metrics::bind(addr, &args.metrics.metrics_allow).await?),
+        None => None,
+    };
     let mut sw = sopa_agent::switch::Switch::start(&sopa_agent::switch::SwitchOptions {
         node: args.node.node.clone(),
         hash_seed: seed,
@@ -40,12 +57,34 @@ pub async fn switch(args: SwitchArgs, netns: Option<String>) -> Result<(), Error
         usid: args.usid,
         attach: args.attach,
         lldp: args.lldp,
-        lldp_interval: std::time::Duration::from_millis(args.lldp_interval_ms),
+        lldp_interval: args.lldp_interval.into(),
     })
     .await?;
+    let _metrics = match metrics {
+        Some(listener) => {
+            let pins = sopa_agent::host::pin_dir(&args.node.node);
+            let mut registry =
+                sopa_agent::switch::metrics::registry(&pins, sw.gauges(), &args.node.node)?;
+            if let Some(dir) = &args.channel.certs {
+                sopa_agent::metrics::register_cert_expiry(
+                    &mut registry,
+                    "switch",
+                    &dir.join("node.pem"),
+                );
+            }
+            Some(sopa_agent::metrics::serve(
+                listener,
+                registry,
+                sw.gauges().readiness(),
+                args.metrics.metrics_allow.clone(),
+            ))
+        }
+        None => None,
+    };
     cfg.fallbacks = sw.fallbacks();
     let name = args.host.clone().unwrap_or_else(|| args.node.node.clone());
     info!(node = %args.node.node, topology_name = %name, controller = %args.controller, "switch running");
+    sopa_ops::notify::ready("switch running");
     {
         let (_stop, stopped) = tokio::sync::watch::channel(false);
         let (reports, reports_rx) = tokio::sync::mpsc::channel(256);
@@ -57,6 +96,7 @@ pub async fn switch(args: SwitchArgs, netns: Option<String>) -> Result<(), Error
             _ = sigterm.recv() => info!("SIGTERM"),
         }
     }
+    sopa_ops::notify::stopping();
     let errors = sw.stop(args.keep_attached).await;
     if errors.is_empty() {
         if args.keep_attached {

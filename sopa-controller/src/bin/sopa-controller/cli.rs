@@ -13,12 +13,15 @@ use sopa_controller::{
     tomography::JudgeConfig,
     transport::Limits,
 };
+use sopa_ops::{allow::AllowList, duration::Dur};
 
 /// SOPA controller: serves the topology, every link and switch state, and each change as a
 /// new version over an mTLS gRPC stream to every agent.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(version, about, after_help = sopa_ops::exit::help())]
 pub struct Args {
+    #[command(flatten)]
+    pub log: sopa_ops::logging::LogArgs,
     /// Topology spec (TOML: `[topology] kind = "fat-tree", k = 4` or `kind = "modric", ...`).
     #[arg(long, env = "SOPA_TOPOLOGY")]
     pub topology: PathBuf,
@@ -41,8 +44,8 @@ pub struct Args {
     #[arg(long, env = "SOPA_MAX_CONNECTIONS", default_value_t = Limits::default().max_connections)]
     max_connections: usize,
     /// How long a client has to finish its TLS handshake.
-    #[arg(long, env = "SOPA_HANDSHAKE_TIMEOUT_MS", default_value_t = Limits::default().handshake_timeout.as_millis() as u64)]
-    handshake_timeout_ms: u64,
+    #[arg(long, env = "SOPA_HANDSHAKE_TIMEOUT", alias = "handshake-timeout-ms", default_value_t = Dur(Limits::default().handshake_timeout))]
+    handshake_timeout: Dur,
     /// TLS handshakes one source address may have in progress at once.
     #[arg(long, env = "SOPA_HANDSHAKES_PER_SOURCE", default_value_t = Limits::default().handshakes_per_source)]
     handshakes_per_source: usize,
@@ -86,36 +89,44 @@ pub struct Args {
     #[arg(long, env = "SOPA_NAME")]
     pub name: Option<String>,
     /// Flap damping: a port its switch reports down this many times within
-    /// --flap-window-ms is held down (0: no damping).
+    /// --flap-window is held down (0: no damping).
     #[arg(long, env = "SOPA_FLAP_LIMIT", default_value_t = DampingConfig::default().limit)]
     flap_limit: usize,
-    #[arg(long, env = "SOPA_FLAP_WINDOW_MS", default_value_t = DampingConfig::default().window.as_millis() as u64)]
-    flap_window_ms: u64,
+    /// Flap damping: the window --flap-limit counts a port's downs in (30s, 1m; a bare number
+    /// is milliseconds).
+    #[arg(long, env = "SOPA_FLAP_WINDOW", alias = "flap-window-ms", default_value_t = Dur(DampingConfig::default().window))]
+    flap_window: Dur,
     /// The first hold of a flapping port; each next one within the window doubles, up to
-    /// --flap-max-hold-ms.
-    #[arg(long, env = "SOPA_FLAP_HOLD_MS", default_value_t = DampingConfig::default().hold.as_millis() as u64)]
-    flap_hold_ms: u64,
-    #[arg(long, env = "SOPA_FLAP_MAX_HOLD_MS", default_value_t = DampingConfig::default().max_hold.as_millis() as u64)]
-    flap_max_hold_ms: u64,
+    /// --flap-max-hold.
+    #[arg(long, env = "SOPA_FLAP_HOLD", alias = "flap-hold-ms", default_value_t = Dur(DampingConfig::default().hold))]
+    flap_hold: Dur,
+    /// Flap damping: the longest hold of a flapping port.
+    #[arg(long, env = "SOPA_FLAP_MAX_HOLD", alias = "flap-max-hold-ms", default_value_t = Dur(DampingConfig::default().max_hold))]
+    flap_max_hold: Dur,
     /// Heartbeat interval, stated in the first heartbeat of each session: agents consider the
     /// controller gone after three silent ones (or three of their own, if longer).
-    #[arg(long, env = "SOPA_HEARTBEAT_MS", default_value_t = 1000)]
-    heartbeat_ms: u64,
+    #[arg(long, env = "SOPA_HEARTBEAT", alias = "heartbeat-ms", default_value_t = Dur::ms(1000))]
+    heartbeat: Dur,
     /// Hedera's scheduling interval (the paper used 5 s).
-    #[arg(long, env = "SOPA_HEDERA_INTERVAL_MS", default_value_t = 1000)]
-    hedera_interval_ms: u64,
+    #[arg(long, env = "SOPA_HEDERA_INTERVAL", alias = "hedera-interval-ms", default_value_t = Dur::ms(1000))]
+    hedera_interval: Dur,
     /// How long a Hedera pin holds without a newer pin set from this controller.
-    #[arg(long, env = "SOPA_PIN_LIFETIME_MS", default_value_t = 5000)]
-    pin_lifetime_ms: u64,
+    #[arg(long, env = "SOPA_PIN_LIFETIME", alias = "pin-lifetime-ms", default_value_t = Dur::ms(5000))]
+    pin_lifetime: Dur,
     /// How long a host whose agent disconnected stays trusted: switches honour its option for
     /// this long, so a restarting agent (which keeps its datapath) goes unnoticed; after it,
     /// its edge switch neutralizes any option from that host.
-    #[arg(long, env = "SOPA_AGENT_GRACE_MS", default_value_t = server::DEFAULT_AGENT_GRACE.as_millis() as u64)]
-    agent_grace_ms: u64,
-    /// Serve Prometheus metrics (GET /metrics) on this address, e.g. 127.0.0.1:9471 (default:
-    /// none).
+    #[arg(long, env = "SOPA_AGENT_GRACE", alias = "agent-grace-ms", default_value_t = Dur(server::DEFAULT_AGENT_GRACE))]
+    agent_grace: Dur,
+    /// Serve the metrics and health endpoints (GET /metrics, /healthz, /readyz) on this
+    /// address, e.g. 127.0.0.1:9471 (default: none). A standby replica serves them too (ready
+    /// only once it leads). Off loopback it needs --metrics-allow.
     #[arg(long, env = "SOPA_METRICS_ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Who may reach the endpoints besides loopback: networks, comma-separated
+    /// (10.0.0.0/8,2001:db8::/32). Others are answered 403.
+    #[arg(long, env = "SOPA_METRICS_ALLOW", default_value = "")]
+    pub metrics_allow: AllowList,
     /// The path meter: a link whose paths lose more than this fraction of their packets (and
     /// clearly more than their rack pairs' other paths) is drained as suspect.
     #[arg(long, env = "SOPA_LOSS_THRESHOLD", default_value_t = JudgeConfig::default().threshold)]
@@ -131,19 +142,22 @@ pub struct Args {
     /// (its queue's congestion drops would read as a gray link's).
     #[arg(long, env = "SOPA_LINK_RATE_MBIT", default_value_t = (JudgeConfig::default().link_bps / 1e6) as u64)]
     link_rate_mbit: u64,
+    /// The share of --link-rate-mbit (0 to 1) past which a link's metered load leaves it
+    /// unjudged.
     #[arg(long, env = "SOPA_MAX_LOAD", default_value_t = JudgeConfig::default().max_load)]
     max_load: f64,
     /// The path meter's period of alternate marking: every host agent adopts it (and the
     /// epoch its periods are numbered from) from this controller's snapshot; a report for
     /// another period length is refused.
-    #[arg(long, env = "SOPA_CONTROLLER_METER_PERIOD_MS", default_value_t = server::DEFAULT_METER_PERIOD.as_millis() as u64)]
-    meter_period_ms: u64,
+    #[arg(long, env = "SOPA_CONTROLLER_METER_PERIOD", alias = "meter-period-ms", default_value_t = Dur(server::DEFAULT_METER_PERIOD))]
+    meter_period: Dur,
     /// How long a suspect link stays drained the first time; each conviction soon after its
-    /// release doubles it, up to --suspect-max-hold-ms.
-    #[arg(long, env = "SOPA_SUSPECT_HOLD_MS", default_value_t = SuspicionConfig::default().hold.as_millis() as u64)]
-    suspect_hold_ms: u64,
-    #[arg(long, env = "SOPA_SUSPECT_MAX_HOLD_MS", default_value_t = SuspicionConfig::default().max_hold.as_millis() as u64)]
-    suspect_max_hold_ms: u64,
+    /// release doubles it, up to --suspect-max-hold.
+    #[arg(long, env = "SOPA_SUSPECT_HOLD", alias = "suspect-hold-ms", default_value_t = Dur(SuspicionConfig::default().hold))]
+    suspect_hold: Dur,
+    /// The longest a suspect link stays drained.
+    #[arg(long, env = "SOPA_SUSPECT_MAX_HOLD", alias = "suspect-max-hold-ms", default_value_t = Dur(SuspicionConfig::default().max_hold))]
+    suspect_max_hold: Dur,
     /// The most links the path meter drains at once (0: the meter drains nothing, it only
     /// reports).
     #[arg(long, env = "SOPA_MAX_SUSPECTS", default_value_t = SuspicionConfig::default().max_suspects)]
@@ -153,23 +167,23 @@ pub struct Args {
 impl Args {
     /// How the controller runs, from every flag; an error names the bad flag.
     pub fn options(&self) -> Result<Options> {
-        if self.heartbeat_ms == 0 {
-            bail!("--heartbeat-ms must be at least 1");
+        if self.heartbeat.0 < Duration::from_millis(1) {
+            bail!("--heartbeat {}: give at least 1ms", self.heartbeat);
         }
-        if self.hedera_interval_ms == 0 || self.pin_lifetime_ms <= self.hedera_interval_ms {
+        if self.hedera_interval.0.is_zero() || self.pin_lifetime <= self.hedera_interval {
             bail!(
-                "--hedera-interval-ms {} and --pin-lifetime-ms {}: the interval must be at least 1 and pins must outlive it",
-                self.hedera_interval_ms,
-                self.pin_lifetime_ms
+                "--hedera-interval {} and --pin-lifetime {}: the interval must be at least 1 and pins must outlive it",
+                self.hedera_interval,
+                self.pin_lifetime
             );
         }
         if self.flap_limit > 0
-            && (self.flap_hold_ms == 0 || self.flap_max_hold_ms < self.flap_hold_ms)
+            && (self.flap_hold.0.is_zero() || self.flap_max_hold < self.flap_hold)
         {
             bail!(
-                "--flap-hold-ms {} and --flap-max-hold-ms {}: a hold must be at least 1 ms and the maximum at least the first hold",
-                self.flap_hold_ms,
-                self.flap_max_hold_ms
+                "--flap-hold {} and --flap-max-hold {}: a hold must be at least 1 ms and the maximum at least the first hold",
+                self.flap_hold,
+                self.flap_max_hold
             );
         }
         if !(self.loss_threshold > 0.0 && self.loss_threshold < 1.0) {
@@ -192,17 +206,17 @@ impl Args {
                 self.max_load
             );
         }
-        if !(10..=60_000).contains(&self.meter_period_ms) {
+        if !(Dur::ms(10)..=Dur::ms(60_000)).contains(&self.meter_period) {
             bail!(
-                "--meter-period-ms {}: give 10 to 60000 (the hosts' periods of alternate marking; 250 by default)",
-                self.meter_period_ms
+                "--meter-period {}: give 10ms to 60s (the hosts' periods of alternate marking; 250ms by default)",
+                self.meter_period
             );
         }
-        if self.suspect_hold_ms == 0 || self.suspect_max_hold_ms < self.suspect_hold_ms {
+        if self.suspect_hold.0.is_zero() || self.suspect_max_hold < self.suspect_hold {
             bail!(
-                "--suspect-hold-ms {} and --suspect-max-hold-ms {}: a hold must be at least 1 ms and the maximum at least the first hold",
-                self.suspect_hold_ms,
-                self.suspect_max_hold_ms
+                "--suspect-hold {} and --suspect-max-hold {}: a hold must be at least 1 ms and the maximum at least the first hold",
+                self.suspect_hold,
+                self.suspect_max_hold
             );
         }
         if self.lease_ttl_s == 0 {
@@ -210,34 +224,34 @@ impl Args {
         }
         if self.max_connections == 0
             || self.handshakes_per_source == 0
-            || self.handshake_timeout_ms == 0
+            || self.handshake_timeout.0.is_zero()
             || self.max_sessions == Some(0)
         {
             bail!(
-                "--max-connections, --handshakes-per-source, --handshake-timeout-ms and --max-sessions must be at least 1"
+                "--max-connections, --handshakes-per-source, --handshake-timeout and --max-sessions must be at least 1"
             );
         }
         Ok(Options {
-            heartbeat: Duration::from_millis(self.heartbeat_ms),
+            heartbeat: self.heartbeat.0,
             hedera: HederaConfig {
-                interval: Duration::from_millis(self.hedera_interval_ms),
-                pin_lifetime: Duration::from_millis(self.pin_lifetime_ms),
+                interval: self.hedera_interval.0,
+                pin_lifetime: self.pin_lifetime.0,
                 ..HederaConfig::default()
             },
-            agent_grace: Duration::from_millis(self.agent_grace_ms),
+            agent_grace: self.agent_grace.0,
             max_sessions: self.max_sessions,
             limits: Limits {
                 max_connections: self.max_connections,
-                handshake_timeout: Duration::from_millis(self.handshake_timeout_ms),
+                handshake_timeout: self.handshake_timeout.0,
                 handshakes_per_source: self.handshakes_per_source,
             },
             // Opened (and for etcd, elected) by the start, once every flag is checked.
             store: Store::Memory,
             damping: DampingConfig {
                 limit: self.flap_limit,
-                window: Duration::from_millis(self.flap_window_ms),
-                hold: Duration::from_millis(self.flap_hold_ms),
-                max_hold: Duration::from_millis(self.flap_max_hold_ms),
+                window: self.flap_window.0,
+                hold: self.flap_hold.0,
+                max_hold: self.flap_max_hold.0,
             },
             judge: JudgeConfig {
                 threshold: self.loss_threshold,
@@ -247,10 +261,10 @@ impl Args {
                 max_load: self.max_load,
                 ..JudgeConfig::default()
             },
-            meter_period: Duration::from_millis(self.meter_period_ms),
+            meter_period: self.meter_period.0,
             suspicion: SuspicionConfig {
-                hold: Duration::from_millis(self.suspect_hold_ms),
-                max_hold: Duration::from_millis(self.suspect_max_hold_ms),
+                hold: self.suspect_hold.0,
+                max_hold: self.suspect_max_hold.0,
                 max_suspects: self.max_suspects,
             },
         })
@@ -266,5 +280,40 @@ impl Args {
                 .unwrap_or_else(|_| "controller".into());
             format!("{host}/{}", self.listen)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent_and_every_flag_has_help() {
+        Args::command().debug_assert();
+        assert_eq!(
+            sopa_ops::cli::undocumented(&Args::command()),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn durations_take_units_and_the_old_flags_milliseconds() {
+        let args = Args::try_parse_from([
+            "sopa-controller",
+            "--topology",
+            "t.toml",
+            "--insecure",
+            "--heartbeat-ms",
+            "250",
+            "--flap-window",
+            "1m",
+        ])
+        .unwrap();
+        assert_eq!(args.heartbeat, Dur::ms(250));
+        assert_eq!(args.flap_window, Dur::ms(60_000));
+        let o = args.options().unwrap();
+        assert_eq!(o.heartbeat, Duration::from_millis(250));
     }
 }

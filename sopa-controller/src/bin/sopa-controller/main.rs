@@ -5,73 +5,123 @@ mod start;
 
 use std::{process::ExitCode, sync::Arc, time::Duration};
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::Context as _;
 use clap::Parser as _;
 use sopa_controller::server::{self, Controller};
+use sopa_ops::exit;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing::info;
-use tracing_subscriber::EnvFilter;
+
+/// The `SOPA_*_MS` variables of the flags that became durations, read under their new names.
+const RENAMED_VARIABLES: [(&str, &str); 11] = [
+    ("SOPA_HANDSHAKE_TIMEOUT_MS", "SOPA_HANDSHAKE_TIMEOUT"),
+    ("SOPA_FLAP_WINDOW_MS", "SOPA_FLAP_WINDOW"),
+    ("SOPA_FLAP_HOLD_MS", "SOPA_FLAP_HOLD"),
+    ("SOPA_FLAP_MAX_HOLD_MS", "SOPA_FLAP_MAX_HOLD"),
+    ("SOPA_HEARTBEAT_MS", "SOPA_HEARTBEAT"),
+    ("SOPA_HEDERA_INTERVAL_MS", "SOPA_HEDERA_INTERVAL"),
+    ("SOPA_PIN_LIFETIME_MS", "SOPA_PIN_LIFETIME"),
+    ("SOPA_AGENT_GRACE_MS", "SOPA_AGENT_GRACE"),
+    (
+        "SOPA_CONTROLLER_METER_PERIOD_MS",
+        "SOPA_CONTROLLER_METER_PERIOD",
+    ),
+    ("SOPA_SUSPECT_HOLD_MS", "SOPA_SUSPECT_HOLD"),
+    ("SOPA_SUSPECT_MAX_HOLD_MS", "SOPA_SUSPECT_MAX_HOLD"),
+];
+
+/// An error with the exit code of its cause (`sopa_ops::exit`).
+struct Exit {
+    code: u8,
+    error: anyhow::Error,
+}
+
+impl Exit {
+    fn config(error: anyhow::Error) -> Self {
+        Self {
+            code: exit::CONFIG,
+            error,
+        }
+    }
+
+    fn failure(error: anyhow::Error) -> Self {
+        Self {
+            code: exit::FAILURE,
+            error,
+        }
+    }
+}
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_env("SOPA_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    sopa_ops::duration::env_aliases(&RENAMED_VARIABLES);
     let args = cli::Args::parse();
+    sopa_ops::logging::init(args.log.log_format, "info");
+    sopa_ops::logging::starting("sopa-controller", "controller");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("a tokio runtime");
     match runtime.block_on(run(args)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("sopa-controller: {err:#}");
-            ExitCode::from(64)
+        Err(Exit { code, error }) => {
+            eprintln!("sopa-controller: {error:#}");
+            ExitCode::from(code)
         }
     }
 }
 
-async fn run(args: cli::Args) -> Result<()> {
+async fn run(args: cli::Args) -> Result<(), Exit> {
     // Every flag checked before anything is read or written.
-    let mut options = args.options()?;
+    let mut options = args.options().map_err(Exit::config)?;
     let fds = sopa_controller::fdlimit::ensure(options.limits.max_connections)
-        .map_err(anyhow::Error::msg)?;
+        .map_err(|e| Exit::config(anyhow::Error::msg(e)))?;
     info!(
         file_descriptors = fds,
         max_connections = options.limits.max_connections,
         "open-file limit"
     );
     // Both handlers first: a signal during the start is taken once it is done.
-    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let tls = start::tls(&args)?;
-    let store = start::store(&args).await?;
-    // A replica waits here, serving nothing, until it is elected.
-    let mut leadership = tokio::select! {
-        l = start::elect(&args, &store) => l?,
-        _ = sigint.recv() => { info!("SIGINT while waiting for the leadership"); return Ok(()) }
-        _ = sigterm.recv() => { info!("SIGTERM while waiting for the leadership"); return Ok(()) }
-    };
-    let fabric = start::fabric(&args, &store).await?;
-    let listener = start::listener(&args).await?;
-    let name = fabric.topology().name();
-    options.store = store;
-    let controller = Controller::with_options(fabric, options);
+    let mut sigint = signal(SignalKind::interrupt())
+        .context("installing the SIGINT handler")
+        .map_err(Exit::failure)?;
+    let mut sigterm = signal(SignalKind::terminate())
+        .context("installing the SIGTERM handler")
+        .map_err(Exit::failure)?;
+    let tls = start::tls(&args).map_err(Exit::config)?;
+    // The endpoints first, a standby's included: its health and its place in the fleet show
+    // while it waits for the leadership.
+    let replica = server::Replica::default();
     let _metrics = match args.metrics_addr {
         Some(addr) => {
-            let listener = tokio::net::TcpListener::bind(addr)
+            let listener = sopa_ops::http::bind(addr, &args.metrics_allow)
                 .await
-                .with_context(|| format!("binding --metrics-addr {addr}"))?;
-            Some(sopa_controller::metrics::serve(
+                .map_err(|e| Exit::config(e.into()))?;
+            Some(sopa_controller::metrics::serve_replica(
                 listener,
-                Arc::clone(&controller),
+                Arc::clone(&replica),
+                &args.replica_name(),
+                args.certs.as_ref().map(|d| d.join("node.pem")),
+                args.metrics_allow.clone(),
             ))
         }
         None => None,
     };
+    let store = start::store(&args).await.map_err(Exit::failure)?;
+    // A replica waits here, serving nothing on its listen address, until it is elected.
+    sopa_ops::notify::ready("standby: waiting for the leadership");
+    let mut leadership = tokio::select! {
+        l = start::elect(&args, &store) => l.map_err(Exit::failure)?,
+        _ = sigint.recv() => { info!("SIGINT while waiting for the leadership"); return Ok(()) }
+        _ = sigterm.recv() => { info!("SIGTERM while waiting for the leadership"); return Ok(()) }
+    };
+    let fabric = start::fabric(&args, &store).await.map_err(Exit::config)?;
+    let listener = start::listener(&args).await.map_err(Exit::config)?;
+    let name = fabric.topology().name();
+    options.store = store;
+    let controller = Controller::with_options(fabric, options);
+    let _ = replica.set(Arc::clone(&controller));
     info!(topology = %name, listen = %args.listen, tls = tls.is_some(), store = %args.store, "controller serving");
+    sopa_ops::notify::ready("leading: serving the agents");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let serve = server::serve(Arc::clone(&controller), listener, tls, async {
         let _ = stopped.await;
@@ -85,25 +135,36 @@ async fn run(args: cli::Args) -> Result<()> {
     };
     let mut failure = None;
     tokio::select! {
-        result = &mut serve => result.context("serving")?,
+        result = &mut serve => result.context("serving").map_err(Exit::failure)?,
         _ = sigint.recv() => info!("SIGINT"),
         _ = sigterm.recv() => info!("SIGTERM"),
-        why = lost => failure = Some(format!("lost the leadership: {why}")),
-        why = controller.stepped_down() => failure = Some(why),
+        why = lost => failure = Some((exit::LOST_LEADERSHIP, format!("lost the leadership: {why}"))),
+        why = controller.stepped_down() => {
+            // A state it refuses to serve (agents ahead of it) is the operator's to settle.
+            let code = if controller.lost_leadership() { exit::LOST_LEADERSHIP } else { exit::CONFIG };
+            failure = Some((code, why));
+        }
     }
+    sopa_ops::notify::stopping();
     // Agents' streams never end by themselves: give requests a moment, then exit (agents keep
     // their state and reconnect to the next controller).
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(2), serve).await;
-    if let Some(why) = failure {
+    if let Some((code, why)) = failure {
         // Whatever is left of the lease goes now: a waiting replica need not wait for it.
         if let Some(l) = leadership {
             l.resign().await;
-            bail!(
-                "{why}; this replica stops serving (its supervisor starts it again, and it waits for the leadership)"
-            );
+            return Err(Exit {
+                code,
+                error: anyhow::anyhow!(
+                    "{why}; this replica stops serving (its supervisor starts it again, and it waits for the leadership)"
+                ),
+            });
         }
-        bail!("{why}");
+        return Err(Exit {
+            code,
+            error: anyhow::anyhow!("{why}"),
+        });
     }
     if let Some(l) = leadership {
         l.resign().await;

@@ -54,6 +54,7 @@ pub enum State {
 pub enum CertsCommand {
     /// Create the fabric's CA in DIR (ca.pem, ca.key; never overwrites). Keep ca.key offline.
     Init {
+        /// Where ca.pem and ca.key are written.
         dir: PathBuf,
         /// Days the CA is valid for (every certificate it issues expires before it does).
         #[arg(long, default_value_t = certs::CA_DAYS)]
@@ -84,7 +85,10 @@ pub enum CertsCommand {
         days: u32,
     },
     /// The node, role and serial a certificate names (for a deny list entry).
-    Show { file: PathBuf },
+    Show {
+        /// The certificate (PEM).
+        file: PathBuf,
+    },
     /// Revoke a certificate through the controller: kept in its state (so every replica
     /// refuses it), refused at its next handshake, its open stream closed.
     Revoke {

@@ -13,6 +13,7 @@ pub enum HederaCommand {
     Status {
         #[command(flatten)]
         conn: Connection,
+        /// Print JSON instead of the report for people.
         #[arg(long)]
         json: bool,
     },

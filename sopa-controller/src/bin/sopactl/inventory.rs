@@ -23,7 +23,10 @@ pub enum FabricCommand {
     Generate(Generate),
     /// Check an inventory: every refusal with the entry at fault, or a summary of the fabric
     /// it describes (racks, hosts, paths between racks).
-    Check { file: PathBuf },
+    Check {
+        /// The inventory (TOML).
+        file: PathBuf,
+    },
     /// Write a draft inventory from what the agents' LLDP heard: switches, tiers, cables,
     /// racks and their hosts (link addresses, gateways and IPv6 left for you to fill in).
     Discover {
@@ -39,10 +42,13 @@ pub enum FabricCommand {
 pub enum Generate {
     /// A two-tier leaf-spine, every leaf cabled to every spine.
     LeafSpine {
+        /// Leaf switches (one rack each).
         #[arg(long)]
         leaves: u32,
+        /// Spine switches (every leaf cabled to each).
         #[arg(long)]
         spines: u32,
+        /// Hosts in each rack.
         #[arg(long)]
         hosts_per_leaf: u32,
         /// Carved into one rack prefix per leaf (the smallest holding its hosts).
@@ -62,6 +68,7 @@ pub enum Generate {
     },
     /// The SOPA paper's Fat-Tree(k), with its names and addresses.
     FatTree {
+        /// The Fat-Tree's k (even): k pods of k switches, k^3/4 hosts.
         #[arg(long)]
         k: u32,
         #[command(flatten)]

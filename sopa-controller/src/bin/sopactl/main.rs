@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand};
 
 /// SOPA operator CLI.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(name = "sopactl", version, about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -32,7 +32,9 @@ enum Command {
         conn: fabric::Connection,
         /// down or up.
         state: fabric::State,
+        /// One end of the link (a node's name).
         a: String,
+        /// The other end.
         b: String,
         #[command(flatten)]
         why: fabric::Why,
@@ -41,7 +43,9 @@ enum Command {
     Switch {
         #[command(flatten)]
         conn: fabric::Connection,
+        /// down or up.
         state: fabric::State,
+        /// The switch's name.
         name: String,
         #[command(flatten)]
         why: fabric::Why,
@@ -54,6 +58,7 @@ enum Command {
         /// The newest N (0: every one kept, up to 1,000).
         #[arg(long, default_value_t = 50)]
         limit: u32,
+        /// Print JSON instead of the report for people.
         #[arg(long)]
         json: bool,
     },
@@ -61,6 +66,7 @@ enum Command {
     Status {
         #[command(flatten)]
         conn: fabric::Connection,
+        /// Print JSON instead of the report for people.
         #[arg(long)]
         json: bool,
     },
@@ -102,5 +108,19 @@ fn main() -> ExitCode {
             // Bad flags, topologies and refused changes are usage errors (sysexits' EX_USAGE).
             ExitCode::from(64)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    #[test]
+    fn the_command_line_is_consistent_and_every_flag_has_help() {
+        super::Cli::command().debug_assert();
+        assert_eq!(
+            sopa_ops::cli::undocumented(&super::Cli::command()),
+            Vec::<String>::new()
+        );
     }
 }

@@ -21,6 +21,7 @@ pub enum TopoCommand {
     Describe {
         #[command(flatten)]
         topo: TopoArgs,
+        /// Print JSON instead of the report for people.
         #[arg(long)]
         json: bool,
     },
@@ -40,6 +41,7 @@ pub enum TopoCommand {
         /// A failed switch, by name (repeatable).
         #[arg(long = "fail-switch")]
         fail_switch: Vec<String>,
+        /// Print JSON instead of the report for people.
         #[arg(long)]
         json: bool,
     },
@@ -48,6 +50,7 @@ pub enum TopoCommand {
         /// Tables III and V of the MODRIC paper, row by row.
         #[arg(long, required = true)]
         paper_tables: bool,
+        /// Print JSON instead of the report for people.
         #[arg(long)]
         json: bool,
     },
@@ -78,9 +81,10 @@ pub struct TopoArgs {
     /// MODRIC: hosts per access switch (default 4C/c).
     #[arg(long)]
     y: Option<u32>,
-    /// MODRIC: S1 and S2 link speeds, Gbit/s.
+    /// MODRIC: S1 link speed, Gbit/s.
     #[arg(long, default_value_t = 10.0)]
     s1: f64,
+    /// MODRIC: S2 link speed, Gbit/s.
     #[arg(long, default_value_t = 1.0)]
     s2: f64,
     /// MODRIC: address bits row,col,as,host (summing to 24).

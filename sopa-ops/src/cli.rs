@@ -1,0 +1,36 @@
+//! Checks every binary's command line passes in its tests: each flag, argument and subcommand
+//! says what it is for (`--help` is the operator's first manual).
+
+/// The flags, arguments and subcommands of `cmd` (and of its subcommands, recursively) that
+/// have no help text, as `sopa-agent run --iface`.
+pub fn undocumented(cmd: &clap::Command) -> Vec<String> {
+    let mut out = Vec::new();
+    walk(cmd, cmd.get_name(), &mut out);
+    out
+}
+
+fn walk(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+    for arg in cmd.get_arguments() {
+        let id = arg.get_id().as_str();
+        if id == "help" || id == "version" || arg.is_hide_set() {
+            continue;
+        }
+        if arg.get_help().is_none() && arg.get_long_help().is_none() {
+            let name = arg
+                .get_long()
+                .map(|l| format!("--{l}"))
+                .unwrap_or_else(|| id.to_uppercase());
+            out.push(format!("{path} {name}"));
+        }
+    }
+    for sub in cmd.get_subcommands() {
+        if sub.get_name() == "help" || sub.is_hide_set() {
+            continue;
+        }
+        let sub_path = format!("{path} {}", sub.get_name());
+        if sub.get_about().is_none() && sub.get_long_about().is_none() {
+            out.push(sub_path.clone());
+        }
+        walk(sub, &sub_path, out);
+    }
+}

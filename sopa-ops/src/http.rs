@@ -1,0 +1,305 @@
+//! The HTTP endpoints every SOPA process serves on its metrics address: `GET /metrics`
+//! (Prometheus), `GET /healthz` (the process runs its loop: 200) and `GET /readyz` (200 when it
+//! does its job, 503 with the reason while it does not). Clients outside the allow-list are
+//! refused (403). Each scrape is rendered on a blocking thread, one at a time (a scrape that
+//! waits past a scraper's usual time-out is answered busy instead of piling up).
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    net::TcpListener,
+};
+use tracing::debug;
+
+use crate::allow::AllowList;
+
+/// How long a scrape waits for the ones before it (then: 503).
+pub const SCRAPE_WAIT: Duration = Duration::from_secs(5);
+
+/// The content type of an OpenMetrics text exposition.
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Renders the metrics.
+pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
+/// Whether the process does its job now, or why not.
+pub type Readiness = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// What a process serves.
+#[derive(Clone)]
+pub struct Endpoints {
+    pub render: Render,
+    pub ready: Readiness,
+    pub allow: AllowList,
+}
+
+impl Endpoints {
+    /// Always ready (a process whose serving at all means it does its job).
+    pub fn always_ready(render: Render, allow: AllowList) -> Self {
+        Self {
+            render,
+            ready: Arc::new(|| Ok(())),
+            allow,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error(
+        "--metrics-addr {addr} is not a loopback address: list who may reach it with \
+         --metrics-allow CIDR[,CIDR…] (SOPA_METRICS_ALLOW; e.g. the scrapers' 10.0.0.0/8), or \
+         bind a loopback address"
+    )]
+    NoAllowList { addr: SocketAddr },
+    #[error(
+        "--metrics-addr {addr} is in use by another process; choose another address or turn \
+         the metrics off"
+    )]
+    InUse { addr: SocketAddr },
+    #[error("binding --metrics-addr {addr}: {source}")]
+    Io {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// Binds `addr`, refusing a non-loopback address without an allow-list: done before a process
+/// changes anything, so a bad address fails a start with nothing to undo.
+pub async fn bind(addr: SocketAddr, allow: &AllowList) -> Result<TcpListener, BindError> {
+    if !addr.ip().is_loopback() && allow.is_empty() {
+        return Err(BindError::NoAllowList { addr });
+    }
+    TcpListener::bind(addr).await.map_err(|source| {
+        if source.kind() == std::io::ErrorKind::AddrInUse {
+            BindError::InUse { addr }
+        } else {
+            BindError::Io { addr, source }
+        }
+    })
+}
+
+fn response(status: &str, kind: &str, body: &str) -> String {
+    format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// Serves the endpoints on `listener` until the task is aborted.
+pub fn serve(listener: TcpListener, endpoints: Endpoints) -> tokio::task::JoinHandle<()> {
+    let one_at_a_time = Arc::new(tokio::sync::Semaphore::new(1));
+    let endpoints = Arc::new(endpoints);
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, peer)) = listener.accept().await else {
+                continue;
+            };
+            let endpoints = Arc::clone(&endpoints);
+            let one_at_a_time = Arc::clone(&one_at_a_time);
+            tokio::spawn(async move {
+                // The request's head, however the client split its writes (up to 1 KiB; the
+                // rest unread would reset the connection when it closes).
+                let mut request = [0u8; 1024];
+                let mut n = 0;
+                let read_head = async {
+                    while n < request.len() {
+                        match stream.read(&mut request[n..]).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(got) => n += got,
+                        }
+                        if request[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                            break;
+                        }
+                    }
+                };
+                if tokio::time::timeout(Duration::from_secs(5), read_head)
+                    .await
+                    .is_err()
+                    || n == 0
+                {
+                    return;
+                }
+                let text = String::from_utf8_lossy(&request[..n]);
+                let mut words = text.split_ascii_whitespace();
+                let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+                let path = target.split('?').next().unwrap_or("");
+                let out = if !endpoints.allow.allows(peer.ip()) {
+                    debug!(%peer, "refused: not in the allow-list");
+                    response(
+                        "403 Forbidden",
+                        "text/plain",
+                        "this address is not in --metrics-allow\n",
+                    )
+                } else if method != "GET" {
+                    response("405 Method Not Allowed", "text/plain", "GET only\n")
+                } else {
+                    match path {
+                        "/metrics" => {
+                            let Ok(Ok(_turn)) =
+                                tokio::time::timeout(SCRAPE_WAIT, one_at_a_time.acquire()).await
+                            else {
+                                let busy = response(
+                                    "503 Service Unavailable",
+                                    "text/plain",
+                                    "a scrape before this one is still being rendered\n",
+                                );
+                                let _ = stream.write_all(busy.as_bytes()).await;
+                                return;
+                            };
+                            let render = Arc::clone(&endpoints.render);
+                            let Ok(body) = tokio::task::spawn_blocking(move || render()).await
+                            else {
+                                return;
+                            };
+                            response("200 OK", OPENMETRICS, &body)
+                        }
+                        "/healthz" => response("200 OK", "text/plain", "ok\n"),
+                        "/readyz" => match (endpoints.ready)() {
+                            Ok(()) => response("200 OK", "text/plain", "ready\n"),
+                            Err(why) => response(
+                                "503 Service Unavailable",
+                                "text/plain",
+                                &format!("not ready: {why}\n"),
+                            ),
+                        },
+                        _ => response(
+                            "404 Not Found",
+                            "text/plain",
+                            "try GET /metrics, /healthz or /readyz\n",
+                        ),
+                    }
+                };
+                if let Err(err) = stream.write_all(out.as_bytes()).await {
+                    debug!(%peer, %err, "metrics client went away");
+                }
+            });
+        }
+    })
+}
+
+/// A GET of `path` on `addr` from this process: the status code and the body (for tests and
+/// for `doctor`-style checks).
+pub async fn get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    // In two writes, as a client may split its request.
+    stream.write_all(b"GET ").await?;
+    tokio::task::yield_now().await;
+    stream
+        .write_all(format!("{path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await?;
+    let mut out = Vec::new();
+    stream.read_to_end(&mut out).await?;
+    let text = String::from_utf8_lossy(&out);
+    let code = text
+        .split_ascii_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    Ok((code, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    fn endpoints(ready: Arc<AtomicBool>, allow: AllowList) -> Endpoints {
+        Endpoints {
+            render: Arc::new(|| "sopa_test 1\n".to_owned()),
+            ready: Arc::new(move || {
+                if ready.load(Ordering::SeqCst) {
+                    Ok(())
+                } else {
+                    Err("waiting for the controller's first topology".into())
+                }
+            }),
+            allow,
+        }
+    }
+
+    #[tokio::test]
+    async fn health_readiness_and_metrics() {
+        let ready = Arc::new(AtomicBool::new(false));
+        let listener = bind("127.0.0.1:0".parse().unwrap(), &AllowList::default())
+            .await
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = serve(
+            listener,
+            endpoints(Arc::clone(&ready), AllowList::default()),
+        );
+        assert_eq!(get(addr, "/healthz").await.unwrap(), (200, "ok\n".into()));
+        assert_eq!(
+            get(addr, "/readyz").await.unwrap(),
+            (
+                503,
+                "not ready: waiting for the controller's first topology\n".into()
+            )
+        );
+        ready.store(true, Ordering::SeqCst);
+        assert_eq!(
+            get(addr, "/readyz?verbose").await.unwrap(),
+            (200, "ready\n".into())
+        );
+        assert_eq!(
+            get(addr, "/metrics").await.unwrap(),
+            (200, "sopa_test 1\n".into())
+        );
+        assert_eq!(get(addr, "/").await.unwrap().0, 404);
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn clients_outside_the_allow_list_are_refused() {
+        // Off loopback without a list: refused before binding.
+        let err = bind("0.0.0.0:0".parse().unwrap(), &AllowList::default())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, BindError::NoAllowList { .. }), "{err}");
+        assert!(err.to_string().contains("--metrics-allow"), "{err}");
+        // With a list, every address binds; a client outside it is answered 403 on every
+        // path, one inside it is served. (This test's clients are loopback, which a real list
+        // always allows: the lists here leave it out.)
+        let outside: AllowList = "10.0.0.0/8".parse().unwrap();
+        let listener = bind("127.0.0.1:0".parse().unwrap(), &outside)
+            .await
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = serve(
+            listener,
+            endpoints(Arc::new(AtomicBool::new(true)), outside.without_loopback()),
+        );
+        for path in ["/metrics", "/healthz", "/readyz"] {
+            assert_eq!(
+                get(addr, path).await.unwrap(),
+                (403, "this address is not in --metrics-allow\n".into())
+            );
+        }
+        server.abort();
+        let inside: AllowList = "127.0.0.0/8".parse().unwrap();
+        let listener = bind("127.0.0.1:0".parse().unwrap(), &inside).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = serve(
+            listener,
+            endpoints(Arc::new(AtomicBool::new(true)), inside.without_loopback()),
+        );
+        assert_eq!(get(addr, "/metrics").await.unwrap().0, 200);
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn an_address_in_use_is_named() {
+        let first = bind("127.0.0.1:0".parse().unwrap(), &AllowList::default())
+            .await
+            .unwrap();
+        let addr = first.local_addr().unwrap();
+        let err = bind(addr, &AllowList::default()).await.unwrap_err();
+        assert!(matches!(err, BindError::InUse { .. }), "{err}");
+    }
+}
