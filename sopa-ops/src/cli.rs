@@ -1,5 +1,36 @@
-//! Checks every binary's command line passes in its tests: each flag, argument and subcommand
-//! says what it is for (`--help` is the operator's first manual).
+//! What every binary's command line offers beyond its own flags (shell completions, man pages)
+//! and the check it passes in its tests: each flag, argument and subcommand says what it is
+//! for (`--help` is the operator's first manual).
+
+use std::path::{Path, PathBuf};
+
+pub use clap_complete::Shell;
+
+/// Writes `cmd`'s completion script for `shell` to stdout.
+pub fn print_completions(mut cmd: clap::Command, shell: Shell) {
+    let name = cmd.get_name().to_owned();
+    clap_complete::generate(shell, &mut cmd, name, &mut std::io::stdout());
+}
+
+/// Writes `cmd`'s man page and one per subcommand (`sopa-agent.1`, `sopa-agent-run.1`, …)
+/// into `dir`, returning their paths.
+pub fn write_man_pages(cmd: clap::Command, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir)?;
+    let before: Vec<PathBuf> = list(dir)?;
+    clap_mangen::generate_to(cmd, dir)?;
+    Ok(list(dir)?
+        .into_iter()
+        .filter(|p| !before.contains(p))
+        .collect())
+}
+
+fn list(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    out.sort();
+    Ok(out)
+}
 
 /// The flags, arguments and subcommands of `cmd` (and of its subcommands, recursively) that
 /// have no help text, as `sopa-agent run --iface`.

@@ -12,6 +12,11 @@ impl Dur {
     pub const fn ms(ms: u64) -> Self {
         Self(Duration::from_millis(ms))
     }
+
+    /// A whole number of milliseconds (what travels where a period is carried in ms).
+    pub fn is_whole_ms(&self) -> bool {
+        self.0.subsec_nanos().is_multiple_of(1_000_000)
+    }
 }
 
 impl From<Dur> for Duration {

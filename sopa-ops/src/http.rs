@@ -86,18 +86,59 @@ fn response(status: &str, kind: &str, body: &str) -> String {
     )
 }
 
+/// Connections served at once; more wait in the listen queue (descriptors are the agent's
+/// to spend on netlink and maps, not a scraper's).
+pub const MAX_CONNECTIONS: usize = 32;
+
+/// How long a client may take to send its request's head, and to take the answer.
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Serves the endpoints on `listener` until the task is aborted.
 pub fn serve(listener: TcpListener, endpoints: Endpoints) -> tokio::task::JoinHandle<()> {
     let one_at_a_time = Arc::new(tokio::sync::Semaphore::new(1));
+    let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let endpoints = Arc::new(endpoints);
     tokio::spawn(async move {
         loop {
-            let Ok((mut stream, peer)) = listener.accept().await else {
-                continue;
+            let Ok(slot) = Arc::clone(&connections).acquire_owned().await else {
+                return;
             };
+            let (mut stream, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    // Out of descriptors, most likely: let some close before trying again.
+                    debug!(%err, "accepting a metrics client");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            // Refused before a byte is read: a client outside the list holds nothing.
+            if !endpoints.allow.allows(peer.ip()) {
+                debug!(%peer, "refused: not in the allow-list");
+                let out = response(
+                    "403 Forbidden",
+                    "text/plain",
+                    "this address is not in --metrics-allow\n",
+                );
+                tokio::spawn(async move {
+                    let _slot = slot;
+                    // Answered, then drained until the client closes: closing on its unread
+                    // request would reset the connection before it reads the answer.
+                    let _ = tokio::time::timeout(CLIENT_TIMEOUT, async {
+                        stream.write_all(out.as_bytes()).await?;
+                        stream.shutdown().await?;
+                        let mut sink = [0u8; 512];
+                        while stream.read(&mut sink).await? > 0 {}
+                        Ok::<_, std::io::Error>(())
+                    })
+                    .await;
+                });
+                continue;
+            }
             let endpoints = Arc::clone(&endpoints);
             let one_at_a_time = Arc::clone(&one_at_a_time);
             tokio::spawn(async move {
+                let _slot = slot;
                 // The request's head, however the client split its writes (up to 1 KiB; the
                 // rest unread would reset the connection when it closes).
                 let mut request = [0u8; 1024];
@@ -113,7 +154,7 @@ pub fn serve(listener: TcpListener, endpoints: Endpoints) -> tokio::task::JoinHa
                         }
                     }
                 };
-                if tokio::time::timeout(Duration::from_secs(5), read_head)
+                if tokio::time::timeout(CLIENT_TIMEOUT, read_head)
                     .await
                     .is_err()
                     || n == 0
@@ -124,14 +165,7 @@ pub fn serve(listener: TcpListener, endpoints: Endpoints) -> tokio::task::JoinHa
                 let mut words = text.split_ascii_whitespace();
                 let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
                 let path = target.split('?').next().unwrap_or("");
-                let out = if !endpoints.allow.allows(peer.ip()) {
-                    debug!(%peer, "refused: not in the allow-list");
-                    response(
-                        "403 Forbidden",
-                        "text/plain",
-                        "this address is not in --metrics-allow\n",
-                    )
-                } else if method != "GET" {
+                let out = if method != "GET" {
                     response("405 Method Not Allowed", "text/plain", "GET only\n")
                 } else {
                     match path {
@@ -170,8 +204,10 @@ pub fn serve(listener: TcpListener, endpoints: Endpoints) -> tokio::task::JoinHa
                         ),
                     }
                 };
-                if let Err(err) = stream.write_all(out.as_bytes()).await {
-                    debug!(%peer, %err, "metrics client went away");
+                match tokio::time::timeout(CLIENT_TIMEOUT, stream.write_all(out.as_bytes())).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(err)) => debug!(%peer, %err, "metrics client went away"),
+                    Err(_) => debug!(%peer, "metrics client too slow to take its answer"),
                 }
             });
         }

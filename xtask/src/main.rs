@@ -10,6 +10,7 @@ mod demo;
 mod fabric_demo;
 mod fuzz;
 mod inventory_demo;
+mod package;
 mod setup;
 mod smoke;
 mod test;
@@ -38,6 +39,12 @@ enum Command {
     /// budget, with a summary table sorted by time; `--full` adds today's sizes and timed
     /// fuzzing. Needs root.
     Test(test::TestArgs),
+    /// Build the Debian packages (cargo-deb): the binaries, the systemd units, a default
+    /// config, man pages and shell completions, into target/debian/.
+    Package,
+    /// Build the OCI images of the agent and the controller (ghcr.io/sopa/…:VERSION) offline
+    /// from the packages, on a Debian base made by mmdebstrap, with podman.
+    Image,
     /// Run every cargo-fuzz target (fuzz/) for a bounded time.
     Fuzz {
         /// Seconds per target.
@@ -73,6 +80,20 @@ fn main() -> Result<()> {
             test::run(&args)
         }
         Command::Fuzz { seconds } => fuzz::run(seconds),
+        Command::Package => {
+            setup_and_rebuilt()?;
+            for deb in package::packages()? {
+                println!("{}", deb.display());
+            }
+            Ok(())
+        }
+        Command::Image => {
+            setup_and_rebuilt()?;
+            for tag in package::image()? {
+                println!("{tag}");
+            }
+            Ok(())
+        }
         Command::Demo(args) => {
             setup_and_rebuilt()?;
             demo::run(&args)

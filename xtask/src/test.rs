@@ -89,6 +89,11 @@ pub fn run(args: &TestArgs) -> Result<()> {
     // The namespace suites start the binaries; build them first, in the test profile's folder.
     // The build is not a suite: its time is outside the tier's budget.
     let build = build_outcome(setup::build_bins(false)?);
+    // The full tier installs the packages and runs the images (tests/tests/package.rs);
+    // built first, once.
+    if args.full {
+        crate::package::image()?;
+    }
     let (suites, benches) = build_suites()?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
     let busy = Busy::start(args.busy_cores);

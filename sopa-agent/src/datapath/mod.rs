@@ -69,7 +69,7 @@ fn require_min(v: aya::util::KernelVersion) -> Result<()> {
     if v >= aya::util::KernelVersion::new(major, minor, 0) {
         return Ok(());
     }
-    Err(Error::Config(format!(
+    Err(Error::Kernel(format!(
         "Linux {v} is too old: the datapath's programs need Linux {major}.{minor} or newer \
          (bpf_check_mtu, the encapsulation flags of bpf_skb_adjust_room, XDP links); upgrade \
          the kernel (`sopa-agent doctor` shows what it has)"
@@ -712,7 +712,7 @@ mod tests {
             let got = require_min(v);
             assert_eq!(got.is_ok(), ok, "{v}: {got:?}");
             if let Err(e) = got {
-                assert_eq!(e.exit_code(), sopa_ops::exit::CONFIG);
+                assert_eq!(e.exit_code(), sopa_ops::exit::KERNEL);
                 let text = e.to_string();
                 assert!(
                     text.contains(&v.to_string()) && text.contains("5.15"),

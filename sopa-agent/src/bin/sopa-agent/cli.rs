@@ -102,6 +102,20 @@ pub enum Command {
         /// The TOML path table.
         file: PathBuf,
     },
+    /// Print a shell completion script (e.g. `sopa-agent completions bash >
+    /// /usr/share/bash-completion/completions/sopa-agent`).
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: sopa_ops::cli::Shell,
+    },
+    /// Write the man pages (sopa-agent.1 and one per subcommand) into DIR (the packages'
+    /// build).
+    #[command(hide = true)]
+    Man {
+        /// Where the pages go.
+        dir: PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -286,7 +300,7 @@ pub struct MetricsFlags {
     #[arg(long, env = "SOPA_METRICS_ALLOW", default_value = "")]
     pub metrics_allow: AllowList,
     /// Serve no metrics and no health endpoints.
-    #[arg(long, env = "SOPA_NO_METRICS", conflicts_with = "metrics_addr")]
+    #[arg(long, env = "SOPA_NO_METRICS")]
     pub no_metrics: bool,
 }
 

@@ -128,6 +128,19 @@ async fn dispatch(command: Command, netns: Option<String>) -> Result<(), Error> 
             );
             Ok(())
         }
+        Command::Completions { shell } => {
+            sopa_ops::cli::print_completions(<Cli as clap::CommandFactory>::command(), shell);
+            Ok(())
+        }
+        Command::Man { dir } => {
+            let pages =
+                sopa_ops::cli::write_man_pages(<Cli as clap::CommandFactory>::command(), &dir)
+                    .map_err(|e| {
+                        Error::io(format!("writing man pages into {}", dir.display()), e)
+                    })?;
+            println!("{} man pages in {}", pages.len(), dir.display());
+            Ok(())
+        }
         Command::CheckPaths { file } => {
             let table = PathTable::load(&file)?;
             println!("{}: {} prefixes", file.display(), table.len());

@@ -116,10 +116,11 @@ pub async fn run(mut args: RunArgs, netns: Option<String>) -> Result<(), Error> 
     };
     if let Some(period) = args.meter_period
         && !period.0.is_zero()
-        && !(Duration::from_millis(10)..=Duration::from_secs(60)).contains(&period.0)
+        && (!(Duration::from_millis(10)..=Duration::from_secs(60)).contains(&period.0)
+            || !period.is_whole_ms())
     {
         return Err(Error::Config(format!(
-            "--meter-period {period}: give 10ms to 60s, or 0 to turn the path meter off (or leave it out: the controller's)"
+            "--meter-period {period}: give whole milliseconds from 10ms to 60s, or 0 to turn the path meter off (or leave it out: the controller's)"
         )));
     }
     if args.report_interval.0.is_zero() || args.nic_rate_mbit == Some(0) {

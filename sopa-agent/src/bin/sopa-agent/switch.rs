@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use sopa_agent::Error;
 use sopa_channel::proto::Role;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::{
     channel::{ChannelArgs, channel_config},
@@ -60,11 +60,17 @@ pub async fn switch(args: SwitchArgs, netns: Option<String>) -> Result<(), Error
         lldp_interval: args.lldp_interval.into(),
     })
     .await?;
-    let _metrics = match metrics {
-        Some(listener) => {
-            let pins = sopa_agent::host::pin_dir(&args.node.node);
-            let mut registry =
-                sopa_agent::switch::metrics::registry(&pins, sw.gauges(), &args.node.node)?;
+    // The forwarding runs now: a registry that cannot open its maps costs the metrics, not the
+    // switch (nor its teardown).
+    let pins = sopa_agent::host::pin_dir(&args.node.node);
+    let registry = metrics.and_then(|listener| {
+        sopa_agent::switch::metrics::registry(&pins, sw.gauges(), &args.node.node)
+            .inspect_err(|err| warn!(%err, "serving no metrics"))
+            .ok()
+            .map(|r| (listener, r))
+    });
+    let _metrics = match registry {
+        Some((listener, mut registry)) => {
             if let Some(dir) = &args.channel.certs {
                 sopa_agent::metrics::register_cert_expiry(
                     &mut registry,

@@ -22,9 +22,16 @@ use sopa_ops::{allow::AllowList, duration::Dur};
 pub struct Args {
     #[command(flatten)]
     pub log: sopa_ops::logging::LogArgs,
+    /// Print a shell completion script and exit (e.g. `sopa-controller --completions bash >
+    /// /usr/share/bash-completion/completions/sopa-controller`).
+    #[arg(long, value_enum, exclusive = true)]
+    pub completions: Option<sopa_ops::cli::Shell>,
+    /// Write the man page into DIR and exit (the packages' build).
+    #[arg(long, hide = true, exclusive = true)]
+    pub man_dir: Option<PathBuf>,
     /// Topology spec (TOML: `[topology] kind = "fat-tree", k = 4` or `kind = "modric", ...`).
-    #[arg(long, env = "SOPA_TOPOLOGY")]
-    pub topology: PathBuf,
+    #[arg(long, env = "SOPA_TOPOLOGY", required_unless_present_any = ["completions", "man_dir"])]
+    pub topology: Option<PathBuf>,
     /// Address to serve agents and operators on: HOST:PORT, or unix:PATH for a Unix socket.
     #[arg(long, env = "SOPA_LISTEN", default_value = "0.0.0.0:7470")]
     pub listen: String,
@@ -206,9 +213,11 @@ impl Args {
                 self.max_load
             );
         }
-        if !(Dur::ms(10)..=Dur::ms(60_000)).contains(&self.meter_period) {
+        if !(Dur::ms(10)..=Dur::ms(60_000)).contains(&self.meter_period)
+            || !self.meter_period.is_whole_ms()
+        {
             bail!(
-                "--meter-period {}: give 10ms to 60s (the hosts' periods of alternate marking; 250ms by default)",
+                "--meter-period {}: give whole milliseconds from 10ms to 60s (the hosts' periods of alternate marking; 250ms by default)",
                 self.meter_period
             );
         }

@@ -55,6 +55,28 @@ impl Exit {
 fn main() -> ExitCode {
     sopa_ops::duration::env_aliases(&RENAMED_VARIABLES);
     let args = cli::Args::parse();
+    if let Some(shell) = args.completions {
+        sopa_ops::cli::print_completions(<cli::Args as clap::CommandFactory>::command(), shell);
+        return ExitCode::SUCCESS;
+    }
+    if let Some(dir) = &args.man_dir {
+        return match sopa_ops::cli::write_man_pages(
+            <cli::Args as clap::CommandFactory>::command(),
+            dir,
+        ) {
+            Ok(pages) => {
+                println!("{} man pages in {}", pages.len(), dir.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!(
+                    "sopa-controller: writing the man page into {}: {e}",
+                    dir.display()
+                );
+                ExitCode::from(exit::FAILURE)
+            }
+        };
+    }
     sopa_ops::logging::init(args.log.log_format, "info");
     sopa_ops::logging::starting("sopa-controller", "controller");
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -114,7 +136,19 @@ async fn run(args: cli::Args) -> Result<(), Exit> {
         _ = sigint.recv() => { info!("SIGINT while waiting for the leadership"); return Ok(()) }
         _ = sigterm.recv() => { info!("SIGTERM while waiting for the leadership"); return Ok(()) }
     };
-    let fabric = start::fabric(&args, &store).await.map_err(Exit::config)?;
+    // A topology or a state that does not fit it is the operator's to fix; the store failing
+    // under it (etcd away, the lease lost since the election) is not.
+    let fabric = start::fabric(&args, &store).await.map_err(|error| {
+        let store_error = error
+            .chain()
+            .find_map(|c| c.downcast_ref::<sopa_controller::store::StoreError>());
+        let code = match store_error {
+            Some(e) if e.ends_leadership() => exit::LOST_LEADERSHIP,
+            Some(_) => exit::FAILURE,
+            None => exit::CONFIG,
+        };
+        Exit { code, error }
+    })?;
     let listener = start::listener(&args).await.map_err(Exit::config)?;
     let name = fabric.topology().name();
     options.store = store;

@@ -92,8 +92,12 @@ pub async fn elect(args: &Args, store: &Store) -> Result<Option<Leadership>> {
 /// The fabric: the stored state of this topology, or a new one (stored at once, so its epoch
 /// is fixed from this run on).
 pub async fn fabric(args: &Args, store: &Store) -> Result<Fabric> {
-    let spec_path = args.topology.display().to_string();
-    let (spec, encoding) = std::fs::read_to_string(&args.topology)
+    let topology = args
+        .topology
+        .as_ref()
+        .context("--topology is required to serve")?;
+    let spec_path = topology.display().to_string();
+    let (spec, encoding) = std::fs::read_to_string(topology)
         .map_err(anyhow::Error::from)
         .and_then(|text| Ok(Fabric::parse_spec_file(&text, &spec_path)?))
         .with_context(|| format!("--topology {spec_path}"))?;

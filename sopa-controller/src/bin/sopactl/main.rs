@@ -76,6 +76,19 @@ enum Command {
     /// Certificates for the channel's mutual TLS.
     #[command(subcommand)]
     Certs(fabric::CertsCommand),
+    /// Print a shell completion script (e.g. `sopactl completions bash >
+    /// /usr/share/bash-completion/completions/sopactl`).
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: sopa_ops::cli::Shell,
+    },
+    /// Write the man pages (sopactl.1 and one per subcommand) into DIR (the packages' build).
+    #[command(hide = true)]
+    Man {
+        /// Where the pages go.
+        dir: std::path::PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -100,6 +113,15 @@ fn main() -> ExitCode {
         Command::Status { conn, json } => fabric::status(&conn, json),
         Command::Hedera(cmd) => hedera::run(cmd),
         Command::Certs(cmd) => fabric::certs(cmd),
+        Command::Completions { shell } => {
+            sopa_ops::cli::print_completions(<Cli as clap::CommandFactory>::command(), shell);
+            Ok(())
+        }
+        Command::Man { dir } => {
+            sopa_ops::cli::write_man_pages(<Cli as clap::CommandFactory>::command(), &dir)
+                .map(|pages| println!("{} man pages in {}", pages.len(), dir.display()))
+                .map_err(anyhow::Error::from)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
