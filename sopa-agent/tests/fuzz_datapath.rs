@@ -161,7 +161,7 @@ const MODES: [u32; 7] = [
     mode::COUNT + 3,
 ];
 
-/// Whether `frame` must leave stamped in `m`, from the README's rule alone: an unfragmented
+/// Whether `frame` must leave stamped in `m`, from the rule docs/operate.md states: an unfragmented
 /// IHL-5 IPv4 TCP or UDP packet (its ports present) to a prefix of the path table, in a mode
 /// that stamps. With `forged`, the same for a packet carrying the fabric's option (IHL 6).
 fn should_stamp(frame: &[u8], m: u32, forged: bool) -> bool {

@@ -128,13 +128,31 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// The command line (`cargo xtask bench channel -- --help`).
+#[derive(clap::Parser)]
+#[command(
+    name = "bench channel",
+    about = "A change pushed to every agent of a fabric: latency, the controller's memory and CPU, and a leader's failover"
+)]
+struct Cli {
+    /// Link failures pushed per fabric size.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// The smallest fabric only, to check the benchmark runs.
+    #[arg(long)]
+    smoke: bool,
+    /// The failover's etcd lease, seconds.
+    #[arg(long, default_value_t = 2)]
+    lease_ttl_s: u64,
+    /// Passed by `cargo bench`.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
 fn main() {
+    let cli = <Cli as clap::Parser>::parse();
     raise_fd_limit();
-    let rounds: usize = std::env::args()
-        .skip_while(|a| a != "--rounds")
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
+    let rounds = cli.rounds;
     let bin = std::env::current_exe()
         .unwrap()
         .parent()
@@ -166,11 +184,7 @@ fn main() {
         "all in s"
     );
     // `--smoke`: the smallest fabric only, to check the benchmark runs.
-    let sizes: &[u32] = if std::env::args().any(|a| a == "--smoke") {
-        &[4]
-    } else {
-        &[4, 12, 24]
-    };
+    let sizes: &[u32] = if cli.smoke { &[4] } else { &[4, 12, 24] };
     for &k in sizes {
         runtime.block_on(run(&bin, k, rounds));
     }
@@ -178,11 +192,7 @@ fn main() {
         "(time from the operator's link-down call until each agent had applied the delta, just before its ACK; every ACK then confirmed at the controller, untimed. ctl CPU: the controller's CPU time per change, with what it spends as long without changes taken off (heartbeats); all in: until every agent's stream first opened)"
     );
     let k = *sizes.last().unwrap();
-    let ttl: u64 = std::env::args()
-        .skip_while(|a| a != "--lease-ttl-s")
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2);
+    let ttl = cli.lease_ttl_s;
     println!();
     println!(
         "{:<14} {:>6} {:>8} {:>12} {:>10} {:>10} {:>10}",

@@ -207,8 +207,23 @@ fn judging(max_k: u32) {
     }
 }
 
+/// The command line (`cargo xtask bench meter -- --help`).
+#[derive(clap::Parser)]
+#[command(
+    name = "bench meter",
+    about = "The path meter at the controller: report sizes, and judging a k=48 fabric's periods"
+)]
+struct Cli {
+    /// A small fabric, to check the benchmark runs.
+    #[arg(long)]
+    smoke: bool,
+    /// Passed by `cargo bench`.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
 fn main() {
-    let smoke = std::env::args().any(|a| a == "--smoke");
+    let smoke = <Cli as clap::Parser>::parse().smoke;
     sizes();
     judging(if smoke { 8 } else { 48 });
 }

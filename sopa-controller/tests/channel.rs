@@ -787,3 +787,38 @@ async fn a_flapping_port_is_held_down_until_its_hold_ends() {
     drop(tx);
     c.stop().await;
 }
+
+/// The gRPC health service answers beside the channel: SERVING for the server and each of its
+/// services, and NotFound for a service it does not have.
+#[tokio::test]
+async fn the_grpc_health_service_says_serving() {
+    use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
+    let c = start_controller(11, "127.0.0.1:0").await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", c.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    for service in ["", "sopa.channel.v1.Channel", "sopa.channel.v1.Control"] {
+        let reply = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap_or_else(|s| panic!("{service:?}: {s:?}"));
+        assert_eq!(
+            reply.into_inner().status,
+            ServingStatus::Serving as i32,
+            "{service:?}"
+        );
+    }
+    let unknown = health
+        .check(HealthCheckRequest {
+            service: "no.such.Service".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+    c.stop().await;
+}

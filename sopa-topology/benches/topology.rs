@@ -50,9 +50,23 @@ fn measure<T>(f: impl FnOnce() -> T) -> (T, f64, usize) {
     (out, ms, LIVE.load(Ordering::Relaxed).saturating_sub(before))
 }
 
+/// The command line (`cargo xtask bench topology -- --help`).
+#[derive(clap::Parser)]
+#[command(
+    name = "bench topology",
+    about = "Building the fabric models and their paths: time and memory per size"
+)]
+struct Cli {
+    /// The smallest fabrics only, to check the benchmark runs.
+    #[arg(long)]
+    smoke: bool,
+    /// Passed by `cargo bench`.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
 fn main() {
-    // `--smoke`: the smallest fabrics only, to check the benchmark runs.
-    let smoke = std::env::args().any(|a| a == "--smoke");
+    let smoke = <Cli as clap::Parser>::parse().smoke;
     let specs = if smoke {
         vec![
             TopologySpec::FatTree { k: 4 },

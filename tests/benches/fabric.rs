@@ -68,95 +68,102 @@ struct Args {
     xdp: Vec<XdpAttach>,
 }
 
-fn args() -> Args {
-    let mut a = Args {
-        experiment: "sec4.2".into(),
-        modes: vec![
-            "sopa".into(),
-            "rps".into(),
-            "ecmp".into(),
-            "hedera".into(),
-            "ideal".into(),
-        ],
-        repeat: 1,
-        topo: "fat-tree:4".into(),
-        label: String::new(),
-        rates: vec![100],
-        mb: 10,
-        seed: 1,
-        flows_per_host: 20,
-        out: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../results"),
-        smoke: false,
-        encodings: vec![Encoding::Ipv4Option],
-        qdisc: LinkQdisc::Htb,
-        xdp: vec![XdpAttach::Auto],
-    };
-    let mut modes_given = false;
-    let mut rates_given = false;
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().unwrap_or_else(|| panic!("{flag} takes a value"));
-        match flag.as_str() {
-            "--experiment" => a.experiment = value(),
-            "--modes" => {
-                modes_given = true;
-                a.modes = value().split(',').map(str::to_owned).collect()
-            }
-            "--repeat" => a.repeat = value().parse().expect("--repeat N"),
-            // An inventory file: the operator's fabric, by its names.
-            "--topo" | "--fabric" => a.topo = value(),
-            "--rate" | "--rates" => {
-                rates_given = true;
-                a.rates = value()
-                    .split(',')
-                    .map(|r| {
-                        r.trim_end_matches("mbit")
-                            .parse()
-                            .unwrap_or_else(|_| panic!("{flag} MBIT[,MBIT...]: not {r:?}"))
-                    })
-                    .collect()
-            }
-            "--mb" => a.mb = value().parse().expect("--mb N"),
-            "--seed" => a.seed = value().parse().expect("--seed N"),
-            "--flows-per-host" => a.flows_per_host = value().parse().expect("--flows-per-host N"),
-            "--out" => a.out = value().into(),
-            "--smoke" => a.smoke = true,
-            "--encoding" => {
-                a.encodings = value()
-                    .split(',')
-                    .map(|e| {
-                        e.parse()
-                            .unwrap_or_else(|e: String| panic!("--encoding: {e}"))
-                    })
-                    .collect()
-            }
-            "--xdp" => {
-                let list = value();
-                a.xdp.clear();
-                for name in list.split(',') {
-                    let x = XdpAttach::from_str(name, false).unwrap_or_else(|_| {
-                        let names: Vec<_> = XdpAttach::value_variants()
-                            .iter()
-                            .filter_map(|v| v.to_possible_value())
-                            .map(|v| v.get_name().to_owned())
-                            .collect();
-                        panic!("--xdp: {name} is not one of {}", names.join(", "))
-                    });
-                    if a.xdp.contains(&x) {
-                        panic!("--xdp: {list} names an attach mode twice");
-                    }
-                    a.xdp.push(x);
-                }
-            }
-            "--qdisc" => {
-                a.qdisc = value()
-                    .parse()
-                    .unwrap_or_else(|e: String| panic!("--qdisc: {e}"))
-            }
-            "--bench" => {}
-            other => panic!("unknown flag {other}"),
-        }
+/// The command line (`cargo xtask bench fabric -- --help`).
+#[derive(clap::Parser)]
+#[command(
+    name = "bench fabric",
+    about = "The SOPA paper's experiments on the namespace fabric, the modes measured side by side in one run"
+)]
+struct Cli {
+    /// sec4.2, permutation, production, failure, or granularity (the flowcell sweep).
+    #[arg(long, default_value = "sec4.2")]
+    experiment: String,
+    /// Modes, comma-separated: sopa, rps, ecmp, hedera, single, ideal; in the entropy encoding
+    /// also random and rr-blind; each with ablations (+r3, +norack, +burst, +first0, +cellN).
+    /// Default: sopa,rps,ecmp,hedera,ideal (the granularity sweep: its flowcells).
+    #[arg(long, value_delimiter = ',')]
+    modes: Option<Vec<String>>,
+    /// Runs of each mode.
+    #[arg(long, default_value_t = 1)]
+    repeat: u32,
+    /// The fabric: fat-tree:K, modric:..., or an inventory file (the operator's fabric).
+    #[arg(long, visible_alias = "fabric", default_value = "fat-tree:4")]
+    topo: String,
+    /// Link rates in Mbit/s, comma-separated: a fabric each (default 100; the granularity
+    /// sweep 10,25).
+    #[arg(long, visible_alias = "rates", value_delimiter = ',', value_parser = parse_rate)]
+    rate: Option<Vec<u32>>,
+    /// MB per flow.
+    #[arg(long, default_value_t = 10)]
+    mb: u64,
+    /// The seed of the traffic pattern.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Flows per host (the production experiment).
+    #[arg(long, default_value_t = 20)]
+    flows_per_host: u32,
+    /// Where the JSON and the figures go (default: results/ at the workspace root).
+    #[arg(long)]
+    out: Option<std::path::PathBuf>,
+    /// A toy-size run that checks the benchmark runs end to end: an invalid verdict does not
+    /// fail it.
+    #[arg(long)]
+    smoke: bool,
+    /// Encodings, comma-separated (ipv4-option, srv6, entropy): a fabric each.
+    #[arg(long, value_delimiter = ',', default_value = "ipv4-option")]
+    encoding: Vec<Encoding>,
+    /// How the links serialize: htb, or tbf with a one-packet bucket.
+    #[arg(long, default_value = "htb")]
+    qdisc: LinkQdisc,
+    /// How the hosts' agents attach xdp_strip, comma-separated (auto, generic, native): a
+    /// fabric each.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "auto")]
+    xdp: Vec<XdpAttach>,
+    /// Draw the figures of a JSON this benchmark wrote, without running anything.
+    #[arg(long)]
+    replot: Option<String>,
+    /// Passed by `cargo bench`.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+/// `100` or `100mbit`.
+fn parse_rate(r: &str) -> Result<u32, String> {
+    r.trim_end_matches("mbit")
+        .parse()
+        .map_err(|_| format!("{r:?} is not a rate in Mbit/s"))
+}
+
+fn args(cli: Cli) -> Args {
+    let modes_given = cli.modes.is_some();
+    let rates_given = cli.rate.is_some();
+    let mut xdp = Vec::new();
+    for x in cli.xdp {
+        assert!(!xdp.contains(&x), "--xdp names an attach mode twice");
+        xdp.push(x);
     }
+    let mut a = Args {
+        experiment: cli.experiment,
+        modes: cli.modes.unwrap_or_else(|| {
+            ["sopa", "rps", "ecmp", "hedera", "ideal"]
+                .map(str::to_owned)
+                .to_vec()
+        }),
+        repeat: cli.repeat,
+        topo: cli.topo,
+        label: String::new(),
+        rates: cli.rate.unwrap_or_else(|| vec![100]),
+        mb: cli.mb,
+        seed: cli.seed,
+        flows_per_host: cli.flows_per_host,
+        out: cli
+            .out
+            .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../results")),
+        smoke: cli.smoke,
+        encodings: cli.encoding,
+        qdisc: cli.qdisc,
+        xdp,
+    };
     assert!(
         a.xdp.len() == 1
             || (a.encodings.len() == 1 && a.rates.len() == 1 && a.experiment != "granularity"),
@@ -217,11 +224,11 @@ fn replot(path: &str) {
 }
 
 fn main() {
-    if let Some(i) = std::env::args().position(|a| a == "--replot") {
-        let path = std::env::args().nth(i + 1).expect("--replot FILE");
-        return replot(&path);
+    let cli = <Cli as clap::Parser>::parse();
+    if let Some(path) = &cli.replot {
+        return replot(path);
     }
-    let a = args();
+    let a = args(cli);
     let mut measured = Vec::new();
     let mut valid = true;
     let mut by_xdp = Vec::new();

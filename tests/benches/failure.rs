@@ -62,60 +62,79 @@ struct Args {
     load: f64,
 }
 
+/// The command line (`cargo xtask bench failure -- --help`).
+#[derive(clap::Parser)]
+#[command(
+    name = "bench failure",
+    about = "Failures in the middle of a permutation run: a link cut, a switch down, gray links; recovery per mode"
+)]
+struct Cli {
+    /// The encoding of the fabric.
+    #[arg(long, default_value = "ipv4-option")]
+    encoding: Encoding,
+    /// Modes, comma-separated (default sopa,rps,ecmp; --smoke: sopa,ecmp).
+    #[arg(long, value_delimiter = ',')]
+    modes: Option<Vec<String>>,
+    /// What fails, comma-separated: a link (a0:c0), a switch (a2), a gray link losing a share
+    /// in percent (gray:a0:c0:2).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "a0:c0,a2,gray:a0:c0:2,gray:a0:c0:0.5"
+    )]
+    elements: Vec<Element>,
+    /// Link rate, Mbit/s.
+    #[arg(long, default_value_t = 10)]
+    rate: u32,
+    /// Seconds of each run (default 15; --smoke 5).
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// When the failure starts, seconds into the run (default 4; --smoke 2).
+    #[arg(long)]
+    onset: Option<f64>,
+    /// The seed of the permutation.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Where the JSON and the figures go (default: results/ at the workspace root).
+    #[arg(long)]
+    out: Option<std::path::PathBuf>,
+    /// Seconds of the healthy run, 0 for none (default 600; --smoke 10).
+    #[arg(long)]
+    healthy: Option<f64>,
+    /// Each flow paced to this share of the link rate (1: unpaced).
+    #[arg(long, default_value_t = 1.0)]
+    load: f64,
+    /// A toy-size run: two modes, short runs.
+    #[arg(long)]
+    smoke: bool,
+    /// Passed by `cargo bench`.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
 fn args() -> Args {
-    let mut a = Args {
-        encoding: Encoding::default(),
-        modes: vec!["sopa".into(), "rps".into(), "ecmp".into()],
-        elements: ["a0:c0", "a2", "gray:a0:c0:2", "gray:a0:c0:0.5"]
-            .iter()
-            .map(|e| e.parse().unwrap())
-            .collect(),
-        healthy: 600.0,
-        load: 1.0,
-        rate: 10,
-        seconds: 15.0,
-        onset: 4.0,
-        seed: 1,
-        out: std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../results"),
+    let cli = <Cli as clap::Parser>::parse();
+    let (modes, seconds, onset, healthy) = if cli.smoke {
+        (vec!["sopa", "ecmp"], 5.0, 2.0, 10.0)
+    } else {
+        (vec!["sopa", "rps", "ecmp"], 15.0, 4.0, 600.0)
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().unwrap_or_else(|| panic!("{flag} takes a value"));
-        match flag.as_str() {
-            "--modes" => a.modes = value().split(',').map(str::to_owned).collect(),
-            "--elements" => {
-                a.elements = value()
-                    .split(',')
-                    .map(|e| {
-                        e.parse()
-                            .unwrap_or_else(|e: String| panic!("--elements: {e}"))
-                    })
-                    .collect()
-            }
-            "--rate" => a.rate = value().parse().expect("--rate MBIT"),
-            "--seconds" => a.seconds = value().parse().expect("--seconds S"),
-            "--onset" => a.onset = value().parse().expect("--onset S"),
-            "--seed" => a.seed = value().parse().expect("--seed N"),
-            "--out" => a.out = value().into(),
-            "--healthy" => a.healthy = value().parse().expect("--healthy S"),
-            "--load" => a.load = value().parse().expect("--load SHARE"),
-            "--encoding" => {
-                a.encoding = value()
-                    .parse()
-                    .unwrap_or_else(|e: String| panic!("--encoding: {e}"))
-            }
-            "--smoke" => {
-                a.modes = vec!["sopa".into(), "ecmp".into()];
-                a.seconds = 5.0;
-                a.onset = 2.0;
-                a.healthy = 10.0;
-            }
-            "--bench" => {}
-            other => panic!(
-                "unknown flag {other} (--modes, --elements, --rate, --seconds, --onset, --seed, --out, --healthy, --load, --encoding, --smoke)"
-            ),
-        }
-    }
+    let a = Args {
+        encoding: cli.encoding,
+        modes: cli
+            .modes
+            .unwrap_or_else(|| modes.into_iter().map(str::to_owned).collect()),
+        elements: cli.elements,
+        healthy: cli.healthy.unwrap_or(healthy),
+        load: cli.load,
+        rate: cli.rate,
+        seconds: cli.seconds.unwrap_or(seconds),
+        onset: cli.onset.unwrap_or(onset),
+        seed: cli.seed,
+        out: cli
+            .out
+            .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../results")),
+    };
     assert!(
         a.onset > 1.0 && a.onset < a.seconds,
         "--onset must fall within the run, after its first second"

@@ -19,29 +19,38 @@ struct Args {
     streams: Vec<u32>,
 }
 
+/// The command line (`cargo xtask bench host-cost -- --help`).
+#[derive(clap::Parser)]
+#[command(
+    name = "bench host-cost",
+    about = "The CPU a transfer costs the sender, the router and the receiver, per granularity, against no agent"
+)]
+struct Cli {
+    /// The transfer's rate, Mbit/s.
+    #[arg(long, default_value_t = 500)]
+    mbit: u32,
+    /// Seconds per transfer.
+    #[arg(long, default_value_t = 4)]
+    seconds: u32,
+    /// Rounds over every configuration.
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
+    /// Parallel TCP streams, comma-separated: a row each.
+    #[arg(long, value_delimiter = ',', default_value = "1,8")]
+    streams: Vec<u32>,
+    /// Passed by `cargo bench`.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
 fn args() -> Args {
-    let mut a = Args {
-        mbit: 500,
-        seconds: 4,
-        rounds: 3,
-        streams: vec![1, 8],
+    let cli = <Cli as clap::Parser>::parse();
+    let a = Args {
+        mbit: cli.mbit,
+        seconds: cli.seconds,
+        rounds: cli.rounds,
+        streams: cli.streams,
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().unwrap_or_else(|| panic!("{flag} takes a value"));
-        let number = |v: String| -> u32 {
-            v.parse()
-                .unwrap_or_else(|_| panic!("{flag}: a positive number, not {v:?}"))
-        };
-        match flag.as_str() {
-            "--mbit" => a.mbit = number(value()),
-            "--seconds" => a.seconds = number(value()),
-            "--rounds" => a.rounds = number(value()),
-            "--streams" => a.streams = value().split(',').map(|s| number(s.into())).collect(),
-            "--bench" => {}
-            other => panic!("unknown flag {other} (--mbit, --seconds, --rounds, --streams)"),
-        }
-    }
     assert!(
         a.mbit > 0 && a.seconds > 0 && a.rounds > 0 && a.streams.iter().all(|s| *s > 0),
         "--mbit, --seconds, --rounds and --streams must be positive"

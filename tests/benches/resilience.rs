@@ -37,21 +37,30 @@ struct Args {
     smoke: bool,
 }
 
+/// The command line (`cargo xtask bench resilience -- --help`).
+#[derive(clap::Parser)]
+#[command(
+    name = "bench resilience",
+    about = "The agent's restarts, upgrades and takeovers under traffic, its memory, and short flows"
+)]
+struct Cli {
+    /// Restarts of each kind.
+    #[arg(long, default_value_t = 5)]
+    rounds: u32,
+    /// Toy size (20 MiB, 5,000 short flows), to check the benchmark runs.
+    #[arg(long)]
+    smoke: bool,
+    /// Passed by `cargo bench`.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
 fn args() -> Args {
-    let mut a = Args {
-        rounds: 5,
-        smoke: false,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        match flag.as_str() {
-            "--rounds" => a.rounds = it.next().and_then(|v| v.parse().ok()).expect("--rounds N"),
-            "--smoke" => a.smoke = true,
-            "--bench" => {}
-            other => panic!("unknown argument {other:?} (--rounds N, --smoke)"),
-        }
+    let cli = <Cli as clap::Parser>::parse();
+    Args {
+        rounds: cli.rounds,
+        smoke: cli.smoke,
     }
-    a
 }
 
 #[derive(Clone, Copy, PartialEq)]

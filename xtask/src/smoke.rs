@@ -111,7 +111,48 @@ pub fn fast(benches: &Benches, timeout: Duration) -> Result<Vec<Outcome>> {
         xtask_command(&["demo", "--arb", "--mib", "16", "--prebuilt"]),
         timeout,
     ));
+    rows.push(help(benches));
     Ok(finish(rows, &out))
+}
+
+/// Every benchmark prints its options with `--help` (`cargo xtask bench NAME -- --help`), and
+/// exits 0 without running anything.
+fn help(benches: &Benches) -> Outcome {
+    let start = std::time::Instant::now();
+    let mut o = Outcome::new("smoke bench --help", 0.0);
+    let mut names: Vec<&String> = benches.keys().collect();
+    names.sort();
+    let mut refused = Vec::new();
+    for name in names {
+        let (exe, dir) = &benches[name];
+        let out = Command::new(exe)
+            .args(["--bench", "--help"])
+            .current_dir(dir)
+            .output();
+        match out {
+            Ok(out)
+                if out.status.success()
+                    && String::from_utf8_lossy(&out.stdout).contains("Usage:") =>
+            {
+                o.passed += 1
+            }
+            Ok(out) => refused.push(format!(
+                "{name} ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+            )),
+            Err(e) => refused.push(format!("{name}: {e}")),
+        }
+    }
+    if !refused.is_empty() {
+        o.failed = refused.len() as u64;
+        o.note = Some(format!("no help from: {}", refused.join("; ")));
+    }
+    o.seconds = start.elapsed().as_secs_f64();
+    o
 }
 
 /// Every benchmark, and every experiment with every mode, both encodings and the flowcell

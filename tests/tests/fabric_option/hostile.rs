@@ -27,7 +27,7 @@ fn lie_for() -> Duration {
     }
 }
 
-/// The time a 2% gray link corroborated by two racks is found in (README, "Trust").
+/// The time a 2% gray link corroborated by two racks is found in (docs/security.md).
 const FOUND_WITHIN: Duration = Duration::from_secs(2);
 
 /// The meter keys (peer rack as the packet holds it, hop bytes) of `host`'s paths through
@@ -183,7 +183,7 @@ pub fn a_host_inflating_its_sent_counters_drains_nothing_and_is_named(f: &mut Fa
             serde_json::to_string_pretty(&status(f)["meter_hosts"]).unwrap()
         );
         // Honest again. A real 2% loss on a1 -> c2, which both flows cross (two sender racks,
-        // two receiver racks): found and drained within the time the README states.
+        // two receiver racks): found and drained within the time docs/security.md states.
         wait_status(
             f,
             Duration::from_secs(30),

@@ -159,7 +159,7 @@ pub struct RunArgs {
     /// The unit of spraying: packet (gso_max_segs 1), flowcell:N (at most N segments per
     /// unit: gso_max_segs N) or burst (GSO super-packets as the interface makes them). Without
     /// it, one set at run time with `sopa-agent granularity` is kept across restarts;
-    /// otherwise flowcell:4 (the README says why).
+    /// otherwise flowcell:4 (docs/operate.md, "Granularity", says why).
     #[arg(long, env = "SOPA_GRANULARITY")]
     pub granularity: Option<Granularity>,
     /// How xdp_strip attaches: auto (generic on veth, native elsewhere), generic, native.
