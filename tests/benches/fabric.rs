@@ -216,7 +216,13 @@ fn replot(path: &str) {
         rate_mbit: v["rate_mbit"].as_f64().expect("rate_mbit"),
         results: serde_json::from_value(v["modes"].clone()).expect("modes"),
     };
-    let name = format!("fabric-{}", v["experiment"].as_str().expect("experiment"));
+    // The JSON's own name (`fabric-permutation-entropy.json`): a run per encoding or rate
+    // wrote one each, and its figures are named after it.
+    let name = std::path::Path::new(path)
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .map(str::to_owned)
+        .unwrap_or_else(|| format!("fabric-{}", v["experiment"].as_str().expect("experiment")));
     let dir = std::path::Path::new(path).parent().expect("a folder");
     for f in sopa_testbed::figures::write(&report, dir, &name).expect("writing the figures") {
         println!("figure: {}", f.display());

@@ -377,28 +377,32 @@ fn bad_input_is_refused_and_changes_nothing() {
     let mut bad_node = run(&good, &[]);
     bad_node[4] = "../x".into();
     let cases: Vec<(Vec<String>, i32, &str)> = vec![
-        (unknown_iface, 64, "interface \"nosuchif0\" does not exist"),
-        (run(&malformed, &[]), 64, "malformed.toml"),
-        (run(&bad_prefix, &[]), 64, "not a number from 0 to 32"),
-        (run(&bad_hop, &[]), 64, "hop value 300 is out of range"),
-        (run(&missing, &[]), 64, "cannot read it"),
-        (run(&good, &["--mode", "fast"]), 64, "mode \"fast\""),
+        (unknown_iface, 78, "interface \"nosuchif0\" does not exist"),
+        (run(&malformed, &[]), 78, "malformed.toml"),
+        (run(&bad_prefix, &[]), 78, "not a number from 0 to 32"),
+        (run(&bad_hop, &[]), 78, "hop value 300 is out of range"),
+        (run(&missing, &[]), 78, "cannot read it"),
+        (
+            run(&good, &["--mode", "fast"]),
+            2,
+            "invalid value 'fast' for '--mode",
+        ),
         (
             run(&good, &["--tcp-reordering", "0"]),
-            64,
+            78,
             "--tcp-reordering 0",
         ),
-        (bad_node, 64, "node name"),
+        (bad_node, 78, "node name"),
         (
             ["--netns", "sopa-no-such-netns", "status", "--node", node]
                 .map(String::from)
                 .to_vec(),
-            64,
+            78,
             "sopa-no-such-netns",
         ),
         (
             ["status", "--node", node].map(String::from).to_vec(),
-            64,
+            78,
             "no agent state",
         ),
     ];
@@ -418,7 +422,7 @@ fn bad_input_is_refused_and_changes_nothing() {
     let (got, stderr) = agent_exit(&[
         "--netns", ns, "run", "--node", node, "--iface", &arb.a_if, "--paths", &unrouted,
     ]);
-    assert_eq!(got, 64, "{stderr}");
+    assert_eq!(got, 78, "{stderr}");
     assert!(
         stderr.contains("no route to fabric prefix 10.101.2.0/24"),
         "{stderr}"

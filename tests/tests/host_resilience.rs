@@ -781,7 +781,7 @@ fn upgrades_that_cannot_start_leave_the_adopted_datapath_stamping_for_the_next()
         &Arb::path_table(B_PREFIX, PATHS),
         &["--metrics-addr", "127.0.0.1:9479", "--keep-attached"],
     );
-    assert_eq!(code, 64, "{stderr}");
+    assert_eq!(code, 78, "{stderr}");
     assert!(
         stderr.contains("--metrics-addr 127.0.0.1:9479 is in use"),
         "{stderr}"
@@ -810,7 +810,7 @@ fn upgrades_that_cannot_start_leave_the_adopted_datapath_stamping_for_the_next()
         Arb::path_table(B_PREFIX, PATHS)
     );
     let (code, stderr) = failed_upgrade(&arb, &table, &["--no-metrics", "--keep-attached"]);
-    assert_eq!(code, 64, "{stderr}");
+    assert_eq!(code, 78, "{stderr}");
     assert!(
         stderr.contains("10.121.0.0/24") && stderr.contains("multipath"),
         "{stderr}"
@@ -835,7 +835,7 @@ fn upgrades_that_cannot_start_leave_the_adopted_datapath_stamping_for_the_next()
         .ip(&["route", "replace", "default", "via", "10.101.1.3"])
         .unwrap();
     let (code, stderr) = failed_upgrade(&arb, &table, &["--no-metrics", "--keep-attached"]);
-    assert_eq!(code, 64, "{stderr}");
+    assert_eq!(code, 78, "{stderr}");
     let copy = arb.a.ip(&["route", "show", B_PREFIX]).unwrap();
     assert!(
         copy.contains("via 10.101.1.1") && copy.contains("mtu 1496"),

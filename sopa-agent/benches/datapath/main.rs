@@ -24,7 +24,7 @@ use sopa_agent::{
 };
 use sopa_common::maps::{Config, mode};
 
-const USAGE: &str = "cargo xtask bench datapath [-- OPTIONS]
+const USAGE: &str = "Usage: cargo xtask bench datapath [-- OPTIONS]
 
   --runs N            one-CPU test runs of each program (default 1000000)
   --scaling-runs N    test runs of each program per CPU in the scaling table (default 200000;

@@ -24,10 +24,10 @@ pub struct Args {
     pub log: sopa_ops::logging::LogArgs,
     /// Print a shell completion script and exit (e.g. `sopa-controller --completions bash >
     /// /usr/share/bash-completion/completions/sopa-controller`).
-    #[arg(long, value_enum, exclusive = true)]
+    #[arg(long, value_enum)]
     pub completions: Option<sopa_ops::cli::Shell>,
     /// Write the man page into DIR and exit (the packages' build).
-    #[arg(long, hide = true, exclusive = true)]
+    #[arg(long, hide = true)]
     pub man_dir: Option<PathBuf>,
     /// Topology spec (TOML: `[topology] kind = "fat-tree", k = 4` or `kind = "modric", ...`).
     #[arg(long, env = "SOPA_TOPOLOGY", required_unless_present_any = ["completions", "man_dir"])]
@@ -37,7 +37,7 @@ pub struct Args {
     pub listen: String,
     /// The controller's certificate folder (ca.pem, node.pem, node.key), from `sopactl certs
     /// issue --role controller`.
-    #[arg(long, env = "SOPA_CERTS", required_unless_present = "insecure")]
+    #[arg(long, env = "SOPA_CERTS", required_unless_present_any = ["insecure", "completions", "man_dir"])]
     pub certs: Option<PathBuf>,
     /// Deny list: certificate serials (one per line, hex, as `sopactl certs issue` prints
     /// them) refused at their next handshake; reloaded within a second of every change, which
@@ -305,6 +305,16 @@ mod tests {
             sopa_ops::cli::undocumented(&Args::command()),
             Vec::<String>::new()
         );
+    }
+
+    #[test]
+    fn completions_and_man_pages_need_no_other_flag() {
+        for args in [
+            &["sopa-controller", "--completions", "bash"][..],
+            &["sopa-controller", "--man-dir", "/tmp/x"][..],
+        ] {
+            Args::try_parse_from(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        }
     }
 
     #[test]
