@@ -29,7 +29,14 @@ fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, v: i64) -> std
     g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)
 }
 
-/// A gauge per directed link of `loss`, labelled `from` and `to`.
+/// A link's name in every metric's `link` label: its ends in the controller's canonical order
+/// (`a0:c0`, as `sopactl` prints it), whichever direction a series measures.
+fn link_label(a: &str, b: &str) -> String {
+    let (a, b) = crate::suspicion::key(a, b);
+    format!("{a}:{b}")
+}
+
+/// A gauge per directed link of `loss`, labelled with the link and its direction (`from`, `to`).
 fn link_gauges<N: EncodeGaugeValue>(
     encoder: &mut DescriptorEncoder,
     name: &str,
@@ -40,7 +47,12 @@ fn link_gauges<N: EncodeGaugeValue>(
     let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
     for l in loss {
         let link = l.link.clone().unwrap_or_default();
-        let labels = [("from", link.a.as_str()), ("to", link.b.as_str())];
+        let name = link_label(&link.a, &link.b);
+        let labels = [
+            ("link", name.as_str()),
+            ("from", link.a.as_str()),
+            ("to", link.b.as_str()),
+        ];
         ConstGauge::new(value(l)).encode(family.encode_family(&labels)?)?;
     }
     Ok(())
@@ -118,8 +130,8 @@ impl Collector for ControllerCollector {
         )?;
         for s in &status.suspect_links {
             let link = s.link.clone().unwrap_or_default();
-            let labels = [("a", link.a.as_str()), ("b", link.b.as_str())];
-            ConstGauge::new(1i64).encode(family.encode_family(&labels)?)?;
+            let name = link_label(&link.a, &link.b);
+            ConstGauge::new(1i64).encode(family.encode_family(&[("link", name.as_str())])?)?;
         }
         let convictions = c
             .meter
@@ -135,8 +147,8 @@ impl Collector for ControllerCollector {
             prometheus_client::metrics::MetricType::Counter,
         )?;
         for ((a, b), n) in &convictions {
-            let labels = [("a", a.as_str()), ("b", b.as_str())];
-            ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
+            let name = link_label(a, b);
+            ConstCounter::new(*n).encode(family.encode_family(&[("link", name.as_str())])?)?;
         }
         gauge(
             &mut encoder,

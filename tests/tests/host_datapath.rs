@@ -203,9 +203,12 @@ fn option_on_the_wire_at_r_gone_at_b_transfer_intact() {
         .map(|h| a["hop0"][h.to_string()].as_u64().unwrap_or(0))
         .collect();
     let (lo, hi) = (hop0.iter().min().unwrap(), hop0.iter().max().unwrap());
+    // Within one packet of each other, and one more: the connection's round robin lives in its
+    // socket's storage, and the ACK its time-wait socket sends (after close, the socket's storage
+    // gone) takes the flow's first path outside it. The order on the wire is checked above.
     assert!(
-        hi - lo <= 1,
-        "one flow, round-robin: per-hop counts within one packet: {hop0:?}"
+        hi - lo <= 2,
+        "one flow, round-robin: per-hop counts within one packet (and a time-wait ACK): {hop0:?}"
     );
     assert!(a["stamp"]["stamped"].as_u64().unwrap() >= stamped.len() as u64);
     // The connection's round robin, cycling above, lived in its socket's storage.

@@ -30,7 +30,7 @@ fn convictions(addr: &str, a: &str, b: &str) -> u64 {
         .unwrap();
     let mut text = String::new();
     conn.read_to_string(&mut text).unwrap();
-    let series = format!("sopa_link_convictions_total{{a=\"{a}\",b=\"{b}\"}}");
+    let series = format!("sopa_link_convictions_total{{link=\"{a}:{b}\"}}");
     sopa_testbed::prometheus::sample(&text, &series).unwrap_or(0)
 }
 
@@ -118,7 +118,7 @@ pub fn a_gray_core_link_is_found_drained_and_trusted_again(f: &mut Fabric) {
         |p| {
             Ok(seen(
                 p,
-                "max_over_time(sopa_link_suspect{a=\"a0\",b=\"c0\"}[5m]) == 1",
+                "max_over_time(sopa_link_suspect{link=\"a0:c0\"}[5m]) == 1",
             )? && seen(
                 p,
                 "max_over_time(sopa:link_loss_ratio{from=\"a0\",to=\"c0\"}[5m]) > 0",
