@@ -360,9 +360,43 @@ pub fn a_host_without_a_live_agent_cannot_steer_the_fabric(f: &mut Fabric) {
         f.switch_log("e0")
     );
 
+    // A real Prometheus with deploy/'s rules scrapes h0's agent: its agent-down alert goes
+    // pending the moment the agent is gone (it fires after its minute, which the rules' unit
+    // tests check).
+    let dir = std::env::temp_dir().join(sopa_testbed::run_name("agent-down"));
+    // A handle of its own on h0's namespace: the fabric keeps owning it.
+    let h0 = sopa_testbed::NetNs::adopt(f.ns("h0").name());
+    let prom = sopa_testbed::prometheus::Prometheus::start(
+        Some(&h0),
+        &dir,
+        &[("sopa-agent", "127.0.0.1:9470".into())],
+    )
+    .unwrap();
+    prom.wait(Duration::from_secs(30), "h0's agent scraped", |p| {
+        Ok(p.query("up{job=\"sopa-agent\"} == 1")?.len() == 1)
+    })
+    .unwrap();
+    // Before its first scrape the target counted as absent: that pending alert resolves.
+    let alert = "ALERTS{alertname=\"SopaAgentDown\",job=\"sopa-agent\"}";
+    prom.wait(
+        Duration::from_secs(20),
+        "no agent-down alert while h0's agent runs",
+        |p| Ok(p.query(alert)?.is_empty()),
+    )
+    .unwrap();
+
     // The agent stops (its programs go with it): once the controller's grace period is over,
     // e0 stops trusting h0's port.
     assert_eq!(f.stop_host("h0"), Some(0));
+    // The target's own alert (the absent-target one has no instance).
+    let down = "ALERTS{alertname=\"SopaAgentDown\",instance=\"127.0.0.1:9470\"}";
+    prom.wait(
+        Duration::from_secs(20),
+        "SopaAgentDown pending for h0's stopped agent",
+        |p| Ok(!p.query(down)?.is_empty()),
+    )
+    .unwrap();
+    drop(prom);
     let start = std::time::Instant::now();
     while f.switch_status("e0").unwrap()["controller"]["untrusted_hosts"]
         != serde_json::json!(["h0"])

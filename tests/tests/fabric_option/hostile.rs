@@ -82,7 +82,11 @@ fn inflate(f: &Fabric, host: &str, keys: &[[u8; 6]], extra: u64) -> usize {
             if !keys.iter().any(|k| key[..6] == k[..]) {
                 continue;
             }
-            let per_cpu = e["values"].as_array().unwrap();
+            // An entry the agent emptied (read and deleted at its period's end) while bpftool
+            // dumped the map comes without values: nothing to inflate there.
+            let Some(per_cpu) = e["values"].as_array() else {
+                continue;
+            };
             let (mut packets, mut bytes) = (0, 0);
             for cpu in per_cpu {
                 let value: Vec<u8> = cpu["value"].as_array().unwrap().iter().map(byte).collect();
