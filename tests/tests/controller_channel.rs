@@ -295,20 +295,7 @@ fn spawn_controller(f: &Fabric, dir: &std::path::Path, log: &str) -> Process {
 }
 
 fn metrics(ns: &NetNs) -> String {
-    use std::io::{Read as _, Write as _};
-    ns.run(|| {
-        let mut conn = std::net::TcpStream::connect_timeout(
-            &"127.0.0.1:9470".parse().unwrap(),
-            Duration::from_secs(2),
-        )
-        .unwrap();
-        conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            .unwrap();
-        let mut body = String::new();
-        conn.read_to_string(&mut body).unwrap();
-        body
-    })
-    .unwrap()
+    ns.http_get("127.0.0.1:9470", "/metrics").unwrap().1
 }
 
 /// Transfers A -> B back to back until finished, each checked end to end, with the time each

@@ -1,7 +1,7 @@
 //! The host datapath on a real routed path: A - R - B, R a plain Linux router, agents on A and
 //! B. Needs root; every namespace, process and file is removed on drop, also on failure.
 
-use std::{io::Read as _, net::TcpStream, os::fd::AsRawFd as _, process::Command, time::Duration};
+use std::{os::fd::AsRawFd as _, process::Command, time::Duration};
 
 use sopa_testbed::{
     agent::Agent,
@@ -16,19 +16,9 @@ const MIB: u64 = 1 << 20;
 
 fn metrics(agent_ns: &sopa_testbed::NetNs) -> String {
     agent_ns
-        .run(|| {
-            let mut conn = TcpStream::connect_timeout(
-                &"127.0.0.1:9470".parse().unwrap(),
-                Duration::from_secs(2),
-            )
-            .expect("the agent serves metrics on loopback");
-            std::io::Write::write_all(&mut conn, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-                .unwrap();
-            let mut body = String::new();
-            conn.read_to_string(&mut body).unwrap();
-            body
-        })
-        .unwrap()
+        .http_get("127.0.0.1:9470", "/metrics")
+        .expect("the agent serves metrics on loopback")
+        .1
 }
 
 #[test]

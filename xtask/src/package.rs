@@ -129,13 +129,6 @@ pub fn tag(name: &str) -> String {
     format!("{REGISTRY}/{name}:{}", env!("CARGO_PKG_VERSION"))
 }
 
-fn has(program: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {program}")])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 /// The base image: Debian's minbase by mmdebstrap, imported into podman once.
 fn base(work: &Path) -> Result<()> {
     let exists = Command::new("podman")
@@ -159,7 +152,7 @@ fn base(work: &Path) -> Result<()> {
 pub fn image() -> Result<Vec<String>> {
     let missing: Vec<&str> = ["podman", "mmdebstrap", "runc"]
         .into_iter()
-        .filter(|p| !has(p))
+        .filter(|p| !setup::has_command(p))
         .collect();
     if !missing.is_empty() {
         eprintln!(

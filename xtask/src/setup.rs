@@ -46,7 +46,7 @@ fn say(msg: &str) {
     eprintln!("[setup] {msg}");
 }
 
-fn has_command(name: &str) -> bool {
+pub fn has_command(name: &str) -> bool {
     if name.starts_with('/') {
         return Path::new(name).exists();
     }

@@ -29,18 +29,10 @@ fn received_entries(f: &Fabric) -> usize {
 
 /// h0's agent's counter `name` (with its labels), from its metrics.
 fn agent_metric(f: &Fabric, series: &str) -> u64 {
-    use std::io::{Read as _, Write as _};
-    let text = f
+    let (_, text) = f
         .ns("h0")
-        .run(|| {
-            let mut conn = std::net::TcpStream::connect("127.0.0.1:9470").expect("h0's metrics");
-            conn.write_all(b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n")
-                .unwrap();
-            let mut text = String::new();
-            conn.read_to_string(&mut text).unwrap();
-            text
-        })
-        .unwrap();
+        .http_get("127.0.0.1:9470", "/metrics")
+        .expect("h0's metrics");
     sopa_testbed::prometheus::sample(&text, series)
         .unwrap_or_else(|| panic!("h0's agent exports no {series}"))
 }
