@@ -257,8 +257,16 @@ fn pushed_failures_change_exactly_the_affected_paths() {
         "{m}"
     );
 
-    let status: serde_json::Value =
-        serde_json::from_str(&sopactl_in(&f.c, &["status", "--json"])).unwrap();
+    // The waits above followed A's path map; B acknowledges the last change on its own time.
+    let status = || -> serde_json::Value {
+        serde_json::from_str(&sopactl_in(&f.c, &["status", "--json"])).unwrap()
+    };
+    wait_for("both agents' acknowledgement of version 3", || {
+        status()["agents"]
+            .as_array()
+            .is_some_and(|a| a.iter().all(|a| a["applied_version"] == 3))
+    });
+    let status = status();
     let agents = status["agents"].as_array().unwrap();
     assert_eq!(agents.len(), 2);
     for a in agents {
