@@ -1,8 +1,9 @@
 //! The packages and the images as an operator installs and runs them: the .debs into a clean
 //! Debian (the images' base) with their binaries, units, man pages and completions; the agent's
 //! image under podman in a namespace of the testbed, with the host's network of that namespace,
-//! the unit's capabilities, bpffs and the host's /proc at /hostproc, until it stamps. The full
-//! tier builds them first (`cargo xtask image`); elsewhere these checks are skipped and say so.
+//! the unit's capabilities, bpffs and the host's /proc at /hostproc, until it stamps; stopped,
+//! it leaves the datapath attached, and removing the package (its prerm) detaches it and
+//! restores the host. The full tier builds them first (`cargo xtask image`); elsewhere these checks are skipped and say so.
 
 use std::{
     path::{Path, PathBuf},
@@ -149,6 +150,7 @@ fn the_agent_image_attaches_in_a_namespace_and_stamps() {
             (f.get(2) == Some(&"cgroup2")).then(|| f[1].to_owned())
         })
         .expect("a cgroup v2 mount on this host");
+    let reordering = arb.a.read_sysctl("net.ipv4.tcp_reordering").unwrap();
     let container = Container(format!("sopa-test-{node}"));
     let _detach = sopa_testbed::resilience::DetachOnDrop {
         ns: &arb.a,
@@ -164,6 +166,8 @@ fn the_agent_image_attaches_in_a_namespace_and_stamps() {
         "--ulimit=nproc=4096:4096",
         "--name",
         &container.0,
+        // As the DaemonSet's configmap: a pod that exits (an upgrade) leaves the datapath.
+        "--env=SOPA_KEEP_ATTACHED=true",
         "--network",
         &format!("ns:/run/netns/{node}"),
         "--pid=host",
@@ -246,4 +250,60 @@ fn the_agent_image_attaches_in_a_namespace_and_stamps() {
     assert!(ok, "{out}");
     let (_, code) = podman(&["inspect", "--format", "{{.State.ExitCode}}", &container.0]);
     assert_eq!(code.trim(), "0", "a stop is a clean exit\n{}", logs());
+    let left = status().expect("status after the stop");
+    assert!(
+        left["running"] == false && left["attached"] == true && left["kept_attached"] == true,
+        "the stopped agent leaves the datapath attached: {left}"
+    );
+    // Removing the package takes the datapath off: its prerm runs `sopa-agent detach` for the
+    // node its env file names, in the host's network (A's namespace) with bpffs and /run/sopa.
+    let dir = packages("the package's prerm detaches").unwrap()[0]
+        .parent()
+        .unwrap()
+        .display()
+        .to_string();
+    let script = format!(
+        "set -e
+        dpkg -i /debs/sopa-agent_*.deb
+        echo SOPA_NODE={node} >> /etc/sopa/sopa-agent.env
+        dpkg -r sopa-agent
+        echo removed"
+    );
+    let (ok, out) = podman(&[
+        "run",
+        "--rm",
+        "--ulimit=nofile=4096:4096",
+        "--ulimit=nproc=4096:4096",
+        "--network",
+        &format!("ns:/run/netns/{node}"),
+        "--pid=host",
+        "--security-opt=seccomp=unconfined",
+        "--cap-drop=all",
+        "--cap-add=CAP_BPF,CAP_PERFMON,CAP_NET_ADMIN",
+        "-v",
+        "/sys/fs/bpf:/sys/fs/bpf",
+        "-v",
+        "/run/sopa:/run/sopa",
+        "-v",
+        "/proc:/hostproc",
+        // A container's /proc/sys is read-only: the detach restores sysctls through the host's.
+        "--env=SOPA_PROC_ROOT=/hostproc",
+        "-v",
+        &format!("{dir}:/debs:ro"),
+        BASE,
+        "sh",
+        "-c",
+        &script,
+    ]);
+    assert!(ok && out.contains("removed"), "{out}");
+    assert!(out.contains(&format!("node {node}: detached")), "{out}");
+    assert!(
+        status().is_none(),
+        "the node's pins and record are gone after the removal"
+    );
+    assert_eq!(
+        arb.a.read_sysctl("net.ipv4.tcp_reordering").unwrap(),
+        reordering,
+        "the removal restored the sysctl the agent set"
+    );
 }
