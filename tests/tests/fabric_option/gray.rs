@@ -147,6 +147,27 @@ pub fn a_gray_core_link_is_found_drained_and_trusted_again(f: &mut Fabric) {
                 !prom.query(&q).unwrap().is_empty() || !prom_h0.query(&q).unwrap().is_empty();
             assert!(found, "the dashboard draws {name}, which nothing exports");
         }
+        // And every panel's query is one Prometheus evaluates, its variables as Grafana fills
+        // them (all nodes, a rate window of a minute).
+        let panels: serde_json::Value = serde_json::from_str(&dashboard).unwrap();
+        let mut queries = 0;
+        for panel in panels["panels"].as_array().unwrap() {
+            for target in panel["targets"].as_array().into_iter().flatten() {
+                let Some(expr) = target["expr"].as_str() else {
+                    continue;
+                };
+                let expr = expr
+                    .replace("$instance", ".+")
+                    .replace("$__rate_interval", "1m");
+                for p in [&prom, &prom_h0] {
+                    if let Err(e) = p.query(&expr) {
+                        panic!("panel {}: {e}", panel["title"]);
+                    }
+                }
+                queries += 1;
+            }
+        }
+        assert!(queries >= 15, "{queries} panel queries");
         // The evidence: a window that began before the onset, so diluted, but never more packets
         // lost than were dropped.
         let x = &s["suspect_links"][0];
