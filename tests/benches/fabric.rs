@@ -209,6 +209,19 @@ fn replot(path: &str) {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let v: serde_json::Value =
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let dir = std::path::Path::new(path).parent().expect("a folder");
+    let stem = std::path::Path::new(path)
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .expect("a file name");
+    // The flowcell sweep's own JSON: its one figure, named after it.
+    if v.get("rows").is_some() {
+        let rows: Vec<granularity::Row> = serde_json::from_value(v["rows"].clone())
+            .unwrap_or_else(|e| panic!("{path}: its rows: {e}"));
+        let f = granularity::figure(&rows, dir, stem).expect("writing the figure");
+        println!("figure: {}", f.display());
+        return;
+    }
     let report = Report {
         alone_fraction: v["fidelity"]["alone_fraction"].as_f64().unwrap_or(0.0),
         alone_tries: v["fidelity"]["alone_tries"].as_u64().unwrap_or(1) as u32,
@@ -218,13 +231,7 @@ fn replot(path: &str) {
     };
     // The JSON's own name (`fabric-permutation-entropy.json`): a run per encoding or rate
     // wrote one each, and its figures are named after it.
-    let name = std::path::Path::new(path)
-        .file_stem()
-        .and_then(|s| s.to_str())
-        .map(str::to_owned)
-        .unwrap_or_else(|| format!("fabric-{}", v["experiment"].as_str().expect("experiment")));
-    let dir = std::path::Path::new(path).parent().expect("a folder");
-    for f in sopa_testbed::figures::write(&report, dir, &name).expect("writing the figures") {
+    for f in sopa_testbed::figures::write(&report, dir, stem).expect("writing the figures") {
         println!("figure: {}", f.display());
     }
 }

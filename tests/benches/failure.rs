@@ -107,13 +107,16 @@ struct Cli {
     /// A toy-size run: two modes, short runs.
     #[arg(long)]
     smoke: bool,
+    /// Draw the figures of a JSON this benchmark wrote, without running anything (named after
+    /// the JSON: `failure-srv6.json` draws `failure-ELEMENT-srv6.svg` beside it).
+    #[arg(long)]
+    replot: Option<std::path::PathBuf>,
     /// Passed by `cargo bench`.
     #[arg(long, hide = true)]
     bench: bool,
 }
 
-fn args() -> Args {
-    let cli = <Cli as clap::Parser>::parse();
+fn args(cli: Cli) -> Args {
     let (modes, seconds, onset, healthy) = if cli.smoke {
         (vec!["sopa", "ecmp"], 5.0, 2.0, 10.0)
     } else {
@@ -485,7 +488,11 @@ fn run_one(f: &Fabric, a: &Args, mode: &str, element: &Element) -> Row {
 }
 
 fn main() {
-    let a = args();
+    let cli = <Cli as clap::Parser>::parse();
+    if let Some(json) = &cli.replot {
+        return replot(json);
+    }
+    let a = args(cli);
     let opts = FabricOptions {
         rate_mbit: Some(a.rate),
         encoding: a.encoding,
@@ -649,22 +656,50 @@ fn main() {
     )
     .expect("writing failure.json");
     println!("results: {}", json.display());
-    for element in &a.elements {
-        let name = element.to_string();
-        let series: Vec<(String, Vec<(f64, f64)>)> = rows
+    let curves: Vec<Curve> = rows
+        .iter()
+        .map(|r| Curve {
+            mode: r.mode.clone(),
+            element: r.element.clone(),
+            goodput: r.goodput.clone(),
+            onset_bin: r.onset_bin,
+        })
+        .collect();
+    draw(&curves, &a.out, &suffix);
+}
+
+/// What a figure draws of a run: its goodput over time, per 100 ms bin.
+#[derive(serde::Deserialize)]
+struct Curve {
+    mode: String,
+    element: String,
+    goodput: Vec<f64>,
+    onset_bin: usize,
+}
+
+/// One figure per element, a line per mode: goodput against the time from the failure.
+fn draw(curves: &[Curve], out: &std::path::Path, suffix: &str) {
+    let mut elements: Vec<&str> = Vec::new();
+    for c in curves {
+        if !elements.contains(&c.element.as_str()) {
+            elements.push(&c.element);
+        }
+    }
+    for name in elements {
+        let series: Vec<(String, Vec<(f64, f64)>)> = curves
             .iter()
-            .filter(|r| r.element == name)
-            .map(|r| {
-                let points = r
+            .filter(|c| c.element == name)
+            .map(|c| {
+                let points = c
                     .goodput
                     .iter()
                     .enumerate()
-                    .map(|(i, g)| ((i as f64 - r.onset_bin as f64) * BIN.as_secs_f64(), *g))
+                    .map(|(i, g)| ((i as f64 - c.onset_bin as f64) * BIN.as_secs_f64(), *g))
                     .collect();
-                (r.mode.clone(), points)
+                (c.mode.clone(), points)
             })
             .collect();
-        let file = a.out.join(format!(
+        let file = out.join(format!(
             "failure-{}{suffix}.svg",
             name.replace([' ', ':', '%'], "-").trim_end_matches('-')
         ));
@@ -678,4 +713,20 @@ fn main() {
         .expect("drawing the figure");
         println!("figure: {}", file.display());
     }
+}
+
+/// `--replot FILE`: the figures of a `failure*.json`, beside it, suffixed as the JSON is
+/// (`failure-srv6-load60.json`: `-srv6-load60`).
+fn replot(json: &std::path::Path) {
+    let text = std::fs::read_to_string(json).unwrap_or_else(|e| panic!("{}: {e}", json.display()));
+    let v: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", json.display()));
+    let curves: Vec<Curve> = serde_json::from_value(v["rows"].clone())
+        .unwrap_or_else(|e| panic!("{}: its rows: {e}", json.display()));
+    let stem = json
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("failure");
+    let suffix = stem.strip_prefix("failure").unwrap_or(stem);
+    draw(&curves, json.parent().expect("a folder"), suffix);
 }

@@ -3,14 +3,14 @@
 
 use std::path::{Path, PathBuf};
 
-use plotters::prelude::*;
+use plotters::{coord::Shift, prelude::*};
 
 use crate::{Error, Result, experiment::Report};
 
-/// Each mode's own colour, the same in every figure (the ideal black); a mode's variants
-/// (`sopa+cell4`, `ecmp+r3`) and unknown names take the next colour of [`SPARE`] no series of
-/// the figure has.
-const MODE_COLOURS: [(&str, RGBColor); 8] = [
+/// Each mode's own colour, the same in every figure (the ideal black, and nothing else); a
+/// mode's variants (`sopa+cell4`, `ecmp+r3`) and unknown names take the next colour no series
+/// of the figure has, of the other modes' and then of [`SPARE`].
+const MODE_COLOURS: [(&str, RGBColor); 9] = [
     ("ideal", RGBColor(0, 0, 0)),
     ("sopa", RGBColor(31, 119, 180)),
     ("rps", RGBColor(214, 39, 40)),
@@ -19,11 +19,11 @@ const MODE_COLOURS: [(&str, RGBColor); 8] = [
     ("single", RGBColor(255, 127, 14)),
     ("random", RGBColor(23, 190, 207)),
     ("rr-blind", RGBColor(140, 86, 75)),
+    ("mptcp", RGBColor(227, 119, 194)),
 ];
 
 /// Colours for series beyond the modes' own, each apart from them and from each other.
-const SPARE: [RGBColor; 8] = [
-    RGBColor(227, 119, 194),
+const SPARE: [RGBColor; 7] = [
     RGBColor(188, 189, 34),
     RGBColor(127, 127, 127),
     RGBColor(0, 70, 140),
@@ -44,6 +44,7 @@ fn colours(names: &[&str]) -> Vec<RGBColor> {
     }
     let mut spare = MODE_COLOURS
         .iter()
+        .filter(|(m, _)| *m != "ideal")
         .map(|(_, c)| *c)
         .chain(SPARE)
         .filter(|c| !taken.contains(c))
@@ -74,33 +75,49 @@ fn span(values: impl Iterator<Item = f64> + Clone, from_zero: bool) -> (f64, f64
     (lo, hi + pad)
 }
 
-/// The corner of the plot where the legend covers the fewest data points: the points in a box
-/// of 40% of the width and 35% of the height at each corner are counted, and the emptiest
-/// corner wins (the lower right on a tie).
-fn legend_corner(points: &[(f64, f64)], x: (f64, f64), y: (f64, f64)) -> SeriesLabelPosition {
-    let fx = |v: f64| (v - x.0) / (x.1 - x.0).max(1e-12);
-    let fy = |v: f64| (v - y.0) / (y.1 - y.0).max(1e-12);
-    let corners = [
-        (SeriesLabelPosition::LowerRight, true, false),
-        (SeriesLabelPosition::UpperLeft, false, true),
-        (SeriesLabelPosition::UpperRight, true, true),
-        (SeriesLabelPosition::LowerLeft, false, false),
-    ];
-    let count = |right: bool, upper: bool| {
-        points
-            .iter()
-            .filter(|(px, py)| {
-                let (u, v) = (fx(*px), fy(*py));
-                (if right { u >= 0.6 } else { u <= 0.4 })
-                    && (if upper { v >= 0.65 } else { v <= 0.35 })
-            })
-            .count()
-    };
-    corners
-        .into_iter()
-        .min_by_key(|(_, right, upper)| count(*right, *upper))
-        .map(|(p, _, _)| p)
-        .expect("four corners")
+/// The width of the strip right of a line plot that holds its legend (no curve runs under it,
+/// wherever the data lie): room for the sample and the longest name, about 8 px a character at
+/// 14 px.
+fn legend_width(names: &[&str]) -> u32 {
+    let longest = names.iter().map(|n| n.chars().count()).max().unwrap_or(0) as u32;
+    (44 + 8 * longest).max(100)
+}
+
+/// Splits `root` into the plot and the legend's strip, `strip` pixels wide, at its right.
+fn with_legend_strip<'a>(
+    root: &DrawingArea<SVGBackend<'a>, Shift>,
+    strip: u32,
+) -> (
+    DrawingArea<SVGBackend<'a>, Shift>,
+    DrawingArea<SVGBackend<'a>, Shift>,
+) {
+    let (width, _) = root.dim_in_pixel();
+    root.split_horizontally(width.saturating_sub(strip))
+}
+
+/// The legend in its strip: a line sample and the name per series, from the top of the plot.
+fn legend(
+    strip: &DrawingArea<SVGBackend<'_>, Shift>,
+    names: &[&str],
+    palette: &[RGBColor],
+) -> std::result::Result<(), String> {
+    for (i, (name, color)) in names.iter().zip(palette).enumerate() {
+        let y = 56 + 22 * i as i32;
+        strip
+            .draw(&PathElement::new(
+                vec![(4, y), (28, y)],
+                color.stroke_width(2),
+            ))
+            .map_err(|e| e.to_string())?;
+        strip
+            .draw(&Text::new(
+                name.to_string(),
+                (34, y - 7),
+                ("sans-serif", 14).into_font(),
+            ))
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 /// The points of a step-function CDF of `values` from `x0`: each value raises it by 1/n.
@@ -122,13 +139,13 @@ fn cdf(path: &Path, title: &str, x_label: &str, series: &[(String, Vec<f64>)]) -
         |e: &dyn std::fmt::Display| Error::Failed(format!("drawing {}: {e}", path.display()));
     let (x_lo, x_hi) = span(series.iter().flat_map(|(_, v)| v.iter().copied()), false);
     let curves: Vec<Vec<(f64, f64)>> = series.iter().map(|(_, v)| cdf_points(v, x_lo)).collect();
-    let all: Vec<(f64, f64)> = curves.iter().flatten().copied().collect();
-    let corner = legend_corner(&all, (x_lo, x_hi), (0.0, 1.0));
     let names: Vec<&str> = series.iter().map(|(n, _)| n.as_str()).collect();
     let palette = colours(&names);
-    let root = SVGBackend::new(path, (720, 480)).into_drawing_area();
+    let strip_width = legend_width(&names);
+    let root = SVGBackend::new(path, (720 + strip_width, 480)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| fail(&e))?;
-    let mut chart = ChartBuilder::on(&root)
+    let (plot, strip) = with_legend_strip(&root, strip_width);
+    let mut chart = ChartBuilder::on(&plot)
         .caption(title, ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(40)
@@ -141,23 +158,12 @@ fn cdf(path: &Path, title: &str, x_label: &str, series: &[(String, Vec<f64>)]) -
         .y_desc("fraction of flows")
         .draw()
         .map_err(|e| fail(&e))?;
-    for (i, ((name, _), points)) in series.iter().zip(curves).enumerate() {
-        let color = palette[i];
+    for (points, color) in curves.into_iter().zip(&palette) {
         chart
             .draw_series(LineSeries::new(points, color.stroke_width(2)))
-            .map_err(|e| fail(&e))?
-            .label(name.clone())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
+            .map_err(|e| fail(&e))?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(corner)
-        .draw()
-        .map_err(|e| fail(&e))?;
+    legend(&strip, &names, &palette).map_err(|e| fail(&e))?;
     root.present().map_err(|e| fail(&e))?;
     Ok(())
 }
@@ -175,13 +181,13 @@ pub fn lines(
     let points = || series.iter().flat_map(|(_, v)| v.iter().copied());
     let (x_min, x_max) = span(points().map(|p| p.0), false);
     let (_, y_max) = span(points().map(|p| p.1), true);
-    let all: Vec<(f64, f64)> = points().collect();
-    let corner = legend_corner(&all, (x_min, x_max), (0.0, y_max));
     let names: Vec<&str> = series.iter().map(|(n, _)| n.as_str()).collect();
     let palette = colours(&names);
-    let root = SVGBackend::new(path, (960, 480)).into_drawing_area();
+    let strip_width = legend_width(&names);
+    let root = SVGBackend::new(path, (960 + strip_width, 480)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| fail(&e))?;
-    let mut chart = ChartBuilder::on(&root)
+    let (plot, strip) = with_legend_strip(&root, strip_width);
+    let mut chart = ChartBuilder::on(&plot)
         .caption(title, ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(40)
@@ -194,23 +200,12 @@ pub fn lines(
         .y_desc(y_label)
         .draw()
         .map_err(|e| fail(&e))?;
-    for (i, (name, values)) in series.iter().enumerate() {
-        let color = palette[i];
+    for ((_, values), color) in series.iter().zip(&palette) {
         chart
             .draw_series(LineSeries::new(values.clone(), color.stroke_width(2)))
-            .map_err(|e| fail(&e))?
-            .label(name.clone())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
+            .map_err(|e| fail(&e))?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(corner)
-        .draw()
-        .map_err(|e| fail(&e))?;
+    legend(&strip, &names, &palette).map_err(|e| fail(&e))?;
     root.present().map_err(|e| fail(&e))?;
     Ok(())
 }
@@ -322,11 +317,13 @@ pub fn write(report: &Report, dir: &Path, name: &str) -> Result<Vec<PathBuf>> {
     let mut paths = paths;
     if let Some(first) = report.results.iter().find(|r| !r.core_links.is_empty()) {
         let labels: Vec<String> = first.core_links.iter().map(|(n, _)| n.clone()).collect();
-        // Modes without core links have no bars, nor a legend entry.
+        // Modes without core links have no bars, nor a legend entry: the ideal runs on one big
+        // switch, and what it lists for the fabric's core links is the fabric's own control
+        // traffic meanwhile (a packet or two).
         let series: Vec<(String, Vec<f64>)> = report
             .results
             .iter()
-            .filter(|r| !r.core_links.is_empty())
+            .filter(|r| r.mode != "ideal" && r.core_links.iter().any(|(_, b)| *b > 0))
             .map(|r| {
                 (
                     r.mode.clone(),
@@ -372,6 +369,21 @@ mod tests {
             }
         }
         assert_eq!(c[0], RGBColor(0, 0, 0), "the ideal is black");
+        // And nothing else is, whatever the figure holds.
+        let others = [
+            "sopa",
+            "mptcp",
+            "sopa+cell4",
+            "throughput, 10 Mbit/s",
+            "x",
+            "y",
+            "z",
+        ];
+        assert!(
+            !colours(&others).contains(&RGBColor(0, 0, 0)),
+            "{:?}",
+            colours(&others)
+        );
         assert_eq!(
             colours(&["ecmp", "sopa"])[1],
             c[1],
@@ -380,28 +392,76 @@ mod tests {
     }
 
     #[test]
-    fn axes_fit_the_data_and_the_legend_takes_the_emptiest_corner() {
+    fn axes_fit_the_data() {
         let (lo, hi) = span([0.29, 0.5, 0.93].into_iter(), false);
         assert!(
             lo > 0.25 && lo < 0.29 && hi > 0.93 && hi < 0.97,
             "{lo} {hi}"
         );
-        // Throughput CDFs rise at the right: the legend goes left.
-        let points = cdf_points(&[0.8, 0.85, 0.9, 0.92], 0.0);
-        let corner = legend_corner(&points, (0.0, 1.0), (0.0, 1.0));
-        assert!(
-            matches!(
-                corner,
-                SeriesLabelPosition::UpperLeft | SeriesLabelPosition::LowerLeft
-            ),
-            "{corner:?}"
-        );
-        // FCT CDFs rise at the left: the lower right is clear.
-        let points = cdf_points(&[0.1, 0.2, 0.3, 5.0], 0.0);
-        let corner = legend_corner(&points, (0.0, 5.0), (0.0, 1.0));
-        assert!(
-            matches!(corner, SeriesLabelPosition::LowerRight),
-            "{corner:?}"
-        );
+    }
+
+    /// The x coordinates of an SVG's polylines' points, and of each text's anchor by its text.
+    fn svg_xs(svg: &str) -> (Vec<f64>, Vec<(String, f64)>) {
+        let attr = |tag: &str, name: &str| {
+            tag.split(&format!(" {name}=\""))
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .map(str::to_owned)
+        };
+        let mut lines = Vec::new();
+        let mut texts = Vec::new();
+        for tag in svg.split('<').skip(1) {
+            if tag.starts_with("polyline") {
+                for p in attr(tag, "points").unwrap_or_default().split_whitespace() {
+                    lines.push(p.split(',').next().unwrap().parse().unwrap());
+                }
+            } else if tag.starts_with("text") {
+                let x = attr(tag, "x").unwrap().parse().unwrap();
+                let body = tag.split_once('>').map_or("", |(_, b)| b).trim().to_owned();
+                texts.push((body, x));
+            }
+        }
+        (lines, texts)
+    }
+
+    #[test]
+    fn the_legend_stands_right_of_every_curve() {
+        let dir = std::env::temp_dir().join(crate::run_name("figures"));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Curves that fill every corner of the plot.
+        let series = vec![
+            ("sopa".to_owned(), vec![0.1, 0.2, 0.9, 0.95]),
+            ("ecmp".to_owned(), vec![0.1, 0.5, 0.6, 0.95]),
+        ];
+        let cdf_file = dir.join("cdf.svg");
+        cdf(&cdf_file, "t", "x", &series).unwrap();
+        let line_file = dir.join("lines.svg");
+        let wide: Vec<(String, Vec<(f64, f64)>)> = series
+            .iter()
+            .map(|(n, v)| {
+                (
+                    n.clone(),
+                    v.iter().enumerate().map(|(i, y)| (i as f64, *y)).collect(),
+                )
+            })
+            .collect();
+        lines(&line_file, "t", "x", "y", &wide).unwrap();
+        for file in [cdf_file, line_file] {
+            let svg = std::fs::read_to_string(&file).unwrap();
+            let (curves, texts) = svg_xs(&svg);
+            let right = curves.iter().copied().fold(f64::MIN, f64::max);
+            assert!(!curves.is_empty(), "{svg}");
+            for name in ["sopa", "ecmp"] {
+                let (_, x) = texts
+                    .iter()
+                    .find(|(t, _)| t == name)
+                    .unwrap_or_else(|| panic!("no legend entry {name} in {}", file.display()));
+                assert!(
+                    *x > right,
+                    "{name}'s legend at x={x}, a curve reaches x={right}"
+                );
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -20,7 +20,7 @@ pub const KEEP_THROUGHPUT: f64 = 0.95;
 pub const MAX_CPU_RATIO: f64 = 0.5;
 
 /// One mode of one rate, set against per-packet spraying and the ideal of that rate.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct Row {
     pub rate_mbit: u32,
     pub mode: String,
