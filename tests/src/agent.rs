@@ -207,6 +207,17 @@ pub fn set_granularity(node: &str, granularity: &str) -> Result<String> {
     run_time_command("granularity", node, granularity, &[])
 }
 
+/// Removes what run-time commands recorded for `node` under /run/sopa (`mode`, `granularity`,
+/// the entropy encoding's summary), which outlives the node's agent by design so that a
+/// restart keeps it, and the node's folder once empty: a test's nodes go with the test.
+pub fn forget_run_time_choices(node: &str) {
+    let dir = std::path::Path::new("/run/sopa").join(node);
+    for file in ["mode.json", "granularity.json", "entropy.json"] {
+        let _ = std::fs::remove_file(dir.join(file));
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
 /// `sopa-agent COMMAND --node NODE VALUE EXTRA...`, a change to a running agent: its output, or
 /// its error output.
 fn run_time_command(command: &str, node: &str, value: &str, extra: &[&str]) -> Result<String> {

@@ -34,6 +34,16 @@ pub const FABRIC6: &str = "fd00:5a::/96";
 pub const A_PREFIX: &str = "10.101.1.0/24";
 pub const B_PREFIX: &str = "10.101.2.0/24";
 
+/// Agents on A and B are nodes named after their namespaces: what run-time commands recorded
+/// for them (`sopa-agent granularity`, `mode`) goes with the namespaces.
+impl Drop for Arb {
+    fn drop(&mut self) {
+        for ns in [&self.a, &self.b] {
+            crate::agent::forget_run_time_choices(ns.name());
+        }
+    }
+}
+
 impl Arb {
     /// Builds A - R - B: 10.101.1.2/24 on A, 10.101.2.2/24 on B, R forwarding between them,
     /// default routes on both hosts via R. Everything goes away on drop.

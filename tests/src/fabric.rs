@@ -1270,14 +1270,12 @@ pub fn stop_pid(pid: u32) {
 
 impl Drop for Fabric {
     fn drop(&mut self) {
-        // `sopa-agent mode` (set_mode) leaves each host node a run-time mode that outlives its
-        // agent by design; the fabric's nodes go with the fabric.
+        // `sopa-agent mode` and `granularity` leave each host node run-time choices that
+        // outlive its agent by design; the fabric's nodes go with the fabric.
         let nodes: Vec<String> = self.hosts.values().map(|a| a.node.clone()).collect();
         self.hosts.clear();
         for node in nodes {
-            let dir = std::path::Path::new("/run/sopa").join(node);
-            let _ = std::fs::remove_file(dir.join("mode.json"));
-            let _ = std::fs::remove_dir(dir);
+            crate::agent::forget_run_time_choices(&node);
         }
         for p in self.switches.values_mut() {
             p.stop();

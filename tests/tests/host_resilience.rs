@@ -889,9 +889,7 @@ struct ForgetMode(String);
 
 impl Drop for ForgetMode {
     fn drop(&mut self) {
-        let dir = std::path::Path::new("/run/sopa").join(&self.0);
-        let _ = std::fs::remove_file(dir.join("mode.json"));
-        let _ = std::fs::remove_dir(dir);
+        sopa_testbed::agent::forget_run_time_choices(&self.0);
     }
 }
 
