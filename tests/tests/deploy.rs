@@ -181,6 +181,82 @@ fn the_prometheus_rules_load_and_their_unit_tests_pass() {
     }
 }
 
+/// Grafana is not installable here (neither Debian nor the package registries carry it): what
+/// it would read is checked instead. The provisioned datasource is the one the dashboard's
+/// panels use, the file provider points where the comments say to copy the JSON, and the panels
+/// do not overlap (Grafana would move them). The gray phase of `fabric_option` evaluates every
+/// panel's query in a real Prometheus.
+#[test]
+fn the_grafana_provisioning_loads_the_dashboard_and_its_datasource() {
+    let datasources = &YamlLoader::load_from_str(&read(
+        "deploy/grafana/provisioning/datasources/prometheus.yaml",
+    ))
+    .unwrap()[0];
+    let source = &datasources["datasources"][0];
+    assert_eq!(datasources["apiVersion"].as_i64(), Some(1));
+    assert_eq!(source["type"].as_str(), Some("prometheus"));
+    let uid = source["uid"].as_str().expect("the datasource's uid");
+    let providers =
+        &YamlLoader::load_from_str(&read("deploy/grafana/provisioning/dashboards/sopa.yaml"))
+            .unwrap()[0];
+    let provider = &providers["providers"][0];
+    assert_eq!(provider["type"].as_str(), Some("file"));
+    let path = provider["options"]["path"]
+        .as_str()
+        .expect("the provider's path");
+    assert!(
+        read("deploy/grafana/provisioning/dashboards/sopa.yaml").contains(&format!("to {path}/")),
+        "the comment says where to copy the dashboard: {path}"
+    );
+
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&read("deploy/grafana/sopa-fabric.json")).unwrap();
+    assert!(dashboard["uid"].as_str().is_some_and(|u| !u.is_empty()));
+    let variables = dashboard["templating"]["list"].as_array().unwrap();
+    let variable = |name: &str| {
+        variables
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("no variable {name}"))
+    };
+    // The datasource variable defaults to the provisioned one; the node variable lists agents.
+    assert_eq!(variable("datasource")["type"], "datasource");
+    assert_eq!(
+        variable("datasource")["current"]["value"].as_str(),
+        Some(uid)
+    );
+    assert_eq!(variable("instance")["label"], "node");
+    let panels = dashboard["panels"].as_array().unwrap();
+    assert!(
+        panels.iter().any(|p| p["title"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("Per-path balance")),
+        "a per-path balance panel"
+    );
+    let mut placed: Vec<(i64, i64, i64, i64, &str)> = Vec::new();
+    for p in panels {
+        let title = p["title"].as_str().unwrap_or("?");
+        assert_eq!(p["datasource"]["uid"], "${datasource}", "panel {title}");
+        let g = &p["gridPos"];
+        let (x, y, w, h) = (
+            g["x"].as_i64().unwrap(),
+            g["y"].as_i64().unwrap(),
+            g["w"].as_i64().unwrap(),
+            g["h"].as_i64().unwrap(),
+        );
+        assert!(
+            x >= 0 && w > 0 && x + w <= 24 && h > 0,
+            "panel {title}: {g}"
+        );
+        for (ox, oy, ow, oh, other) in &placed {
+            let apart = x + w <= *ox || *ox + ow <= x || y + h <= *oy || *oy + oh <= y;
+            assert!(apart, "panels {other} and {title} overlap");
+        }
+        placed.push((x, y, w, h, title));
+    }
+}
+
 #[test]
 fn the_controllers_example_environment_names_only_its_flags() {
     let known = variables(&bins::sopa_controller(), &["--help"]);

@@ -131,9 +131,9 @@ impl Drop for Container {
 
 #[test]
 fn the_agent_image_attaches_in_a_namespace_and_stamps() {
-    if packages("the agent image runs in a namespace").is_none() {
+    let Some(debs) = packages("the agent image runs in a namespace") else {
         return;
-    }
+    };
     let arb = Arb::new("img").expect("build A - R - B");
     let node = arb.a.name().to_owned();
     let tmp = sopa_testbed::temp_dir(&format!("img-{node}"));
@@ -151,11 +151,13 @@ fn the_agent_image_attaches_in_a_namespace_and_stamps() {
         })
         .expect("a cgroup v2 mount on this host");
     let reordering = arb.a.read_sysctl("net.ipv4.tcp_reordering").unwrap();
-    let container = Container(format!("sopa-test-{node}"));
+    // Dropped in reverse: the container goes first (its agent exits, leaving the datapath
+    // attached as told), then the detach takes the datapath off whatever the test did.
     let _detach = sopa_testbed::resilience::DetachOnDrop {
         ns: &arb.a,
         node: node.clone(),
     };
+    let container = Container(format!("sopa-test-{node}"));
     // As the DaemonSet runs it: the host's network (here A's namespace), bpffs and /run/sopa
     // shared with the host, the host's /proc at /hostproc, the unit's three capabilities, and
     // the host's PIDs (the journal records the agent's).
@@ -257,11 +259,7 @@ fn the_agent_image_attaches_in_a_namespace_and_stamps() {
     );
     // Removing the package takes the datapath off: its prerm runs `sopa-agent detach` for the
     // node its env file names, in the host's network (A's namespace) with bpffs and /run/sopa.
-    let dir = packages("the package's prerm detaches").unwrap()[0]
-        .parent()
-        .unwrap()
-        .display()
-        .to_string();
+    let dir = debs[0].parent().unwrap().display().to_string();
     let script = format!(
         "set -e
         dpkg -i /debs/sopa-agent_*.deb
@@ -297,10 +295,15 @@ fn the_agent_image_attaches_in_a_namespace_and_stamps() {
     ]);
     assert!(ok && out.contains("removed"), "{out}");
     assert!(out.contains(&format!("node {node}: detached")), "{out}");
-    assert!(
-        status().is_none(),
-        "the node's pins and record are gone after the removal"
-    );
+    for gone in [
+        format!("/sys/fs/bpf/sopa/{node}"),
+        format!("/run/sopa/{node}"),
+    ] {
+        assert!(
+            !Path::new(&gone).exists(),
+            "{gone} is left after the removal"
+        );
+    }
     assert_eq!(
         arb.a.read_sysctl("net.ipv4.tcp_reordering").unwrap(),
         reordering,

@@ -149,13 +149,18 @@ pub fn a_gray_core_link_is_found_drained_and_trusted_again(f: &mut Fabric) {
         }
         // And every panel's query is one Prometheus evaluates, its variables as Grafana fills
         // them (all nodes, a rate window of a minute).
-        let panels: serde_json::Value = serde_json::from_str(&dashboard).unwrap();
+        let board: serde_json::Value = serde_json::from_str(&dashboard).unwrap();
+        // A row's panels (collapsed rows hold theirs) as well as the top level's.
+        let top = board["panels"].as_array().unwrap();
+        let nested = top
+            .iter()
+            .flat_map(|p| p["panels"].as_array().into_iter().flatten());
         let mut queries = 0;
-        for panel in panels["panels"].as_array().unwrap() {
+        for panel in top.iter().chain(nested) {
             for target in panel["targets"].as_array().into_iter().flatten() {
-                let Some(expr) = target["expr"].as_str() else {
-                    continue;
-                };
+                let expr = target["expr"].as_str().unwrap_or_else(|| {
+                    panic!("panel {}: a target without a query", panel["title"])
+                });
                 let expr = expr
                     .replace("$instance", ".+")
                     .replace("$__rate_interval", "1m");
