@@ -215,7 +215,7 @@ fn replot(path: &str) {
         .and_then(|s| s.to_str())
         .expect("a file name");
     // The flowcell sweep's own JSON: its one figure, named after it.
-    if v.get("rows").is_some() {
+    if v["experiment"] == "granularity" {
         let rows: Vec<granularity::Row> = serde_json::from_value(v["rows"].clone())
             .unwrap_or_else(|e| panic!("{path}: its rows: {e}"));
         let f = granularity::figure(&rows, dir, stem).expect("writing the figure");

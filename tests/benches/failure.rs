@@ -665,7 +665,7 @@ fn main() {
             onset_bin: r.onset_bin,
         })
         .collect();
-    draw(&curves, &a.out, &suffix);
+    draw(&curves, BIN, &a.out, &suffix);
 }
 
 /// What a figure draws of a run: its goodput over time, per 100 ms bin.
@@ -677,8 +677,9 @@ struct Curve {
     onset_bin: usize,
 }
 
-/// One figure per element, a line per mode: goodput against the time from the failure.
-fn draw(curves: &[Curve], out: &std::path::Path, suffix: &str) {
+/// One figure per element, a line per mode: goodput (per `bin`) against the time from the
+/// failure.
+fn draw(curves: &[Curve], bin: Duration, out: &std::path::Path, suffix: &str) {
     let mut elements: Vec<&str> = Vec::new();
     for c in curves {
         if !elements.contains(&c.element.as_str()) {
@@ -694,7 +695,7 @@ fn draw(curves: &[Curve], out: &std::path::Path, suffix: &str) {
                     .goodput
                     .iter()
                     .enumerate()
-                    .map(|(i, g)| ((i as f64 - c.onset_bin as f64) * BIN.as_secs_f64(), *g))
+                    .map(|(i, g)| ((i as f64 - c.onset_bin as f64) * bin.as_secs_f64(), *g))
                     .collect();
                 (c.mode.clone(), points)
             })
@@ -727,6 +728,10 @@ fn replot(json: &std::path::Path) {
         .file_stem()
         .and_then(|s| s.to_str())
         .unwrap_or("failure");
-    let suffix = stem.strip_prefix("failure").unwrap_or(stem);
-    draw(&curves, json.parent().expect("a folder"), suffix);
+    let suffix = match stem.strip_prefix("failure").unwrap_or(stem) {
+        s if s.is_empty() || s.starts_with('-') => s.to_owned(),
+        s => format!("-{s}"),
+    };
+    let bin = Duration::from_millis(v["bin_ms"].as_u64().unwrap_or(BIN.as_millis() as u64));
+    draw(&curves, bin, json.parent().expect("a folder"), &suffix);
 }

@@ -319,11 +319,12 @@ pub fn write(report: &Report, dir: &Path, name: &str) -> Result<Vec<PathBuf>> {
         let labels: Vec<String> = first.core_links.iter().map(|(n, _)| n.clone()).collect();
         // Modes without core links have no bars, nor a legend entry: the ideal runs on one big
         // switch, and what it lists for the fabric's core links is the fabric's own control
-        // traffic meanwhile (a packet or two).
+        // traffic meanwhile (a packet or two). A mode whose core links carried nothing keeps
+        // its (empty) bars: that is a result.
         let series: Vec<(String, Vec<f64>)> = report
             .results
             .iter()
-            .filter(|r| r.mode != "ideal" && r.core_links.iter().any(|(_, b)| *b > 0))
+            .filter(|r| r.mode != "ideal" && !r.core_links.is_empty())
             .map(|r| {
                 (
                     r.mode.clone(),

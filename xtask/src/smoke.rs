@@ -105,7 +105,14 @@ pub fn fast(benches: &Benches, timeout: Duration) -> Result<Vec<Outcome>> {
     }
     row.name = "smoke bench failure".into();
     rows.push(row);
-    rows.push(replot(benches, &out, "fabric-permutation", timeout));
+    rows.push(replot(
+        benches,
+        "fabric",
+        &out,
+        "fabric-permutation",
+        timeout,
+    ));
+    rows.push(replot(benches, "failure", &out, "failure", timeout));
     rows.push(step(
         "smoke demo --arb",
         xtask_command(&["demo", "--arb", "--mib", "16", "--prebuilt"]),
@@ -269,7 +276,15 @@ pub fn full(timeout: Duration) -> Result<Vec<Outcome>> {
     }
     row.name = "smoke bench failure".into();
     rows.push(row);
-    rows.push(replot(&benches, &out, "fabric-sec4.2", timeout));
+    rows.push(replot(&benches, "fabric", &out, "fabric-sec4.2", timeout));
+    rows.push(replot(
+        &benches,
+        "fabric",
+        &out,
+        "fabric-granularity-sweep",
+        timeout,
+    ));
+    rows.push(replot(&benches, "failure", &out, "failure", timeout));
     rows.push(step(
         "smoke demo --arb",
         xtask_command(&["demo", "--arb"]),
@@ -278,8 +293,14 @@ pub fn full(timeout: Duration) -> Result<Vec<Outcome>> {
     Ok(finish(rows, &out))
 }
 
-/// `bench fabric --replot` of the JSON `name` a run wrote into `out` (or its `-INVALID` one).
-fn replot(benches: &Benches, out: &std::path::Path, name: &str, timeout: Duration) -> Outcome {
+/// `bench BENCH --replot` of the JSON `name` a run wrote into `out` (or its `-INVALID` one).
+fn replot(
+    benches: &Benches,
+    bench_name: &str,
+    out: &std::path::Path,
+    name: &str,
+    timeout: Duration,
+) -> Outcome {
     let json = [format!("{name}.json"), format!("{name}-INVALID.json")]
         .map(|n| out.join(n))
         .into_iter()
@@ -287,11 +308,11 @@ fn replot(benches: &Benches, out: &std::path::Path, name: &str, timeout: Duratio
         .unwrap_or_else(|| out.join(format!("{name}.json")));
     let mut row = bench(
         benches,
-        "fabric",
+        bench_name,
         &["--replot", &json.display().to_string()],
         timeout,
     );
-    row.name = "smoke bench fabric --replot".into();
+    row.name = format!("smoke bench {bench_name} --replot {name}");
     row
 }
 
