@@ -222,12 +222,21 @@ fn replot(path: &str) {
         println!("figure: {}", f.display());
         return;
     }
+    let not_ours = |what: &str| -> ! {
+        panic!(
+            "{path}: no {what}; --replot takes a JSON `bench fabric` wrote (fabric-*.json), \
+             not another bench's"
+        )
+    };
     let report = Report {
         alone_fraction: v["fidelity"]["alone_fraction"].as_f64().unwrap_or(0.0),
         alone_tries: v["fidelity"]["alone_tries"].as_u64().unwrap_or(1) as u32,
         alone_steal_pct: v["fidelity"]["alone_steal_pct"].as_f64().unwrap_or(0.0),
-        rate_mbit: v["rate_mbit"].as_f64().expect("rate_mbit"),
-        results: serde_json::from_value(v["modes"].clone()).expect("modes"),
+        rate_mbit: v["rate_mbit"]
+            .as_f64()
+            .unwrap_or_else(|| not_ours("rate_mbit")),
+        results: serde_json::from_value(v["modes"].clone())
+            .unwrap_or_else(|e| not_ours(&format!("modes ({e})"))),
     };
     // The JSON's own name (`fabric-permutation-entropy.json`): a run per encoding or rate
     // wrote one each, and its figures are named after it.
