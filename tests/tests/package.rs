@@ -120,6 +120,28 @@ fn the_packages_install_into_a_clean_debian_with_units_pages_and_completions() {
     assert!(out.contains("installed-and-removed"), "{out}");
 }
 
+/// `podman run` options that put a container where the DaemonSet puts the agent: the host's
+/// network (here the namespace `node`), bpffs and /run/sopa shared with the host, the host's
+/// /proc at /hostproc, the unit's three capabilities, and the host's PIDs (the journal records
+/// the agent's).
+fn as_the_daemonset(node: &str) -> Vec<String> {
+    [
+        "--ulimit=nofile=4096:4096",
+        "--ulimit=nproc=4096:4096",
+        &format!("--network=ns:/run/netns/{node}"),
+        "--pid=host",
+        // As the DaemonSet's seccompProfile: a runtime's default profile refuses bpf(2).
+        "--security-opt=seccomp=unconfined",
+        "--cap-drop=all",
+        "--cap-add=CAP_BPF,CAP_PERFMON,CAP_NET_ADMIN",
+        "--volume=/sys/fs/bpf:/sys/fs/bpf",
+        "--volume=/run/sopa:/run/sopa",
+        "--volume=/proc:/hostproc",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
 /// Removes the container on drop, whatever the test did.
 struct Container(String);
 
@@ -158,46 +180,34 @@ fn the_agent_image_attaches_in_a_namespace_and_stamps() {
         node: node.clone(),
     };
     let container = Container(format!("sopa-test-{node}"));
-    // As the DaemonSet runs it: the host's network (here A's namespace), bpffs and /run/sopa
-    // shared with the host, the host's /proc at /hostproc, the unit's three capabilities, and
-    // the host's PIDs (the journal records the agent's).
-    let (ok, out) = podman(&[
-        "run",
-        "--detach",
-        "--ulimit=nofile=4096:4096",
-        "--ulimit=nproc=4096:4096",
-        "--name",
-        &container.0,
-        // As the DaemonSet's configmap: a pod that exits (an upgrade) leaves the datapath.
-        "--env=SOPA_KEEP_ATTACHED=true",
-        "--network",
-        &format!("ns:/run/netns/{node}"),
-        "--pid=host",
-        // As the DaemonSet's seccompProfile: a runtime's default profile refuses bpf(2).
-        "--security-opt=seccomp=unconfined",
-        "--cap-drop=all",
-        "--cap-add=CAP_BPF,CAP_PERFMON,CAP_NET_ADMIN",
-        "-v",
-        "/sys/fs/bpf:/sys/fs/bpf",
-        "-v",
-        "/run/sopa:/run/sopa",
-        "-v",
-        "/proc:/hostproc",
-        "-v",
-        &format!("{}:/etc/sopa/paths.toml:ro", paths.display()),
-        "-v",
-        &format!("{cgroup2}:/host/cgroup:ro"),
-        &image,
-        "run",
-        "--guard-cgroup",
-        "/host/cgroup",
-        "--node",
-        &node,
-        "--iface",
-        &arb.a_if,
-        "--paths",
-        "/etc/sopa/paths.toml",
-    ]);
+    let daemonset = as_the_daemonset(&node);
+    let daemonset: Vec<&str> = daemonset.iter().map(String::as_str).collect();
+    let (ok, out) = podman(
+        &[
+            &["run", "--detach", "--name", &container.0][..],
+            &daemonset,
+            &[
+                // As the DaemonSet's configmap: a pod that exits (an upgrade) leaves the
+                // datapath.
+                "--env=SOPA_KEEP_ATTACHED=true",
+                "-v",
+                &format!("{}:/etc/sopa/paths.toml:ro", paths.display()),
+                "-v",
+                &format!("{cgroup2}:/host/cgroup:ro"),
+                &image,
+                "run",
+                "--guard-cgroup",
+                "/host/cgroup",
+                "--node",
+                &node,
+                "--iface",
+                &arb.a_if,
+                "--paths",
+                "/etc/sopa/paths.toml",
+            ],
+        ]
+        .concat(),
+    );
     assert!(ok, "{out}");
     let logs = || podman(&["logs", &container.0]).1;
     // Attached: the host's `sopa-agent status` reads the pins and the journal the container
@@ -267,32 +277,24 @@ fn the_agent_image_attaches_in_a_namespace_and_stamps() {
         dpkg -r sopa-agent
         echo removed"
     );
-    let (ok, out) = podman(&[
-        "run",
-        "--rm",
-        "--ulimit=nofile=4096:4096",
-        "--ulimit=nproc=4096:4096",
-        "--network",
-        &format!("ns:/run/netns/{node}"),
-        "--pid=host",
-        "--security-opt=seccomp=unconfined",
-        "--cap-drop=all",
-        "--cap-add=CAP_BPF,CAP_PERFMON,CAP_NET_ADMIN",
-        "-v",
-        "/sys/fs/bpf:/sys/fs/bpf",
-        "-v",
-        "/run/sopa:/run/sopa",
-        "-v",
-        "/proc:/hostproc",
-        // A container's /proc/sys is read-only: the detach restores sysctls through the host's.
-        "--env=SOPA_PROC_ROOT=/hostproc",
-        "-v",
-        &format!("{dir}:/debs:ro"),
-        BASE,
-        "sh",
-        "-c",
-        &script,
-    ]);
+    let (ok, out) = podman(
+        &[
+            &["run", "--rm"][..],
+            &daemonset,
+            &[
+                // A container's /proc/sys is read-only: the detach restores sysctls through the
+                // host's.
+                "--env=SOPA_PROC_ROOT=/hostproc",
+                "-v",
+                &format!("{dir}:/debs:ro"),
+                BASE,
+                "sh",
+                "-c",
+                &script,
+            ],
+        ]
+        .concat(),
+    );
     assert!(ok && out.contains("removed"), "{out}");
     assert!(out.contains(&format!("node {node}: detached")), "{out}");
     for gone in [
