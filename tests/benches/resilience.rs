@@ -134,18 +134,11 @@ impl Drop for DetachSwitches {
     }
 }
 
-/// (sent, delivered, each restart's duration in ms): a 10 kpps probe h0 -> h4 across a
-/// Fat-Tree k=4 while the agents of a0 and e0 restart `rounds` times each.
-fn switch_restarts(keep_attached: bool, rounds: u32) -> (u64, u64, Vec<f64>) {
-    let opts = FabricOptions {
-        rate_mbit: None,
-        ..FabricOptions::default()
-    };
-    let mut cleanup = DetachSwitches(Vec::new());
-    let mut f = Fabric::build(&TopologySpec::FatTree { k: 4 }, &opts).expect("the fabric");
-    cleanup.0 = vec![f.switch_node("a0"), f.switch_node("e0")];
-    f.start(&opts).expect("the agents");
-    f.wait_ready(Duration::from_secs(60)).expect("ready");
+/// (sent, delivered, each restart's duration in ms): a 10 kpps probe h0 -> h4 across the
+/// Fat-Tree k=4 `f` while the agents of a0 and e0 restart `rounds` times each. Both kinds run
+/// on one fabric, one after the other: each run starts a0's and e0's agents with its flags and
+/// ends with them stopped, everything they changed restored.
+fn switch_restarts(f: &mut Fabric, keep_attached: bool, rounds: u32) -> (u64, u64, Vec<f64>) {
     let flags: &[&str] = if keep_attached {
         &["--keep-attached"]
     } else {
@@ -162,7 +155,7 @@ fn switch_restarts(keep_attached: bool, rounds: u32) -> (u64, u64, Vec<f64>) {
         f.ns("h4"),
         "10.1.0.2".parse().unwrap(),
         10_000,
-        5701,
+        if keep_attached { 5701 } else { 5702 },
     );
     probe.wait_received(2_000);
     let mut gaps = Vec::new();
@@ -189,15 +182,48 @@ fn switch_restarts(keep_attached: bool, rounds: u32) -> (u64, u64, Vec<f64>) {
     (r.sent, r.received.len() as u64, gaps)
 }
 
+/// Runs `f`, printing how long it took under `what`: the phases' times say where a run's time
+/// goes.
+fn phase<T>(what: &str, f: impl FnOnce() -> T) -> T {
+    let t = Instant::now();
+    let r = f();
+    println!("==> {what}: {:.1} s", t.elapsed().as_secs_f64());
+    r
+}
+
 fn main() {
     let a = args();
     println!("resilience on A - R - B, {} restarts per row", a.rounds);
 
-    let keep = restarts(Restart::KeepAttached, a.rounds);
-    let takeover = restarts(Restart::Takeover, a.rounds);
-    let plain = restarts(Restart::Plain, a.rounds);
-    let switch_keep = switch_restarts(true, a.rounds);
-    let switch_plain = switch_restarts(false, a.rounds);
+    let keep = phase("agent restarts, --keep-attached", || {
+        restarts(Restart::KeepAttached, a.rounds)
+    });
+    let takeover = phase("agent restarts, --takeover", || {
+        restarts(Restart::Takeover, a.rounds)
+    });
+    let plain = phase("agent restarts, plain", || {
+        restarts(Restart::Plain, a.rounds)
+    });
+    let opts = FabricOptions {
+        rate_mbit: None,
+        ..FabricOptions::default()
+    };
+    let mut cleanup = DetachSwitches(Vec::new());
+    let mut f = phase("Fat-Tree k=4 built, its agents ready", || {
+        let mut f = Fabric::build(&TopologySpec::FatTree { k: 4 }, &opts).expect("the fabric");
+        cleanup.0 = vec![f.switch_node("a0"), f.switch_node("e0")];
+        f.start(&opts).expect("the agents");
+        f.wait_ready(Duration::from_secs(60)).expect("ready");
+        f
+    });
+    let switch_keep = phase("switch agent restarts, --keep-attached", || {
+        switch_restarts(&mut f, true, a.rounds)
+    });
+    let switch_plain = phase("switch agent restarts, plain", || {
+        switch_restarts(&mut f, false, a.rounds)
+    });
+    drop(f);
+    drop(cleanup);
 
     let (transfer_bytes, short_flow_count) = if a.smoke {
         (20u64 << 20, 5_000)
@@ -205,6 +231,7 @@ fn main() {
         (200 << 20, 100_000)
     };
     // SIGKILL during 200 MiB.
+    let t = Instant::now();
     let arb = Arb::new("rx").expect("A - R - B");
     let cleanup = DetachOnDrop {
         ns: &arb.a,
@@ -235,8 +262,15 @@ fn main() {
         (transfer, tcp, stamped, adopt_ms, adopted)
     });
     drop(cleanup);
+    drop(arb);
+    println!(
+        "==> SIGKILL during {} MiB: {:.1} s",
+        transfer_bytes >> 20,
+        t.elapsed().as_secs_f64()
+    );
 
     // 100,000 short flows.
+    let t = Instant::now();
     let arb2 = Arb::new("rf").expect("A - R - B");
     let cleanup2 = DetachOnDrop {
         ns: &arb2.a,
@@ -262,6 +296,11 @@ fn main() {
     let st = a2.status().unwrap();
     let rss_after = rss_kib(pid);
     drop((a2, b2, cleanup2));
+    drop(arb2);
+    println!(
+        "==> {short_flow_count} short flows: {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
 
     let pct = |n: usize, d: usize| 100.0 * n as f64 / d.max(1) as f64;
     let pct64 = |n: u64, d: u64| 100.0 * n as f64 / d.max(1) as f64;
