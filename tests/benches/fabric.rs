@@ -498,7 +498,7 @@ fn run_one(a: &Args, encoding: Encoding, rate: u32, xdp: &str) -> (Vec<ModeResul
         );
     }
     println!(
-        "{:<12} {:>5} {:>6} {:>13} {:>6} {:>6} {:>6} {:>5} {:>8} {:>8} {:>9} {:>8} {:>6} {:>7} {:>10} {:>6} {:>6} {:>8}",
+        "{:<12} {:>5} {:>6} {:>13} {:>6} {:>6} {:>6} {:>5} {:>8} {:>8} {:>9} {:>8} {:>6} {:>7} {:>13} {:>6} {:>6} {:>8}",
         "mode",
         "flows",
         "mean",
@@ -522,7 +522,7 @@ fn run_one(a: &Args, encoding: Encoding, rate: u32, xdp: &str) -> (Vec<ModeResul
         let lo = r.round_means.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = r.round_means.iter().copied().fold(0.0, f64::max);
         println!(
-            "{:<12} {:>5} {:>6.3} {:>6.3}-{:<6.3} {:>6.3} {:>6.3} {:>6.3} {:>5.3} {:>8.2} {:>8.2} {:>9.3} {:>8} {:>6} {:>7} {:>10.2} {:>6.1} {:>6.1} {:>8.1}",
+            "{:<12} {:>5} {:>6.3} {:>6.3}-{:<6.3} {:>6.3} {:>6.3} {:>6.3} {:>5.3} {:>8.2} {:>8.2} {:>9.3} {:>8} {:>6} {:>7} {:>13} {:>6.1} {:>6.1} {:>8.1}",
             r.mode,
             r.flows,
             r.mean,
@@ -538,7 +538,7 @@ fn run_one(a: &Args, encoding: Encoding, rate: u32, xdp: &str) -> (Vec<ModeResul
             r.fast_retransmits,
             r.timeouts,
             r.queue_drops,
-            r.core_links_max_over_min,
+            experiment::core_balance_text(r.core_links_max_over_min, r.core_links_idle),
             r.idle_cpu_pct,
             r.steal_cpu_pct,
             r.cpu_s_per_gb
@@ -599,7 +599,7 @@ fn run_one(a: &Args, encoding: Encoding, rate: u32, xdp: &str) -> (Vec<ModeResul
         " rounds min-max: the lowest and highest round mean (one seed each, modes interleaved per round);\n Jain: Jain's fairness index over every flow (1 when all are equal);\n drops: packets the links' drop-tail queues dropped, every switch and host;"
     );
     println!(
-        " core max/min: the busiest over the idlest loaded core link, inf when one carried nothing;\n idle%: the CPUs' idle time (the fidelity check needs 15%); steal%: what the hypervisor took,\n not headroom;\n CPU s/GB: busy CPU-seconds of the whole machine, every namespace, per GB the flows moved)"
+        " core max/min: the busiest over the least busy loaded core link; +N idle: links that carried\n under 1% of the busiest one's bytes (a mode's unused paths), left out of the ratio;\n idle%: the CPUs' idle time (the fidelity check needs 15%); steal%: what the hypervisor took,\n not headroom;\n CPU s/GB: busy CPU-seconds of the whole machine, every namespace, per GB the flows moved)"
     );
     let _ = std::fs::create_dir_all(&a.out);
     let path = a.out.join(format!("{name}.json"));

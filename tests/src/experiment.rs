@@ -310,10 +310,7 @@ fn mode_result(f: &Fabric, a: &Plan, mode: &str, m: Acc) -> ModeResult {
         .collect();
     short.sort_by(f64::total_cmp);
     let d = |k: &str| m.counters.get(k).copied().unwrap_or(0);
-    let (lmax, lmin) = (
-        m.links.iter().max().copied().unwrap_or(0),
-        m.links.iter().min().copied().unwrap_or(0),
-    );
+    let (core_links_max_over_min, core_links_idle) = core_balance(&m.links);
     let subflows: Vec<f64> = m
         .transfers
         .iter()
@@ -342,11 +339,8 @@ fn mode_result(f: &Fabric, a: &Plan, mode: &str, m: Acc) -> ModeResult {
             .into_iter()
             .zip(m.links.iter().copied())
             .collect(),
-        core_links_max_over_min: if lmin == 0 {
-            f64::INFINITY
-        } else {
-            lmax as f64 / lmin as f64
-        },
+        core_links_max_over_min,
+        core_links_idle,
         idle_cpu_pct: 100.0 * m.idle as f64 / m.total.max(1) as f64,
         steal_cpu_pct: 100.0 * m.steal as f64 / m.total.max(1) as f64,
         cpu_s_per_gb: {
@@ -911,9 +905,13 @@ pub struct ModeResult {
     pub queue_drops: u64,
     /// Bytes each measured core link carried upward during the mode (packets per path).
     pub core_links: Vec<(String, u64)>,
-    /// Infinite when a link carried nothing (JSON writes it as null).
+    /// The busiest core link's bytes over the least busy loaded one's ([`core_balance`]);
+    /// infinite when none carried load (JSON writes it as null).
     #[serde(deserialize_with = "null_is_infinite")]
     pub core_links_max_over_min: f64,
+    /// Core links that carried no load ([`core_balance`]): a single-path mode's unused links.
+    #[serde(default)]
+    pub core_links_idle: usize,
     /// The CPUs' idle time while the mode ran, in %: the headroom the fidelity check asks for.
     /// Time the hypervisor took (steal) is not headroom: the machine wanted it and did not get it.
     pub idle_cpu_pct: f64,
@@ -928,6 +926,34 @@ pub struct ModeResult {
     #[serde(default)]
     pub mptcp_subflows_mean: Option<f64>,
     pub per_flow: Vec<(String, String, f64, f64, u32)>,
+}
+
+/// A core link below this share of the busiest one's bytes is idle: it carried a stray control
+/// packet (70 bytes against the busiest link's megabytes), not the mode's load.
+pub const IDLE_LINK_SHARE: f64 = 0.01;
+
+/// (the busiest over the least busy loaded link, the idle links) of the core links' `bytes`.
+/// A mode that leaves links unused (single path, ECMP's collisions) is told by its idle count,
+/// not by one stray packet's link dividing the ratio into the millions; the ratio is infinite
+/// when no link carried load.
+pub fn core_balance(bytes: &[u64]) -> (f64, usize) {
+    let max = bytes.iter().copied().max().unwrap_or(0);
+    let loaded = |b: u64| max > 0 && b as f64 >= IDLE_LINK_SHARE * max as f64;
+    let idle = bytes.iter().filter(|&&b| !loaded(b)).count();
+    let ratio = match bytes.iter().copied().filter(|&b| loaded(b)).min() {
+        Some(min) => max as f64 / min as f64,
+        None => f64::INFINITY,
+    };
+    (ratio, idle)
+}
+
+/// `core_balance` as the tables print it: "1.04", "1.04 +1 idle", "all idle".
+pub fn core_balance_text(ratio: f64, idle: usize) -> String {
+    match (ratio.is_finite(), idle) {
+        (false, _) => "all idle".into(),
+        (true, 0) => format!("{ratio:.2}"),
+        (true, n) => format!("{ratio:.2} +{n} idle"),
+    }
 }
 
 fn null_is_infinite<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
@@ -1122,6 +1148,25 @@ pub const MPTCP_PORTS: [u16; 4] = [31_001, 31_002, 31_003, 31_004];
 #[cfg(test)]
 mod tests {
     use super::{ModeSpec, flow_line};
+
+    #[test]
+    fn a_stray_packet_on_an_unused_core_link_counts_it_idle_not_in_the_ratio() {
+        use super::{core_balance, core_balance_text};
+        // Single path: one link carried everything, another one control packet, two nothing.
+        let (r, idle) = core_balance(&[125_000_000, 70, 0, 0]);
+        assert_eq!((r, idle), (1.0, 3));
+        assert_eq!(core_balance_text(r, idle), "1.00 +3 idle");
+        let (r, idle) = core_balance(&[104, 100, 98, 102]);
+        assert!((r - 104.0 / 98.0).abs() < 1e-12 && idle == 0);
+        assert_eq!(core_balance_text(r, idle), "1.06");
+        // Just at the share a link is loaded; just under it, idle.
+        assert_eq!(core_balance(&[1000, 10]), (100.0, 0));
+        assert_eq!(core_balance(&[1000, 9]).1, 1);
+        let (r, idle) = core_balance(&[0, 0]);
+        assert!(r.is_infinite() && idle == 2);
+        assert_eq!(core_balance_text(r, idle), "all idle");
+        assert!(core_balance(&[]).0.is_infinite());
+    }
 
     #[test]
     fn jain_is_one_for_equal_shares_and_one_over_n_for_a_hog() {
