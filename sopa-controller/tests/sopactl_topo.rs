@@ -113,6 +113,48 @@ fn compare_reproduces_the_paper_tables() {
     );
 }
 
+/// A script tells "try again" from "the controller said no" from "fix what you gave" by the
+/// exit code alone, and `--help` lists them.
+#[test]
+fn exit_codes_say_the_cause() {
+    let dir = std::env::temp_dir().join(format!("sopactl-exit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // No controller listens on the socket: 75, try again.
+    let nobody = format!("unix:{}", dir.join("none.sock").display());
+    let (code, _, err) = sopactl(&["status", "--controller", &nobody, "--timeout", "2s"]);
+    assert_eq!(code, 75, "{err}");
+    assert!(err.contains("no controller answered"), "{err}");
+    // The old flag in milliseconds still reads; a duration without sense is usage.
+    let (code, _, err) = sopactl(&["status", "--controller", &nobody, "--timeout-ms", "500"]);
+    assert_eq!(code, 75, "{err}");
+    let (code, _, err) = sopactl(&["status", "--controller", &nobody, "--timeout", "soon"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("\"soon\" is not a duration"), "{err}");
+    // Certificates for a plaintext address: the connection's settings are refused, 78.
+    let (code, _, err) = sopactl(&[
+        "status",
+        "--controller",
+        &nobody,
+        "--certs",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 78, "{err}");
+    assert!(err.contains("--certs"), "{err}");
+    // An inventory file that is not there: what was given, 78.
+    let missing = dir.join("missing.toml");
+    let (code, _, err) = sopactl(&["fabric", "check", missing.to_str().unwrap()]);
+    assert_eq!(code, 78, "{err}");
+    assert!(err.contains("missing.toml"), "{err}");
+    // A flag clap refuses: usage, 2.
+    assert_eq!(sopactl(&["status", "--no-such-flag"]).0, 2);
+    let (code, out, _) = sopactl(&["--help"]);
+    assert_eq!(code, 0);
+    for needle in [" 65  ", " 75  ", " 77  ", " 78  "] {
+        assert!(out.contains(needle), "--help lists {needle:?}: {out}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn bad_input_names_what_is_wrong() {
     for (args, needle) in [
@@ -186,7 +228,8 @@ fn bad_input_names_what_is_wrong() {
         ),
     ] {
         let (code, _, err) = sopactl(&args);
-        assert_eq!(code, 64, "{args:?}: {err}");
+        // What was given is refused: the configuration's code (EX_CONFIG).
+        assert_eq!(code, 78, "{args:?}: {err}");
         assert!(
             err.contains(needle),
             "{args:?}: expected {needle:?} in {err}"

@@ -26,17 +26,21 @@ fn fabric() -> Fabric {
 }
 
 fn sopactl(args: &[&str]) -> String {
-    let out = Command::new(bins::sopactl())
-        .args(args)
-        .args(["--controller", "http://10.200.0.2:7470"])
-        .output()
-        .unwrap();
+    let out = sopactl_output(args);
     assert!(
         out.status.success(),
         "sopactl {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn sopactl_output(args: &[&str]) -> std::process::Output {
+    Command::new(bins::sopactl())
+        .args(args)
+        .args(["--controller", "http://10.200.0.2:7470"])
+        .output()
+        .unwrap()
 }
 
 /// sopactl runs in the controller's namespace (only there is 10.200.0.2 reachable from here).
@@ -189,6 +193,14 @@ fn pushed_failures_change_exactly_the_affected_paths() {
     // e2 - a2: B's edge switch to aggregation switch 0 of pod 1. Only A's paths to B's rack
     // through aggregation index 0 cross it.
     let before_other = paths_to(&agent_a, "10.1.1.0/24");
+    // A link the fabric does not have: the controller refuses it, named, and sopactl exits
+    // with the refusal's code (65), not the unreachable controller's (75).
+    let refused =
+        f.c.run(|| sopactl_output(&["link", "down", "e2", "c0"]))
+            .unwrap();
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(65), "{err}");
+    assert!(err.contains("no link between e2 and c0"), "{err}");
     let out = sopactl_in(&f.c, &["link", "down", "e2", "a2"]);
     assert!(out.contains("now down (version 2)"), "{out}");
     let took = wait_for("the failure in A's path map", || {

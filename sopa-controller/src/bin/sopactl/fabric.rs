@@ -14,6 +14,12 @@ use sopa_channel::{
     tls,
 };
 use sopa_controller::certs;
+use sopa_ops::{
+    duration::Dur,
+    exit::{CONFIG, PRIVILEGES},
+};
+
+use crate::exit::{Coded, REFUSED, UNAVAILABLE};
 use tonic::{Status, transport::Channel};
 
 #[derive(Args)]
@@ -35,8 +41,8 @@ pub struct Connection {
     controller_name: String,
     /// How long one controller of the list has to answer before the next is tried (a leader
     /// retries a write that etcd did not confirm for up to about 10 s before it refuses it).
-    #[arg(long, env = "SOPA_TIMEOUT_MS", default_value_t = 15000)]
-    timeout_ms: u64,
+    #[arg(long, env = "SOPA_TIMEOUT", alias = "timeout-ms", default_value_t = Dur::ms(15_000))]
+    timeout: Dur,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -153,7 +159,7 @@ enum Failure {
 
 /// Runs `request` against the controllers `--controller` lists, in turn, until one answers: a
 /// replica that does not lead does not listen, a stopped one does not answer within
-/// --timeout-ms, and one that lost the leadership or could not store a change answers
+/// --timeout, and one that lost the leadership or could not store a change answers
 /// UNAVAILABLE. Any other answer, success or refusal, is the answer. Trying a change again
 /// elsewhere is safe: setting a state twice changes nothing the second time.
 pub async fn call<T, F, Fut>(c: &Connection, what: &str, request: F) -> Result<T>
@@ -161,8 +167,8 @@ where
     F: Fn(ControlClient<Channel>) -> Fut,
     Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
 {
-    let tls = client_tls(c)?;
-    let timeout = std::time::Duration::from_millis(c.timeout_ms);
+    let tls = client_tls(c).map_err(|e| Coded::error(CONFIG, format!("{e:#}")))?;
+    let timeout = c.timeout.0;
     let mut tried = Vec::new();
     for endpoint in client::endpoints(&c.controller) {
         let attempt = async {
@@ -178,20 +184,27 @@ where
             Ok(Err(Failure::Refused(s)))
                 if !matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown) =>
             {
-                bail!("{what}: {}", s.message())
+                let code = match s.code() {
+                    tonic::Code::PermissionDenied | tonic::Code::Unauthenticated => PRIVILEGES,
+                    _ => REFUSED,
+                };
+                return Err(Coded::error(code, format!("{what}: {}", s.message())));
             }
             Ok(Err(Failure::Refused(s))) => tried.push(format!("{endpoint}: {}", s.message())),
             Ok(Err(Failure::Unreachable(e))) => tried.push(e),
             Err(_) => tried.push(format!(
-                "{endpoint}: no answer within {} ms (a change it was given may or may not have been made; `sopactl status` shows)",
-                c.timeout_ms
+                "{endpoint}: no answer within {} (a change it was given may or may not have been made; `sopactl status` shows)",
+                c.timeout
             )),
         }
     }
-    bail!(
-        "{what}: no controller answered ({}); check that one runs and leads",
-        tried.join("; ")
-    )
+    Err(Coded::error(
+        UNAVAILABLE,
+        format!(
+            "{what}: no controller answered ({}); check that one runs and leads",
+            tried.join("; ")
+        ),
+    ))
 }
 
 fn word(s: State) -> &'static str {

@@ -1,5 +1,6 @@
 //! `sopactl`: the operator CLI of SOPA.
 
+mod exit;
 mod fabric;
 mod hedera;
 mod inventory;
@@ -11,7 +12,7 @@ use clap::{Parser, Subcommand};
 
 /// SOPA operator CLI.
 #[derive(Parser)]
-#[command(name = "sopactl", version, about)]
+#[command(name = "sopactl", version, about, after_help = exit::help())]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -92,7 +93,14 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    sopa_ops::duration::env_aliases(&[("SOPA_TIMEOUT_MS", "SOPA_TIMEOUT")]);
     let cli = Cli::parse();
+    // What a command that only reads what it was given exits with when that is refused; one
+    // that asks a controller: a failure, unless the answer says more (`exit::code`).
+    let otherwise = match cli.command {
+        Command::Topo(_) | Command::Fabric(_) | Command::Certs(_) => sopa_ops::exit::CONFIG,
+        _ => sopa_ops::exit::FAILURE,
+    };
     let result = match cli.command {
         Command::Topo(cmd) => topo::run(cmd),
         Command::Fabric(cmd) => inventory::run(cmd),
@@ -127,8 +135,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("sopactl: {err:#}");
-            // Bad flags, topologies and refused changes are usage errors (sysexits' EX_USAGE).
-            ExitCode::from(64)
+            ExitCode::from(exit::code(&err, otherwise))
         }
     }
 }
