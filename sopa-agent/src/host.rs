@@ -45,8 +45,8 @@ pub struct HostOptions {
     pub xdp: XdpAttach,
     pub tcp_reordering: u32,
     pub metrics_addr: Option<SocketAddr>,
-    /// Who may reach the metrics address besides loopback (`--metrics-allow`).
-    pub metrics_allow: sopa_ops::allow::AllowList,
+    /// Who may reach the metrics address besides loopback (`--metrics-allow`), and its TLS.
+    pub metrics_access: sopa_ops::http::Access,
     /// This node's certificate (`--certs DIR/node.pem`), whose expiry the metrics show.
     pub certificate: Option<PathBuf>,
     pub hash_seed: u32,
@@ -277,11 +277,11 @@ impl Host {
         // handed over and let go of it.
         let mut metrics_listener = None;
         if let (Some(addr), false) = (opts.metrics_addr, opts.takeover) {
-            metrics_listener = Some(metrics::bind(addr, &opts.metrics_allow).await?);
+            metrics_listener = Some(metrics::bind(addr, &opts.metrics_access).await?);
         }
         let (previous, mut preloaded) = leftovers(opts, &run_dir, &link, &netlink).await?;
         if let (Some(addr), true) = (opts.metrics_addr, opts.takeover) {
-            metrics_listener = Some(metrics::bind(addr, &opts.metrics_allow).await?);
+            metrics_listener = Some(metrics::bind(addr, &opts.metrics_access).await?);
         }
         let adopted_from = previous.clone();
 
@@ -567,7 +567,7 @@ impl Host {
                 listener,
                 registry,
                 readiness(gauges.clone(), opts.paths_from_controller),
-                opts.metrics_allow.clone(),
+                opts.metrics_access.clone(),
             )
         });
         // Our programs run now: what the old ones counted meanwhile is carried over too.

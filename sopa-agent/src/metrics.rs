@@ -24,7 +24,7 @@ use sopa_common::{
     maps::{mode, stamp_reason, strip_reason},
     wire::HOP_NONE,
 };
-use sopa_ops::allow::AllowList;
+use sopa_ops::http::Access;
 use tokio::net::TcpListener;
 use tracing::warn;
 
@@ -439,8 +439,8 @@ pub fn render(registry: &Registry) -> String {
 /// Binds the metrics address: done before the agent changes anything, so an address in use
 /// (or one off loopback without an allow-list) fails a start, or an upgrade, with nothing to
 /// undo.
-pub async fn bind(addr: SocketAddr, allow: &AllowList) -> Result<TcpListener> {
-    sopa_ops::http::bind(addr, allow)
+pub async fn bind(addr: SocketAddr, access: &Access) -> Result<TcpListener> {
+    sopa_ops::http::bind(addr, access)
         .await
         .map_err(|err| match err {
             sopa_ops::http::BindError::Io { addr, source } => {
@@ -450,13 +450,13 @@ pub async fn bind(addr: SocketAddr, allow: &AllowList) -> Result<TcpListener> {
         })
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` to the clients `allow` lets in,
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` to the clients `access` lets in,
 /// each scrape rendered on a blocking thread, one at a time.
 pub fn serve(
     listener: TcpListener,
     registry: Registry,
     ready: sopa_ops::http::Readiness,
-    allow: AllowList,
+    access: Access,
 ) -> tokio::task::JoinHandle<()> {
     let registry = Arc::new(registry);
     sopa_ops::http::serve(
@@ -464,7 +464,7 @@ pub fn serve(
         sopa_ops::http::Endpoints {
             render: Arc::new(move || render(&registry)),
             ready,
-            allow,
+            access,
         },
     )
 }

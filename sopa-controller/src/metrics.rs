@@ -253,7 +253,7 @@ pub fn serve_replica(
     replica: Replica,
     node: &str,
     certificate: Option<std::path::PathBuf>,
-    allow: sopa_ops::allow::AllowList,
+    access: sopa_ops::http::Access,
 ) -> tokio::task::JoinHandle<()> {
     let mut registry = Registry::default();
     sopa_ops::build_info::register(&mut registry, "controller", node);
@@ -275,7 +275,7 @@ pub fn serve_replica(
                 Some(_) => Ok(()),
                 None => Err("standby: waiting for the leadership".into()),
             }),
-            allow,
+            access,
         },
     )
 }

@@ -7,12 +7,12 @@
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use tokio::{
-    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _},
     net::TcpListener,
 };
 use tracing::debug;
 
-use crate::allow::AllowList;
+use crate::{allow::AllowList, tls::MetricsTls};
 
 /// How long a scrape waits for the ones before it (then: 503).
 pub const SCRAPE_WAIT: Duration = Duration::from_secs(5);
@@ -30,17 +30,24 @@ pub type Readiness = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 pub struct Endpoints {
     pub render: Render,
     pub ready: Readiness,
-    pub allow: AllowList,
+    pub access: Access,
 }
 
-impl Endpoints {
-    /// Always ready (a process whose serving at all means it does its job).
-    pub fn always_ready(render: Render, allow: AllowList) -> Self {
-        Self {
-            render,
-            ready: Arc::new(|| Ok(())),
-            allow,
-        }
+/// Who may reach the endpoints: the allow-list's networks (loopback always), over TLS when
+/// the operator gives a certificate, and with the operator's client CA only scrapers holding
+/// one of its certificates ([`crate::tls`]).
+#[derive(Clone, Debug, Default)]
+pub struct Access {
+    pub allow: AllowList,
+    /// Served over TLS; none: plain HTTP.
+    pub tls: Option<MetricsTls>,
+}
+
+impl Access {
+    /// Something besides the address guards the endpoints: an allow-list, or client
+    /// certificates.
+    pub fn guarded(&self) -> bool {
+        !self.allow.is_empty() || self.tls.as_ref().is_some_and(|t| t.verifies_clients)
     }
 }
 
@@ -49,7 +56,8 @@ pub enum BindError {
     #[error(
         "--metrics-addr {addr} is not a loopback address: list who may reach it with \
          --metrics-allow CIDR[,CIDR…] (SOPA_METRICS_ALLOW; e.g. the scrapers' 10.0.0.0/8), or \
-         bind a loopback address"
+         admit only scrapers with a certificate of your CA (--metrics-tls-cert, \
+         --metrics-tls-key, --metrics-client-ca), or bind a loopback address"
     )]
     NoAllowList { addr: SocketAddr },
     #[error(
@@ -64,10 +72,11 @@ pub enum BindError {
     },
 }
 
-/// Binds `addr`, refusing a non-loopback address without an allow-list: done before a process
-/// changes anything, so a bad address fails a start with nothing to undo.
-pub async fn bind(addr: SocketAddr, allow: &AllowList) -> Result<TcpListener, BindError> {
-    if !addr.ip().is_loopback() && allow.is_empty() {
+/// Binds `addr`, refusing a non-loopback address that neither an allow-list nor client
+/// certificates guard: done before a process changes anything, so a bad address fails a start
+/// with nothing to undo.
+pub async fn bind(addr: SocketAddr, access: &Access) -> Result<TcpListener, BindError> {
+    if !addr.ip().is_loopback() && !access.guarded() {
         return Err(BindError::NoAllowList { addr });
     }
     TcpListener::bind(addr).await.map_err(|source| {
@@ -115,9 +124,14 @@ pub fn serve(listener: TcpListener, endpoints: Endpoints) -> tokio::task::JoinHa
                     continue;
                 }
             };
-            // Refused before a byte is read: a client outside the list holds nothing.
-            if !endpoints.allow.allows(peer.ip()) {
+            // Refused before a byte is read: a client outside the list holds nothing. Over TLS
+            // it is closed unanswered (a plaintext 403 would reach it as garbage, and a
+            // handshake would spend the CPU the list is there to save).
+            if !endpoints.access.allow.allows(peer.ip()) {
                 debug!(%peer, "refused: not in the allow-list");
+                if endpoints.access.tls.is_some() {
+                    continue;
+                }
                 let out = response(
                     "403 Forbidden",
                     "text/plain",
@@ -143,79 +157,110 @@ pub fn serve(listener: TcpListener, endpoints: Endpoints) -> tokio::task::JoinHa
             let one_at_a_time = Arc::clone(&one_at_a_time);
             tokio::spawn(async move {
                 let _slot = slot;
-                // The request's head, however the client split its writes (up to 1 KiB; the
-                // rest unread would reset the connection when it closes).
-                let mut request = [0u8; 1024];
-                let mut n = 0;
-                let read_head = async {
-                    while n < request.len() {
-                        match stream.read(&mut request[n..]).await {
-                            Ok(0) | Err(_) => break,
-                            Ok(got) => n += got,
-                        }
-                        if request[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-                            break;
+                match &endpoints.access.tls {
+                    None => answer(stream, peer, &endpoints, &one_at_a_time).await,
+                    Some(tls) => {
+                        // The handshake in the client's time too: one that stalls it holds
+                        // a slot no longer than one that stalls its request.
+                        let handshake = tls.acceptor().accept(stream);
+                        match tokio::time::timeout(CLIENT_TIMEOUT, handshake).await {
+                            Ok(Ok(stream)) => {
+                                answer(stream, peer, &endpoints, &one_at_a_time).await;
+                            }
+                            Ok(Err(err)) => {
+                                debug!(%peer, %err, "refused: the TLS handshake failed")
+                            }
+                            Err(_) => debug!(%peer, "refused: no TLS handshake in time"),
                         }
                     }
-                };
-                if tokio::time::timeout(CLIENT_TIMEOUT, read_head)
-                    .await
-                    .is_err()
-                    || n == 0
-                {
-                    return;
-                }
-                let text = String::from_utf8_lossy(&request[..n]);
-                let mut words = text.split_ascii_whitespace();
-                let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-                let path = target.split('?').next().unwrap_or("");
-                let out = if method != "GET" {
-                    response("405 Method Not Allowed", "text/plain", "GET only\n")
-                } else {
-                    match path {
-                        "/metrics" => {
-                            let Ok(Ok(_turn)) =
-                                tokio::time::timeout(SCRAPE_WAIT, one_at_a_time.acquire()).await
-                            else {
-                                let busy = response(
-                                    "503 Service Unavailable",
-                                    "text/plain",
-                                    "a scrape before this one is still being rendered\n",
-                                );
-                                let _ = stream.write_all(busy.as_bytes()).await;
-                                return;
-                            };
-                            let render = Arc::clone(&endpoints.render);
-                            let Ok(body) = tokio::task::spawn_blocking(move || render()).await
-                            else {
-                                return;
-                            };
-                            response("200 OK", OPENMETRICS, &body)
-                        }
-                        "/healthz" => response("200 OK", "text/plain", "ok\n"),
-                        "/readyz" => match (endpoints.ready)() {
-                            Ok(()) => response("200 OK", "text/plain", "ready\n"),
-                            Err(why) => response(
-                                "503 Service Unavailable",
-                                "text/plain",
-                                &format!("not ready: {why}\n"),
-                            ),
-                        },
-                        _ => response(
-                            "404 Not Found",
-                            "text/plain",
-                            "try GET /metrics, /healthz or /readyz\n",
-                        ),
-                    }
-                };
-                match tokio::time::timeout(CLIENT_TIMEOUT, stream.write_all(out.as_bytes())).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(err)) => debug!(%peer, %err, "metrics client went away"),
-                    Err(_) => debug!(%peer, "metrics client too slow to take its answer"),
                 }
             });
         }
     })
+}
+
+/// Reads one request from `stream` and answers it.
+async fn answer<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    peer: SocketAddr,
+    endpoints: &Endpoints,
+    one_at_a_time: &tokio::sync::Semaphore,
+) {
+    // The request's head, however the client split its writes (up to 1 KiB; the
+    // rest unread would reset the connection when it closes).
+    let mut request = [0u8; 1024];
+    let mut n = 0;
+    let read_head = async {
+        while n < request.len() {
+            match stream.read(&mut request[n..]).await {
+                Ok(0) | Err(_) => break,
+                Ok(got) => n += got,
+            }
+            if request[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                break;
+            }
+        }
+    };
+    if tokio::time::timeout(CLIENT_TIMEOUT, read_head)
+        .await
+        .is_err()
+        || n == 0
+    {
+        return;
+    }
+    let text = String::from_utf8_lossy(&request[..n]);
+    let mut words = text.split_ascii_whitespace();
+    let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+    let path = target.split('?').next().unwrap_or("");
+    let out = if method != "GET" {
+        response("405 Method Not Allowed", "text/plain", "GET only\n")
+    } else {
+        match path {
+            "/metrics" => {
+                let Ok(Ok(_turn)) =
+                    tokio::time::timeout(SCRAPE_WAIT, one_at_a_time.acquire()).await
+                else {
+                    let busy = response(
+                        "503 Service Unavailable",
+                        "text/plain",
+                        "a scrape before this one is still being rendered\n",
+                    );
+                    let _ = stream.write_all(busy.as_bytes()).await;
+                    let _ = stream.shutdown().await;
+                    return;
+                };
+                let render = Arc::clone(&endpoints.render);
+                let Ok(body) = tokio::task::spawn_blocking(move || render()).await else {
+                    return;
+                };
+                response("200 OK", OPENMETRICS, &body)
+            }
+            "/healthz" => response("200 OK", "text/plain", "ok\n"),
+            "/readyz" => match (endpoints.ready)() {
+                Ok(()) => response("200 OK", "text/plain", "ready\n"),
+                Err(why) => response(
+                    "503 Service Unavailable",
+                    "text/plain",
+                    &format!("not ready: {why}\n"),
+                ),
+            },
+            _ => response(
+                "404 Not Found",
+                "text/plain",
+                "try GET /metrics, /healthz or /readyz\n",
+            ),
+        }
+    };
+    // Written, then shut down: over TLS that sends the close_notify a client waits for.
+    let send = async {
+        stream.write_all(out.as_bytes()).await?;
+        stream.shutdown().await
+    };
+    match tokio::time::timeout(CLIENT_TIMEOUT, send).await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => debug!(%peer, %err, "metrics client went away"),
+        Err(_) => debug!(%peer, "metrics client too slow to take its answer"),
+    }
 }
 
 /// A GET of `path` on `addr` from this process: the status code and the body (for tests and
@@ -249,6 +294,13 @@ mod tests {
 
     use super::*;
 
+    fn access(allow: &AllowList) -> Access {
+        Access {
+            allow: allow.clone(),
+            tls: None,
+        }
+    }
+
     fn endpoints(ready: Arc<AtomicBool>, allow: AllowList) -> Endpoints {
         Endpoints {
             render: Arc::new(|| "sopa_test 1\n".to_owned()),
@@ -259,14 +311,14 @@ mod tests {
                     Err("waiting for the controller's first topology".into())
                 }
             }),
-            allow,
+            access: Access { allow, tls: None },
         }
     }
 
     #[tokio::test]
     async fn health_readiness_and_metrics() {
         let ready = Arc::new(AtomicBool::new(false));
-        let listener = bind("127.0.0.1:0".parse().unwrap(), &AllowList::default())
+        let listener = bind("127.0.0.1:0".parse().unwrap(), &Access::default())
             .await
             .unwrap();
         let addr = listener.local_addr().unwrap();
@@ -298,7 +350,7 @@ mod tests {
     #[tokio::test]
     async fn clients_outside_the_allow_list_are_refused() {
         // Off loopback without a list: refused before binding.
-        let err = bind("0.0.0.0:0".parse().unwrap(), &AllowList::default())
+        let err = bind("0.0.0.0:0".parse().unwrap(), &Access::default())
             .await
             .unwrap_err();
         assert!(matches!(err, BindError::NoAllowList { .. }), "{err}");
@@ -307,7 +359,7 @@ mod tests {
         // path, one inside it is served. (This test's clients are loopback, which a real list
         // always allows: the lists here leave it out.)
         let outside: AllowList = "10.0.0.0/8".parse().unwrap();
-        let listener = bind("127.0.0.1:0".parse().unwrap(), &outside)
+        let listener = bind("127.0.0.1:0".parse().unwrap(), &access(&outside))
             .await
             .unwrap();
         let addr = listener.local_addr().unwrap();
@@ -323,7 +375,9 @@ mod tests {
         }
         server.abort();
         let inside: AllowList = "127.0.0.0/8".parse().unwrap();
-        let listener = bind("127.0.0.1:0".parse().unwrap(), &inside).await.unwrap();
+        let listener = bind("127.0.0.1:0".parse().unwrap(), &access(&inside))
+            .await
+            .unwrap();
         let addr = listener.local_addr().unwrap();
         let server = serve(
             listener,
@@ -335,11 +389,11 @@ mod tests {
 
     #[tokio::test]
     async fn an_address_in_use_is_named() {
-        let first = bind("127.0.0.1:0".parse().unwrap(), &AllowList::default())
+        let first = bind("127.0.0.1:0".parse().unwrap(), &Access::default())
             .await
             .unwrap();
         let addr = first.local_addr().unwrap();
-        let err = bind(addr, &AllowList::default()).await.unwrap_err();
+        let err = bind(addr, &Access::default()).await.unwrap_err();
         assert!(matches!(err, BindError::InUse { .. }), "{err}");
     }
 }

@@ -12,3 +12,4 @@ pub mod exit;
 pub mod http;
 pub mod logging;
 pub mod notify;
+pub mod tls;

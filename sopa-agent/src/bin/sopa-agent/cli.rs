@@ -292,7 +292,7 @@ pub struct SwitchArgs {
 #[derive(clap::Args)]
 pub struct MetricsFlags {
     /// Address of the metrics and health endpoints (GET /metrics, /healthz, /readyz). Off
-    /// loopback (e.g. 0.0.0.0:9470) it needs --metrics-allow.
+    /// loopback (e.g. 0.0.0.0:9470) it needs --metrics-allow or --metrics-client-ca.
     #[arg(long, env = "SOPA_METRICS_ADDR")]
     pub metrics_addr: Option<SocketAddr>,
     /// Who may reach the endpoints besides loopback: networks, comma-separated
@@ -302,12 +302,26 @@ pub struct MetricsFlags {
     /// Serve no metrics and no health endpoints.
     #[arg(long, env = "SOPA_NO_METRICS")]
     pub no_metrics: bool,
+    #[command(flatten)]
+    pub tls: sopa_ops::tls::TlsFlags,
 }
 
 impl MetricsFlags {
     /// The address to serve on: --metrics-addr, else `default`, unless --no-metrics.
     pub fn addr(&self, default: SocketAddr) -> Option<SocketAddr> {
         (!self.no_metrics).then_some(self.metrics_addr.unwrap_or(default))
+    }
+
+    /// Who may reach the endpoints, the TLS files read and checked now (a bad one is the
+    /// configuration's error, named by its flag).
+    pub fn access(&self) -> sopa_agent::error::Result<sopa_ops::http::Access> {
+        Ok(sopa_ops::http::Access {
+            allow: self.metrics_allow.clone(),
+            tls: self
+                .tls
+                .load()
+                .map_err(|e| sopa_agent::error::Error::Config(e.to_string()))?,
+        })
     }
 }
 

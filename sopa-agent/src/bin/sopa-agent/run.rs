@@ -99,7 +99,7 @@ pub async fn run(mut args: RunArgs, netns: Option<String>) -> Result<(), Error> 
         xdp: args.xdp_mode,
         tcp_reordering: args.tcp_reordering,
         metrics_addr: args.metrics.addr(DEFAULT_METRICS_ADDR),
-        metrics_allow: args.metrics.metrics_allow.clone(),
+        metrics_access: args.metrics.access()?,
         certificate: args.channel.certs.as_ref().map(|d| d.join("node.pem")),
         hash_seed: args.hash_seed,
         lower_route_mtu: !args.keep_route_mtu,

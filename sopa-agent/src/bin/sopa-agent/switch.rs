@@ -44,8 +44,9 @@ pub async fn switch(args: SwitchArgs, netns: Option<String>) -> Result<(), Error
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|err| Error::io("installing the SIGTERM handler", err))?;
     // Bound before anything changes: an address in use fails with nothing to undo.
+    let access = args.metrics.access()?;
     let metrics = match args.metrics.addr(DEFAULT_METRICS_ADDR) {
-        Some(addr) => Some(sopa_agent::metrics::bind(addr, &args.metrics.metrics_allow).await?),
+        Some(addr) => Some(sopa_agent::metrics::bind(addr, &access).await?),
         None => None,
     };
     let mut sw = sopa_agent::switch::Switch::start(&sopa_agent::switch::SwitchOptions {
@@ -82,7 +83,7 @@ pub async fn switch(args: SwitchArgs, netns: Option<String>) -> Result<(), Error
                 listener,
                 registry,
                 sw.gauges().readiness(),
-                args.metrics.metrics_allow.clone(),
+                access,
             ))
         }
         None => None,

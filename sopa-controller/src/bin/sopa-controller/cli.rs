@@ -127,13 +127,15 @@ pub struct Args {
     agent_grace: Dur,
     /// Serve the metrics and health endpoints (GET /metrics, /healthz, /readyz) on this
     /// address, e.g. 127.0.0.1:9471 (default: none). A standby replica serves them too (ready
-    /// only once it leads). Off loopback it needs --metrics-allow.
+    /// only once it leads). Off loopback it needs --metrics-allow or --metrics-client-ca.
     #[arg(long, env = "SOPA_METRICS_ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Who may reach the endpoints besides loopback: networks, comma-separated
     /// (10.0.0.0/8,2001:db8::/32). Others are answered 403.
     #[arg(long, env = "SOPA_METRICS_ALLOW", default_value = "")]
     pub metrics_allow: AllowList,
+    #[command(flatten)]
+    pub metrics_tls: sopa_ops::tls::TlsFlags,
     /// The path meter: a link whose paths lose more than this fraction of their packets (and
     /// clearly more than their rack pairs' other paths) is drained as suspect.
     #[arg(long, env = "SOPA_LOSS_THRESHOLD", default_value_t = JudgeConfig::default().threshold)]

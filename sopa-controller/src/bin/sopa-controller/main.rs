@@ -113,9 +113,16 @@ async fn run(args: cli::Args) -> Result<(), Exit> {
     // The endpoints first, a standby's included: its health and its place in the fleet show
     // while it waits for the leadership.
     let replica = server::Replica::default();
+    let access = sopa_ops::http::Access {
+        allow: args.metrics_allow.clone(),
+        tls: args
+            .metrics_tls
+            .load()
+            .map_err(|e| Exit::config(e.into()))?,
+    };
     let _metrics = match args.metrics_addr {
         Some(addr) => {
-            let listener = sopa_ops::http::bind(addr, &args.metrics_allow)
+            let listener = sopa_ops::http::bind(addr, &access)
                 .await
                 .map_err(|e| Exit::config(e.into()))?;
             Some(sopa_controller::metrics::serve_replica(
@@ -123,7 +130,7 @@ async fn run(args: cli::Args) -> Result<(), Exit> {
                 Arc::clone(&replica),
                 &args.replica_name(),
                 args.certs.as_ref().map(|d| d.join("node.pem")),
-                args.metrics_allow.clone(),
+                access,
             ))
         }
         None => None,
