@@ -5,8 +5,9 @@ use std::time::{Duration, Instant};
 
 use sopa_topology::{NodeKind, topology::TopologySpec};
 
-use super::{Fabric, FabricOptions, wait};
 use crate::{Error, Process, Result, agent::Agent, bins};
+
+use super::{Fabric, FabricOptions, wait};
 
 impl Fabric {
     /// Starts the controller, then every switch agent, then every host agent.

@@ -3,8 +3,9 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use super::{Fabric, wait};
 use crate::{Error, NetNs, Process, Result, bins};
+
+use super::{Fabric, wait};
 
 impl Fabric {
     /// Starts the controller on the testbed's socket, with the testbed's state file (so a

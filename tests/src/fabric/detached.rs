@@ -7,8 +7,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::Fabric;
 use crate::{Process, agent::Agent};
+
+use super::Fabric;
 
 /// A fabric left running after the process that built it exits (`cargo xtask testbed up`):
 /// enough to reach it and to tear it down later.

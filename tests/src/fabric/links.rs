@@ -9,8 +9,9 @@ use sopa_topology::{
     srv6::{Encoding, link_addresses6},
 };
 
-use super::{Fabric, options::is_ifname};
 use crate::{NetNs, Result};
+
+use super::{Fabric, options::is_ifname};
 
 impl Fabric {
     /// Packets that left `switch` by the port each hop value names for destination `dst`
