@@ -132,7 +132,7 @@ impl Controller {
         });
     }
 
-    /// [`Controller::change`] made of what the damper decides about `key`: if the change is
+    /// [`Controller::change_as`] made of what the damper decides about `key`: if the change is
     /// not made, the damper's state for that link is put back, so a report that was not made
     /// counts for nothing.
     async fn damped_change(
