@@ -1,7 +1,8 @@
 //! The HTTP endpoints every SOPA process serves on its metrics address: `GET /metrics`
 //! (Prometheus), `GET /healthz` (the process runs its loop: 200) and `GET /readyz` (200 when it
 //! does its job, 503 with the reason while it does not). Clients outside the allow-list are
-//! refused (403). Each scrape is rendered on a blocking thread, one at a time (a scrape that
+//! refused (403; over TLS closed unanswered), and with a client CA only those presenting one of
+//! its certificates are served. Each scrape is rendered on a blocking thread, one at a time (a scrape that
 //! waits past a scraper's usual time-out is answered busy instead of piling up).
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
@@ -44,10 +45,21 @@ pub struct Access {
 }
 
 impl Access {
+    fn verifies_clients(&self) -> bool {
+        self.tls.as_ref().is_some_and(|t| t.verifies_clients)
+    }
+
     /// Something besides the address guards the endpoints: an allow-list, or client
     /// certificates.
     pub fn guarded(&self) -> bool {
-        !self.allow.is_empty() || self.tls.as_ref().is_some_and(|t| t.verifies_clients)
+        !self.allow.is_empty() || self.verifies_clients()
+    }
+
+    /// Whether a client at `ip` may go on to its request (or its handshake): one the list
+    /// allows, or, with client certificates and no list, any (its certificate is checked in
+    /// the handshake). A list beside client certificates applies too.
+    pub fn admits(&self, ip: std::net::IpAddr) -> bool {
+        (self.allow.is_empty() && self.verifies_clients()) || self.allow.allows(ip)
     }
 }
 
@@ -127,7 +139,7 @@ pub fn serve(listener: TcpListener, endpoints: Endpoints) -> tokio::task::JoinHa
             // Refused before a byte is read: a client outside the list holds nothing. Over TLS
             // it is closed unanswered (a plaintext 403 would reach it as garbage, and a
             // handshake would spend the CPU the list is there to save).
-            if !endpoints.access.allow.allows(peer.ip()) {
+            if !endpoints.access.admits(peer.ip()) {
                 debug!(%peer, "refused: not in the allow-list");
                 if endpoints.access.tls.is_some() {
                     continue;
@@ -385,6 +397,54 @@ mod tests {
         );
         assert_eq!(get(addr, "/metrics").await.unwrap().0, 200);
         server.abort();
+    }
+
+    /// TLS of a throwaway certificate, with or without a client CA (the same certificate).
+    fn tls(client_ca: bool) -> MetricsTls {
+        let dir =
+            std::env::temp_dir().join(format!("sopa-http-tls-{}-{client_ca}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        std::fs::write(dir.join("c.pem"), cert.pem()).unwrap();
+        std::fs::write(dir.join("c.key"), key.serialize_pem()).unwrap();
+        let ca = dir.join("c.pem");
+        let tls = MetricsTls::load(&ca, &dir.join("c.key"), client_ca.then_some(ca.as_path()));
+        std::fs::remove_dir_all(&dir).unwrap();
+        tls.unwrap()
+    }
+
+    #[test]
+    fn client_certificates_admit_any_address_unless_a_list_narrows_it() {
+        let off_host: std::net::IpAddr = "10.1.2.3".parse().unwrap();
+        let elsewhere: std::net::IpAddr = "192.0.2.7".parse().unwrap();
+        let mtls = |allow: AllowList| Access {
+            allow,
+            tls: Some(tls(true)),
+        };
+        // Client certificates and no list: any address goes on to its handshake.
+        let a = mtls(AllowList::default().without_loopback());
+        assert!(a.guarded() && a.admits(off_host) && a.admits(elsewhere));
+        // A list beside them narrows it.
+        let a = mtls(
+            "10.0.0.0/8"
+                .parse::<AllowList>()
+                .unwrap()
+                .without_loopback(),
+        );
+        assert!(a.admits(off_host) && !a.admits(elsewhere));
+        // TLS without a client CA guards nothing: the list alone decides (loopback here).
+        let a = Access {
+            allow: AllowList::default(),
+            tls: Some(tls(false)),
+        };
+        assert!(!a.guarded() && !a.admits(off_host));
+        assert!(a.admits("127.0.0.1".parse().unwrap()));
+        let a = Access::default();
+        assert!(!a.guarded() && !a.admits(off_host));
     }
 
     #[tokio::test]

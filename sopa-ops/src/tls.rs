@@ -49,10 +49,8 @@ pub enum TlsError {
     },
     #[error("{flag} {path} holds no certificate")]
     Empty { flag: &'static str, path: PathBuf },
-    #[error(
-        "--metrics-tls-key {key} does not go with the certificate of --metrics-tls-cert {cert}: {message}"
-    )]
-    Mismatch {
+    #[error("--metrics-tls-cert {cert} with --metrics-tls-key {key}: {message}")]
+    Pair {
         cert: PathBuf,
         key: PathBuf,
         message: String,
@@ -149,14 +147,13 @@ impl MetricsTls {
             }
             None => builder.with_no_client_auth(),
         };
-        let mut config =
-            builder
-                .with_single_cert(chain, key_der)
-                .map_err(|e| TlsError::Mismatch {
-                    cert: cert.to_owned(),
-                    key: key.to_owned(),
-                    message: e.to_string(),
-                })?;
+        let mut config = builder
+            .with_single_cert(chain, key_der)
+            .map_err(|e| TlsError::Pair {
+                cert: cert.to_owned(),
+                key: key.to_owned(),
+                message: e.to_string(),
+            })?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(Self {
             config: Arc::new(config),

@@ -220,7 +220,7 @@ fn bad_files_are_named_with_their_flag() {
     assert!(matches!(err, TlsError::Empty { .. }), "{err}");
     // Another certificate's key.
     let err = MetricsTls::load(&d.join("server.pem"), &d.join("stranger.key"), None).unwrap_err();
-    assert!(matches!(err, TlsError::Mismatch { .. }), "{err}");
+    assert!(matches!(err, TlsError::Pair { .. }), "{err}");
     assert!(err.to_string().contains("--metrics-tls-key"), "{err}");
     let err = MetricsTls::load(
         &d.join("server.pem"),

@@ -296,7 +296,7 @@ pub struct MetricsFlags {
     #[arg(long, env = "SOPA_METRICS_ADDR")]
     pub metrics_addr: Option<SocketAddr>,
     /// Who may reach the endpoints besides loopback: networks, comma-separated
-    /// (10.0.0.0/8,2001:db8::/32). Others are answered 403.
+    /// (10.0.0.0/8,2001:db8::/32). Others are answered 403 (over TLS: closed unanswered).
     #[arg(long, env = "SOPA_METRICS_ALLOW", default_value = "")]
     pub metrics_allow: AllowList,
     /// Serve no metrics and no health endpoints.
@@ -315,12 +315,16 @@ impl MetricsFlags {
     /// Who may reach the endpoints, the TLS files read and checked now (a bad one is the
     /// configuration's error, named by its flag).
     pub fn access(&self) -> sopa_agent::error::Result<sopa_ops::http::Access> {
+        let tls = if self.no_metrics {
+            None
+        } else {
+            self.tls
+                .load()
+                .map_err(|e| sopa_agent::error::Error::Config(e.to_string()))?
+        };
         Ok(sopa_ops::http::Access {
             allow: self.metrics_allow.clone(),
-            tls: self
-                .tls
-                .load()
-                .map_err(|e| sopa_agent::error::Error::Config(e.to_string()))?,
+            tls,
         })
     }
 }

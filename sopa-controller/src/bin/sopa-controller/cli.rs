@@ -131,7 +131,7 @@ pub struct Args {
     #[arg(long, env = "SOPA_METRICS_ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Who may reach the endpoints besides loopback: networks, comma-separated
-    /// (10.0.0.0/8,2001:db8::/32). Others are answered 403.
+    /// (10.0.0.0/8,2001:db8::/32). Others are answered 403 (over TLS: closed unanswered).
     #[arg(long, env = "SOPA_METRICS_ALLOW", default_value = "")]
     pub metrics_allow: AllowList,
     #[command(flatten)]
