@@ -145,6 +145,15 @@ fn exit_codes_say_the_cause() {
     let (code, _, err) = sopactl(&["fabric", "check", missing.to_str().unwrap()]);
     assert_eq!(code, 78, "{err}");
     assert!(err.contains("missing.toml"), "{err}");
+    // Addresses that are none: what was given, 78, before any is tried.
+    for bad in ["https://[bad", "http://", "ftp://host:1"] {
+        let (code, _, err) = sopactl(&["status", "--controller", bad]);
+        assert_eq!(code, 78, "{bad}: {err}");
+        assert!(err.contains(bad), "{bad}: {err}");
+    }
+    // A switch is not trusted: the request makes no sense, 78.
+    let (code, _, err) = sopactl(&["switch", "trust", "a0", "--controller", &nobody]);
+    assert_eq!(code, 78, "{err}");
     // A flag clap refuses: usage, 2.
     assert_eq!(sopactl(&["status", "--no-such-flag"]).0, 2);
     let (code, out, _) = sopactl(&["--help"]);
@@ -152,6 +161,100 @@ fn exit_codes_say_the_cause() {
     for needle in [" 65  ", " 75  ", " 77  ", " 78  "] {
         assert!(out.contains(needle), "--help lists {needle:?}: {out}");
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Kills the controller a test started, however the test ends.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A handshake that fails over a certificate is not a controller away: trying again cannot
+/// cure it. The controller's certificate not the one expected: 78.
+#[test]
+fn a_certificate_refused_in_the_handshake_is_not_a_controller_away() {
+    let dir = std::env::temp_dir().join(format!("sopactl-certs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = |p: &str| dir.join(p).display().to_string();
+    let ok = |args: &[&str]| {
+        let (code, _, err) = sopactl(args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+    };
+    ok(&["certs", "init", &d("ca")]);
+    ok(&["certs", "init", &d("other")]);
+    for (ca, role, node, out) in [
+        ("ca", "controller", "ctl", "srv"),
+        ("ca", "operator", "alice", "alice"),
+        ("other", "operator", "mallory", "mallory"),
+    ] {
+        ok(&[
+            "certs",
+            "issue",
+            "--ca",
+            &d(ca),
+            "--role",
+            role,
+            "--node",
+            node,
+            "--out",
+            &d(out),
+        ]);
+    }
+    // Mallory trusts the fabric's CA, but her own certificate is another CA's.
+    std::fs::copy(dir.join("ca/ca.pem"), dir.join("mallory/ca.pem")).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let spec = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/controller/fat-tree-k4.toml");
+    let _controller = Running(
+        Command::new(env!("CARGO_BIN_EXE_sopa-controller"))
+            .arg("--topology")
+            .arg(&spec)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--certs", &d("srv"), "--store", "memory"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let url = format!("https://127.0.0.1:{port}");
+    // Alice is served once the controller listens.
+    let start = std::time::Instant::now();
+    loop {
+        let (code, _, err) = sopactl(&["status", "--controller", &url, "--certs", &d("alice")]);
+        if code == 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(20),
+            "the controller never answered alice: {code} {err}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let (code, _, err) = sopactl(&[
+        "status",
+        "--controller",
+        &url,
+        "--certs",
+        &d("alice"),
+        "--controller-name",
+        "elsewhere.example",
+    ]);
+    assert_eq!(code, 78, "{err}");
+    assert!(err.contains("--controller-name"), "{err}");
+    // Mallory's certificate (another CA's) is refused by the controller after the handshake
+    // (TLS 1.3): its alert reaches sopactl as the alert, or as a connection closed or a broken
+    // pipe, as the race goes; never as a controller that answered.
+    let (code, _, err) = sopactl(&["status", "--controller", &url, "--certs", &d("mallory")]);
+    assert!(code == 77 || code == 75, "{code}: {err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -26,11 +26,11 @@ pub const TABLE: [(u8, &str); 7] = [
     ),
     (
         PRIVILEGES,
-        "the controller refused this identity, or a file's permissions refused it",
+        "the controller refused this identity or certificate, or a file's permissions did",
     ),
     (
         CONFIG,
-        "what was given is refused: a topology, an inventory, certificates, --controller",
+        "what was given is refused: a topology, an inventory, certificates, an address",
     ),
 ];
 

@@ -18,9 +18,9 @@ use sopa_ops::{
     duration::Dur,
     exit::{CONFIG, PRIVILEGES},
 };
+use tonic::{Status, transport::Channel};
 
 use crate::exit::{Coded, REFUSED, UNAVAILABLE};
-use tonic::{Status, transport::Channel};
 
 #[derive(Args)]
 pub struct Connection {
@@ -126,6 +126,19 @@ fn client_tls(c: &Connection) -> Result<Option<sopa_channel::tls::ClientTls>> {
     if list.is_empty() {
         bail!("--controller {:?} names no controller", c.controller);
     }
+    // Every address read before any is tried: a bad one is what was given, not a controller
+    // away (which a script would try again).
+    for e in &list {
+        if e.starts_with("unix:") {
+            continue;
+        }
+        let uri: tonic::transport::Uri = e
+            .parse()
+            .map_err(|err| anyhow::anyhow!("--controller {e}: not an address ({err})"))?;
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+            bail!("--controller {e}: give https://HOST:PORT, http://HOST:PORT or unix:PATH");
+        }
+    }
     if list.iter().all(|e| e.starts_with("https://")) {
         let dir = c
             .certs
@@ -167,9 +180,14 @@ where
     F: Fn(ControlClient<Channel>) -> Fut,
     Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
 {
-    let tls = client_tls(c).map_err(|e| Coded::error(CONFIG, format!("{e:#}")))?;
+    // What was given (addresses, certificates) is refused: 78, but a file its permissions
+    // refuse 77 (`exit::code` reads the cause in the chain).
+    let tls =
+        client_tls(c).map_err(|e| Coded::error(crate::exit::code(&e, CONFIG), format!("{e:#}")))?;
     let timeout = c.timeout.0;
     let mut tried = Vec::new();
+    // A handshake that failed over a certificate is not cured by trying again.
+    let mut certificate = None;
     for endpoint in client::endpoints(&c.controller) {
         let attempt = async {
             let channel = client::connect(endpoint, tls.as_ref())
@@ -182,7 +200,12 @@ where
         match tokio::time::timeout(timeout, attempt).await {
             Ok(Ok(reply)) => return Ok(reply.into_inner()),
             Ok(Err(Failure::Refused(s)))
-                if !matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown) =>
+                if !matches!(
+                    s.code(),
+                    // The transport's own failures (a handshake ended by an alert comes as
+                    // any of these), not the controller's answer.
+                    tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
+                ) =>
             {
                 let code = match s.code() {
                     tonic::Code::PermissionDenied | tonic::Code::Unauthenticated => PRIVILEGES,
@@ -190,21 +213,51 @@ where
                 };
                 return Err(Coded::error(code, format!("{what}: {}", s.message())));
             }
-            Ok(Err(Failure::Refused(s))) => tried.push(format!("{endpoint}: {}", s.message())),
-            Ok(Err(Failure::Unreachable(e))) => tried.push(e),
+            Ok(Err(Failure::Refused(s))) => {
+                let why = format!("{endpoint}: {}", client::source_chain(&s));
+                certificate = certificate.or(certificate_trouble(&why));
+                tried.push(why);
+            }
+            Ok(Err(Failure::Unreachable(e))) => {
+                certificate = certificate.or(certificate_trouble(&e));
+                tried.push(e);
+            }
             Err(_) => tried.push(format!(
                 "{endpoint}: no answer within {} (a change it was given may or may not have been made; `sopactl status` shows)",
                 c.timeout
             )),
         }
     }
-    Err(Coded::error(
-        UNAVAILABLE,
-        format!(
-            "{what}: no controller answered ({}); check that one runs and leads",
-            tried.join("; ")
+    let tried = tried.join("; ");
+    Err(match certificate {
+        Some((code, advice)) => Coded::error(code, format!("{what}: {advice} ({tried})")),
+        None => Coded::error(
+            UNAVAILABLE,
+            format!("{what}: no controller answered ({tried}); check that one runs and leads"),
         ),
-    ))
+    })
+}
+
+/// A TLS handshake that failed over a certificate, read off the error's text (rustls' own
+/// words): ours refused theirs (the controller's certificate is not what --certs' ca.pem and
+/// --controller-name expect: 78), or theirs refused ours (revoked, or of another CA: 77). The
+/// latter only when its alert arrives: under TLS 1.3 the controller judges the client's
+/// certificate after the client's side of the handshake is done, and the alert may reach it
+/// as a connection closed instead, which is not told from a controller gone.
+fn certificate_trouble(why: &str) -> Option<(u8, &'static str)> {
+    if why.contains("invalid peer certificate") {
+        Some((
+            CONFIG,
+            "the controller's certificate is not the one --certs' ca.pem and --controller-name expect",
+        ))
+    } else if why.contains("received fatal alert") {
+        Some((
+            PRIVILEGES,
+            "the controller refused this certificate (revoked, or not of the fabric's CA)",
+        ))
+    } else {
+        None
+    }
 }
 
 fn word(s: State) -> &'static str {
@@ -284,7 +337,12 @@ pub fn link(c: &Connection, state: State, a: &str, b: &str, why: &Why) -> Result
 
 pub fn switch(c: &Connection, state: State, name: &str, why: &Why) -> Result<()> {
     if let State::Trust | State::Untrust = state {
-        bail!("sopactl switch {name}: a switch is only taken down or up; trust applies to links");
+        return Err(Coded::error(
+            CONFIG,
+            format!(
+                "sopactl switch {name}: a switch is only taken down or up; trust applies to links"
+            ),
+        ));
     }
     let change = SwitchChange {
         name: name.into(),
