@@ -18,7 +18,7 @@ pub struct ModeResult {
     pub round_means: Vec<f64>,
     pub fct_mean_s: f64,
     pub fct_p99_s: f64,
-    /// Flows of at most [`SHORT_FLOW_BYTES`]: how many, and their mean and p99 FCT.
+    /// Flows of at most [`super::SHORT_FLOW_BYTES`]: how many, and their mean and p99 FCT.
     #[serde(default)]
     pub short_flows: usize,
     #[serde(default)]
@@ -33,11 +33,11 @@ pub struct ModeResult {
     pub queue_drops: u64,
     /// Bytes each measured core link carried upward during the mode (packets per path).
     pub core_links: Vec<(String, u64)>,
-    /// The busiest core link's bytes over the least busy loaded one's ([`core_balance`]);
+    /// The busiest core link's bytes over the least busy loaded one's ([`super::core_balance`]);
     /// infinite when none carried load (JSON writes it as null).
     #[serde(deserialize_with = "null_is_infinite")]
     pub core_links_max_over_min: f64,
-    /// Core links that carried no load ([`core_balance`]): a single-path mode's unused links.
+    /// Core links that carried no load ([`super::core_balance`]): a single-path mode's unused links.
     #[serde(default)]
     pub core_links_idle: usize,
     /// The CPUs' idle time while the mode ran, in %: the headroom the fidelity check asks for.

@@ -36,7 +36,7 @@ impl Fabric {
         self.start_with_spec(opts, &text)
     }
 
-    pub(super) fn start_with_spec(&mut self, opts: &FabricOptions, text: &str) -> Result<()> {
+    fn start_with_spec(&mut self, opts: &FabricOptions, text: &str) -> Result<()> {
         let spec = self.dir.join("topology.toml");
         std::fs::write(&spec, text).map_err(|e| Error::io("writing the topology spec", e))?;
         if opts.controllers > 1 {

@@ -152,12 +152,12 @@ impl Fabric {
 }
 
 /// Replica `i`'s socket.
-pub(super) fn replica_socket(dir: &std::path::Path, i: usize) -> PathBuf {
+fn replica_socket(dir: &std::path::Path, i: usize) -> PathBuf {
     dir.join(format!("controller-{i}.sock"))
 }
 
 /// Every replica's socket, as a `--controller` list.
-pub(super) fn replica_address(dir: &std::path::Path, n: usize) -> String {
+fn replica_address(dir: &std::path::Path, n: usize) -> String {
     (0..n)
         .map(|i| format!("unix:{}", replica_socket(dir, i).display()))
         .collect::<Vec<_>>()

@@ -81,10 +81,15 @@ const BACKLOG: usize = 12;
 const PACKETS_PER_MS: f64 = RATE_MBIT * 1e3 / (1514.0 * 8.0) / 4.0;
 
 /// The longest the switch agent at the link's end may take from the link event to the repaired
-/// maps (its part of the repair; the kernel's own teardown of the port comes before it).
-/// Measured: 0.2-1.4 ms on an idle machine, 0.2-0.6 ms with one of the two cores kept busy
-/// (`cargo xtask test --repeat 5 --busy-cores 1`, 20 cuts); a repair delayed by 50 ms fails it.
-const AGENT_REPAIR_MS: f64 = 20.0;
+/// maps (its part of the repair; the kernel's own teardown of the port comes before it). Not a
+/// speed target (`cargo xtask bench failure` measures it, "agent: event"): a bound no busy
+/// machine reaches and a repair that waits for something does. Measured: 0.2-1.4 ms on an idle
+/// machine, 0.2-0.6 ms with one of the two cores kept busy (`cargo xtask test --repeat 5
+/// --busy-cores 1`, 20 cuts), but 33 ms once in a full-tier run and 34 ms in a CI run's failure
+/// bench, the agent's thread waiting for a CPU that the 100 Mbit/s transfer's softirqs held;
+/// 20 ms failed that run. A repair that waits for the controller (a heartbeat, 1 s) or for a
+/// grace period per entry fails it.
+const AGENT_REPAIR_MS: f64 = 250.0;
 
 /// The repair of `switch`'s port after `cut`: (ms from the cut to the written maps, ms the
 /// agent took from the event to them).

@@ -79,8 +79,8 @@ impl Outcome {
 /// controller and two agents) 60 s, anything else 30 s; a smoke step that runs a Fat-Tree
 /// experiment (fabric, failure) 120 s, another 60 s. The readers-under-a-rewrite races are a
 /// fixed amount of work, 20 million test runs per CPU and test, so their time is the
-/// machine's speed: 60 s (17-19 s here, 25 s on a slower CI machine). The IPv4 option's fabric carries the most phases, three of them the
-/// path meter's (a gray link at two rates, a lying host then a real loss, a host on another
+/// machine's speed: 60 s (17-19 s here, 25 s on a slower CI machine). The IPv4 option's
+/// fabric carries the most phases, three of them the path meter's (a gray link at two rates, a lying host then a real loss, a host on another
 /// period), which wait out its windows of evidence: 180 s (it took 82-116 s here). With
 /// `busy` of `cores` kept busy the machine has that much less CPU, and every budget grows in
 /// proportion.

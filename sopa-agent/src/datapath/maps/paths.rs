@@ -22,9 +22,9 @@ impl MapSet {
     /// Where every prefix has one length, the exact table holds the same sets and the
     /// datapath looks them up there; an entry that changes leaves it before the trie is written
     /// and comes back after a grace period (its packets find it in the trie meanwhile,
-    /// [`crate::datapath::lookup`]). Its mask changes only while the trie alone is looked up (mask 0),
-    /// so no packet is ever matched at a length the table does not have. A failure leaves the
-    /// trie looked up.
+    /// [`crate::datapath::lookup`]). Its mask changes only while the trie alone is looked up
+    /// (mask 0), so no packet is ever matched at a length the table does not have. A failure
+    /// leaves the trie looked up.
     pub fn apply_paths(&mut self, table: &PathTable) -> Result<()> {
         self.set_meter_mask(table)?;
         self.or_trie(lookup::PATHS, |s| s.write_paths(table))
