@@ -9,8 +9,8 @@
 //!   aggregation switch a0 and all of it through edge switch e0) through N restarts of a0's
 //!   and e0's agents, with `--keep-attached` (adopted, `tc_forward` replaced in place on
 //!   every port) beside plain restarts (routes and programs removed, then installed again).
-//! - kill: SIGKILL during a 200 MiB transfer: the transfer intact, the packets stamped while no
-//!   agent ran, the time the next agent takes to adopt.
+//! - kill: SIGKILL during a 200 MiB transfer paced to last about 3 s: the transfer intact, the
+//!   packets stamped while no agent ran, the time the next agent takes to adopt.
 //! - short flows: 100,000 two-packet UDP flows within a minute: packets lost, flow table
 //!   evictions, agent memory before and after.
 
@@ -241,13 +241,29 @@ fn main() {
     let victim = start_a(&arb, &["--no-metrics"]);
     let (transfer, tcp, stamped_tcp, adopt_ms, adopted) = std::thread::scope(|s| {
         let t = s.spawn(|| {
+            // Paced to last about 3 s: unshaped, 200 MiB took 0.3 s here, over before the
+            // kill, and the half second without an agent measured nothing.
             let opts = SendOptions {
                 stall_timeout: Duration::from_secs(20),
+                pacing_bytes_per_s: Some(transfer_bytes / 3),
                 ..SendOptions::default()
             };
             tcp_transfer(&arb.a, &arb.b, arb.b_addr, 5601, transfer_bytes, &opts)
         });
-        std::thread::sleep(Duration::from_millis(800));
+        // Killed once the transfer runs: the agent has stamped a thousand of its packets.
+        let stamped = || {
+            victim
+                .status()
+                .map_or(0, |st| st["stamp"]["stamped"].as_u64().unwrap_or(0))
+        };
+        let waiting = Instant::now();
+        while stamped() < 1_000 {
+            assert!(
+                waiting.elapsed() < Duration::from_secs(20),
+                "the transfer never started"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
         victim.kill();
         let capture = Capture::start(&arb.r, &arb.r_a_if).unwrap();
         std::thread::sleep(Duration::from_millis(500));
