@@ -5,53 +5,22 @@
 //! certificate, or with one of the fabric's CA (a host's), is not served; a bad TLS file stops
 //! the start with the configuration's code, naming its flag.
 
+mod binaries;
+
 use std::{
-    path::{Path, PathBuf},
-    process::{Child, Command, Output, Stdio},
+    path::Path,
+    process::{Command, Output, Stdio},
     time::{Duration, Instant},
 };
 
-struct Scratch(PathBuf);
+use binaries::{Running, Scratch, free_port};
 
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Kills the controller this test started when the test ends, however it ends.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn sopactl(args: &[&str]) {
-    let out = Command::new(env!("CARGO_BIN_EXE_sopactl"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "sopactl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
+/// The controller on a Unix socket in `dir` (plaintext: the endpoints are what is tested),
+/// with `extra` flags.
 fn controller(dir: &Path, extra: &[&str]) -> Command {
-    let spec = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/controller/fat-tree-k4.toml");
-    let mut c = Command::new(env!("CARGO_BIN_EXE_sopa-controller"));
-    c.arg("--topology")
-        .arg(spec)
-        .arg("--listen")
-        .arg(format!("unix:{}", dir.join("c.sock").display()))
-        .args(["--insecure", "--store", "memory"])
+    let mut c = binaries::controller(&["--insecure", "--listen"]);
+    c.arg(format!("unix:{}", dir.join("c.sock").display()))
         .args(extra)
-        .env_remove("SOPA_METRICS_ALLOW")
-        .stdout(Stdio::null())
         .stderr(Stdio::piped());
     c
 }
@@ -77,36 +46,18 @@ fn curl(port: u16, dir: &Path, client: Option<&str>, path: &str) -> Output {
 
 #[test]
 fn the_controllers_endpoints_serve_scrapers_with_a_certificate_of_the_operators_ca() {
-    let dir = std::env::temp_dir().join(format!("sopa-ctl-metrics-tls-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let _scratch = Scratch(dir.clone());
-    let d = |p: &str| dir.join(p).display().to_string();
-    sopactl(&["certs", "init", &d("ca")]);
-    sopactl(&["certs", "init", &d("scrapers")]);
-    for (ca, role, node, out) in [
-        ("ca", "controller", "ctl", "srv"),
-        ("ca", "host", "h0", "h0"),
-        ("scrapers", "viewer", "prometheus", "prom"),
-    ] {
-        sopactl(&[
-            "certs",
-            "issue",
-            "--ca",
-            &d(ca),
-            "--role",
-            role,
-            "--node",
-            node,
-            "--out",
-            &d(out),
-        ]);
-    }
-    // A port the kernel just handed out and took back: nothing else of this test binds it.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let scratch = Scratch::new("ctl-metrics-tls");
+    let dir = scratch.0.clone();
+    let d = |p: &str| scratch.path(p);
+    scratch.issue(
+        &["ca", "scrapers"],
+        &[
+            ("ca", "controller", "ctl", "srv"),
+            ("ca", "host", "h0", "h0"),
+            ("scrapers", "viewer", "prometheus", "prom"),
+        ],
+    );
+    let port = free_port();
     let tls = [
         "--metrics-tls-cert".to_owned(),
         d("srv/node.pem"),

@@ -1,18 +1,8 @@
 //! `sopactl topo` as an operator runs it: output, JSON, and errors on bad input.
 
-use std::process::Command;
+mod binaries;
 
-fn sopactl(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_sopactl"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+use binaries::{Running, Scratch, free_port, sopactl};
 
 #[test]
 fn describe_prints_graph_beside_paper() {
@@ -164,66 +154,33 @@ fn exit_codes_say_the_cause() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Kills the controller a test started, however the test ends.
-struct Running(std::process::Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A handshake that fails over a certificate is not a controller away: trying again cannot
 /// cure it. The controller's certificate not the one expected: 78.
 #[test]
 fn a_certificate_refused_in_the_handshake_is_not_a_controller_away() {
-    let dir = std::env::temp_dir().join(format!("sopactl-certs-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let d = |p: &str| dir.join(p).display().to_string();
-    let ok = |args: &[&str]| {
-        let (code, _, err) = sopactl(args);
-        assert_eq!(code, 0, "{args:?}: {err}");
-    };
-    ok(&["certs", "init", &d("ca")]);
-    ok(&["certs", "init", &d("other")]);
-    for (ca, role, node, out) in [
-        ("ca", "controller", "ctl", "srv"),
-        ("ca", "operator", "alice", "alice"),
-        ("other", "operator", "mallory", "mallory"),
-    ] {
-        ok(&[
-            "certs",
-            "issue",
-            "--ca",
-            &d(ca),
-            "--role",
-            role,
-            "--node",
-            node,
-            "--out",
-            &d(out),
-        ]);
-    }
+    let scratch = Scratch::new("sopactl-certs");
+    let d = |p: &str| scratch.path(p);
+    scratch.issue(
+        &["ca", "other"],
+        &[
+            ("ca", "controller", "ctl", "srv"),
+            ("ca", "operator", "alice", "alice"),
+            ("other", "operator", "mallory", "mallory"),
+        ],
+    );
     // Mallory trusts the fabric's CA, but her own certificate is another CA's.
-    std::fs::copy(dir.join("ca/ca.pem"), dir.join("mallory/ca.pem")).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let spec = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../deploy/controller/fat-tree-k4.toml");
+    std::fs::copy(d("ca/ca.pem"), d("mallory/ca.pem")).unwrap();
+    let port = free_port();
     let _controller = Running(
-        Command::new(env!("CARGO_BIN_EXE_sopa-controller"))
-            .arg("--topology")
-            .arg(&spec)
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--certs", &d("srv"), "--store", "memory"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
+        binaries::controller(&[
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--certs",
+            &d("srv"),
+        ])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap(),
     );
     let url = format!("https://127.0.0.1:{port}");
     // Alice is served once the controller listens.
@@ -255,7 +212,6 @@ fn a_certificate_refused_in_the_handshake_is_not_a_controller_away() {
     // pipe, as the race goes; never as a controller that answered.
     let (code, _, err) = sopactl(&["status", "--controller", &url, "--certs", &d("mallory")]);
     assert!(code == 77 || code == 75, "{code}: {err}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
